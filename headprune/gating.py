@@ -1,0 +1,61 @@
+"""Head gating: the one place where a head's output is scaled by its gate.
+
+transformers 5 dropped ``head_mask`` (and silently ignores the argument), so headprune gates heads itself: a
+forward pre-hook on each block's output projection O multiplies the concatenated per-head context
+``[c_1, ..., c_H]`` by ``[m_1 1_{d_h}, ..., m_H 1_{d_h}]`` before O is applied. The context is the same under
+``sdpa`` and ``eager`` attention, so the gate works under both. A gate of 0 is exactly what removing the head's
+rows of Q/K/V and columns of O does (tests/test_equivalence.py proves it against surgery); soft gates in
+[0, 1] are differentiable, and d loss / d gate is Michel et al.'s head importance.
+
+Weights are never touched: hooks are installed on entry and removed on exit.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+from .arch import ModelAdapter, adapt
+from .mask import HeadMask
+
+
+def _as_tensor(mask: HeadMask | torch.Tensor) -> torch.Tensor:
+    return mask.values if isinstance(mask, HeadMask) else mask
+
+
+@contextmanager
+def gate_heads(model, mask: HeadMask | torch.Tensor | None, adapter: ModelAdapter | None = None):
+    """Within the block, heads of ``model`` are scaled by ``mask`` (n_blocks x n_heads, original head ids).
+
+    ``mask`` may be a tensor that requires grad. ``None`` gates nothing. Heads already removed by surgery are
+    simply absent: their gate entries are ignored.
+    """
+    if mask is None:
+        yield model
+        return
+    adapter = adapter or adapt(model)
+    gates = _as_tensor(mask)
+    if tuple(gates.shape) != adapter.grid_shape:
+        from .errors import MaskError
+
+        raise MaskError(f"Mask shape {tuple(gates.shape)} does not fit this model's "
+                        f"{adapter.grid_shape[0]}x{adapter.grid_shape[1]} heads (blocks x heads).")
+    handles = []
+    for block in adapter.blocks:
+        if not block.kept:
+            continue
+        kept = torch.tensor(block.kept, dtype=torch.long)
+
+        def pre_hook(module, args, _block=block, _kept=kept):
+            context = args[0]
+            gate = gates[_block.index].to(device=context.device)[_kept.to(context.device)]
+            scale = gate.to(context.dtype).repeat_interleave(_block.head_size)
+            return (context * scale,) + tuple(args[1:])
+
+        handles.append(block.output.register_forward_pre_hook(pre_hook))
+    try:
+        yield model
+    finally:
+        for h in handles:
+            h.remove()

@@ -1,0 +1,150 @@
+"""Loading classifiers: the demo, a local folder (pruned by headprune or not), or a Hugging Face hub id.
+
+No code from a user's files runs: ``trust_remote_code=False`` always, safetensors preferred. A folder saved by
+``save_pruned`` records its kept heads in its config; it is rebuilt at full size, cut by surgery to the same
+shape, and then the saved weights are loaded strictly.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .arch import ModelAdapter, adapt
+from .device import resolve_device
+from .errors import ModelLoadError
+from .surgery import record_kept_heads
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module
+    tokenizer: object
+    spec: str               # what the user asked for ("demo", a path, a hub id)
+    source: str             # resolved location
+    adapter: ModelAdapter
+    device: torch.device
+
+    @property
+    def id2label(self) -> dict[int, str]:
+        return {int(k): str(v) for k, v in self.model.config.id2label.items()}
+
+
+def _looks_like_hub_id(spec: str) -> bool:
+    parts = spec.split("/")
+    return len(parts) <= 2 and all(p and not p.startswith(".") for p in parts) and not spec.startswith(("/", "~"))
+
+
+def _load_state_dict(folder: Path) -> dict:
+    st = sorted(folder.glob("*.safetensors"))
+    if st:
+        from safetensors.torch import load_file
+
+        state = {}
+        for f in st:
+            state.update(load_file(str(f)))
+        return state
+    binaries = sorted(folder.glob("pytorch_model*.bin"))
+    if binaries:
+        state = {}
+        for f in binaries:
+            state.update(torch.load(f, map_location="cpu", weights_only=True))
+        return state
+    raise ModelLoadError(f"No weights in {folder}: expected model.safetensors (or pytorch_model.bin).")
+
+
+def _load_pruned_folder(folder: Path, config) -> nn.Module:
+    from transformers import AutoModelForSequenceClassification
+
+    from .mask import HeadMask
+    from .surgery import prune_model, restore_empty_cores
+
+    kept = config.headprune_kept_heads
+    config.headprune_kept_heads = None  # build at full size first
+    model = AutoModelForSequenceClassification.from_config(config, trust_remote_code=False)
+    adapter = adapt(model)
+    values = torch.zeros(adapter.grid_shape)
+    for layer, heads in kept.items():
+        values[int(layer), heads] = 1.0
+    model = prune_model(model, HeadMask(values), inplace=True)
+    state = _load_state_dict(folder)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if "position_ids" not in k]
+    if missing or unexpected:
+        raise ModelLoadError(f"Weights in {folder} do not match its recorded heads: missing {missing[:5]}, "
+                             f"unexpected {unexpected[:5]}.")
+    restore_empty_cores(model)
+    return model
+
+
+def load_model(spec: str, device: str | torch.device = "auto", attn_implementation: str = "sdpa") -> LoadedModel:
+    """Load ``spec``: "demo", a local folder, or a hub id (needs the network). Errors name what is accepted."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    dev = resolve_device(device)
+    if spec == "demo":
+        from .demo import ensure_demo_model
+
+        path = ensure_demo_model()
+        source = str(path)
+    else:
+        path = Path(spec).expanduser()
+        source = str(path)
+        if not path.exists():
+            if not _looks_like_hub_id(spec):
+                raise ModelLoadError(f"Model path not found: {spec}. Give 'demo', a folder with config.json "
+                                     "and model.safetensors, or a Hugging Face model id (e.g. 'bert-base-uncased').")
+            path = None
+            source = spec
+        elif not path.is_dir() or not (path / "config.json").is_file():
+            raise ModelLoadError(f"{spec} is not a model folder: it needs config.json and model.safetensors "
+                                 "(a folder written by save_pretrained or by 'python -m headprune prune').")
+    try:
+        config = AutoConfig.from_pretrained(source, trust_remote_code=False)
+    except OSError as exc:
+        if path is None:
+            raise ModelLoadError(
+                f"Could not fetch '{spec}' from the Hugging Face hub (offline or unknown id): {exc}. "
+                "Use 'demo' or a local folder when there is no network.") from exc
+        raise ModelLoadError(f"Could not read the config in {spec}: {exc}") from exc
+    except ValueError as exc:
+        raise ModelLoadError(f"{spec}: {exc}") from exc
+    try:
+        if getattr(config, "headprune_kept_heads", None):
+            model = _load_pruned_folder(path, config)
+        else:
+            if path is not None:
+                _load_state_dict_exists(path)
+            model = AutoModelForSequenceClassification.from_pretrained(
+                source, trust_remote_code=False, use_safetensors=None, attn_implementation=attn_implementation)
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
+    except ModelLoadError:
+        raise
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"Could not load a sequence classifier from '{spec}': {exc}") from exc
+    adapter = adapt(model)  # raises UnsupportedArchitecture with the supported list
+    record_kept_heads(adapter)
+    model.to(dev).eval()
+    return LoadedModel(model, tokenizer, spec, source, adapter, dev)
+
+
+def _load_state_dict_exists(folder: Path) -> None:
+    if not any(folder.glob("*.safetensors")) and not any(folder.glob("pytorch_model*.bin")):
+        raise ModelLoadError(f"No weights in {folder}: expected model.safetensors (or pytorch_model.bin).")
+
+
+def save_pruned(model: nn.Module, tokenizer, out_dir: str | Path, extra: dict | None = None) -> Path:
+    """Save a (pruned) model HF-style: safetensors + config with ``headprune_kept_heads`` + tokenizer."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    record_kept_heads(adapt(model))
+    model.save_pretrained(out, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
+    if extra:
+        (out / "headprune.json").write_text(json.dumps(extra, indent=1), encoding="utf-8")
+    return out
