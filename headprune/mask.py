@@ -39,7 +39,8 @@ class HeadMask:
             try:
                 layer = int(layer_key)
             except (TypeError, ValueError):
-                raise MaskError(f"Mask layer '{layer_key}' is not an integer; layers are 0..{n_layers - 1}.")
+                raise MaskError(
+                    f"Mask layer '{layer_key}' is not an integer; layers are 0..{n_layers - 1}.") from None
             if not 0 <= layer < n_layers:
                 raise MaskError(f"Mask names layer {layer}, but this model has layers 0..{n_layers - 1}.")
             if not isinstance(heads, (list, tuple)):

@@ -9,8 +9,7 @@ ARCHS = ("bert", "roberta", "xlm-roberta", "albert", "distilbert", "electra")
 
 def tiny_config(arch: str, n_layers: int = 3, n_heads: int = 4, head_size: int = 8, num_labels: int = 3,
                 vocab_size: int = 120):
-    from transformers import (AlbertConfig, BertConfig, DistilBertConfig, ElectraConfig, RobertaConfig,
-                              XLMRobertaConfig)
+    from transformers import AlbertConfig, BertConfig, DistilBertConfig, ElectraConfig, RobertaConfig, XLMRobertaConfig
 
     hidden = n_heads * head_size
     common = dict(vocab_size=vocab_size, num_labels=num_labels, max_position_embeddings=64)

@@ -73,8 +73,8 @@ def test_original_untouched_and_repeat_surgery(arch):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_save_load_roundtrip(arch, tmp_path):
-    from transformers import PreTrainedTokenizerFast
     from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
 
     vocab = {f"w{i}": i for i in range(120)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))

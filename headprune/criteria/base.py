@@ -13,8 +13,9 @@ dashboard without further changes.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -36,11 +37,12 @@ class Param:
             try:
                 value = json.loads(value) if self.kind in (bool, list, dict) else self.kind(value)
             except (ValueError, json.JSONDecodeError):
-                raise CriterionError(f"Parameter {name}={value!r}: expected {self.kind.__name__}.")
+                raise CriterionError(f"Parameter {name}={value!r}: expected {self.kind.__name__}.") from None
         if self.kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if self.choices is not None and value not in self.choices:
-            raise CriterionError(f"Parameter {name}={value!r}: accepted values are {', '.join(map(str, self.choices))}.")
+            accepted = ", ".join(map(str, self.choices))
+            raise CriterionError(f"Parameter {name}={value!r}: accepted values are {accepted}.")
         if self.check is not None:
             msg = self.check(value)
             if msg:
