@@ -131,17 +131,25 @@ class Criterion:
                                  f"it accepts: {accepted}.")
         return {k: p.parse(k, given.get(k, p.default)) for k, p in self.params.items()}
 
+    def requires_labels(self, params: dict) -> bool:
+        """Whether scoring with these resolved ``params`` needs labels (override when a parameter decides)."""
+        return self.needs_labels
+
     def score(self, ctx: ScoringContext, **params) -> ScoreMap:  # pragma: no cover - interface
         raise NotImplementedError
 
-    def __call__(self, ctx: ScoringContext, params: dict | None = None) -> ScoreMap:
+    def prepare(self, ctx: ScoringContext, params: dict | None = None) -> dict:
+        """Resolved parameters, after checking that ``ctx`` has what they need (labels)."""
         resolved = self.resolve_params(params)
-        if self.needs_labels and any("labels" not in b for b in ctx.calib):
+        if self.requires_labels(resolved) and any("labels" not in b for b in ctx.calib):
             from . import label_free
 
             raise CriterionError(f"Criterion '{self.name}' needs labels, but the calibration data has none. "
                                  f"Label-free criteria: {', '.join(label_free())}.")
-        return self.score(ctx, **resolved)
+        return resolved
+
+    def __call__(self, ctx: ScoringContext, params: dict | None = None) -> ScoreMap:
+        return self.score(ctx, **self.prepare(ctx, params))
 
 
 REGISTRY: dict[str, Criterion] = {}
