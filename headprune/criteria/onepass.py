@@ -1,0 +1,319 @@
+"""The shared pass: AE, AD, HIS, Taylor and Gnorm from one forward (and backward) over the calibration set.
+
+Every activation-based criterion reads the same forward pass: the attention probabilities A of every head,
+the input x and output of each block's Q/K/V projections, and the concatenated head contexts c entering each
+block's output projection O (after gating). Gradients are taken with ``torch.autograd.grad`` with respect to
+those activations only, so no parameter gradient is ever formed; there is one backward per distinct
+objective o (the task loss for HIS and Taylor, ‖logits‖₂ for Gnorm by default).
+
+Per-example values come from the whole batch at once. Examples never interact in an encoder classifier, so
+the gradient of Σ_b o_b with respect to example b's activations is the gradient of o_b alone, and
+
+    HIS    ∂o_b/∂m_h   = Σ_t ⟨c_bth, ∂o_b/∂c_bth⟩           (gate m_h scales c_h before O; HIES eq. 2)
+    Taylor             = Σ_ij A_bhij ∂o_b/∂A_bhij             (Greedy-Gnorm eq. 8)
+    Gnorm  ∂o_b/∂W_h   = Σ_t g_bth x_btᵀ                     (W_h: head h's rows of W_Q, W_K or W_V; g = ∂o_b/∂(x Wᵀ))
+
+Padded positions are excluded everywhere (their rows and columns of A, their x). For ALBERT one block runs
+in every layer, so a tied head's contributions are summed over layers before the absolute value or norm
+(its gate and weights are shared) and its entropies are averaged over layers.
+
+Quantities are named by tuples, cached in ``ScoringContext.cache["onepass"]`` and computed together:
+    ("entropy", form, eps)     mean over sentences of eq. (3) with form A, B or C (Greedy-Gnorm §3.3)
+    ("deficit",)               mean over sentences of AD (HIES App. A.2.1)
+    ("his", objective)         mean over sentences of |∂o/∂m_h|
+    ("taylor", objective)      mean over sentences of |Σ A ⊙ ∂o/∂A|
+    ("gnorm", objective, reduction)   (3, L, H): G_Q, G_K, G_V (Greedy-Gnorm eqs. 13-16)
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from contextlib import contextmanager, nullcontext
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..arch import adapt
+from ..capture import record_attention
+from ..data import model_inputs
+from ..gating import gate_heads
+from .base import Criterion, Param, ScoreMap, ScoringContext
+
+OBJECTIVES = ("loss", "logits_norm")
+GRADIENT_KINDS = ("his", "taylor", "gnorm")
+
+
+# -- objectives ------------------------------------------------------------------------------------------------
+
+def objective_value(logits: torch.Tensor, labels: torch.Tensor | None, objective: str) -> torch.Tensor:
+    """The scalar backpropagated for ``objective``.
+
+    "loss" and "logits_norm" are sums over examples of per-example terms (cross-entropy, or squared error for a
+    one-output regression head; ‖z_b‖₂), so per-example gradients are those of the example's own term.
+    "batch_logits_norm" is ‖Z‖_F of the whole batch, as in the Greedy-Gnorm reference code.
+    """
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    if objective == "logits_norm":
+        return logits.norm(dim=-1).sum()
+    if objective == "batch_logits_norm":
+        return logits.norm()
+    if logits.shape[-1] == 1:
+        return F.mse_loss(logits[:, 0], labels.float(), reduction="sum")
+    return F.cross_entropy(logits, labels, reduction="sum")
+
+
+def backward_objective(key: tuple) -> str | None:
+    """Which backward pass a quantity reads (None: forward only)."""
+    if key[0] == "gnorm":
+        return "batch_logits_norm" if key[1:] == ("logits_norm", "batch") else key[1]
+    return key[1] if key[0] in GRADIENT_KINDS else None
+
+
+# -- per-example pieces ----------------------------------------------------------------------------------------
+
+def entropy_terms(p: torch.Tensor, form: str, eps: float) -> torch.Tensor:
+    """Elementwise terms of the entropy forms (Greedy-Gnorm eqs. 18-20): A −a log a (0 log 0 = 0),
+    B −a log(a+ε), C −(a+ε) log(a+ε)."""
+    if form == "A":
+        return -torch.special.xlogy(p, p)
+    if form == "B":
+        return -p * torch.log(p + eps)
+    return -(p + eps) * torch.log(p + eps)
+
+
+def per_example_sq_norms(x: torch.Tensor, g: torch.Tensor, n_heads: int, method: str | None = None) -> torch.Tensor:
+    """‖Σ_t g_bth x_btᵀ‖_F² for every example b and head block h of g: (B, n_heads).
+
+    x (B, T, D) are a Linear's inputs, g (B, T, n_heads·d_h) the gradients of its outputs, so Σ_t g_bth x_btᵀ is
+    example b's gradient of the head's d_h x D weight block. Either
+        "gram":   ‖·‖² = Σ_{t,s} (g_bth·g_bsh)(x_bt·x_bs)       cost ∝ T²(D + D_out)
+        "direct": form the (d_h x D) gradient per example       cost ∝ T·D·D_out
+    whichever is cheaper (``method`` forces one).
+    """
+    b, t, d = x.shape
+    g = g.reshape(b, t, n_heads, -1)
+    d_out = g.shape[2] * g.shape[3]
+    if (method or ("gram" if t * (d + d_out) < d * d_out else "direct")) == "gram":
+        gg = torch.einsum("bthk,bshk->bhts", g, g)
+        return torch.einsum("bhts,bts->bh", gg, x @ x.transpose(1, 2)).clamp_min(0)
+    return torch.einsum("bthk,btd->bhkd", g, x).square().sum((-1, -2))
+
+
+def _scatter(values: torch.Tensor, kept: list[int], n_heads: int) -> torch.Tensor:
+    """(..., h_live) values of the physically present heads -> (..., H) in original head ids (0 elsewhere)."""
+    full = values.new_zeros(*values.shape[:-1], n_heads)
+    full[..., kept] = values
+    return full
+
+
+@contextmanager
+def _capture(model, adapter, probs: bool, projections: bool, contexts: bool):
+    """Record, with their autograd graph, what the requested quantities read (lists in forward-layer order)."""
+    rec = {"probs": [], "qkv": defaultdict(list), "ctx": defaultdict(list)}
+    handles = []
+
+    def ensure_graph(module, args, out):
+        # Frozen parameters would leave no graph to differentiate; activations need one either way.
+        return out if out.requires_grad else out.requires_grad_()
+
+    handles.append(model.get_input_embeddings().register_forward_hook(ensure_graph))
+    for block in adapter.blocks:
+        for name in ("query", "key", "value") if projections else ():
+            def on_projection(module, args, out, _i=block.index, _n=name):
+                rec["qkv"][_i, _n].append((args[0], out))
+            handles.append(getattr(block, name).register_forward_hook(on_projection))
+        if contexts:
+            def on_context(module, args, _i=block.index):
+                rec["ctx"][_i].append(args[0])
+            handles.append(block.output.register_forward_pre_hook(on_context))
+    try:
+        with record_attention(model, adapter) if probs else nullcontext([]) as records:
+            rec["probs"] = records
+            yield rec
+    finally:
+        for h in handles:
+            h.remove()
+
+
+# -- the pass --------------------------------------------------------------------------------------------------
+
+def run_pass(model, batches: list[dict], keys, mask=None, device=None, progress=None) -> dict[tuple, np.ndarray]:
+    """Compute every quantity named in ``keys`` (see module doc) in one forward per batch and one backward per
+    distinct objective. Returns {key: array}, (L, H) or (3, L, H) for Gnorm; absent heads hold 0."""
+    keys = set(keys)
+    adapter = adapt(model)
+    n_blocks, n_heads = adapter.grid_shape
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    layers_per_block = np.bincount(adapter.layer_to_block, minlength=n_blocks).clip(min=1)
+    objectives = sorted({o for k in keys if (o := backward_objective(k))})
+    want = {kind: any(k[0] == kind for k in keys) for kind in ("entropy", "deficit", *GRADIENT_KINDS)}
+    totals = {k: torch.zeros((3, n_blocks, n_heads) if k[0] == "gnorm" else (n_blocks, n_heads), dtype=torch.float64)
+              for k in keys}
+    n_examples = 0
+    for i, batch in enumerate(batches):
+        inputs = {k: v.to(device) for k, v in model_inputs(batch).items()}
+        labels = batch["labels"].to(device) if "labels" in batch else None
+        valid = inputs["attention_mask"].to(torch.float32)
+        with torch.enable_grad(), gate_heads(model, mask, adapter), \
+                _capture(model, adapter, want["entropy"] or want["deficit"] or want["taylor"], want["gnorm"],
+                         want["his"]) as rec:
+            logits = model(**inputs).logits
+        for key in keys:
+            if key[0] in ("entropy", "deficit"):
+                totals[key] += _attention_stat(key, rec["probs"], adapter, valid, layers_per_block)
+        for j, objective in enumerate(objectives):
+            mine = [k for k in keys if backward_objective(k) == objective]
+            if objective == "loss" and labels is None:
+                from ..errors import CriterionError
+
+                raise CriterionError("The task loss needs labels, but the calibration data has none.")
+            tensors = _differentiated(rec, mine)
+            if not tensors:  # every head is gone
+                continue
+            grads = torch.autograd.grad(objective_value(logits, labels, objective), tensors,
+                                        retain_graph=j < len(objectives) - 1, allow_unused=True)
+            grad_of = {id(t): (torch.zeros_like(t) if g is None else g) for t, g in zip(tensors, grads)}
+            for key in mine:
+                totals[key] += _gradient_stat(key, rec, grad_of, adapter, valid)
+        n_examples += len(valid)
+        if progress is not None:
+            progress((i + 1) / len(batches), f"scoring batch {i + 1}/{len(batches)}")
+    return {k: (v / max(n_examples, 1)).numpy() for k, v in totals.items()}
+
+
+def _differentiated(rec: dict, keys: list[tuple]) -> list[torch.Tensor]:
+    kinds = {k[0] for k in keys}
+    tensors = []
+    if "taylor" in kinds:
+        tensors += [w for _, w in rec["probs"] if w is not None]
+    if "his" in kinds:
+        tensors += [c for cs in rec["ctx"].values() for c in cs]
+    if "gnorm" in kinds:
+        tensors += [out for pairs in rec["qkv"].values() for _, out in pairs]
+    unique = {id(t): t for t in tensors if t.requires_grad}
+    return list(unique.values())
+
+
+def _attention_stat(key, records, adapter, valid, layers_per_block) -> torch.Tensor:
+    """Σ over examples of the per-sentence entropy (eq. 3, form/ε of ``key``) or attention deficit, (L, H)."""
+    n = valid.sum(1)
+    pair = (valid[:, None, :, None] * valid[:, None, None, :])
+    out = torch.zeros(adapter.grid_shape, dtype=torch.float64)
+    for block_index, weights in records:
+        if weights is None:
+            continue
+        p = weights.detach().to(torch.promote_types(weights.dtype, torch.float32)) * pair
+        if key[0] == "entropy":
+            per_sentence = (entropy_terms(p, key[1], key[2]) * pair).sum((-1, -2)) / n[:, None]
+        else:  # AD = 1 − (1/(n log n)) Σ_t H(α_t); one-token sentences count as fully concentrated
+            rows = entropy_terms(p, "A", 0.0).sum(-1)
+            log_n = torch.log(n).clamp_min(math.log(2))
+            per_sentence = 1 - (rows * valid[:, None, :]).sum(-1) / (n * log_n)[:, None]
+        block = adapter.blocks[block_index]
+        out[block_index] += _scatter(per_sentence.sum(0).double().cpu(), block.kept, adapter.n_heads)
+    return out / torch.as_tensor(layers_per_block, dtype=torch.float64)[:, None]
+
+
+def _gradient_stat(key, rec, grad_of, adapter, valid) -> torch.Tensor:
+    """Σ over examples (Gnorm "batch": over batches) of one gradient quantity, (L, H) or (3, L, H)."""
+    n_heads = adapter.n_heads
+    per_block: dict[int, torch.Tensor] = defaultdict(lambda: 0)
+    if key[0] == "taylor":
+        for block_index, w in rec["probs"]:
+            if w is not None and id(w) in grad_of:
+                inner = ((w * grad_of[id(w)]).sum(-1) * valid[:, None, :]).sum(-1)
+                per_block[block_index] = per_block[block_index] + inner
+    elif key[0] == "his":
+        for block_index, contexts in rec["ctx"].items():
+            d_h = adapter.blocks[block_index].head_size
+            for c in contexts:
+                if c.shape[-1] and id(c) in grad_of:
+                    inner = (c * grad_of[id(c)] * valid[..., None]).sum(1)
+                    per_block[block_index] = per_block[block_index] + inner.view(len(c), -1, d_h).sum(-1)
+    out = torch.zeros((3, *adapter.grid_shape) if key[0] == "gnorm" else adapter.grid_shape, dtype=torch.float64)
+    if key[0] == "gnorm":
+        for (block_index, name), pairs in rec["qkv"].items():
+            block = adapter.blocks[block_index]
+            x = torch.cat([x.detach() for x, _ in pairs], 1) * valid.repeat(1, len(pairs))[..., None]
+            g = torch.cat([grad_of.get(id(y), torch.zeros_like(y)) for _, y in pairs], 1)
+            if key[2] == "batch":
+                norms = torch.einsum("btk,btd->kd", g, x).view(block.n_live, -1).norm(dim=1)
+            else:
+                norms = per_example_sq_norms(x, g, block.n_live).sqrt().sum(0)
+            out[("query", "key", "value").index(name), block_index] = _scatter(
+                norms.double().cpu(), block.kept, n_heads)
+        return out
+    for block_index, values in per_block.items():
+        out[block_index] = _scatter(values.detach().abs().sum(0).double().cpu(), adapter.blocks[block_index].kept,
+                                    n_heads)
+    return out
+
+
+# -- criteria built on the pass --------------------------------------------------------------------------------
+
+def live_heads(model, mask=None) -> np.ndarray:
+    """(L, H) bool: head physically present and not gated to 0."""
+    live = adapt(model).live_grid()
+    if mask is not None:
+        live &= mask.keep_bool()
+    return live.numpy()
+
+
+def grid_json(values: np.ndarray, live: np.ndarray) -> list[list[float | None]]:
+    """An (L, H) array as JSON rows, None where a head is dead."""
+    return [[float(v) if ok else None for v, ok in zip(row, oks)] for row, oks in zip(values, live)]
+
+
+def shared_pass(ctx: ScoringContext, keys) -> dict[tuple, np.ndarray]:
+    """The quantities ``keys`` for ``ctx``, computing in one pass only those not already in ``ctx.cache``."""
+    cache = ctx.cache.setdefault("onepass", {})
+    missing = set(keys) - set(cache)
+    if missing:
+        cache.update(run_pass(ctx.model, ctx.calib, missing, ctx.mask, ctx.device, ctx.progress))
+    return {k: cache[k] for k in keys}
+
+
+class OnePassCriterion(Criterion):
+    """A criterion read off the shared pass: ``needs`` names its quantities, ``combine`` turns them into scores
+    (higher = more important) and JSON-ready metadata."""
+
+    def needs(self, params: dict) -> set[tuple]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def combine(self, stats: dict, live: np.ndarray, **params) -> tuple[np.ndarray, dict]:  # pragma: no cover
+        raise NotImplementedError
+
+    def score(self, ctx: ScoringContext, **params) -> ScoreMap:
+        stats = shared_pass(ctx, self.needs(params))
+        live = live_heads(ctx.model, ctx.mask)
+        scores, meta = self.combine(stats, live, **params)
+        return ScoreMap(np.where(live, scores, np.nan), self.name, params, meta)
+
+
+def score_many(names, ctx: ScoringContext, params_by_name: dict | None = None) -> dict[str, ScoreMap]:
+    """Score several criteria on one context; the one-pass ones share a single pass over ``ctx.calib``.
+
+    Parameters are validated (and labels checked) for every criterion before any compute starts.
+    """
+    from . import get
+
+    params_by_name = params_by_name or {}
+    criteria = {name: get(name) for name in names}
+    needed = set()
+    for name, crit in criteria.items():
+        resolved = crit.prepare(ctx, params_by_name.get(name))
+        if isinstance(crit, OnePassCriterion):
+            needed |= crit.needs(resolved)
+    shared_pass(ctx, needed)
+    return {name: crit(ctx, params_by_name.get(name)) for name, crit in criteria.items()}
+
+
+def positive(value) -> str | None:
+    return None if value > 0 else "must be > 0"
+
+
+def objective_param(default: str) -> Param:
+    return Param(default, "scalar differentiated: 'loss' (task cross-entropy, needs labels) or 'logits_norm' "
+                 "(‖logits‖₂ per sentence, label-free)", str, choices=OBJECTIVES)
