@@ -1,0 +1,228 @@
+"""Pruning trajectories: remove heads in a criterion's order and measure the model after every step.
+
+``run_trajectory`` prunes ``step`` heads at a time (ALBERT: tied heads, one grid position = all layers) in the
+order of a criterion -- lowest score first, highest first with ``inverse`` -- scoring a static criterion once
+on the starting model and re-scoring a dynamic one (Greedy-Gnorm) on the pruned model after every step. Heads
+are cut physically from a private copy (``surgery.prune_model``), so every later pass is cheaper; the caller's
+model is never touched. After each step it records the heads removed, the metrics on the evaluation split,
+stability if asked (see ``stability``), the parameters left and the elapsed time. It stops at a budget (a ratio
+of the grid, or a head count), at a tolerance (after the first step whose metric falls below τ × the dense
+metric), or when every head is gone.
+
+Summaries (``Trajectory.summary``):
+    auc              (1/r_end) ∫_0^{r_end} m(r) dr, trapezoid over the recorded points (r = pruned ratio, m the
+                     metric; the dense model is r = 0): the mean metric over the range pruned, so a curve flat at
+                     the dense metric scores the dense metric.
+    tolerance_ratio  the largest ratio reached before m first falls below τ × m(0) (τ = the run's tolerance).
+"""
+
+from __future__ import annotations
+
+import copy
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .arch import adapt
+from .criteria import Criterion, ScoreMap, ScoringContext, get
+from .errors import HeadpruneError
+from .mask import HeadMask
+from .surgery import prune_model
+
+HIGHER_IS_BETTER = ("accuracy", "macro_f1", "mcc", "pearson", "spearman")
+
+
+class TrajectoryError(HeadpruneError):
+    pass
+
+
+@dataclass
+class Trajectory:
+    criterion: str
+    params: dict
+    inverse: bool
+    step: int
+    seed: int
+    shape: list[int]
+    unit: str                    # "head", or "tied head (all layers)" for ALBERT
+    metric: str                  # the metric the tolerance and summaries read
+    dense: dict                  # metrics of the starting model (+ "stability", "params")
+    steps: list[dict] = field(default_factory=list)  # removed, n_pruned, ratio, metrics, stability, params, seconds
+    stop: str = "end"            # "budget" | "tolerance" | "end"
+    budget: float | None = None
+    count: int | None = None
+    tolerance: float | None = None
+    model: str = ""
+    data: dict = field(default_factory=dict)
+    versions: dict = field(default_factory=dict)
+
+    @property
+    def n_units(self) -> int:
+        return self.shape[0] * self.shape[1]
+
+    def ratios(self) -> np.ndarray:
+        return np.array([self.dense.get("ratio", 0.0)] + [s["ratio"] for s in self.steps])
+
+    def values(self, metric: str | None = None) -> np.ndarray:
+        metric = metric or self.metric
+        return np.array([self.dense[metric]] + [s["metrics"][metric] for s in self.steps], dtype=float)
+
+    def order(self) -> list[tuple[int, int]]:
+        return [tuple(h) for s in self.steps for h in s["removed"]]
+
+    def auc(self, metric: str | None = None) -> float:
+        r, v = self.ratios(), self.values(metric)
+        return float(np.trapezoid(v, r) / (r[-1] - r[0])) if r[-1] > r[0] else float(v[0])
+
+    def tolerance_ratio(self, tau: float | None = None) -> float | None:
+        tau = self.tolerance if tau is None else tau
+        if tau is None:
+            return None
+        r, v = self.ratios(), self.values()
+        below = np.flatnonzero(v < tau * v[0])
+        return float(r[below[0] - 1] if below.size else r[-1])
+
+    def summary(self) -> dict:
+        return {"auc": self.auc(), "tolerance_ratio": self.tolerance_ratio(), "final_ratio": float(self.ratios()[-1]),
+                "final_metric": float(self.values()[-1]), "n_steps": len(self.steps)}
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "summary": self.summary()}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> Trajectory:
+        return cls(**{k: v for k, v in obj.items() if k != "summary"})
+
+    def save(self, path: str | Path) -> None:
+        import json
+
+        Path(path).write_text(json.dumps(self.to_json(), indent=1), encoding="utf-8")
+
+
+def versions() -> dict:
+    from importlib import metadata
+
+    import torch
+    import transformers
+
+    try:
+        own = metadata.version("headprune")
+    except metadata.PackageNotFoundError:  # running from a source checkout
+        own = "source"
+    return {"headprune": own, "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version()}
+
+
+def _target(n_units: int, already: int, budget, count) -> int:
+    """How many units are pruned when the run ends."""
+    if budget is not None and not (isinstance(budget, (int, float)) and 0 < budget <= 1):
+        raise TrajectoryError(f"Budget {budget!r} is not a ratio in (0, 1] (e.g. 0.5 prunes half the heads).")
+    if count is not None and not (isinstance(count, int) and count >= 1):
+        raise TrajectoryError(f"Head count {count!r} must be a positive integer.")
+    limits = [n_units] + ([round(budget * n_units)] if budget is not None else []) + ([count] if count else [])
+    return max(min(limits), already)
+
+
+def _check(step, tolerance, metric, dense) -> str:
+    if not (isinstance(step, int) and step >= 1):
+        raise TrajectoryError(f"Step {step!r} must be a positive integer (heads removed per step).")
+    if tolerance is not None and not 0 < tolerance <= 1:
+        raise TrajectoryError(f"Tolerance {tolerance!r} must lie in (0, 1]: stop once metric < τ × dense metric.")
+    metric = metric or ("accuracy" if "accuracy" in dense else "pearson")
+    if metric not in HIGHER_IS_BETTER or metric not in dense:
+        accepted = [m for m in HIGHER_IS_BETTER if m in dense]
+        raise TrajectoryError(f"Metric '{metric}' is not available here; accepted: {', '.join(accepted)}.")
+    return metric
+
+
+def run_trajectory(model, calib: list[dict], eval_batches: list[dict], criterion: str | Criterion,
+                   params: dict | None = None, inverse: bool = False, step: int = 1, budget: float | None = None,
+                   count: int | None = None, tolerance: float | None = None, seed: int = 0,
+                   stability: bool | list[dict] = False, metric: str | None = None, device=None, tokenizer=None,
+                   scores: ScoreMap | None = None, progress=None, model_name: str = "",
+                   data_info: dict | None = None) -> Trajectory:
+    """Prune ``model`` step by step in ``criterion``'s order (see module doc) and return the Trajectory.
+
+    ``stability``: True perturbs ``eval_batches`` (``stability.perturb_batches``, word drop 0.1, ``seed``,
+    word-level when ``tokenizer`` is given), or pass ready perturbed batches. ``scores``: a precomputed ScoreMap
+    of the starting model to use as a static criterion's order (skips its scoring).
+    """
+    from .evaluate import gather_labels, metrics_from_logits, predict
+    from .stability import agreement, perturb_batches
+
+    crit = get(criterion) if isinstance(criterion, str) else criterion
+    resolved = crit.prepare(ScoringContext(model, calib, seed=seed), params)
+    if scores is not None and crit.dynamic:
+        raise TrajectoryError(f"'{crit.name}' is re-scored after every step; precomputed scores apply only to "
+                              "static criteria.")
+    start = time.perf_counter()
+    work = copy.deepcopy(model)
+    adapter = adapt(work)
+    mask = HeadMask(adapter.live_grid().float())
+    n_units = mask.values.numel()
+    target = _target(n_units, mask.n_pruned, budget, count)
+    labels = gather_labels(eval_batches)
+    perturbed = (stability if isinstance(stability, list) else perturb_batches(eval_batches, tokenizer, seed=seed)
+                 ) if stability else None
+
+    def measure() -> tuple[dict, float | None]:
+        logits = predict(work, eval_batches, device=device)
+        kept = None if perturbed is None else agreement(logits, predict(work, perturbed, device=device))
+        return metrics_from_logits(logits, labels).to_dict(), kept
+
+    dense, dense_stability = measure()
+    metric = _check(step, tolerance, metric, dense)
+    traj = Trajectory(crit.name, resolved, inverse, step, seed, list(mask.shape), adapter.unit_name, metric,
+                      {**dense, "stability": dense_stability, "params": _n_params(work),
+                       "ratio": mask.n_pruned / n_units},
+                      budget=budget, count=count, tolerance=tolerance, model=model_name, data=data_info or {},
+                      versions=versions())
+    queue: list[tuple[int, int]] | None = None
+    while mask.n_pruned < target:
+        if queue is None or crit.dynamic:
+            ctx = ScoringContext(work, calib, mask, device, tokenizer, seed=seed)
+            queue = (scores if scores is not None else crit.score(ctx, **resolved)).order(inverse)
+        removed = [h for h in queue if mask.values[h] != 0][:min(step, target - mask.n_pruned)]
+        queue = [h for h in queue if h not in removed]
+        for layer, head in removed:
+            mask = mask.prune(layer, head)
+        prune_model(work, mask, inplace=True)
+        metrics, kept = measure()
+        traj.steps.append({"removed": [list(h) for h in removed], "n_pruned": mask.n_pruned,
+                           "ratio": mask.n_pruned / n_units, "metrics": metrics, "stability": kept,
+                           "params": _n_params(work), "seconds": time.perf_counter() - start})
+        if progress is not None:
+            progress(mask.n_pruned / target, f"{mask.n_pruned}/{n_units} pruned, {metric} {metrics[metric]:.4f}")
+        if tolerance is not None and metrics[metric] < tolerance * dense[metric]:
+            traj.stop = "tolerance"
+            return traj
+    traj.stop = "end" if mask.n_pruned == n_units else "budget"
+    return traj
+
+
+def _n_params(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def run_seeds(model, calib, eval_batches, criterion, seeds: int = 5, seed: int = 0, progress=None,
+              **kwargs) -> list[Trajectory]:
+    """``seeds`` trajectories with seeds seed, seed+1, ... (random order: the spread of Figure 4)."""
+    if not (isinstance(seeds, int) and seeds >= 1):
+        raise TrajectoryError(f"Number of seeds {seeds!r} must be a positive integer.")
+    runs = []
+    for i in range(seeds):
+        report = None if progress is None else (lambda f, m, _i=i: progress((_i + f) / seeds, f"seed {_i}: {m}"))
+        runs.append(run_trajectory(model, calib, eval_batches, criterion, seed=seed + i, progress=report, **kwargs))
+    return runs
+
+
+def spread(runs: list[Trajectory], metric: str | None = None) -> dict:
+    """Per ratio, the min / quartiles / max of the metric over ``runs`` (boxplot data), on the common steps."""
+    n = min(len(t.steps) for t in runs) + 1
+    values = np.stack([t.values(metric)[:n] for t in runs])
+    q = np.quantile(values, [0.0, 0.25, 0.5, 0.75, 1.0], axis=0)
+    return {"ratios": runs[0].ratios()[:n].tolist(), "metric": metric or runs[0].metric,
+            **{name: row.tolist() for name, row in zip(("min", "q1", "median", "q3", "max"), q)}}
