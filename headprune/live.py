@@ -1,0 +1,357 @@
+"""Live evaluation under a changing head mask: recompute only what a change can affect.
+
+Why it is exact
+---------------
+A head in layer l only acts inside layer l, so the input of every layer k <= l is the same before and after
+the head is toggled. ``LiveEvaluator`` keeps, for the *current* mask, the input hidden states of every encoder
+layer on every evaluation batch. After a mask change whose first changed layer is l it replays the cached input
+of layer l and runs layers l..L-1 under the new mask (``headprune.gating.gate_heads``), recording the new inputs
+of layers > l as it goes so the cache again describes the current mask. The classifier tail (pooler, head) is
+the model's own code: the forward of the model is run with its encoder's layer list temporarily replaced by
+``[replay(l)] + layers[l:]`` (the embeddings are recomputed and discarded; they are cheap).
+
+Two further savings, both exact up to float rounding and both checked against the plain forward at start-up
+(when the check fails they are switched off, never silently wrong):
+
+* **first token only in the last layer** -- every supported sequence classifier reads only position 0 of the
+  last hidden state (BERT/ELECTRA pooler, RoBERTa/ELECTRA head, DistilBERT ``hidden_state[:, 0]``), and in the
+  last layer position 0's output depends on the other positions only through their keys and values. So the
+  last layer computes K and V for all tokens but Q, O and the feed-forward block for token 0 alone.
+* **cached attention context of the toggled layer** -- the concatenated head contexts entering layer l's output
+  projection O do not depend on layer l's gates (gating scales that context just before O, see gating.py), so
+  they are cached per layer and layer l restarts at O instead of recomputing Q/K/V and the attention.
+
+Cost: a toggle in layer l costs roughly (L - l - 1) layers + one O/feed-forward pass + one cheap last layer,
+versus L layers for a full evaluation. Memory: two (tokens x hidden) float tensors per layer and evaluation row.
+
+ALBERT (``adapter.layer_modules is None``): one block is shared by all layers, so a tied head acts in every
+layer and nothing below a change can be reused; ``LiveEvaluator`` falls back to a full gated forward there.
+
+The evaluator never mutates the model it is given: it runs a *structural* copy (new module objects sharing the
+original parameter tensors), so its hooks and layer-list swaps are invisible to other users of the model (the
+dashboard shares one cached model between sessions).
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .arch import adapt
+from .data import model_inputs
+from .device import autocast
+from .errors import DataError, MaskError
+from .evaluate import Metrics, _dataset_order, gather_labels, metrics_from_logits
+from .gating import gate_heads
+from .mask import HeadMask
+
+Progress = Callable[[float, str], None]
+
+
+def structural_copy(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` with its own module objects but the *same* parameter and buffer tensors.
+
+    Hooks, attribute swaps and layer-list replacements on the copy leave ``model`` untouched; memory cost is
+    only the Python module objects.
+    """
+    memo = {id(t): t for t in model.parameters()}
+    memo.update({id(t): t for t in model.buffers()})
+    return copy.deepcopy(model, memo)
+
+
+def first_changed_layer(old: HeadMask, new: HeadMask, layer_to_block: Sequence[int]) -> int | None:
+    """Smallest forward layer whose block has a gate that differs between ``old`` and ``new`` (None: same)."""
+    changed = (old.values != new.values).any(dim=1)
+    for layer, block in enumerate(layer_to_block):
+        if bool(changed[block]):
+            return layer
+    return None
+
+
+class _Replay(nn.Module):
+    """Stands in for layers 0..l-1: returns layer l's cached input, whatever the encoder hands it."""
+
+    def __init__(self, hidden: torch.Tensor):
+        super().__init__()
+        self.hidden = hidden
+
+    def forward(self, *args, **kwargs):
+        return self.hidden
+
+
+def _eager_default(core: nn.Module):
+    return getattr(sys.modules[type(core).__module__], "eager_attention_forward", None)
+
+
+class _LayerRunner:
+    """Pieces of one encoder layer, called separately (BERT-family and DistilBERT layers).
+
+    ``context`` is what enters the O projection (concatenated head contexts); ``finish`` applies O, the
+    residual/LayerNorm and the feed-forward block. Both are the layer's own submodules, so gating hooks on O
+    apply as in the plain forward.
+    """
+
+    def __init__(self, layer: nn.Module, block, config):
+        self.layer, self.block, self.config = layer, block, config
+        if hasattr(layer, "attention") and hasattr(layer.attention, "self") and hasattr(layer, "feed_forward_chunk"):
+            self.kind = "bert"
+            self.core = layer.attention.self
+        elif hasattr(layer, "sa_layer_norm") and hasattr(layer, "ffn") and hasattr(layer, "output_layer_norm"):
+            self.kind = "distilbert"
+            self.core = layer.attention
+        else:
+            raise TypeError(f"no split forward for {type(layer).__name__}")
+        self.interface_default = _eager_default(self.core)
+        if self.interface_default is None:
+            raise TypeError(f"no eager attention function next to {type(self.core).__name__}")
+
+    def context(self, hidden: torch.Tensor, attention_mask, query_rows: slice | None = None) -> torch.Tensor:
+        """(B, T_q, H_live * d_h): per-head attention contexts for queries at ``query_rows`` (all by default)."""
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        block = self.block
+        b, t, _ = hidden.shape
+        q_in = hidden if query_rows is None else hidden[:, query_rows]
+        tq = q_in.shape[1]
+        if not block.kept:  # every head cut by surgery: nothing enters O but its bias
+            return hidden.new_zeros(b, tq, 0)
+        d = block.head_size
+        query = block.query(q_in).view(b, tq, -1, d).transpose(1, 2)
+        key = block.key(hidden).view(b, t, -1, d).transpose(1, 2)
+        value = block.value(hidden).view(b, t, -1, d).transpose(1, 2)
+        mask = attention_mask
+        if query_rows is not None and torch.is_tensor(mask) and mask.dim() == 4 and mask.shape[-2] > 1:
+            mask = mask[:, :, query_rows, :]
+        interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, self.interface_default)
+        out, _ = interface(self.core, query, key, value, mask, dropout=0.0, scaling=self.core.scaling)
+        return out.reshape(b, tq, -1).contiguous()
+
+    def finish(self, context: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        layer = self.layer
+        if self.kind == "bert":
+            attention_output = layer.attention.output(context, residual)
+            return layer.feed_forward_chunk(attention_output)
+        attention_output = layer.sa_layer_norm(self.core.out_lin(context) + residual)
+        return layer.output_layer_norm(layer.ffn(attention_output) + attention_output)
+
+
+class _SplitLayer(nn.Module):
+    """Runs one encoder layer from its pieces: from a cached O-input context and/or for token 0 only."""
+
+    def __init__(self, runner: _LayerRunner, context: torch.Tensor | None = None, first_token: bool = False):
+        super().__init__()
+        self.runner, self.cached_context, self.first_token = runner, context, first_token
+
+    def forward(self, hidden_states, attention_mask=None, *args, **kwargs):
+        rows = slice(0, 1) if self.first_token else None
+        if self.cached_context is not None:
+            context = self.cached_context if rows is None else self.cached_context[:, rows]
+        else:
+            context = self.runner.context(hidden_states, attention_mask, rows)
+        residual = hidden_states if rows is None else hidden_states[:, rows]
+        return self.runner.finish(context, residual)
+
+
+@dataclass
+class LiveStats:
+    full_runs: int = 0           # evaluations that ran every layer
+    partial_runs: int = 0        # evaluations that started at a cached layer
+    layers_run: int = 0          # encoder layers executed (summed over evaluations, not batches)
+    last_start_layer: int | None = None
+
+
+class LiveEvaluator:
+    """Logits and metrics of ``model`` on ``batches`` under a mask that changes a few heads at a time.
+
+    >>> live = LiveEvaluator(model, batches)          # one plain pass under ``mask``, fills the caches
+    >>> live.set_mask(live.mask.prune(3, 7))          # recomputes layers >= 3 only; returns Metrics
+    >>> live.logits                                   # == headprune.evaluate.predict(model, batches, mask)
+
+    Metrics are ``headprune.evaluate.metrics_from_logits`` of the logits, so they equal
+    ``evaluate(model, batches, mask)`` (tests/test_live.py proves both for random toggle sequences).
+    Batches without labels give logits but no metrics. ``fast_paths=False`` keeps only the layer cache (the
+    plain layer forwards run everywhere); ``cache_device="cpu"`` keeps the caches off the GPU.
+    """
+
+    def __init__(self, model: nn.Module, batches: Sequence[dict], mask: HeadMask | None = None,
+                 fast_paths: bool = True, cache_device: torch.device | str | None = None,
+                 progress: Progress | None = None):
+        if not batches:
+            raise DataError("Live evaluation needs at least one evaluation batch; the evaluation set is empty.")
+        self.model = structural_copy(model).eval()
+        self.adapter = adapt(self.model)
+        self.device = next(model.parameters()).device
+        self.cache_device = torch.device(cache_device) if cache_device is not None else self.device
+        self.batches = list(batches)
+        self._order = _dataset_order(self.batches)
+        self.mask = self._checked(mask if mask is not None else HeadMask.ones(self.adapter.grid_shape))
+        self.stats = LiveStats()
+        self.incremental = self.adapter.layer_modules is not None
+        self.fallback_reason = None if self.incremental else (
+            "tied heads (ALBERT): a head acts in every layer, so every change re-runs the whole model")
+        self._layers = self.adapter.layer_modules
+        self._owner = self._layer_owner() if self.incremental else None
+        self._runners: list[_LayerRunner] | None = None
+        self.fast_path_note: str | None = None
+        if self.incremental and fast_paths:
+            try:
+                self._runners = [_LayerRunner(layer, self.adapter.blocks[i], self.model.config)
+                                 for i, layer in enumerate(self._layers)]
+            except TypeError as exc:
+                self.fast_path_note = f"fast paths off: {exc}"
+        self.first_token = False  # the first pass is the model's plain forward: the reference for the checks
+        # _inputs[b][l]: input of layer l on batch b under self.mask; _contexts[b][l]: context entering O.
+        self._inputs: list[list[torch.Tensor | None]] = []
+        self._contexts: list[list[torch.Tensor | None]] = []
+        self._logits: list[torch.Tensor] = []
+        self._run(0, self.mask, progress)
+        self._check_fast_paths()
+
+    # -- public ------------------------------------------------------------------------------------------
+    @property
+    def n_rows(self) -> int:
+        return len(self._order)
+
+    @property
+    def logits(self) -> torch.Tensor:
+        """(n, num_labels) float32 on CPU, in dataset order (as ``headprune.evaluate.predict`` returns them)."""
+        return torch.cat(self._logits)[self._order]
+
+    @property
+    def has_labels(self) -> bool:
+        return all("labels" in b for b in self.batches)
+
+    def metrics(self) -> Metrics:
+        return metrics_from_logits(self.logits, gather_labels(self.batches))
+
+    def set_mask(self, mask: HeadMask, progress: Progress | None = None) -> Metrics | None:
+        """Move to ``mask`` (recomputing from its first changed layer); metrics under it (None without labels)."""
+        start = first_changed_layer(self.mask, self._checked(mask), self.adapter.layer_to_block)
+        if start is not None:
+            self._run(start if self.incremental else 0, mask, progress)
+            self.mask = mask
+        return self.metrics() if self.has_labels else None
+
+    def toggle(self, layer: int, head: int, progress: Progress | None = None) -> Metrics | None:
+        """Prune head (layer, head) if kept, restore it if pruned; metrics under the new mask."""
+        pruned = self.mask.prune(layer, head)  # raises MaskError naming the valid range
+        new = pruned if pruned != self.mask else self.mask.restore(layer, head)
+        return self.set_mask(new, progress)
+
+    def cache_megabytes(self) -> float:
+        tensors = [t for rows in (self._inputs, self._contexts) for row in rows for t in row if t is not None]
+        return sum(t.numel() * t.element_size() for t in tensors) / 2**20
+
+    # -- internals ---------------------------------------------------------------------------------------
+    def _layer_owner(self) -> tuple[nn.Module, str]:
+        for module in self.model.modules():
+            for name, child in module.named_children():
+                if child is self._layers:
+                    return module, name
+        raise RuntimeError("encoder layer list has no owner")  # adapt() found it inside the model
+
+    def _inputs_of(self, batch: dict) -> dict:
+        return {k: v.to(self.device) for k, v in model_inputs(batch).items()}
+
+    def _checked(self, mask: HeadMask) -> HeadMask:
+        if not isinstance(mask, HeadMask) or mask.shape != self.adapter.grid_shape:
+            got = mask.shape if isinstance(mask, HeadMask) else type(mask).__name__
+            raise MaskError(f"Mask {got} does not fit this model's {self.adapter.grid_shape[0]}x"
+                            f"{self.adapter.grid_shape[1]} heads (blocks x heads); give a HeadMask of that shape.")
+        return mask
+
+    def _stash(self, store: list, b: int, layer: int, tensor: torch.Tensor) -> None:
+        store[b][layer] = tensor.detach().to(self.cache_device)
+
+    @torch.no_grad()
+    def _run(self, start: int, mask: HeadMask, progress: Progress | None) -> None:
+        """Evaluate every batch under ``mask`` from layer ``start``; refresh caches of layers >= start."""
+        n_layers = self.adapter.n_layers
+        if not self._logits:
+            self._inputs = [[None] * n_layers for _ in self.batches]
+            self._contexts = [[None] * n_layers for _ in self.batches]
+            self._logits = [None] * len(self.batches)
+        with gate_heads(self.model, mask, self.adapter), autocast(self.device):
+            for b, batch in enumerate(self.batches):
+                inputs = self._inputs_of(batch)
+                out = self._forward_from(b, start, inputs) if self.incremental else self.model(**inputs).logits
+                self._logits[b] = out.detach().float().cpu()
+                if progress is not None:
+                    progress((b + 1) / len(self.batches), f"layers {start}-{n_layers - 1}, batch {b + 1}")
+        self.stats.last_start_layer = start
+        self.stats.layers_run += n_layers - start
+        if start == 0:
+            self.stats.full_runs += 1
+        else:
+            self.stats.partial_runs += 1
+
+    def _layer_stack(self, b: int, start: int, first_token: bool) -> list[nn.Module]:
+        """Modules that replace the encoder's layer list to run layers start..L-1 of batch ``b``."""
+        n = len(self._layers)
+        modules: list[nn.Module] = []
+        if start > 0:
+            modules.append(_Replay(self._inputs[b][start].to(self.device)))
+        for layer in range(start, n):
+            reuse = self._runners is not None and layer == start and self._contexts[b][layer] is not None
+            fast_last = first_token and layer == n - 1
+            if reuse or fast_last:
+                context = self._contexts[b][layer].to(self.device) if reuse else None
+                modules.append(_SplitLayer(self._runners[layer], context, first_token=fast_last))
+            else:
+                modules.append(self._layers[layer])
+        return modules
+
+    def _forward_from(self, b: int, start: int, inputs: dict, first_token: bool | None = None) -> torch.Tensor:
+        first_token = self.first_token if first_token is None else first_token
+        modules = self._layer_stack(b, start, first_token)
+        handles = []
+        offset = 1 if start > 0 else 0
+        for layer in range(start, len(self._layers)):
+            if layer > start:  # the start layer's input did not change (layer 0's is recomputed anyway)
+                handles.append(modules[layer - start + offset].register_forward_pre_hook(
+                    lambda _m, args, _l=layer: self._stash(self._inputs, b, _l, args[0])))
+            if self._runners is not None:  # prepend: see the context before gate_heads' own hook scales it
+                handles.append(self.adapter.blocks[layer].output.register_forward_pre_hook(
+                    lambda _m, args, _l=layer: self._stash(self._contexts, b, _l, args[0]), prepend=True))
+        owner, name = self._owner
+        setattr(owner, name, nn.ModuleList(modules))
+        try:
+            return self.model(**inputs).logits
+        finally:
+            setattr(owner, name, self._layers)
+            for h in handles:
+                h.remove()
+
+    def _check_fast_paths(self) -> None:
+        """Re-run batch 0's last layer through the fast paths; switch off any that disagrees with the plain forward.
+
+        The plain forward's logits for batch 0 are in the cache (the first run used the model's own layers).
+        """
+        if self._runners is None:
+            return
+        last = self.adapter.n_layers - 1
+        reference = self._logits[0]
+        inputs = self._inputs_of(self.batches[0])
+        saved = ([t for t in self._inputs[0]], [t for t in self._contexts[0]])
+        # a wrong fast path is off by O(1); float32 rounding is ~1e-6, GPU autocast (bf16) ~1e-2
+        tol = 5e-2 if self.device.type == "cuda" else 1e-4
+        for first_token, note in ((True, None),
+                                  (False, "first-token-only last layer off: the classifier reads more than token 0")):
+            with torch.no_grad(), gate_heads(self.model, self.mask, self.adapter), autocast(self.device):
+                fast = self._forward_from(0, last, inputs, first_token=first_token).float().cpu()
+            self._inputs[0], self._contexts[0] = list(saved[0]), list(saved[1])
+            if fast.shape == reference.shape and torch.allclose(fast, reference, atol=tol, rtol=tol):
+                self.first_token = first_token
+                self.fast_path_note = note
+                if first_token:  # the last layer will only ever read token 0's context
+                    for contexts in self._contexts:
+                        contexts[last] = contexts[last][:, :1].clone()
+                return
+        self.first_token = False
+        self._runners = None
+        self.fast_path_note = "fast paths off: the split layer forward disagrees with the model's own forward"
