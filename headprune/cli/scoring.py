@@ -1,0 +1,134 @@
+"""Scoring commands: ``criteria`` (what is available), ``score`` (one ScoreMap), ``trajectory`` (prune step by step
+and measure), ``select-alpha`` (HIES α by wAUC on the calibration split)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from ..criteria import REGISTRY, ScoringContext, get
+from ..data import batch_texts
+from ..errors import CriterionError
+from .common import add_data_args, add_mask_arg, add_model_args, load_mask, load_model_and_data, summary, tqdm_progress
+
+
+def _params(pairs: list[str] | None) -> dict:
+    """``--param k=v`` pairs as a dict (values parsed by each criterion's Param)."""
+    out = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise CriterionError(f"--param {pair!r}: expected KEY=VALUE, e.g. --param alpha=0.3.")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _checked(args) -> tuple:
+    """Criterion and parameters, validated before any model is loaded."""
+    crit = get(args.criterion)
+    params = _params(args.param)
+    crit.resolve_params(params)
+    return crit, params
+
+
+def _write(result: dict, out: str | None) -> dict:
+    if out:
+        Path(out).write_text(json.dumps(result, indent=1), encoding="utf-8")
+    return result
+
+
+def cmd_criteria(args) -> dict:
+    return {"criteria": [
+        {"name": c.name, "description": c.description, "reference": c.reference, "latex": c.latex,
+         "dynamic": c.dynamic, "needs_labels": c.needs_labels, "needs_gradients": c.needs_gradients,
+         "needs_parser": c.needs_parser,
+         "params": {k: {"default": p.default, "doc": p.doc, "choices": p.choices} for k, p in c.params.items()}}
+        for _, c in sorted(REGISTRY.items())]}
+
+
+def cmd_score(args) -> dict:
+    crit, params = _checked(args)
+    loaded, calib, _, info = load_model_and_data(args)
+    texts = [t for rows in batch_texts(info["calib_data"], calib) for t in rows]
+    start = time.perf_counter()
+    ctx = ScoringContext(loaded.model, calib, load_mask(args, loaded), loaded.device, loaded.tokenizer, texts,
+                         seed=args.seed, progress=tqdm_progress(f"scoring {crit.name}"))
+    scores = crit(ctx, params)
+    result = {**scores.to_json(), "model": args.model, "data": summary(info),
+              "seconds": time.perf_counter() - start}
+    return _write(result, args.out)
+
+
+def cmd_trajectory(args) -> dict:
+    from ..stability import perturb_batches
+    from ..trajectory import run_seeds, spread
+
+    crit, params = _checked(args)
+    loaded, calib, evals, info = load_model_and_data(args)
+    perturbed = perturb_batches(evals, loaded.tokenizer, args.drop, args.seed) if args.stability else False
+    runs = run_seeds(loaded.model, calib, evals, crit, seeds=args.seeds, seed=args.seed, params=params,
+                     inverse=args.inverse, step=args.step, budget=args.budget, count=args.count,
+                     tolerance=args.tolerance, stability=perturbed, metric=args.metric, device=loaded.device,
+                     tokenizer=loaded.tokenizer, progress=tqdm_progress(f"trajectory {crit.name}"),
+                     model_name=args.model, data_info=summary(info))
+    if len(runs) == 1:
+        return _write(runs[0].to_json(), args.out)
+    aucs = [r.auc() for r in runs]
+    result = {"criterion": crit.name, "seeds": [r.seed for r in runs], "runs": [r.to_json() for r in runs],
+              "spread": spread(runs), "auc_mean": sum(aucs) / len(aucs), "auc_min": min(aucs), "auc_max": max(aucs)}
+    return _write(result, args.out)
+
+
+def cmd_select_alpha(args) -> dict:
+    from ..criteria.hies import select_alpha
+
+    try:
+        alphas = [float(a) for a in args.alphas.split(",")]
+    except ValueError:
+        raise CriterionError(f"--alphas {args.alphas!r}: expected comma-separated numbers in [0, 1].") from None
+    loaded, calib, _, info = load_model_and_data(args)
+    result = select_alpha(loaded.model, calib, alphas, args.budget, args.step, args.metric, loaded.device,
+                          tqdm_progress("HIES α sweep"))
+    return _write({**result, "model": args.model, "data": summary(info)}, args.out)
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser("criteria", help="list the head-importance criteria with their descriptions")
+    p.set_defaults(handler=cmd_criteria)
+
+    p = sub.add_parser("score", help="score every head with one criterion (higher = more important)")
+    add_model_args(p)
+    add_data_args(p, eval_size=0)
+    add_mask_arg(p)
+    p.add_argument("--criterion", required=True, help="criterion name (see: python -m headprune criteria)")
+    p.add_argument("--param", action="append", metavar="KEY=VALUE", help="criterion parameter (repeatable)")
+    p.add_argument("--out", help="also write the JSON result to this file")
+    p.set_defaults(handler=cmd_score)
+
+    p = sub.add_parser("trajectory", help="prune heads one step at a time in a criterion's order, measuring each step")
+    add_model_args(p)
+    add_data_args(p)
+    p.add_argument("--criterion", required=True, help="criterion name (see: python -m headprune criteria)")
+    p.add_argument("--param", action="append", metavar="KEY=VALUE", help="criterion parameter (repeatable)")
+    p.add_argument("--inverse", action="store_true", help="prune the most important heads first")
+    p.add_argument("--step", type=int, default=1, help="heads removed per step (default: 1)")
+    p.add_argument("--budget", type=float, help="stop at this pruned ratio of all heads, in (0, 1]")
+    p.add_argument("--count", type=int, help="stop after this many heads")
+    p.add_argument("--tolerance", type=float, help="stop once the metric falls below T x the dense metric")
+    p.add_argument("--metric", help="metric for the tolerance and AUC (default: accuracy; pearson for regression)")
+    p.add_argument("--seeds", type=int, default=1, help="runs with seeds seed..seed+N-1 (random: the spread)")
+    p.add_argument("--stability", action="store_true", help="also measure stability under seeded word drop")
+    p.add_argument("--drop", type=float, default=0.1, help="word-drop probability for --stability (default: 0.1)")
+    p.add_argument("--out", help="also write the run file (JSON) here")
+    p.set_defaults(handler=cmd_trajectory)
+
+    p = sub.add_parser("select-alpha", help="choose HIES's α by wAUC of its pruning curve on the calibration split")
+    add_model_args(p)
+    add_data_args(p, eval_size=0)
+    p.add_argument("--alphas", default="0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1", help="comma-separated α grid")
+    p.add_argument("--budget", type=float, default=0.5, help="pruned ratio each curve reaches (default: 0.5)")
+    p.add_argument("--step", type=int, default=1, help="heads removed per step (default: 1)")
+    p.add_argument("--metric", help="metric of the curves (default: accuracy)")
+    p.add_argument("--out", help="also write the JSON result to this file")
+    p.set_defaults(handler=cmd_select_alpha)
