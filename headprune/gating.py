@@ -29,14 +29,15 @@ def gate_heads(model, mask: HeadMask | torch.Tensor | None, adapter: ModelAdapte
     """Within the block, heads of ``model`` are scaled by ``mask`` (n_blocks x n_heads, original head ids).
 
     ``mask`` may be a tensor that requires grad. ``None`` gates nothing. Heads already removed by surgery are
-    simply absent: their gate entries are ignored.
+    simply absent: their gate entries are ignored. A tensor of shape (B, n_blocks, n_heads) gives every example
+    of a batch of B its own gates (several ablations batched into one forward pass).
     """
     if mask is None:
         yield model
         return
     adapter = adapter or adapt(model)
     gates = _as_tensor(mask)
-    if tuple(gates.shape) != adapter.grid_shape:
+    if tuple(gates.shape[-2:]) != adapter.grid_shape or gates.ndim not in (2, 3):
         from .errors import MaskError
 
         raise MaskError(f"Mask shape {tuple(gates.shape)} does not fit this model's "
@@ -49,8 +50,10 @@ def gate_heads(model, mask: HeadMask | torch.Tensor | None, adapter: ModelAdapte
 
         def pre_hook(module, args, _block=block, _kept=kept):
             context = args[0]
-            gate = gates[_block.index].to(device=context.device)[_kept.to(context.device)]
-            scale = gate.to(context.dtype).repeat_interleave(_block.head_size)
+            gate = gates[..., _block.index, :].to(device=context.device)[..., _kept.to(context.device)]
+            scale = gate.to(context.dtype).repeat_interleave(_block.head_size, dim=-1)
+            if scale.ndim == 2:  # per-example gates: (B, H*d_h) -> (B, 1, ..., H*d_h)
+                scale = scale.view(scale.shape[0], *[1] * (context.ndim - 2), scale.shape[1])
             return (context * scale,) + tuple(args[1:])
 
         handles.append(block.output.register_forward_pre_hook(pre_hook))
