@@ -1,0 +1,374 @@
+"""SAP: Syntactic Attention Pruning, with Candidate Filtering (sap-syntactic-attention-pruning.txt, §3.2-3.4).
+
+§3.2 Dependency statistics. Dependency labels are counted over the parsed calibration texts and ranked by count
+     (rank 1 = most frequent; ties: alphabetical). Weights for a given k:
+         w(rank r) = k − r + 1   for r ≤ k     (top-k: k, k−1, ..., 1)
+         w(rank r) = r − k       for r > k     (the rest: 1, 2, ..., #labels − k; rarer weighs more)
+     e.g. k = 5, rank 29 -> 24 (the paper's example). #labels = the labels seen in the data.
+§3.3 Threshold and counters. θ = the global mean of all attention values of the live heads over the texts. For
+     each head and each arc a (dependent -> head word) of label ℓ, with attention v = A_w[dep(a), head(a)]:
+         cnt(l, h) += w(ℓ)  if ℓ is top-k and v < θ,   or ℓ is not top-k and v > θ
+     S = Σ_a w(ℓ_a), the total weighted occurrences of all arcs.
+§3.3 Selection (eq. 1). Scan heads by descending cnt; prune those with cnt ≥ S·R (R = ``ratio``, default 0.5). For
+     a target sparsity R is lowered by ``ratio_step`` until enough heads qualify (at R = 0 every live head does);
+     when the last step overshoots, the heads with the highest counters are taken (ties: layer, head).
+§4.1 k is swept over 1..k_max (10) and the k whose pruned model scores best on the calibration split is kept
+     (ties: the smaller k); a fixed ``k`` skips the sweep and needs no labels.
+§3.4 Candidate Filtering. The SAP selection of the best k are the candidates. With m0 the metric of the model as
+     given, each candidate is pruned alone and its degradation m0 − m(c) measured; candidates are re-ranked by
+     ascending degradation (ties: SAP order), then pruned cumulatively from the model as given; CF stops before the
+     first head whose cumulative pruning would bring the metric below tolerance · m0.
+§3.4 Whole-layer rule ("if the number of pruned heads in a layer exceeds a certain threshold, the entire layer is
+     pruned"). Our reading: with ``layer_threshold`` = n > 0, a layer with more than n pruned heads is dropped: its
+     encoder layer is skipped (output = input, feed-forward block included) and all its heads count as pruned. Off
+     (0) by default; it needs per-layer modules, so not on ALBERT. Trajectories prune heads only and ignore it.
+
+Open choices, documented:
+* Attention values are word-level (headprune/syntax/align.py; mean over the dependent's sub-tokens of the sum
+  over the head word's sub-tokens, Clark et al. 2019). θ is the mean of the same word-level values (every pair
+  of words the model saw, every live head), so both sides of the comparison are on one scale.
+* An arc's attention is the dependent's attention to its head (direction of the paper's Fig. 8). All spaCy
+  labels count except ROOT (no arc); punctuation included, the paper excludes nothing.
+* Values equal to θ count as neither below nor above.
+* Dependency statistics come from the parses alone (every arc); counters and S from the arcs the model saw
+  (arcs cut off by max length are dropped and reported).
+* Tied ALBERT heads act in every layer: their counter is the mean over the layers (so cnt ≤ S still holds).
+* Target sparsity is the fraction of all heads pruned, heads already pruned in the mask included.
+
+ScoreMaps. ``sap``: −cnt (higher = kept longer). ``sap-cf``: the position in the pruning order CF implies: heads
+CF prunes (in its order) first, then the rejected candidates (by degradation), then the other heads by descending
+counter. Both put the selected mask, best k and the statistics in ``meta``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..arch import adapt
+from ..errors import CriterionError
+from ..mask import HeadMask
+from ..syntax import DEFAULT_PIPELINE, QUERY_REDUCE, ArcData, collect_arc_attention, parse_dataset
+from .base import Criterion, Param, ScoreMap, ScoringContext, register
+from .kl import skip_layers
+
+Head = tuple[int, int]
+MetricFn = Callable[[HeadMask, list[int]], float]
+
+
+# -- §3.2 dependency statistics ---------------------------------------------------------------------------------
+
+@dataclass
+class DependencyStats:
+    labels: list[str]                # rank order: most frequent first (ties: alphabetical)
+    counts: list[int]
+
+    @classmethod
+    def from_labels(cls, labels: Iterable[str]) -> DependencyStats:
+        counts = Counter(labels)
+        ranked = sorted(counts, key=lambda lab: (-counts[lab], lab))
+        return cls(ranked, [counts[lab] for lab in ranked])
+
+    @classmethod
+    def from_parses(cls, parses: Sequence) -> DependencyStats:
+        segments = [s for p in parses for s in (p if isinstance(p, tuple) else (p,))]
+        return cls.from_labels(a.label for s in segments for a in s.arcs())
+
+    def ranks(self) -> dict[str, int]:
+        return {lab: r for r, lab in enumerate(self.labels, start=1)}
+
+    def weights(self, k: int) -> dict[str, int]:
+        """§3.2: top-k ranks weigh k..1, the others 1..(#labels − k)."""
+        return {lab: (k - r + 1) if r <= k else (r - k) for lab, r in self.ranks().items()}
+
+    def to_json(self, k: int) -> dict:
+        weights = self.weights(k)
+        return {"k": k, "labels": [{"label": lab, "count": c, "rank": r, "weight": weights[lab], "top_k": r <= k}
+                                   for r, (lab, c) in enumerate(zip(self.labels, self.counts), start=1)]}
+
+
+# -- §3.3 counters and selection --------------------------------------------------------------------------------
+
+def sap_counters(values: np.ndarray, labels: Sequence[str], stats: DependencyStats, k: int,
+                 threshold: float) -> tuple[np.ndarray, float]:
+    """(cnt of every head, S) from arc attention ``values`` (..., n_arcs) with arc ``labels`` (module doc, §3.3)."""
+    weights, ranks = stats.weights(k), stats.ranks()
+    w = np.array([weights[lab] for lab in labels], dtype=float)
+    top = np.array([ranks[lab] <= k for lab in labels], dtype=bool)
+    counted = np.where(top, values < threshold, values > threshold)
+    return (counted * w).sum(axis=-1), float(w.sum())
+
+
+def layers_to_blocks(per_layer: np.ndarray, layer_to_block: Sequence[int], n_blocks: int) -> np.ndarray:
+    """(n_blocks, H): mean over the forward layers that use each block (identity unless ALBERT)."""
+    index = np.asarray(layer_to_block)
+    return np.stack([per_layer[index == b].mean(axis=0) for b in range(n_blocks)])
+
+
+def select_heads(counters: np.ndarray, total: float, ratio: float) -> list[Head]:
+    """Eq. 1: heads with cnt ≥ S·R, by descending cnt (ties: layer, head); NaN (pruned) heads never qualify."""
+    order = ScoreMap(-counters, "sap").order()
+    return [(l, h) for l, h in order if counters[l, h] >= total * ratio]
+
+
+def select_for_sparsity(counters: np.ndarray, total: float, n_prune: int, ratio: float = 0.5,
+                        step: float = 0.05) -> tuple[list[Head], float]:
+    """Lower R by ``step`` from ``ratio`` until ``n_prune`` heads qualify; returns (the n_prune heads, R used)."""
+    while True:
+        chosen = select_heads(counters, total, ratio)
+        if len(chosen) >= n_prune or ratio <= 0:
+            return chosen[:max(n_prune, 0)], ratio
+        ratio = max(0.0, round(ratio - step, 10))
+
+
+def apply_layer_rule(mask: HeadMask, layer_threshold: int) -> tuple[HeadMask, list[int]]:
+    """§3.4: layers with more than ``layer_threshold`` pruned heads are dropped whole (0 = rule off)."""
+    if layer_threshold <= 0:
+        return mask, []
+    dropped = [l for l, n in enumerate((mask.values == 0).sum(dim=1).tolist()) if n > layer_threshold]
+    values = mask.values.clone()
+    values[dropped] = 0.0
+    return HeadMask(values), dropped
+
+
+@dataclass
+class SapResult:
+    k: int
+    counters: np.ndarray             # (n_blocks, H), NaN for heads already pruned
+    total: float                     # S
+    selected: list[Head]             # by descending counter
+    ratio: float                     # R that produced the selection
+    mask: HeadMask
+    dropped_layers: list[int]
+    metric: float | None = None
+    sweep: dict[int, float] = field(default_factory=dict)
+
+
+def run_sap(data: ArcData, stats: DependencyStats, base: HeadMask, layer_to_block: Sequence[int], k: int = 0,
+            k_max: int = 10, ratio: float = 0.5, ratio_step: float = 0.05, sparsity: float = 0.0,
+            layer_threshold: int = 0, metric_fn: MetricFn | None = None,
+            progress: Callable[[float, str], None] | None = None) -> SapResult:
+    """SAP selection for one k, or the best k of 1..k_max by ``metric_fn`` (§3.3, §4.1)."""
+    ks = [k] if k else list(range(1, min(k_max, len(stats.labels)) + 1))
+    if not ks:
+        raise CriterionError("SAP found no dependency arcs in the calibration texts; it needs parsable sentences.")
+    if len(ks) > 1 and metric_fn is None:
+        raise CriterionError("Sweeping k needs a metric on labelled calibration data; give a fixed k (1..10).")
+    live = layers_to_blocks(data.live.astype(float), layer_to_block, base.shape[0]) > 0
+    n_prune = round(sparsity * base.values.numel()) - base.n_pruned if sparsity > 0 else None
+    results = []
+    for i, kk in enumerate(ks):
+        per_layer, total = sap_counters(data.values, data.labels, stats, kk, data.threshold)
+        counters = np.where(live, layers_to_blocks(per_layer, layer_to_block, base.shape[0]), np.nan)
+        if n_prune is None:
+            selected, used = select_heads(counters, total, ratio), ratio
+        else:
+            selected, used = select_for_sparsity(counters, total, n_prune, ratio, ratio_step)
+        mask = base
+        for head in selected:
+            mask = mask.prune(*head)
+        mask, dropped = apply_layer_rule(mask, layer_threshold)
+        metric = metric_fn(mask, dropped) if len(ks) > 1 else None
+        results.append(SapResult(kk, counters, total, selected, used, mask, dropped, metric))
+        if progress is not None:
+            progress((i + 1) / len(ks), f"SAP k={kk}: {len(selected)} heads selected")
+    best = max(results, key=lambda r: (-np.inf if r.metric is None else r.metric, -r.k))
+    best.sweep = {r.k: r.metric for r in results if r.metric is not None}
+    return best
+
+
+# -- §3.4 candidate filtering -----------------------------------------------------------------------------------
+
+@dataclass
+class CFResult:
+    dense: float                     # m0: metric of the model as given
+    floor: float                     # tolerance · m0
+    degradation: dict[Head, float]   # m0 − metric with the candidate pruned alone
+    order: list[Head]                # candidates by ascending degradation
+    selected: list[Head]             # heads pruned, in order
+    trace: list[float]               # metric after each accepted head
+    mask: HeadMask
+    dropped_layers: list[int]
+    rejected: tuple[Head, float] | None = None   # first head that would fall below the floor, and that metric
+
+
+def candidate_filtering(candidates: Sequence[Head], metric_fn: MetricFn, base: HeadMask, tolerance: float,
+                        layer_threshold: int = 0,
+                        progress: Callable[[float, str], None] | None = None) -> CFResult:
+    """§3.4 (module doc): rank candidates by single-head degradation, prune cumulatively while ≥ tolerance · m0."""
+    def metric(mask: HeadMask) -> float:
+        return metric_fn(*apply_layer_rule(mask, layer_threshold))
+
+    steps, done = 2 * len(candidates) + 1, 0
+
+    def report(message: str) -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done / steps, message)
+
+    dense = metric_fn(base, [])
+    report("candidate filtering: dense model")
+    degradation = {}
+    for c in candidates:
+        degradation[c] = dense - metric(base.prune(*c))
+        report(f"candidate filtering: head {c} alone")
+    order = sorted(candidates, key=lambda c: degradation[c])     # stable: ties keep SAP's order
+    floor = tolerance * dense
+    mask, selected, trace, rejected = base, [], [], None
+    for c in order:
+        value = metric(mask.prune(*c))
+        report(f"candidate filtering: {len(selected) + 1} heads")
+        if value < floor:
+            rejected = (c, value)
+            break
+        mask = mask.prune(*c)
+        selected.append(c)
+        trace.append(value)
+    final, dropped = apply_layer_rule(mask, layer_threshold)
+    return CFResult(dense, floor, degradation, order, selected, trace, final, dropped, rejected)
+
+
+# -- criteria -------------------------------------------------------------------------------------------------------
+
+def calibration_metric(ctx: ScoringContext, name: str) -> MetricFn:
+    """metric(mask, dropped layers) on the calibration batches ("auto": accuracy, or Pearson for regression)."""
+    from ..evaluate import evaluate
+
+    memo: dict[tuple, float] = {}
+
+    def metric(mask: HeadMask, dropped: list[int]) -> float:
+        key = (hash(mask), tuple(dropped))
+        if key not in memo:
+            with skip_layers(ctx.model, dropped):
+                values = evaluate(ctx.model, ctx.calib, mask).to_dict()
+            chosen = name if name != "auto" else ("accuracy" if "accuracy" in values else "pearson")
+            if chosen not in values:
+                raise CriterionError(f"metric={name!r} is not available for this task; accepted: auto, "
+                                     f"{', '.join(sorted(values))}.")
+            memo[key] = float(values[chosen])
+        return memo[key]
+
+    return metric
+
+
+def _positive(v) -> str | None:
+    return None if v > 0 else "must be > 0"
+
+
+def _non_negative(v) -> str | None:
+    return None if v >= 0 else "must be >= 0"
+
+
+def _fraction(v) -> str | None:
+    return None if 0 <= v < 1 else "must lie in [0, 1)"
+
+
+def _heads_json(heads: Iterable[Head]) -> list[list[int]]:
+    return [[int(l), int(h)] for l, h in heads]
+
+
+def _grid_json(a: np.ndarray) -> list[list[float | None]]:
+    return [[None if np.isnan(v) else float(v) for v in row] for row in a]
+
+
+class _SapBase(Criterion):
+    needs_parser = True
+    params = {
+        "k": Param(0, "top-k dependency labels counted as important (0 = sweep 1..k_max, keep the best)", int,
+                   _non_negative),
+        "k_max": Param(10, "largest k of the sweep", int, _positive),
+        "ratio": Param(0.5, "pruning ratio R: heads with cnt ≥ S·R are selected", float, _non_negative),
+        "ratio_step": Param(0.05, "how much R is lowered at a time to reach the target sparsity", float, _positive),
+        "sparsity": Param(0.5, "target fraction of heads pruned (0 = select by R alone)", float, _fraction),
+        "layer_threshold": Param(0, "drop a whole layer when more than this many of its heads are pruned (0 = off)",
+                                 int, _non_negative),
+        "metric": Param("auto", "calibration metric that picks k (auto: accuracy, Pearson for regression)", str),
+        "parser": Param(DEFAULT_PIPELINE, "installed spaCy pipeline with a dependency parser", str),
+        "query_reduce": Param("mean", "sub-token aggregation of the dependent (Clark et al.: mean)", str,
+                              choices=QUERY_REDUCE),
+        "max_length": Param(128, "tokens per text (arcs beyond are dropped and counted)", int, _positive),
+    }
+
+    def requires_labels(self, params: dict) -> bool:
+        return params["k"] == 0
+
+    def _arc_data(self, ctx: ScoringContext, parser: str, query_reduce: str, max_length: int):
+        if ctx.texts is None or ctx.tokenizer is None:
+            raise CriterionError(f"Criterion '{self.name}' parses the calibration texts: the scoring context needs "
+                                 "the raw texts (texts=...) and the model's tokenizer (tokenizer=...).")
+        key = ("sap-arcs", parser, query_reduce, max_length, None if ctx.mask is None else hash(ctx.mask))
+        if key not in ctx.cache:
+            parses = parse_dataset(ctx.texts, parser)
+            ctx.report(0.0, "attention on dependency arcs")
+            data = collect_arc_attention(ctx.model, ctx.tokenizer, parses, ctx.mask, max_length, query_reduce,
+                                         progress=lambda f, m: ctx.report(0.4 * f, m))
+            ctx.cache[key] = (DependencyStats.from_parses(parses), data)
+        return ctx.cache[key]
+
+    def _sap(self, ctx: ScoringContext, p: dict) -> tuple[SapResult, DependencyStats, ArcData]:
+        stats, data = self._arc_data(ctx, p["parser"], p["query_reduce"], p["max_length"])
+        adapter = adapt(ctx.model)
+        base = ctx.mask if ctx.mask is not None else HeadMask.ones(adapter.grid_shape)
+        metric_fn = calibration_metric(ctx, p["metric"]) if p["k"] == 0 or self.name == "sap-cf" else None
+        result = run_sap(data, stats, base, adapter.layer_to_block, p["k"], p["k_max"], p["ratio"], p["ratio_step"],
+                         p["sparsity"], p["layer_threshold"], metric_fn,
+                         progress=lambda f, m: ctx.report(0.4 + 0.2 * f, m))
+        return result, stats, data
+
+    @staticmethod
+    def _meta(result: SapResult, stats: DependencyStats, data: ArcData) -> dict:
+        return {"best_k": result.k, "k_sweep": {str(k): v for k, v in result.sweep.items()},
+                "counters": _grid_json(result.counters), "S": result.total, "threshold": data.threshold,
+                "ratio_used": result.ratio, "sap_selected": _heads_json(result.selected),
+                "sap_mask": result.mask.to_json(), "sap_dropped_layers": result.dropped_layers,
+                "dependency_stats": stats.to_json(result.k), "arcs": len(data.labels),
+                "dropped_arcs": data.dropped, "multi_sentence_texts": data.n_multi_sentence}
+
+
+@register
+class SAP(_SapBase):
+    name = "sap"
+    description = "Syntactic Attention Pruning: weighted count of dependency arcs a head under- or over-attends."
+    reference = "sap-syntactic-attention-pruning.txt §3.2-3.3, eq. 1"
+    latex = (r"cnt_{l,h}=\sum_{a}w(\ell_a)\big([\ell_a\in\mathrm{top}_k][A^{l,h}_a<\theta]+"
+             r"[\ell_a\notin\mathrm{top}_k][A^{l,h}_a>\theta]\big),\ \text{prune if } cnt_{l,h}\ge S\cdot R")
+
+    def score(self, ctx: ScoringContext, **p) -> ScoreMap:
+        result, stats, data = self._sap(ctx, p)
+        ctx.report(1.0, f"SAP: best k = {result.k}")
+        return ScoreMap(-result.counters, self.name, p, self._meta(result, stats, data))
+
+
+@register
+class SAPCandidateFiltering(_SapBase):
+    name = "sap-cf"
+    description = "SAP candidates re-ranked by single-head degradation, pruned while the metric stays ≥ tolerance."
+    reference = "sap-syntactic-attention-pruning.txt §3.4"
+    latex = r"\text{prune candidates by ascending } m_0-m(c)\ \text{while } m \ge \tau\, m_0"
+    needs_labels = True
+    params = {**_SapBase.params,
+              "tolerance": Param(0.9, "keep at least this fraction of the dense calibration metric", float,
+                                 lambda v: None if 0 < v <= 1 else "must lie in (0, 1]")}
+
+    def requires_labels(self, params: dict) -> bool:
+        return True
+
+    def score(self, ctx: ScoringContext, **p) -> ScoreMap:
+        result, stats, data = self._sap(ctx, p)
+        base = ctx.mask if ctx.mask is not None else HeadMask.ones(result.mask.shape)
+        cf = candidate_filtering(result.selected, calibration_metric(ctx, p["metric"]), base, p["tolerance"],
+                                 p["layer_threshold"], progress=lambda f, m: ctx.report(0.6 + 0.4 * f, m))
+        rest = [h for h in ScoreMap(-result.counters, "sap").order() if h not in cf.order]
+        pruning_order = cf.selected + [h for h in cf.order if h not in cf.selected] + rest
+        scores = np.full(result.counters.shape, np.nan)
+        for position, (l, h) in enumerate(pruning_order):
+            scores[l, h] = position
+        meta = {**self._meta(result, stats, data), "mask": cf.mask.to_json(), "selected": _heads_json(cf.selected),
+                "dropped_layers": cf.dropped_layers, "dense_metric": cf.dense, "floor": cf.floor,
+                "metric_trace": cf.trace, "degradation": {f"{l},{h}": d for (l, h), d in cf.degradation.items()},
+                "rejected": None if cf.rejected is None else {"head": list(cf.rejected[0]), "metric": cf.rejected[1]}}
+        return ScoreMap(scores, self.name, p, meta)
