@@ -73,6 +73,24 @@ def first_changed_layer(old: HeadMask, new: HeadMask, layer_to_block: Sequence[i
     return None
 
 
+def parameters_left(model: nn.Module, mask: HeadMask) -> int:
+    """Parameters of ``surgery.prune_model(model, mask)`` without cutting anything.
+
+    Removing head h of a block with head size d_h deletes d_h rows of W_Q, W_K, W_V (and their d_h bias entries)
+    and d_h columns of W_O (its bias stays), as surgery.py does; heads already cut are not counted twice.
+    Shared tensors count once, as in ``surgery.parameter_counts``.
+    """
+    adapter = adapt(model)
+    keep = mask.keep_bool()
+    removed = 0
+    for block in adapter.blocks:
+        d = block.head_size
+        per_head = sum(d * lin.in_features + (d if lin.bias is not None else 0)
+                       for lin in (block.query, block.key, block.value)) + d * block.output.out_features
+        removed += per_head * sum(1 for h in block.kept if not keep[block.index, h])
+    return sum(p.numel() for p in model.parameters()) - removed
+
+
 class _Replay(nn.Module):
     """Stands in for layers 0..l-1: returns layer l's cached input, whatever the encoder hands it."""
 

@@ -158,3 +158,17 @@ def test_first_changed_layer_uses_the_layer_to_block_map():
     assert first_changed_layer(old, old, [0, 0, 0]) is None
     grid = HeadMask.ones((3, 4))
     assert first_changed_layer(grid, grid.prune(2, 0).prune(1, 3), [0, 1, 2]) == 1
+
+
+@pytest.mark.parametrize("arch", ["bert", "albert", "distilbert"])
+def test_parameters_left_equals_surgery(arch):
+    from headprune.live import parameters_left
+    from headprune.surgery import parameter_counts
+
+    model = tiny_model(arch)
+    shape = LiveEvaluator(model, shuffled_batches(n_batches=1)).adapter.grid_shape
+    mask = HeadMask.from_pruned({0: [0, 2]} if shape[0] == 1 else {0: [0, 2], shape[0] - 1: [0, 1, 2, 3]}, shape)
+    assert parameters_left(model, mask) == parameter_counts(prune_model(model, mask))["total"]["params"]
+    # on an already cut model, heads gone before are not removed twice
+    cut = prune_model(model, HeadMask.from_pruned({0: [0]}, shape))
+    assert parameters_left(cut, mask) == parameter_counts(prune_model(cut, mask))["total"]["params"]

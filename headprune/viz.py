@@ -1,0 +1,441 @@
+"""Figures (Plotly) and tables (pandas) of heads, scores, attention and trajectories; no streamlit here.
+
+The dashboard only places these on the page, so every figure is testable and reusable (notebooks, reports).
+
+Colour conventions, the same on every figure:
+    * each criterion has one colour (``criterion_color``): its trajectory curve, and the dark end of its heatmap
+      scale (``criterion_colorscale``); the random baseline is always grey;
+    * score heatmaps colour a head by its **importance rank** within the map (0 = pruned first, 1 = kept longest),
+      so maps of criteria with very different value ranges read the same way; hover gives the raw value and rank;
+    * pruned heads are neutral grey cells marked with a cross, on every grid.
+
+Grids are drawn blocks x heads with layer 0 at the top. ALBERT's grid has one row: a tied head is one unit shared
+by all layers (``tied=True`` labels it so).
+
+Comparisons between criteria (beyond the papers; the dashboard's "do criteria agree?" view):
+    rank correlation   Spearman's rho between two score maps over the heads live in both
+                       (``headprune.evaluate.spearman``: Pearson correlation of average ranks);
+    kept at ratio r    a criterion keeps the heads it would not have pruned once round(r N) of the N grid heads
+                       are pruned (heads already pruned count towards that number), pruning in ``ScoreMap.order()``;
+    Jaccard overlap    |K_a ∩ K_b| / |K_a ∪ K_b| of two kept sets (1 when both are empty).
+"""
+
+from __future__ import annotations
+
+import colorsys
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from .criteria import ScoreMap, available
+from .evaluate import spearman
+from .mask import HeadMask
+
+# Okabe-Ito and Tableau hues: distinguishable with colour-blindness and on light and dark backgrounds.
+PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#D55E00", "#56B4E9", "#8C6D31", "#7F3C8D",
+           "#3969AC", "#E73F74", "#11A579", "#F2B701", "#80BA5A", "#008695")
+RANDOM_COLOR = "#8c8c8c"
+PRUNED_COLOR = "#9e9e9e"
+KEPT_COLOR = "#2a9d8f"
+DENSE_COLOR = "#6c757d"
+TOLERANCE_COLOR = "#d1495b"
+CELL_PX = 30          # grid cell height in pixels
+FONT = dict(size=13)
+
+
+def _hex_to_rgb(color: str) -> tuple[float, float, float]:
+    color = color.lstrip("#")
+    return tuple(int(color[i:i + 2], 16) / 255 for i in (0, 2, 4))
+
+
+def _rgb_to_hex(rgb: Sequence[float]) -> str:
+    return "#" + "".join(f"{round(min(max(c, 0), 1) * 255):02x}" for c in rgb)
+
+
+def _mix(color: str, other: str, t: float) -> str:
+    a, b = _hex_to_rgb(color), _hex_to_rgb(other)
+    return _rgb_to_hex([x + (y - x) * t for x, y in zip(a, b)])
+
+
+def criterion_color(name: str) -> str:
+    """The colour of criterion ``name`` everywhere (stable: assigned by its place in the sorted registry)."""
+    base = name.removeprefix("inverse ").split(" ")[0]
+    if base == "random":
+        return RANDOM_COLOR
+    names = [n for n in available() if n != "random"]
+    if base in names:
+        return PALETTE[names.index(base) % len(PALETTE)]
+    # a name outside the registry (e.g. from an old run file): a stable colour from its text
+    hue = (sum(map(ord, base)) * 0.61803398875) % 1.0
+    return _rgb_to_hex(colorsys.hls_to_rgb(hue, 0.45, 0.65))
+
+
+def criterion_colorscale(name: str) -> list[list]:
+    """Sequential scale: a pale tint of the criterion's colour (pruned first) to a deep shade (kept longest)."""
+    color = criterion_color(name)
+    return [[0.0, _mix(color, "#ffffff", 0.85)], [0.5, color], [1.0, _mix(color, "#000000", 0.45)]]
+
+
+# -- head grids ---------------------------------------------------------------------------------------------------
+
+def _layer_labels(n_rows: int, tied: bool) -> list[str]:
+    return ["all layers (tied)"] if tied and n_rows == 1 else [f"L{i}" for i in range(n_rows)]
+
+
+def head_grid(z: np.ndarray, hover: np.ndarray, colorscale, *, tied: bool = False, zmin=None, zmax=None,
+              colorbar: dict | None = None, pruned: np.ndarray | None = None, selected: tuple[int, int] | None = None,
+              title: str | None = None, showscale: bool = True) -> go.Figure:
+    """An (L x H) grid of cells with ``hover`` text; pruned cells grey with a cross; ``selected`` outlined.
+
+    Heatmap traces do not report clicks to Streamlit's selection events, so a transparent square-marker scatter
+    lies over the cells: clicking a cell selects its point, whose ``customdata`` is ``[layer, head]``.
+    """
+    n_rows, n_heads = z.shape
+    pruned = np.zeros(z.shape, bool) if pruned is None else pruned
+    shown = np.where(pruned, np.nan, z)
+    fig = go.Figure()
+    fig.add_trace(go.Heatmap(z=np.where(pruned, 0.0, np.nan), x=list(range(n_heads)), y=list(range(n_rows)),
+                             colorscale=[[0, PRUNED_COLOR], [1, PRUNED_COLOR]], showscale=False, hoverinfo="skip",
+                             xgap=2, ygap=2))
+    fig.add_trace(go.Heatmap(z=shown, x=list(range(n_heads)), y=list(range(n_rows)), colorscale=colorscale,
+                             zmin=zmin, zmax=zmax, showscale=showscale, colorbar=colorbar or {}, hoverinfo="skip",
+                             xgap=2, ygap=2))
+    rows, cols = np.meshgrid(range(n_rows), range(n_heads), indexing="ij")
+    fig.add_trace(go.Scatter(
+        x=cols.ravel(), y=rows.ravel(), mode="markers+text",
+        text=np.where(pruned, "✕", "").ravel(), textfont=dict(color="#ffffff", size=12),
+        customdata=np.stack([rows.ravel(), cols.ravel()], axis=1),
+        hovertext=hover.ravel(), hoverinfo="text",
+        marker=dict(symbol="square", size=CELL_PX - 4, color="rgba(0,0,0,0)"),
+        selected=dict(marker=dict(opacity=1)), unselected=dict(marker=dict(opacity=1)),
+        showlegend=False, name="heads"))
+    if selected is not None:
+        layer, head = selected
+        fig.add_shape(type="rect", x0=head - 0.5, x1=head + 0.5, y0=layer - 0.5, y1=layer + 0.5,
+                      line=dict(color="#ff006e", width=3))
+    fig.update_xaxes(title_text="head", tickmode="array", tickvals=list(range(n_heads)), showgrid=False,
+                     zeroline=False, range=[-0.5, n_heads - 0.5], constrain="domain")
+    fig.update_yaxes(tickmode="array", tickvals=list(range(n_rows)), ticktext=_layer_labels(n_rows, tied),
+                     autorange="reversed", showgrid=False, zeroline=False, title_text=None)
+    fig.update_layout(height=max(160, CELL_PX * n_rows + 110), margin=dict(l=10, r=10, t=40 if title else 10, b=40),
+                      title=title, font=FONT, clickmode="event+select", dragmode=False,
+                      plot_bgcolor="rgba(0,0,0,0)")
+    return fig
+
+
+def importance_ranks(score: ScoreMap) -> np.ndarray:
+    """Rank of each live head scaled to [0, 1]: 0 = pruned first, 1 = kept longest; NaN where pruned."""
+    ranks = score.ranks()
+    n_live = int(np.sum(~np.isnan(ranks)))
+    return (n_live - ranks) / max(n_live - 1, 1)
+
+
+def score_heatmap(score: ScoreMap, *, tied: bool = False, selected: tuple[int, int] | None = None,
+                  title: str | None = None, showscale: bool = True) -> go.Figure:
+    """Score map as a grid coloured by importance rank (module doc); hover: layer, head, value, rank."""
+    ranks = score.ranks()
+    n_live = int(np.sum(~np.isnan(ranks)))
+    hover = np.empty(score.shape, dtype=object)
+    for (layer, head), value in np.ndenumerate(score.scores):
+        where = "all layers" if tied else f"layer {layer}"
+        hover[layer, head] = (f"{where}, head {head}<br>pruned" if np.isnan(value) else
+                              f"{where}, head {head}<br>{score.criterion} = {value:.4g}<br>"
+                              f"rank {int(ranks[layer, head])} of {n_live} (1 = most important)")
+    return head_grid(importance_ranks(score), hover, criterion_colorscale(score.criterion), tied=tied, zmin=0,
+                     zmax=1, pruned=np.isnan(score.scores), selected=selected, title=title, showscale=showscale,
+                     colorbar=dict(title="rank", tickvals=[0, 1], ticktext=["pruned<br>first", "kept<br>longest"],
+                                   thickness=12, len=0.9))
+
+
+def mask_figure(mask: HeadMask, *, tied: bool = False, selected: tuple[int, int] | None = None,
+                score: ScoreMap | None = None, title: str | None = None) -> go.Figure:
+    """The head mask as a grid: kept heads coloured (by ``score``'s rank when given), pruned heads grey with ✕."""
+    pruned = (mask.values == 0).numpy()
+    hover = np.empty(mask.shape, dtype=object)
+    for (layer, head), gone in np.ndenumerate(pruned):
+        where = "all layers" if tied else f"layer {layer}"
+        state = "pruned — click to restore" if gone else "kept — click to prune"
+        extra = ""
+        if score is not None and not np.isnan(score.scores[layer, head]):
+            extra = f"<br>{score.criterion} = {score.scores[layer, head]:.4g}"
+        hover[layer, head] = f"{where}, head {head}<br>{state}{extra}"
+    if score is not None:
+        z = importance_ranks(score)
+        z = np.where(np.isnan(z), 0.5, z)
+        return head_grid(z, hover, criterion_colorscale(score.criterion), tied=tied, zmin=0, zmax=1, pruned=pruned,
+                         selected=selected, title=title, showscale=False)
+    return head_grid(np.ones(mask.shape), hover, [[0, KEPT_COLOR], [1, KEPT_COLOR]], tied=tied, pruned=pruned,
+                     selected=selected, title=title, showscale=False)
+
+
+def clicked_head(selection: Mapping | None) -> tuple[int, int] | None:
+    """(layer, head) of the first clicked cell in a Streamlit plotly selection event (None when nothing)."""
+    points = (selection or {}).get("points") or []
+    for point in points:
+        data = point.get("customdata")
+        if data is not None and len(data) >= 2:
+            return int(data[0]), int(data[1])
+        if "x" in point and "y" in point:
+            return int(round(point["y"])), int(round(point["x"]))
+    return None
+
+
+# -- comparing criteria -------------------------------------------------------------------------------------------
+
+def rank_correlation(scores: Mapping[str, ScoreMap]) -> pd.DataFrame:
+    """Spearman's rho between every pair of score maps, over the heads live in both (module doc)."""
+    names = list(scores)
+    out = pd.DataFrame(np.eye(len(names)), index=names, columns=names)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            both = ~np.isnan(scores[a].scores) & ~np.isnan(scores[b].scores)
+            rho = spearman(scores[a].scores[both], scores[b].scores[both]) if both.sum() > 2 else float("nan")
+            out.loc[a, b] = out.loc[b, a] = rho
+    return out
+
+
+def correlation_figure(corr: pd.DataFrame) -> go.Figure:
+    text = corr.map(lambda v: "" if np.isnan(v) else f"{v:.2f}").values
+    fig = go.Figure(go.Heatmap(z=corr.values, x=list(corr.columns), y=list(corr.index), zmin=-1, zmax=1,
+                               colorscale="RdBu", text=text, texttemplate="%{text}",
+                               hovertemplate="%{y} vs %{x}<br>Spearman ρ = %{z:.3f}<extra></extra>",
+                               colorbar=dict(title="ρ", thickness=12)))
+    fig.update_yaxes(autorange="reversed")
+    fig.update_layout(height=max(220, 46 * len(corr) + 90), margin=dict(l=10, r=10, t=10, b=10), font=FONT)
+    return fig
+
+
+def kept_at_ratio(score: ScoreMap, ratio: float) -> np.ndarray:
+    """(L, H) bool: heads still kept once round(ratio * N) grid heads are pruned in ``score``'s order."""
+    if not 0 <= ratio <= 1:
+        from .errors import CriterionError
+
+        raise CriterionError(f"Pruning ratio {ratio} must lie in [0, 1].")
+    live = ~np.isnan(score.scores)
+    n_more = max(0, round(ratio * live.size) - int((~live).sum()))
+    kept = live.copy()
+    for layer, head in score.order()[:n_more]:
+        kept[layer, head] = False
+    return kept
+
+
+def jaccard(a: np.ndarray, b: np.ndarray) -> float:
+    union = np.sum(a | b)
+    return float(np.sum(a & b) / union) if union else 1.0
+
+
+def jaccard_table(scores: Mapping[str, ScoreMap], ratio: float) -> pd.DataFrame:
+    kept = {name: kept_at_ratio(s, ratio) for name, s in scores.items()}
+    names = list(kept)
+    return pd.DataFrame([[jaccard(kept[a], kept[b]) for b in names] for a in names], index=names, columns=names)
+
+
+def overlap_figure(scores: Mapping[str, ScoreMap], ratio: float, *, tied: bool = False) -> go.Figure:
+    """Per head, how many criteria keep it at ``ratio``; hover lists which."""
+    kept = {name: kept_at_ratio(s, ratio) for name, s in scores.items()}
+    first = next(iter(scores.values()))
+    count = np.sum(np.stack(list(kept.values())), axis=0).astype(float)
+    pruned = np.isnan(first.scores) & np.all([np.isnan(s.scores) for s in scores.values()], axis=0)
+    hover = np.empty(first.shape, dtype=object)
+    for (layer, head), n in np.ndenumerate(count):
+        keepers = [name for name, k in kept.items() if k[layer, head]] or ["none"]
+        where = "all layers" if tied else f"layer {layer}"
+        hover[layer, head] = f"{where}, head {head}<br>kept by {int(n)}/{len(kept)}: {', '.join(keepers)}"
+    n = len(kept)
+    scale = [[0.0, "#f1f1f1"], [0.5, "#7fb8d8"], [1.0, "#08306b"]]
+    return head_grid(count, hover, scale, tied=tied, zmin=0, zmax=n, pruned=pruned,
+                     colorbar=dict(title="kept by", tickvals=list(range(n + 1)), thickness=12, len=0.9))
+
+
+def scores_frame(scores: Mapping[str, ScoreMap]) -> pd.DataFrame:
+    """Long table: criterion, layer, head, score, rank (1 = most important), pruned."""
+    rows = []
+    for name, s in scores.items():
+        ranks = s.ranks()
+        for (layer, head), value in np.ndenumerate(s.scores):
+            rows.append({"criterion": name, "layer": layer, "head": head,
+                         "score": None if np.isnan(value) else float(value),
+                         "rank": None if np.isnan(ranks[layer, head]) else int(ranks[layer, head]),
+                         "pruned": bool(np.isnan(value))})
+    return pd.DataFrame(rows, columns=["criterion", "layer", "head", "score", "rank", "pruned"])
+
+
+# -- attention ------------------------------------------------------------------------------------------------------
+
+def attention_figure(words: Sequence[str], matrix: np.ndarray, title: str | None = None) -> go.Figure:
+    """Word-level attention: row = query word (attends from), column = key word (attends to)."""
+    labels = [f"{i}:{w}" for i, w in enumerate(words)]   # index prefix keeps repeated words apart
+    fig = go.Figure(go.Heatmap(z=matrix, x=labels, y=labels, colorscale="Blues", zmin=0,
+                               zmax=max(float(np.max(matrix)) if matrix.size else 0.0, 1e-6),
+                               hovertemplate="%{y} → %{x}<br>attention %{z:.3f}<extra></extra>",
+                               colorbar=dict(title="attention", thickness=12)))
+    fig.update_xaxes(title_text="attends to (key word)", tickangle=-45)
+    fig.update_yaxes(title_text="query word", autorange="reversed")
+    size = max(320, min(900, 26 * len(words) + 160))
+    fig.update_layout(height=size, margin=dict(l=10, r=10, t=40 if title else 10, b=10), title=title, font=FONT)
+    return fig
+
+
+def _arc_path(x0: float, x1: float, n: int = 24) -> tuple[np.ndarray, np.ndarray]:
+    t = np.linspace(0, np.pi, n)
+    mid, half = (x0 + x1) / 2, (x1 - x0) / 2
+    return mid - half * np.cos(t), np.sin(t) * (0.35 + 0.25 * abs(x1 - x0))
+
+
+def _sample_scale(scale: list[list], value: float) -> str:
+    value = min(max(value, 0.0), 1.0)
+    for (p0, c0), (p1, c1) in zip(scale, scale[1:]):
+        if value <= p1:
+            return _mix(c0, c1, 0 if p1 == p0 else (value - p0) / (p1 - p0))
+    return scale[-1][1]
+
+
+ARC_SCALE = [[0.0, "#c7d4e8"], [0.5, "#4a7fc1"], [1.0, "#b3001e"]]
+
+
+def arc_figure(words: Sequence[str], arcs: Sequence, weights: np.ndarray | None, title: str | None = None,
+               seen: Sequence[bool] | None = None) -> go.Figure:
+    """Dependency arcs over the words (dependent → head, label at the top); colour and width = this head's
+    attention from the dependent to its head (0..1, one scale for every head). ``weights`` None: plain arcs."""
+    fig = go.Figure()
+    n = len(words)
+    for i, arc in enumerate(arcs):
+        w = None if weights is None else float(weights[i])
+        xs, ys = _arc_path(arc.dependent, arc.head)
+        color = "#888888" if w is None else _sample_scale(ARC_SCALE, w)
+        width = 1.5 if w is None else 1 + 7 * min(w, 1.0)
+        hover = f"{words[arc.dependent]} → {words[arc.head]} ({arc.label})" + ("" if w is None else
+                                                                               f"<br>attention {w:.3f}")
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color=color, width=width), hoverinfo="text",
+                                 hovertext=hover, showlegend=False))
+        fig.add_trace(go.Scatter(x=[arc.head], y=[0.05], mode="markers", hoverinfo="skip", showlegend=False,
+                                 marker=dict(symbol="triangle-down", size=9, color=color)))
+        fig.add_annotation(x=(arc.dependent + arc.head) / 2, y=ys.max(), text=arc.label, showarrow=False,
+                           yshift=8, font=dict(size=11))
+    colors = ["#bbbbbb" if seen is not None and not seen[i] else None for i in range(n)]
+    fig.add_trace(go.Scatter(x=list(range(n)), y=[-0.12] * n, mode="text", text=list(words), hoverinfo="skip",
+                             textfont=dict(size=14, color=colors if any(colors) else None), showlegend=False))
+    if weights is not None:  # colour bar for the arc scale
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", showlegend=False, hoverinfo="skip",
+                                 marker=dict(colorscale=ARC_SCALE, cmin=0, cmax=1, color=[0],
+                                             colorbar=dict(title="attention<br>dep → head", thickness=12))))
+    top = max([0.35 + 0.25 * abs(a.head - a.dependent) for a in arcs] + [1.0])
+    fig.update_xaxes(visible=False, range=[-0.8, n - 0.2])
+    fig.update_yaxes(visible=False, range=[-0.35, top + 0.45])
+    fig.update_layout(height=min(520, 160 + 38 * top), margin=dict(l=10, r=10, t=40 if title else 10, b=10),
+                      title=title, font=FONT, plot_bgcolor="rgba(0,0,0,0)")
+    return fig
+
+
+def profile_figure(profile, layer: int, head: int, top: int = 12) -> go.Figure:
+    """Dependency accuracy of head (layer, head) per relation (bars) beside the best head of each (diamonds)."""
+    relations = profile.relations[:top]
+    mine = [float(profile.accuracy[r][layer, head]) for r in relations]
+    best = [profile.best_head(r) for r in relations]
+    labels = [f"{r} (n={profile.counts[r]})" for r in relations]
+    fig = go.Figure()
+    fig.add_trace(go.Bar(y=labels, x=mine, orientation="h", name=f"L{layer} H{head}", marker_color="#4a7fc1",
+                         hovertemplate="%{y}: %{x:.2f}<extra></extra>"))
+    fig.add_trace(go.Scatter(y=labels, x=[b["accuracy"] for b in best], mode="markers", name="best head",
+                             marker=dict(symbol="diamond", size=10, color="#E69F00"),
+                             customdata=[[b["layer"], b["head"]] for b in best],
+                             hovertemplate="best: L%{customdata[0]} H%{customdata[1]} = %{x:.2f}<extra></extra>"))
+    fig.update_xaxes(title_text="dependency accuracy (dependent's strongest attention is its head)", range=[0, 1])
+    fig.update_yaxes(autorange="reversed")
+    fig.update_layout(height=90 + 26 * len(relations), margin=dict(l=10, r=10, t=10, b=10), font=FONT,
+                      legend=dict(orientation="h", y=1.02, yanchor="bottom"))
+    return fig
+
+
+# -- trajectories ---------------------------------------------------------------------------------------------------
+
+def trajectory_label(traj) -> str:
+    label = ("inverse " if traj.inverse else "") + traj.criterion
+    return label if traj.criterion != "random" else f"random (seed {traj.seed})"
+
+
+def trajectory_figure(trajectories: Sequence, spreads: Sequence[dict] = (), tolerance: float | None = None,
+                      metric: str | None = None) -> go.Figure:
+    """Metric vs pruning ratio: a line per trajectory (criterion colour, inverse dashed), random seeds as a box
+    per ratio (``trajectory.spread`` dicts), the dense metric and the tolerance line, stop points as stars."""
+    fig = go.Figure()
+    metric = metric or (trajectories[0].metric if trajectories else spreads[0]["metric"] if spreads else "metric")
+    dense = None
+    for traj in trajectories:
+        ratios, values = traj.ratios() * 100, traj.values(metric)
+        dense = values[0] if dense is None else dense
+        color = criterion_color(traj.criterion)
+        fig.add_trace(go.Scatter(x=ratios, y=values, mode="lines+markers", name=trajectory_label(traj),
+                                 line=dict(color=color, width=2.5, dash="dash" if traj.inverse else "solid"),
+                                 marker=dict(size=5), legendgroup=trajectory_label(traj),
+                                 hovertemplate="%{x:.1f}% pruned<br>" + metric + " %{y:.4f}<extra>%{fullData.name}"
+                                               "</extra>"))
+        tau = tolerance if tolerance is not None else traj.tolerance
+        stop = traj.tolerance_ratio(tau) if tau is not None else None
+        if stop is not None:
+            y = float(np.interp(stop * 100, ratios, values))
+            fig.add_trace(go.Scatter(x=[stop * 100], y=[y], mode="markers", legendgroup=trajectory_label(traj),
+                                     marker=dict(symbol="star", size=15, color=color, line=dict(width=1, color="#fff")),
+                                     showlegend=False, hovertemplate=f"{trajectory_label(traj)} stops at "
+                                                                     "%{x:.1f}% pruned<extra></extra>"))
+    for spread in spreads:
+        x = np.array(spread["ratios"]) * 100
+        fig.add_trace(go.Box(x=x, q1=spread["q1"], median=spread["median"], q3=spread["q3"],
+                             lowerfence=spread["min"], upperfence=spread["max"], name=spread.get("name", "random"),
+                             marker_color=RANDOM_COLOR, line=dict(color=RANDOM_COLOR), boxpoints=False,
+                             width=max(0.8, float(np.min(np.diff(x))) * 0.6) if len(x) > 1 else 1.0))
+        dense = spread["median"][0] if dense is None else dense
+    if dense is not None:
+        fig.add_hline(y=dense, line=dict(color=DENSE_COLOR, dash="dot"), annotation_text=f"dense {dense:.4f}",
+                      annotation_position="bottom left")
+        if tolerance is not None:
+            fig.add_hline(y=tolerance * dense, line=dict(color=TOLERANCE_COLOR, dash="dash"),
+                          annotation_text=f"tolerance {tolerance:g} × dense", annotation_position="bottom right")
+    fig.update_xaxes(title_text="heads pruned (%)", ticksuffix="%")
+    fig.update_yaxes(title_text=metric)
+    fig.update_layout(height=460, margin=dict(l=10, r=10, t=10, b=10), font=FONT, hovermode="closest",
+                      legend=dict(orientation="h", y=1.02, yanchor="bottom"))
+    return fig
+
+
+def trajectory_table(trajectories: Sequence, tolerance: float | None = None) -> pd.DataFrame:
+    rows = []
+    for traj in trajectories:
+        s = traj.summary()
+        tau = tolerance if tolerance is not None else traj.tolerance
+        stop = traj.tolerance_ratio(tau) if tau is not None else None
+        rows.append({"order": trajectory_label(traj), "metric": traj.metric, "AUC": s["auc"],
+                     "dense": float(traj.values()[0]), "final": s["final_metric"],
+                     "pruned at end (%)": 100 * s["final_ratio"],
+                     "stop point (%)": None if stop is None else 100 * stop, "steps": s["n_steps"],
+                     "ended by": traj.stop})
+    return pd.DataFrame(rows)
+
+
+# -- sizes ----------------------------------------------------------------------------------------------------------
+
+def size_table(report: Mapping[str, Mapping]) -> pd.DataFrame:
+    """``surgery.size_report`` as a table: parameters and MB before/after per module group."""
+    rows = []
+    for group, r in report.items():
+        before, after = r["before"], r["after"]
+        rows.append({"part": group.replace("_", " "), "params before": before["params"],
+                     "params after": after["params"], "removed": r["removed_params"],
+                     "removed (%)": 100 * r["removed_params"] / before["params"] if before["params"] else 0.0,
+                     "MB before": before["mb"], "MB after": after["mb"]})
+    return pd.DataFrame(rows)
+
+
+def figure_png(fig: go.Figure, width: int = 1100, height: int | None = None, scale: float = 2.0) -> bytes:
+    """PNG bytes through kaleido (needs a local Chrome/Chromium; raises RuntimeError with the reason otherwise)."""
+    try:
+        return fig.to_image(format="png", width=width, height=height or fig.layout.height or 500, scale=scale)
+    except Exception as exc:  # kaleido reports a missing browser or a failed render in many ways
+        raise RuntimeError(f"PNG export unavailable ({type(exc).__name__}: {exc}); use the HTML export.") from exc
+
+
+def figure_html(fig: go.Figure) -> str:
+    """A self-contained HTML page (plotly.js inlined, so it opens offline)."""
+    return fig.to_html(include_plotlyjs=True, full_html=True)
