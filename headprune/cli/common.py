@@ -1,0 +1,127 @@
+"""Argument groups and loading shared by every command module (not itself a command module).
+
+A command that scores or evaluates heads does::
+
+    add_model_args(p); add_data_args(p); add_mask_arg(p)
+    ...
+    loaded, calib, evals, info = load_model_and_data(args)
+    mask = load_mask(args, loaded)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..data import align_labels, load_data, make_batches, split_calib_eval
+from ..device import DEVICES
+from ..mask import HeadMask
+from ..models import LoadedModel, load_model
+
+MODEL_HELP = "'demo' (built offline on first use), a model folder, or a Hugging Face model id"
+DATA_HELP = "'demo', a .csv/.tsv/.jsonl file, or hf:NAME[:CONFIG[:SPLIT]] (a hub name or a save_to_disk folder)"
+
+
+class _Default(int):
+    """A split size the user did not choose: shrunk to fit a small dataset instead of rejected."""
+
+
+def _fit(size: int | None, available: int) -> int | None:
+    return min(size, available) if isinstance(size, _Default) else size
+
+
+def _size(text: str) -> int | None:
+    """A split size: a non-negative integer, or 'all' (None) for every remaining row."""
+    if text.lower() == "all":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer or 'all', got '{text}'")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = _size(text)
+    if not value:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'")
+    return value
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="demo", help=f"{MODEL_HELP} (default: demo)")
+
+
+def add_data_args(p: argparse.ArgumentParser, calib_size: int = 128, eval_size: int | None = 500) -> None:
+    g = p.add_argument_group("data")
+    g.add_argument("--data", default="demo", help=f"{DATA_HELP} (default: demo)")
+    g.add_argument("--text-col", help="text column (default: auto-detect text, sentence, review, ...)")
+    g.add_argument("--pair-col", help="second text column for sentence pairs (default: auto-detect)")
+    g.add_argument("--label-col", help="label column (default: auto-detect label, labels, category, ...)")
+    g.add_argument("--calib-size", type=_size, default=_Default(calib_size),
+                   help=f"calibration examples for scoring heads (default: {calib_size}, at most half the data)")
+    g.add_argument("--eval-size", type=_size, default=None if eval_size is None else _Default(eval_size),
+                   help=f"evaluation examples, or 'all' (default: {eval_size or 'all'}, at most what calibration "
+                        "leaves)")
+    g.add_argument("--max-length", type=_positive, default=128, help="truncate to this many tokens (default: 128)")
+    g.add_argument("--batch-size", type=_positive, default=32, help="examples per batch (default: 32)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the calibration/evaluation split (default: 0)")
+    g.add_argument("--device", default="auto", choices=DEVICES, help="where to run (default: auto = CUDA if present)")
+
+
+def add_mask_arg(p: argparse.ArgumentParser, required: bool = False) -> None:
+    p.add_argument("--mask", required=required,
+                   help='head mask JSON: {"pruned": {"<layer>": [head, ...]}} (0-based)')
+
+
+def load_mask(args, loaded: LoadedModel) -> HeadMask | None:
+    """The mask file named by ``--mask`` for this model's grid, or None when no mask was given."""
+    return HeadMask.load(args.mask, loaded.adapter.grid_shape) if getattr(args, "mask", None) else None
+
+
+def load_model_and_data(args, calib_size: int | None = None) -> tuple[LoadedModel, list[dict], list[dict], dict]:
+    """Model, calibration batches, evaluation batches and an info dict, from the model and data arguments.
+
+    ``info`` holds JSON-ready facts (model, arch, grid, data, columns, task, sizes, seed, device) plus the
+    TextDatasets under "calib_data" and "eval_data" (raw texts, e.g. ``data.batch_texts(info["calib_data"],
+    calib)``); ``summary(info)`` drops those two for printing. ``calib_size`` overrides ``--calib-size``.
+    """
+    loaded = load_model(args.model, getattr(args, "device", "auto"))
+    ds = align_labels(load_data(args.data, args.text_col, args.pair_col, args.label_col), loaded.id2label)
+    calib_size = _fit(args.calib_size if calib_size is None else calib_size, len(ds) // 2)
+    calib, evals = split_calib_eval(ds, calib_size, _fit(args.eval_size, len(ds) - calib_size), args.seed)
+    batches = [make_batches(loaded.tokenizer, part, args.batch_size, args.max_length) if len(part) else []
+               for part in (calib, evals)]
+    info = {"model": args.model, "model_source": loaded.source, "arch": loaded.adapter.arch,
+            "grid": list(loaded.adapter.grid_shape), "data": args.data, "columns": ds.columns, "task": ds.task,
+            "calib_size": len(calib), "eval_size": len(evals), "seed": args.seed, "device": str(loaded.device),
+            "calib_data": calib, "eval_data": evals}
+    return loaded, batches[0], batches[1], info
+
+
+def summary(info: dict) -> dict:
+    """``info`` without its datasets: what a command prints."""
+    return {k: v for k, v in info.items() if k not in ("calib_data", "eval_data")}
+
+
+def tqdm_progress(desc: str):
+    """A ``progress(fraction, message)`` callback drawing a tqdm bar on stderr; it closes itself at 1.0."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=1000, desc=desc, file=sys.stderr, leave=False, mininterval=0.5,
+               bar_format="{desc}: {percentage:3.0f}%|{bar}| {postfix} [{elapsed}<{remaining}]")
+
+    def update(fraction: float, message: str = "") -> None:
+        bar.n = int(round(1000 * min(max(fraction, 0.0), 1.0)))
+        bar.set_postfix_str(message, refresh=False)
+        bar.refresh()
+        if fraction >= 1.0:
+            bar.close()
+
+    return update
+
+
+__all__ = ["add_model_args", "add_data_args", "add_mask_arg", "load_mask", "load_model_and_data", "summary",
+           "tqdm_progress"]

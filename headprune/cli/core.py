@@ -1,0 +1,58 @@
+"""Core commands: ``demo`` (build or locate the demo model), ``evaluate`` (metrics under a mask), ``prune``
+(cut the masked heads out and save the smaller model)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import HeadpruneError
+from ..evaluate import evaluate
+from ..models import load_model, save_pruned
+from ..surgery import prune_model, size_report
+from .common import add_data_args, add_mask_arg, add_model_args, load_mask, load_model_and_data, summary, tqdm_progress
+
+
+def cmd_demo(args) -> dict:
+    from ..demo import demo_info, ensure_demo_model
+
+    path = ensure_demo_model(progress=tqdm_progress("demo fine-tuning"))
+    info = demo_info()
+    return {"model_path": str(path), "accuracy": info["accuracy"], "heldout_size": info["heldout_size"],
+            "finetune_size": info["finetune_size"]}
+
+
+def cmd_evaluate(args) -> dict:
+    loaded, _, evals, info = load_model_and_data(args, calib_size=0)
+    mask = load_mask(args, loaded)
+    metrics = evaluate(loaded.model, evals, mask, progress=tqdm_progress("evaluate"))
+    return {**metrics.to_dict(), **summary(info), "mask": args.mask,
+            "pruned_heads": mask.n_pruned if mask is not None else 0}
+
+
+def cmd_prune(args) -> dict:
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise HeadpruneError(f"--out {out} is a file; give a folder (created if missing) for the pruned model.")
+    loaded = load_model(args.model, "cpu")  # surgery is cheap anywhere; the saved weights are device-free
+    mask = load_mask(args, loaded)
+    pruned = prune_model(loaded.model, mask)
+    save_pruned(pruned, loaded.tokenizer, out, extra={"source_model": loaded.source, "mask": mask.to_json()})
+    return {"out": str(out), "model": args.model, "pruned_heads": mask.n_pruned, "kept_heads": mask.n_kept,
+            "sizes": size_report(loaded.model, pruned)}
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser("demo", help="build (once, offline) or locate the demo sentiment model")
+    p.set_defaults(handler=cmd_demo)
+
+    p = sub.add_parser("evaluate", help="accuracy, macro-F1, MCC and loss of a model, optionally under a mask")
+    add_model_args(p)
+    add_data_args(p)
+    add_mask_arg(p)
+    p.set_defaults(handler=cmd_evaluate)
+
+    p = sub.add_parser("prune", help="remove the heads of a mask from the weights and save the smaller model")
+    add_model_args(p)
+    add_mask_arg(p, required=True)
+    p.add_argument("--out", required=True, help="folder to save the pruned model in")
+    p.set_defaults(handler=cmd_prune)
