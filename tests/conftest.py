@@ -1,0 +1,70 @@
+"""Shared fixtures: the real demo model (built once per machine) and a tiny BERT classifier saved to a folder
+with a word-level tokenizer, so file/CLI tests run in milliseconds."""
+
+from __future__ import annotations
+
+import csv
+import random
+
+import pytest
+
+WORDS = ["good", "bad", "movie", "great", "awful", "the", "a", "plot", "is", "was", "not", "very", "acting",
+         "boring", "fun", "story", "and", "but", "film", "cast"]
+SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+TINY_LABELS = {0: "neg", 1: "pos"}
+
+
+@pytest.fixture(scope="session")
+def demo_model_path():
+    from headprune.demo import ensure_demo_model
+
+    return ensure_demo_model()
+
+
+@pytest.fixture(scope="session")
+def demo(demo_model_path):
+    from headprune.models import load_model
+
+    return load_model("demo", "cpu")
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    from transformers import BertTokenizer
+
+    return BertTokenizer(vocab={w: i for i, w in enumerate(SPECIAL + WORDS)})
+
+
+def sentences(n: int, seed: int = 0, min_words: int = 1, max_words: int = 12) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choices(WORDS, k=rng.randint(min_words, max_words))) for _ in range(n)]
+
+
+def write_csv(path, header: list[str], rows: list[list], delimiter: str = ",") -> str:
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f, delimiter=delimiter)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tiny_tokenizer):
+    """A 3-layer x 4-head BERT sentiment classifier (labels neg/pos) saved like a user's model folder."""
+    from headprune.testing import tiny_model
+
+    model = tiny_model("bert", num_labels=2)
+    model.config.id2label = dict(TINY_LABELS)
+    model.config.label2id = {v: k for k, v in TINY_LABELS.items()}
+    out = tmp_path_factory.mktemp("tiny_bert")
+    model.save_pretrained(out)
+    tiny_tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_csv(tmp_path_factory) -> str:
+    """60 labelled rows (text, label = neg/pos) for the tiny model."""
+    texts = sentences(60, seed=1)
+    labels = ["pos" if i % 3 else "neg" for i in range(60)]
+    return write_csv(tmp_path_factory.mktemp("data") / "tiny.csv", ["text", "label"], list(zip(texts, labels)))
