@@ -1,0 +1,203 @@
+"""Page frame and widgets shared by every page: config, sidebar, auto-load, error guard, progress, pickers."""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+from contextlib import contextmanager
+
+import numpy as np
+import plotly.graph_objects as go
+import streamlit as st
+
+from headprune import viz
+from headprune.criteria import Criterion, available, get
+from headprune.errors import HeadpruneError
+
+from .state import SessionData, Workspace, build_workspace, current_setup, demo_setup, session, store, use_setup
+
+ABOUT = ("**headprune** scores every attention head of a transformer classifier, shows what each head looks at, "
+         "and lets you prune heads and watch the accuracy move — then exports the smaller model.")
+
+
+# -- errors and progress -----------------------------------------------------------------------------------------
+
+@contextmanager
+def guard(what: str = "That did not work"):
+    """Show a user's error (HeadpruneError) as st.error with its advice, and keep the page running.
+
+    Anything else is a bug: it is shown with its traceback folded away, and the page still keeps running.
+    """
+    try:
+        yield
+    except HeadpruneError as exc:
+        st.error(f"**{what}.** {exc}", icon="⚠️")
+    except Exception as exc:  # noqa: BLE001 - a page must survive anything; the traceback is shown for reports
+        st.error(f"**{what}** (unexpected {type(exc).__name__}: {exc}). Please report this.", icon="🐞")
+        with st.expander("Details"):
+            st.code(traceback.format_exc())
+
+
+def progress_bar(label: str) -> Callable[[float, str], None]:
+    """A ``progress(fraction, message)`` callback drawing an st.progress bar (call ``.done()`` to remove it)."""
+    bar = st.progress(0.0, text=label)
+
+    def update(fraction: float, message: str = "") -> None:
+        bar.progress(float(min(max(fraction, 0.0), 1.0)), text=f"{label} — {message}" if message else label)
+
+    update.done = bar.empty
+    return update
+
+
+# -- page frame -----------------------------------------------------------------------------------------------------
+
+def page(title: str, icon: str, caption: str | None = None) -> tuple[Workspace, SessionData]:
+    """Configure the page, make sure a workspace is loaded (the demo by default), draw the sidebar.
+
+    Stops the script with an explanation when nothing can be loaded.
+    """
+    st.set_page_config(page_title=f"{title} · headprune", page_icon=icon, layout="wide")
+    st.title(f"{icon} {title}")
+    if caption:
+        st.caption(caption)
+    ws = ensure_workspace()
+    if ws is None:
+        st.stop()
+    sd = session(ws)
+    sidebar(ws, sd)
+    return ws, sd
+
+
+def ensure_workspace() -> Workspace | None:
+    setup = current_setup()
+    ws = store().get(f"ws|{setup.key}")
+    if ws is not None:
+        return ws
+    with st.status(f"Loading model **{setup.model}** and data **{setup.data_label}** …", expanded=True) as status:
+        bar = progress_bar("loading")
+        try:
+            ws = build_workspace(setup, bar)
+        except HeadpruneError as exc:
+            status.update(label="Could not load the model and data", state="error")
+            st.error(f"{exc}", icon="⚠️")
+        else:
+            status.update(label=f"Loaded {setup.model} on {ws.loaded.device}", state="complete", expanded=False)
+        bar.done()
+    if ws is None and setup != demo_setup(setup):
+        st.button("Use the demo model and data instead", type="primary", on_click=use_setup, args=(demo_setup(setup),))
+    return ws
+
+
+def model_title(ws: Workspace) -> str:
+    return "demo · MiniLM-L6 sentiment (Rotten Tomatoes)" if ws.setup.model == "demo" else ws.setup.model
+
+
+def sidebar(ws: Workspace, sd: SessionData) -> None:
+    counts, (n_blocks, n_heads) = ws.counts, ws.shape
+    grid = f"{n_heads} tied heads × {ws.adapter.n_layers} layers" if ws.tied else f"{n_blocks} × {n_heads}"
+    dense = ws.metric_of(ws.dense)
+    with st.sidebar:
+        st.markdown("#### Loaded")
+        st.markdown(f"**{model_title(ws)}**")
+        rows = {
+            "architecture": ws.adapter.arch,
+            "heads (L × H)": grid,
+            "parameters": f"{counts['total']['params'] / 1e6:.1f} M",
+            "size": f"{counts['total']['mb']:.1f} MB",
+            "device": str(ws.loaded.device),
+            "data": ws.setup.data_label,
+            "evaluation / calibration": f"{len(ws.eval)} / {len(ws.calib)}",
+            f"dense {ws.metric}": f"{dense:.4f}",
+            "pruned now": f"{sd.mask.n_pruned} of {n_blocks * n_heads}",
+        }
+        st.markdown("\n".join(f"- {k}: **{v}**" for k, v in rows.items()))
+        if ws.setup.model != "demo" or ws.setup.data != "demo":
+            st.button("Use the demo", on_click=use_setup, args=(demo_setup(ws.setup),), key="sidebar-demo")
+
+
+# -- criteria -------------------------------------------------------------------------------------------------------
+
+def criterion_label(name: str) -> str:
+    return f"{name} — {get(name).description}"
+
+
+def criterion_picker(label: str, key: str, default: list[str], multi: bool = True,
+                     exclude: tuple[str, ...] = ()) -> list[str]:
+    names = [n for n in available() if n not in exclude]
+    if multi:
+        return st.multiselect(label, names, default=[d for d in default if d in names], key=key,
+                              format_func=criterion_label)
+    index = names.index(default[0]) if default and default[0] in names else 0
+    return [st.selectbox(label, names, index=index, key=key, format_func=criterion_label)]
+
+
+def _param_widget(crit: Criterion, name: str, value, key: str):
+    p = crit.params[name]
+    help_text = p.doc
+    if p.choices is not None:
+        choices = list(p.choices)
+        return st.selectbox(name, choices, index=choices.index(value) if value in choices else 0, key=key,
+                            help=help_text)
+    if p.kind is bool:
+        return st.checkbox(name, value=bool(value), key=key, help=help_text)
+    if p.kind is int:
+        return int(st.number_input(name, value=int(value), step=1, key=key, help=help_text))
+    if p.kind is float:
+        return float(st.number_input(name, value=float(value), key=key, help=help_text, format="%g"))
+    return st.text_input(name, value=str(value), key=key, help=help_text)
+
+
+def criterion_settings(name: str, sd: SessionData, key_prefix: str, expanded: bool = False) -> dict:
+    """Expander: what the criterion computes (formula + paper) and its parameters. Returns the parameters."""
+    crit = get(name)
+    chosen = dict(sd.params.get(name, {}))
+    with st.expander(f"**{name}** — {crit.description}", expanded=expanded):
+        if crit.latex:
+            st.latex(crit.latex)
+        st.caption(f"Source: {crit.reference}")
+        flags = [f for f, on in (("re-scored after every removal", crit.dynamic), ("needs labels", crit.needs_labels),
+                                 ("uses gradients", crit.needs_gradients),
+                                 ("parses the texts (spaCy)", crit.needs_parser)) if on]
+        if flags:
+            st.caption(" · ".join(flags))
+        for pname, param in crit.params.items():
+            chosen[pname] = _param_widget(crit, pname, chosen.get(pname, param.default),
+                                          key=f"{key_prefix}-{name}-{pname}")
+    changed = {k: v for k, v in chosen.items() if v != crit.params[k].default}
+    sd.params[name] = changed
+    return changed
+
+
+# -- head grids -----------------------------------------------------------------------------------------------------
+
+def clickable_grid(fig: go.Figure, key: str, sd: SessionData, on_click: Callable[[tuple[int, int]], None]) -> None:
+    """Draw a head grid whose cell clicks call ``on_click((layer, head))`` (once per click)."""
+    widget_key = f"{key}-{sd.grid_version}"
+
+    def clicked() -> None:
+        event = st.session_state.get(widget_key)
+        head = viz.clicked_head(getattr(event, "selection", None) or (event or {}).get("selection"))
+        if head is not None:
+            on_click(head)
+
+    st.plotly_chart(fig, key=widget_key, on_select=clicked, selection_mode="points", width="stretch",
+                    config={"displayModeBar": False})
+
+
+def head_options(ws: Workspace) -> list[tuple[int, int]]:
+    n_blocks, n_heads = ws.shape
+    return [(b, h) for b in range(n_blocks) for h in range(n_heads)]
+
+
+def head_name(ws: Workspace, head: tuple[int, int]) -> str:
+    block, h = head
+    return f"head {h} (all layers, tied)" if ws.tied else f"layer {block} · head {h}"
+
+
+def metric_delta(value: float, reference: float) -> str:
+    return f"{value - reference:+.4f}"
+
+
+def finite(values) -> np.ndarray:
+    a = np.asarray(values, dtype=float)
+    return a[np.isfinite(a)]
