@@ -181,7 +181,7 @@ def kl_raw_importance(model, batches: list[dict], mask: HeadMask | None = None, 
 def min_max(values: np.ndarray) -> np.ndarray:
     """Line 6 on one layer, ignoring NaN (pruned heads); a constant layer gives zeros."""
     lo, hi = np.nanmin(values), np.nanmax(values)
-    return np.zeros_like(values) if hi == lo else (values - lo) / (hi - lo)
+    return values * 0.0 if hi == lo else (values - lo) / (hi - lo)     # * 0.0 keeps NaN
 
 
 def recursive_importance(raw: np.ndarray, alpha: float = 0.5, variant: str = "as-written") -> np.ndarray:
