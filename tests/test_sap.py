@@ -240,10 +240,14 @@ def test_sap_cf_criterion_respects_the_tolerance(setup):
     assert set(map(tuple, meta["selected"])) <= set(map(tuple, meta["sap_selected"]))
 
 
-def test_sap_needs_texts_and_labels_for_the_sweep(setup):
+def test_sap_needs_a_tokenizer_and_labels_for_the_sweep(setup):
     model, tokenizer, calib = setup
-    with pytest.raises(CriterionError, match="raw texts"):
-        get("sap")(ScoringContext(model, calib, tokenizer=tokenizer), {"k": 2})
+    with pytest.raises(CriterionError, match="tokenizer"):
+        get("sap")(ScoringContext(model, calib, texts=TEXTS), {"k": 2})
+    with pytest.warns(UserWarning, match="no raw texts"):
+        decoded = get("sap")(ScoringContext(model, calib, tokenizer=tokenizer), {"k": 2, "sparsity": 0})
+    assert decoded.meta["arcs"] > 0.9 * get("sap")(ScoringContext(model, calib, tokenizer=tokenizer, texts=TEXTS),
+                                                   {"k": 2, "sparsity": 0}).meta["arcs"]
     unlabelled = [{k: v for k, v in calib[0].items() if k != "labels"}]
     with pytest.raises(CriterionError, match="needs labels"):
         get("sap")(ScoringContext(model, unlabelled, tokenizer=tokenizer, texts=TEXTS), {})
@@ -256,3 +260,13 @@ def test_sap_on_tied_albert_averages_layers(setup):
     scores = get("sap")(ScoringContext(albert, [batch], tokenizer=tokenizer, texts=TEXTS), {"k": 2, "sparsity": 0})
     per_layer, _ = _manual_counters(albert, tokenizer, 2)
     assert scores.shape == (1, 4) and np.allclose(scores.scores[0], -per_layer.mean(axis=0))
+
+
+def test_sap_runs_as_a_trajectory_criterion(setup):
+    from headprune.trajectory import run_trajectory
+
+    model, tokenizer, calib = setup
+    with pytest.warns(UserWarning, match="no raw texts"):       # run_trajectory gives no texts: decoded batches
+        traj = run_trajectory(model, calib, calib, "sap", {"k": 2, "sparsity": 0}, count=3, tokenizer=tokenizer)
+    scores = get("sap")(ScoringContext(model, calib, tokenizer=tokenizer, texts=TEXTS), {"k": 2, "sparsity": 0})
+    assert [h for step in traj.steps for h in step["removed"]] == [list(h) for h in scores.order()[:3]]

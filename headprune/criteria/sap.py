@@ -34,6 +34,8 @@ Open choices, documented:
   (arcs cut off by max length are dropped and reported).
 * Tied ALBERT heads act in every layer: their counter is the mean over the layers (so cnt ≤ S still holds).
 * Target sparsity is the fraction of all heads pruned, heads already pruned in the mask included.
+* Without raw texts in the ScoringContext the calibration batches are decoded by the tokenizer and parsed (a
+  warned fallback: an uncased tokenizer loses case, unknown words are lost).
 
 ScoreMaps. ``sap``: −cnt (higher = kept longer). ``sap-cf``: the position in the pruning order CF implies: heads
 CF prunes (in its order) first, then the rejected candidates (by degradation), then the other heads by descending
@@ -42,6 +44,7 @@ counter. Both put the selected mask, best k and the statistics in ``meta``.
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -296,13 +299,21 @@ class _SapBase(Criterion):
     def requires_labels(self, params: dict) -> bool:
         return params["k"] == 0
 
-    def _arc_data(self, ctx: ScoringContext, parser: str, query_reduce: str, max_length: int):
-        if ctx.texts is None or ctx.tokenizer is None:
+    def _texts(self, ctx: ScoringContext) -> list:
+        """The raw calibration texts; without them, the batches decoded by the tokenizer (lossy, warned)."""
+        if ctx.tokenizer is None:
             raise CriterionError(f"Criterion '{self.name}' parses the calibration texts: the scoring context needs "
-                                 "the raw texts (texts=...) and the model's tokenizer (tokenizer=...).")
+                                 "the model's tokenizer (tokenizer=...) and the raw texts (texts=...).")
+        if ctx.texts is not None:
+            return list(ctx.texts)
+        warnings.warn(f"'{self.name}' was given no raw texts; it parses the calibration batches decoded by the "
+                      "tokenizer (case and unknown words may be lost). Pass ScoringContext(texts=...).", stacklevel=3)
+        return [t for b in ctx.calib for t in ctx.tokenizer.batch_decode(b["input_ids"], skip_special_tokens=True)]
+
+    def _arc_data(self, ctx: ScoringContext, parser: str, query_reduce: str, max_length: int):
         key = ("sap-arcs", parser, query_reduce, max_length, None if ctx.mask is None else hash(ctx.mask))
         if key not in ctx.cache:
-            parses = parse_dataset(ctx.texts, parser)
+            parses = parse_dataset(self._texts(ctx), parser)
             ctx.report(0.0, "attention on dependency arcs")
             data = collect_arc_attention(ctx.model, ctx.tokenizer, parses, ctx.mask, max_length, query_reduce,
                                          progress=lambda f, m: ctx.report(0.4 * f, m))

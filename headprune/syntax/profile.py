@@ -102,7 +102,7 @@ class SyntacticProfile:
 
     def to_json(self) -> dict:
         def grid(a):
-            return [[None if np.isnan(v) else round(float(v), 6) for v in row] for row in a]
+            return [[None if np.isnan(v) else float(v) for v in row] for row in a]
 
         return {"relations": self.relations, "counts": self.counts, "query_reduce": self.query_reduce,
                 "best_heads": {r: self.best_head(r) for r in self.relations},
