@@ -2,12 +2,13 @@
 
 ``run_trajectory`` prunes ``step`` heads at a time (ALBERT: tied heads, one grid position = all layers) in the
 order of a criterion -- lowest score first, highest first with ``inverse`` -- scoring a static criterion once
-on the starting model and re-scoring a dynamic one (Greedy-Gnorm) on the pruned model after every step. Heads
-are cut physically from a private copy (``surgery.prune_model``), so every later pass is cheaper; the caller's
-model is never touched. After each step it records the heads removed, the metrics on the evaluation split,
-stability if asked (see ``stability``), the parameters left and the elapsed time. It stops at a budget (a ratio
-of the grid, or a head count), at a tolerance (after the first step whose metric falls below τ × the dense
-metric), or when every head is gone.
+on the starting model and re-scoring a dynamic one (Greedy-Gnorm) on the pruned model after every step; the
+re-scoring runs on a private copy cut physically (``surgery.prune_model``), so every later pass is cheaper.
+Evaluation runs incrementally (``live.LiveEvaluator``: only the layers from the first changed one are
+recomputed), on the caller's model under the mask, which is never touched. After each step it records the
+heads removed, the metrics on the evaluation split, stability if asked (see ``stability``), the parameters
+left and the elapsed time. It stops at a budget (a ratio of the grid, or a head count), at a tolerance (after
+the first step whose metric falls below τ × the dense metric), or when every head is gone.
 
 Summaries (``Trajectory.summary``):
     auc              (1/r_end) ∫_0^{r_end} m(r) dr, trapezoid over the recorded points (r = pruned ratio, m the
@@ -150,7 +151,8 @@ def run_trajectory(model, calib: list[dict], eval_batches: list[dict], criterion
     word-level when ``tokenizer`` is given), or pass ready perturbed batches. ``scores``: a precomputed ScoreMap
     of the starting model to use as a static criterion's order (skips its scoring).
     """
-    from .evaluate import gather_labels, metrics_from_logits, predict
+    from .evaluate import gather_labels
+    from .live import LiveEvaluator, parameters_left
     from .stability import agreement, perturb_batches
 
     crit = get(criterion) if isinstance(criterion, str) else criterion
@@ -158,28 +160,31 @@ def run_trajectory(model, calib: list[dict], eval_batches: list[dict], criterion
     if scores is not None and crit.dynamic:
         raise TrajectoryError(f"'{crit.name}' is re-scored after every step; precomputed scores apply only to "
                               "static criteria.")
+    gather_labels(eval_batches)  # a clear error for unlabelled evaluation data
     start = time.perf_counter()
-    work = copy.deepcopy(model)
-    adapter = adapt(work)
-    mask = HeadMask(adapter.live_grid().float())
+    mask = HeadMask(adapt(model).live_grid().float())
     n_units = mask.values.numel()
     target = _target(n_units, mask.n_pruned, budget, count)
-    labels = gather_labels(eval_batches)
-    perturbed = (stability if isinstance(stability, list) else perturb_batches(eval_batches, tokenizer, seed=seed)
-                 ) if stability else None
+    clean = LiveEvaluator(model, eval_batches, mask)
+    if stability:
+        perturbed = stability if isinstance(stability, list) else perturb_batches(eval_batches, tokenizer, seed=seed)
+        noisy = LiveEvaluator(model, perturbed, mask)
 
     def measure() -> tuple[dict, float | None]:
-        logits = predict(work, eval_batches, device=device)
-        kept = None if perturbed is None else agreement(logits, predict(work, perturbed, device=device))
-        return metrics_from_logits(logits, labels).to_dict(), kept
+        metrics = clean.set_mask(mask).to_dict()
+        if not stability:
+            return metrics, None
+        noisy.set_mask(mask)
+        return metrics, agreement(clean.logits, noisy.logits)
 
     dense, dense_stability = measure()
     metric = _check(step, tolerance, metric, dense)
-    traj = Trajectory(crit.name, resolved, inverse, step, seed, list(mask.shape), adapter.unit_name, metric,
-                      {**dense, "stability": dense_stability, "params": _n_params(work),
+    traj = Trajectory(crit.name, resolved, inverse, step, seed, list(mask.shape), adapt(model).unit_name, metric,
+                      {**dense, "stability": dense_stability, "params": parameters_left(model, mask),
                        "ratio": mask.n_pruned / n_units},
                       budget=budget, count=count, tolerance=tolerance, model=model_name, data=data_info or {},
                       versions=versions())
+    work = copy.deepcopy(model) if crit.dynamic else model  # re-scored on a physically cut (faster) copy
     queue: list[tuple[int, int]] | None = None
     while mask.n_pruned < target:
         if queue is None or crit.dynamic:
@@ -189,11 +194,12 @@ def run_trajectory(model, calib: list[dict], eval_batches: list[dict], criterion
         queue = [h for h in queue if h not in removed]
         for layer, head in removed:
             mask = mask.prune(layer, head)
-        prune_model(work, mask, inplace=True)
+        if crit.dynamic:
+            prune_model(work, mask, inplace=True)
         metrics, kept = measure()
         traj.steps.append({"removed": [list(h) for h in removed], "n_pruned": mask.n_pruned,
                            "ratio": mask.n_pruned / n_units, "metrics": metrics, "stability": kept,
-                           "params": _n_params(work), "seconds": time.perf_counter() - start})
+                           "params": parameters_left(model, mask), "seconds": time.perf_counter() - start})
         if progress is not None:
             progress(mask.n_pruned / target, f"{mask.n_pruned}/{n_units} pruned, {metric} {metrics[metric]:.4f}")
         if tolerance is not None and metrics[metric] < tolerance * dense[metric]:
@@ -201,10 +207,6 @@ def run_trajectory(model, calib: list[dict], eval_batches: list[dict], criterion
             return traj
     traj.stop = "end" if mask.n_pruned == n_units else "budget"
     return traj
-
-
-def _n_params(model) -> int:
-    return sum(p.numel() for p in model.parameters())
 
 
 def run_seeds(model, calib, eval_batches, criterion, seeds: int = 5, seed: int = 0, progress=None,
