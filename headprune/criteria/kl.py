@@ -42,13 +42,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..arch import adapt
+from ..data import model_inputs
 from ..errors import CriterionError
 from ..gating import gate_heads
 from ..mask import HeadMask
 from .base import Criterion, Param, ScoreMap, ScoringContext, register
 
 VARIANTS = ("as-written", "normalized")
-_NON_INPUT_KEYS = ("labels", "index")
 
 
 # -- running a model from a layer up ------------------------------------------------------------------------------
@@ -111,10 +111,6 @@ def start_at_layer(layer_modules: nn.ModuleList, layer: int, hidden: torch.Tenso
 
 # -- raw KL importance --------------------------------------------------------------------------------------------
 
-def _model_inputs(batch: dict, device) -> dict:
-    return {k: v.to(device) for k, v in batch.items() if k not in _NON_INPUT_KEYS and torch.is_tensor(v)}
-
-
 def _repeat(inputs: dict, times: int) -> dict:
     return {k: v.repeat(times, *[1] * (v.ndim - 1)) for k, v in inputs.items()}
 
@@ -140,7 +136,7 @@ def kl_raw_importance(model, batches: list[dict], mask: HeadMask | None = None, 
     total = torch.zeros(adapter.grid_shape, dtype=torch.float64)
     n_rows, done, n_steps = 0, 0, len(batches) * len(chunks)
     for batch in batches:
-        inputs = _model_inputs(batch, device)
+        inputs = {k: v.to(device) for k, v in model_inputs(batch).items()}
         rows = inputs["input_ids"].shape[0]
         layer_inputs: list[torch.Tensor] = []
         with gate_heads(model, base, adapter):

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import DataError
 from ..mask import HeadMask
 from .arcs import DependencyArcs, iter_arcs
 from .parse import Parse, load_parser, parse_texts
@@ -68,6 +69,8 @@ def aggregate_arcs(texts: Iterable[DependencyArcs]) -> ArcData:
         dropped.update(arcs.dropped)
         multi += arcs.n_sentences > (len(arcs.text) if isinstance(arcs.text, tuple) else 1)
         n += 1
+    if n == 0:
+        raise DataError("No texts to read dependency arcs from: the calibration set is empty.")
     return ArcData(labels, np.concatenate(values, axis=-1), np.concatenate(hits, axis=-1), total, count, live,
                    {"truncated": dropped["truncated"], "unaligned": dropped["unaligned"]}, n, multi)
 
@@ -126,5 +129,7 @@ def parse_dataset(texts: Sequence[str | tuple[str, str]], parser=None, cache_dir
     pairs = [t for t in texts if isinstance(t, (tuple, list))]
     if not pairs:
         return parse_texts(list(texts), nlp, cache_dir)
+    if len(pairs) != len(texts) or any(len(t) != 2 for t in pairs):
+        raise DataError("Texts must be all single strings or all (text, pair) tuples of two strings.")
     flat = parse_texts([s for t in texts for s in t], nlp, cache_dir)
     return [tuple(flat[2 * i:2 * i + 2]) for i in range(len(texts))]
