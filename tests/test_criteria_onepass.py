@@ -324,3 +324,18 @@ def test_every_criterion_documents_itself():
         c = REGISTRY[name]
         assert c.description and c.reference and c.latex, name
     assert REGISTRY["greedy-gnorm"].dynamic and not REGISTRY["gnorm"].dynamic
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cut_blocks_and_cut_models_score_nan_where_heads_are_gone(arch):
+    model = peaked(arch)
+    shape = adapt(model).grid_shape
+    empty_first = torch.ones(shape)
+    empty_first[0] = 0
+    empty_first[-1, 0] = 1   # ALBERT has one block: keep one tied head
+    for values in (empty_first, torch.zeros(shape)):
+        cut = prune_model(model, HeadMask(values))
+        out = score_many(["ae", "ad", "his", "taylor", "gnorm", "hies", "random"], ScoringContext(cut, calib()))
+        for name, smap in out.items():
+            assert np.array_equal(np.isnan(smap.scores), values.numpy() == 0), name
+            assert np.isfinite(smap.scores[values.numpy() == 1]).all(), name

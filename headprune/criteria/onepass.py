@@ -216,38 +216,52 @@ def _attention_stat(key, records, adapter, valid, layers_per_block) -> torch.Ten
     return out / torch.as_tensor(layers_per_block, dtype=torch.float64)[:, None]
 
 
+def _taylor_terms(rec, grad_of, adapter, valid) -> dict[int, torch.Tensor]:
+    """Per block, (B, h_live): Σ over its layers of Σ_ij A_ij ∂o/∂A_ij (real query rows only)."""
+    terms = defaultdict(lambda: 0)
+    for block_index, w in rec["probs"]:
+        if w is not None and id(w) in grad_of:
+            terms[block_index] = terms[block_index] + ((w * grad_of[id(w)]).sum(-1) * valid[:, None, :]).sum(-1)
+    return terms
+
+
+def _his_terms(rec, grad_of, adapter, valid) -> dict[int, torch.Tensor]:
+    """Per block, (B, h_live): Σ over its layers of Σ_t ⟨c_th, ∂o/∂c_th⟩ (real tokens only)."""
+    terms = defaultdict(lambda: 0)
+    for block_index, contexts in rec["ctx"].items():
+        d_h = adapter.blocks[block_index].head_size
+        for c in contexts:
+            if id(c) in grad_of:
+                inner = (c * grad_of[id(c)] * valid[..., None]).sum(1)
+                terms[block_index] = terms[block_index] + inner.view(len(c), -1, d_h).sum(-1)
+    return terms
+
+
+def _gnorm_stat(key, rec, grad_of, adapter, valid) -> torch.Tensor:
+    """(3, L, H): Σ over examples of ‖∂o_b/∂W_P^(h)‖_F, or Σ over this batch's gradient norm ("batch")."""
+    out = torch.zeros((3, *adapter.grid_shape), dtype=torch.float64)
+    for (block_index, name), pairs in rec["qkv"].items():
+        block = adapter.blocks[block_index]
+        x = torch.cat([x.detach() for x, _ in pairs], 1) * valid.repeat(1, len(pairs))[..., None]
+        g = torch.cat([grad_of.get(id(y), torch.zeros_like(y)) for _, y in pairs], 1)
+        if key[2] == "batch":
+            norms = torch.einsum("btk,btd->kd", g, x).view(block.n_live, -1).norm(dim=1)
+        else:
+            norms = per_example_sq_norms(x, g, block.n_live).sqrt().sum(0)
+        out[("query", "key", "value").index(name), block_index] = _scatter(norms.double().cpu(), block.kept,
+                                                                          adapter.n_heads)
+    return out
+
+
 def _gradient_stat(key, rec, grad_of, adapter, valid) -> torch.Tensor:
-    """Σ over examples (Gnorm "batch": over batches) of one gradient quantity, (L, H) or (3, L, H)."""
-    n_heads = adapter.n_heads
-    per_block: dict[int, torch.Tensor] = defaultdict(lambda: 0)
-    if key[0] == "taylor":
-        for block_index, w in rec["probs"]:
-            if w is not None and id(w) in grad_of:
-                inner = ((w * grad_of[id(w)]).sum(-1) * valid[:, None, :]).sum(-1)
-                per_block[block_index] = per_block[block_index] + inner
-    elif key[0] == "his":
-        for block_index, contexts in rec["ctx"].items():
-            d_h = adapter.blocks[block_index].head_size
-            for c in contexts:
-                if c.shape[-1] and id(c) in grad_of:
-                    inner = (c * grad_of[id(c)] * valid[..., None]).sum(1)
-                    per_block[block_index] = per_block[block_index] + inner.view(len(c), -1, d_h).sum(-1)
-    out = torch.zeros((3, *adapter.grid_shape) if key[0] == "gnorm" else adapter.grid_shape, dtype=torch.float64)
+    """Σ over examples of |per-example value| for HIS / Taylor, (L, H); Gnorm via ``_gnorm_stat``."""
     if key[0] == "gnorm":
-        for (block_index, name), pairs in rec["qkv"].items():
-            block = adapter.blocks[block_index]
-            x = torch.cat([x.detach() for x, _ in pairs], 1) * valid.repeat(1, len(pairs))[..., None]
-            g = torch.cat([grad_of.get(id(y), torch.zeros_like(y)) for _, y in pairs], 1)
-            if key[2] == "batch":
-                norms = torch.einsum("btk,btd->kd", g, x).view(block.n_live, -1).norm(dim=1)
-            else:
-                norms = per_example_sq_norms(x, g, block.n_live).sqrt().sum(0)
-            out[("query", "key", "value").index(name), block_index] = _scatter(
-                norms.double().cpu(), block.kept, n_heads)
-        return out
-    for block_index, values in per_block.items():
+        return _gnorm_stat(key, rec, grad_of, adapter, valid)
+    terms = (_taylor_terms if key[0] == "taylor" else _his_terms)(rec, grad_of, adapter, valid)
+    out = torch.zeros(adapter.grid_shape, dtype=torch.float64)
+    for block_index, values in terms.items():
         out[block_index] = _scatter(values.detach().abs().sum(0).double().cpu(), adapter.blocks[block_index].kept,
-                                    n_heads)
+                                    adapter.n_heads)
     return out
 
 
