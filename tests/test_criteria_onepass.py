@@ -16,9 +16,10 @@ from headprune.criteria.onepass import per_example_sq_norms, score_many
 from headprune.gating import gate_heads
 from headprune.mask import HeadMask
 from headprune.surgery import prune_model
+from headprune.testing import ARCHS as ALL_ARCHS
 from headprune.testing import random_batch, tiny_model
 
-ARCHS = ("bert", "albert", "distilbert")
+ARCHS = ("bert", "albert", "distilbert")   # one of each attention layout; the gradient tests run on all six
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -150,7 +151,7 @@ def gate_slopes(model, batches, objective, delta=1e-5):
     return out
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ALL_ARCHS)
 def test_his_matches_finite_differences_of_the_gate(arch):
     model, batches = peaked(arch), calib()
     expected = gate_slopes(model, batches, loss)
@@ -204,7 +205,7 @@ def gnorm_by_single_examples(model, batches, objective="logits_norm"):
     return total / n
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ALL_ARCHS)
 @pytest.mark.parametrize("objective", ["logits_norm", "loss"])
 def test_gnorm_per_sentence_matches_batch_size_one_autograd(arch, objective):
     model, batches = peaked(arch, "sdpa" if arch == "bert" else "eager"), calib()   # Gnorm needs no probabilities
