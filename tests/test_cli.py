@@ -126,7 +126,7 @@ def test_bad_input_exits_2_with_a_clear_message(case, tmp_path, tiny_model_dir, 
 def test_bad_size_argument_is_an_argparse_error(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["evaluate", "--eval-size", "-3"])
-    assert exc.value.code == 2 and "non-negative integer or 'all'" in capsys.readouterr().err
+    assert exc.value.code == 2 and "non-negative integer" in capsys.readouterr().err
 
 
 def test_module_entry_point_reports_errors_on_stderr(tmp_path):

@@ -30,22 +30,24 @@ def _fit(size: int | None, available: int) -> int | None:
     return min(size, available) if isinstance(size, _Default) else size
 
 
-def _size(text: str) -> int | None:
-    """A split size: a non-negative integer, or 'all' (None) for every remaining row."""
-    if text.lower() == "all":
-        return None
+def _count(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
         value = -1
     if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer or 'all', got '{text}'")
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got '{text}'")
     return value
 
 
+def _count_or_all(text: str) -> int | None:
+    """A split size, or 'all' (None): every row the calibration set leaves."""
+    return None if text.lower() == "all" else _count(text)
+
+
 def _positive(text: str) -> int:
-    value = _size(text)
-    if not value:
+    value = _count(text)
+    if value == 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'")
     return value
 
@@ -60,9 +62,9 @@ def add_data_args(p: argparse.ArgumentParser, calib_size: int = 128, eval_size: 
     g.add_argument("--text-col", help="text column (default: auto-detect text, sentence, review, ...)")
     g.add_argument("--pair-col", help="second text column for sentence pairs (default: auto-detect)")
     g.add_argument("--label-col", help="label column (default: auto-detect label, labels, category, ...)")
-    g.add_argument("--calib-size", type=_size, default=_Default(calib_size),
+    g.add_argument("--calib-size", type=_count, default=_Default(calib_size),
                    help=f"calibration examples for scoring heads (default: {calib_size}, at most half the data)")
-    g.add_argument("--eval-size", type=_size, default=None if eval_size is None else _Default(eval_size),
+    g.add_argument("--eval-size", type=_count_or_all, default=None if eval_size is None else _Default(eval_size),
                    help=f"evaluation examples, or 'all' (default: {eval_size or 'all'}, at most what calibration "
                         "leaves)")
     g.add_argument("--max-length", type=_positive, default=128, help="truncate to this many tokens (default: 128)")
@@ -111,7 +113,7 @@ def tqdm_progress(desc: str):
     from tqdm import tqdm
 
     bar = tqdm(total=1000, desc=desc, file=sys.stderr, leave=False, mininterval=0.5,
-               bar_format="{desc}: {percentage:3.0f}%|{bar}| {postfix} [{elapsed}<{remaining}]")
+               bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}{postfix}]")
 
     def update(fraction: float, message: str = "") -> None:
         bar.n = int(round(1000 * min(max(fraction, 0.0), 1.0)))
