@@ -149,7 +149,7 @@ def _read_hf(spec: str) -> tuple[list[str], dict[str, list], dict[str, list[str]
             obj = datasets.load_from_disk(str(local))
         else:
             obj = datasets.load_dataset(name, config, split=split)
-    except (OSError, ValueError, ConnectionError) as exc:  # not found, offline, bad config or split
+    except (OSError, ValueError) as exc:  # not found, offline (ConnectionError), bad config or split
         raise DataError(f"Could not load Hugging Face dataset '{spec}': {exc}. Accepted: hf:NAME[:CONFIG[:SPLIT]] "
                         "with a hub name (needs the network) or a local dataset folder.") from None
     if isinstance(obj, (datasets.DatasetDict, dict)):
