@@ -47,9 +47,10 @@ def _env_int(name: str, default: int) -> int:
 class Setup:
     """Everything that decides what is loaded; its ``key`` names a workspace."""
 
-    model: str = "demo"
-    data: str = "demo"               # "demo", a file path, or hf:NAME[:CONFIG[:SPLIT]]
-    data_label: str = "demo"         # what the user called it (an upload's file name)
+    # start-up defaults: the demo, unless HEADPRUNE_MODEL / HEADPRUNE_DATA name another model or data set
+    model: str = field(default_factory=lambda: os.environ.get("HEADPRUNE_MODEL") or "demo")
+    data: str = field(default_factory=lambda: os.environ.get("HEADPRUNE_DATA") or "demo")
+    data_label: str = field(default_factory=lambda: Path(os.environ.get("HEADPRUNE_DATA") or "demo").name)
     text_col: str | None = None
     pair_col: str | None = None
     label_col: str | None = None

@@ -51,13 +51,22 @@ def progress_bar(label: str) -> Callable[[float, str], None]:
 
 # -- page frame -----------------------------------------------------------------------------------------------------
 
-def page(title: str, icon: str, caption: str | None = None) -> tuple[Workspace, SessionData]:
-    """Configure the page, make sure a workspace is loaded (the demo by default), draw the sidebar.
+PAGES = (  # (file, title, icon, url path); app.py builds the navigation from this
+    ("pages/1_Model_and_data.py", "Model & data", ":material/folder_open:", "model-and-data"),
+    ("pages/2_Head_scores.py", "Head scores", ":material/grid_on:", "head-scores"),
+    ("pages/3_Attention.py", "Attention", ":material/visibility:", "attention"),
+    ("pages/4_Prune.py", "Prune", ":material/content_cut:", "prune"),
+    ("pages/5_Trajectories.py", "Trajectories", ":material/trending_down:", "trajectories"),
+    ("pages/6_Export.py", "Export", ":material/download:", "export"),
+)
+
+
+def page(title: str, caption: str | None = None) -> tuple[Workspace, SessionData]:
+    """Title the page, make sure a workspace is loaded (the demo by default), draw the sidebar.
 
     Stops the script with an explanation when nothing can be loaded.
     """
-    st.set_page_config(page_title=f"{title} · headprune", page_icon=icon, layout="wide")
-    st.title(f"{icon} {title}")
+    st.title(title)
     if caption:
         st.caption(caption)
     ws = ensure_workspace()

@@ -278,10 +278,16 @@ def attention_figure(words: Sequence[str], matrix: np.ndarray, title: str | None
     return fig
 
 
-def _arc_path(x0: float, x1: float, n: int = 24) -> tuple[np.ndarray, np.ndarray]:
+def word_positions(words: Sequence[str]) -> np.ndarray:
+    """x of each word's centre, in characters, so long words get room and labels do not overlap."""
+    widths = np.array([max(len(w), 1) + 2 for w in words], dtype=float)
+    return np.cumsum(widths) - widths / 2
+
+
+def _arc_path(x0: float, x1: float, height: float, n: int = 24) -> tuple[np.ndarray, np.ndarray]:
     t = np.linspace(0, np.pi, n)
     mid, half = (x0 + x1) / 2, (x1 - x0) / 2
-    return mid - half * np.cos(t), np.sin(t) * (0.35 + 0.25 * abs(x1 - x0))
+    return mid - half * np.cos(t), np.sin(t) * height
 
 
 def _sample_scale(scale: list[list], value: float) -> str:
@@ -296,35 +302,41 @@ ARC_SCALE = [[0.0, "#c7d4e8"], [0.5, "#4a7fc1"], [1.0, "#b3001e"]]
 
 
 def arc_figure(words: Sequence[str], arcs: Sequence, weights: np.ndarray | None, title: str | None = None,
-               seen: Sequence[bool] | None = None) -> go.Figure:
-    """Dependency arcs over the words (dependent → head, label at the top); colour and width = this head's
-    attention from the dependent to its head (0..1, one scale for every head). ``weights`` None: plain arcs."""
+               seen: Sequence[bool] | None = None, width_px: int = 1100) -> go.Figure:
+    """Dependency arcs over the words (dependent → head, arrow at the head, label on top); colour and width =
+    this head's attention from the dependent to its head (0..1, one scale for every head). ``weights`` None:
+    plain arcs. Arc height grows with the number of words spanned, so nested arcs stack."""
     fig = go.Figure()
-    n = len(words)
+    x = word_positions(words)
+    span = float(x[-1] + 2) if len(x) else 1.0
+    unit = span / 40                        # arc height scale; square root keeps long arcs from towering
+    heights = [unit * (0.8 + 1.6 * np.sqrt(abs(a.head - a.dependent))) for a in arcs]
     for i, arc in enumerate(arcs):
         w = None if weights is None else float(weights[i])
-        xs, ys = _arc_path(arc.dependent, arc.head)
+        xs, ys = _arc_path(x[arc.dependent], x[arc.head], heights[i])
         color = "#888888" if w is None else _sample_scale(ARC_SCALE, w)
         width = 1.5 if w is None else 1 + 7 * min(w, 1.0)
-        hover = f"{words[arc.dependent]} → {words[arc.head]} ({arc.label})" + ("" if w is None else
-                                                                               f"<br>attention {w:.3f}")
+        hover = f"{words[arc.dependent]} → {words[arc.head]} ({arc.label})"
+        if w is not None:
+            hover += f"<br>attention {w:.3f}"
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color=color, width=width), hoverinfo="text",
                                  hovertext=hover, showlegend=False))
-        fig.add_trace(go.Scatter(x=[arc.head], y=[0.05], mode="markers", hoverinfo="skip", showlegend=False,
+        fig.add_trace(go.Scatter(x=[x[arc.head]], y=[0], mode="markers", hoverinfo="skip", showlegend=False,
                                  marker=dict(symbol="triangle-down", size=9, color=color)))
-        fig.add_annotation(x=(arc.dependent + arc.head) / 2, y=ys.max(), text=arc.label, showarrow=False,
-                           yshift=8, font=dict(size=11))
-    colors = ["#bbbbbb" if seen is not None and not seen[i] else None for i in range(n)]
-    fig.add_trace(go.Scatter(x=list(range(n)), y=[-0.12] * n, mode="text", text=list(words), hoverinfo="skip",
-                             textfont=dict(size=14, color=colors if any(colors) else None), showlegend=False))
+        fig.add_annotation(x=(x[arc.dependent] + x[arc.head]) / 2, y=heights[i], text=arc.label, showarrow=False,
+                           yshift=7, font=dict(size=10))
+    font_size = int(min(14, max(8, 1.7 * width_px / span)))
+    colors = ["#bbbbbb" if seen is not None and not seen[i] else None for i in range(len(words))]
+    fig.add_trace(go.Scatter(x=x, y=[-unit * 0.8] * len(words), mode="text", text=list(words), hoverinfo="skip",
+                             textfont=dict(size=font_size, color=colors if any(colors) else None), showlegend=False))
     if weights is not None:  # colour bar for the arc scale
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", showlegend=False, hoverinfo="skip",
                                  marker=dict(colorscale=ARC_SCALE, cmin=0, cmax=1, color=[0],
                                              colorbar=dict(title="attention<br>dep → head", thickness=12))))
-    top = max([0.35 + 0.25 * abs(a.head - a.dependent) for a in arcs] + [1.0])
-    fig.update_xaxes(visible=False, range=[-0.8, n - 0.2])
-    fig.update_yaxes(visible=False, range=[-0.35, top + 0.45])
-    fig.update_layout(height=min(520, 160 + 38 * top), margin=dict(l=10, r=10, t=40 if title else 10, b=10),
+    top = max(heights + [unit])
+    fig.update_xaxes(visible=False, range=[0, span])
+    fig.update_yaxes(visible=False, range=[-unit * 1.6, top + unit * 1.2])
+    fig.update_layout(height=int(min(560, 180 + 22 * top / unit)), margin=dict(l=10, r=10, t=40 if title else 10, b=10),
                       title=title, font=FONT, plot_bgcolor="rgba(0,0,0,0)")
     return fig
 

@@ -11,8 +11,8 @@ import streamlit as st
 from dashboard.state import Setup, build_workspace, save_upload, use_setup
 from dashboard.ui import guard, page, progress_bar
 
-ws, sd = page("Model & data", "📂", "Everything runs locally. The demo needs no network; a Hugging Face id or "
-                                    "dataset is fetched only when the hub is reachable.")
+ws, sd = page("Model & data", "Everything runs locally. The demo needs no network; a Hugging Face id or "
+                              "dataset is fetched only when the hub is reachable.")
 setup = ws.setup
 MODEL_SOURCES = {"demo": "Demo (MiniLM-L6, Rotten Tomatoes)", "folder": "Local folder", "hub": "Hugging Face model id"}
 DATA_SOURCES = {"demo": "Demo (held-out Rotten Tomatoes reviews)", "upload": "Upload CSV / TSV / JSONL",

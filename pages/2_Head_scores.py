@@ -7,8 +7,8 @@ from dashboard.ui import clickable_grid, criterion_picker, criterion_settings, g
 from headprune import viz
 from headprune.criteria import get
 
-ws, sd = page("Head scores", "🔥", "Each criterion ranks the heads; darker = more important = kept longer. "
-                                  "Click a head to select it for the Attention and Prune pages.")
+ws, sd = page("Head scores", "Each criterion ranks the heads; darker = more important = kept longer. "
+                             "Click a head to select it for the Attention and Prune pages.")
 
 chosen = criterion_picker("Criteria", "scores-criteria", list(sd.scores) or ["ae", "his", "gnorm"])
 params = {name: criterion_settings(name, sd, "scores") for name in chosen}

@@ -7,8 +7,8 @@ from dashboard.state import mask_key, model_lock, store
 from dashboard.ui import clickable_grid, guard, page, progress_bar
 from headprune import viz
 
-ws, sd = page("Attention", "👁️", "Pick a sentence and a head. Arcs go from a word to its grammatical head; "
-                                 "the thicker and redder an arc, the more this head attends along it.")
+ws, sd = page("Attention", "Pick a sentence and a head. Arcs go from a word to its grammatical head; "
+                           "the thicker and redder an arc, the more this head attends along it.")
 n_layers, n_heads = ws.adapter.n_layers, ws.shape[1]
 
 
@@ -68,9 +68,21 @@ def pick(cell: tuple[int, int]) -> None:
     sd.head = (ws.adapter.layer_to_block[cell[0]], cell[1])
 
 
-grid_col, view_col = st.columns([2, 3], gap="large")
+title = f"layer {layer}, head {head}"
+if not arcs.live[layer, head]:
+    st.warning(f"Head {head} of layer {layer} is pruned: it attends to nothing. Restore it on the Prune page.")
+if arcs.arcs:
+    st.plotly_chart(viz.arc_figure(arcs.words, arcs.arcs, arcs.arc_weights(layer, head), title=title,
+                                   seen=arcs.seen), width="stretch", key="att-arcs")
+else:
+    st.info("The parser found no dependency arcs in this text.")
+dropped = sum(arcs.dropped.values())
+if dropped:
+    st.caption(f"{dropped} arcs not drawn (words cut by the max length, or not aligned to tokens).")
+
+grid_col, map_col = st.columns([2, 3], gap="large")
 with grid_col:
-    st.markdown("**Attention on the arcs, per head** (mean over this sentence's arcs) — click a head")
+    st.markdown("**Attention along the arcs, per head** (mean over this sentence's arcs) — click a head")
     values = arcs.arc_values().mean(axis=-1) if arcs.arcs else np.zeros((n_layers, n_heads))
     pruned = ~arcs.live
     hover = np.array([[f"layer {l_}, head {h}<br>" + ("pruned" if pruned[l_, h] else
@@ -81,19 +93,7 @@ with grid_col:
     clickable_grid(fig, "att-grid", sd, pick)
     if ws.tied:
         st.caption("ALBERT: the same block runs in every layer, so a pruned head is gone from all rows.")
-
-with view_col:
-    title = f"layer {layer}, head {head}"
-    if not arcs.live[layer, head]:
-        st.warning(f"Head {head} of layer {layer} is pruned: it attends to nothing. Restore it on the Prune page.")
-    if arcs.arcs:
-        st.plotly_chart(viz.arc_figure(arcs.words, arcs.arcs, arcs.arc_weights(layer, head), title=title,
-                                       seen=arcs.seen), width="stretch", key="att-arcs")
-    else:
-        st.info("The parser found no dependency arcs in this text.")
-    dropped = sum(arcs.dropped.values())
-    if dropped:
-        st.caption(f"{dropped} arcs not drawn (words cut by the max length, or not aligned to tokens).")
+with map_col:
     st.plotly_chart(viz.attention_figure(arcs.words, arcs.word_attention(layer, head),
                                          title=f"word attention, {title}"), width="stretch", key="att-map")
 

@@ -1,22 +1,33 @@
 """Prune: click heads to prune or restore them and watch the evaluation metric move live."""
 
+import json
+
 import numpy as np
 import streamlit as st
 
 from dashboard.state import SessionData, Workspace, compute_scores
 from dashboard.ui import clickable_grid, criterion_picker, guard, head_name, head_options, page, progress_bar
 from headprune import viz
+from headprune.errors import MaskError
 from headprune.live import LiveEvaluator, parameters_left
 from headprune.mask import HeadMask
 
-ws, sd = page("Prune", "✂️", "Click a head to prune it (click again to restore). Only the layers from the changed "
-                            "one upwards are re-run, so the numbers follow your clicks.")
+ws, sd = page("Prune", "Click a head to prune it (click again to restore). Only the layers from the changed "
+                       "one upwards are re-run, so the numbers follow your clicks.")
 
 
 def toggle(head: tuple[int, int]) -> None:
     pruned = sd.mask.prune(*head)
     sd.set_mask(pruned if pruned != sd.mask else sd.mask.restore(*head), f"toggled {head_name(ws, head)}")
     sd.head = head
+
+
+def mask_from_json_bytes(raw: bytes, name: str, shape) -> HeadMask:
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise MaskError(f'{name} is not UTF-8 JSON ({exc}). A mask is {{"pruned": {{"<layer>": [heads]}}}}.') from None
+    return HeadMask.from_json(obj, shape)
 
 
 def live_metrics(ws: Workspace, sd: SessionData):
@@ -80,10 +91,10 @@ with side:
     default = options.index(sd.head) if sd.head in options else 0
     head = st.selectbox("Head", options, index=default, format_func=lambda h: head_name(ws, h)
                         + (" — pruned" if sd.mask.values[h] == 0 else ""), key="prune-head")
-    b1, b2, b3 = st.columns(3)
-    b1.button("Prune / restore", on_click=toggle, args=(head,), type="primary", key="prune-toggle")
-    b2.button("Undo", on_click=sd.undo, disabled=not sd.history, key="prune-undo")
-    b3.button("Reset", on_click=sd.reset, disabled=sd.mask.n_pruned == 0, key="prune-reset")
+    b1, b2, b3 = st.columns([2, 1, 1])
+    b1.button("Prune / restore", on_click=toggle, args=(head,), type="primary", key="prune-toggle", width="stretch")
+    b2.button("Undo", on_click=sd.undo, disabled=not sd.history, key="prune-undo", width="stretch")
+    b3.button("Reset", on_click=sd.reset, disabled=sd.mask.n_pruned == 0, key="prune-reset", width="stretch")
 
     st.markdown("**Prune the lowest x% by a criterion**")
     crit = criterion_picker("Criterion", "prune-crit", ["ae"], multi=False, exclude=("sap-cf",))[0]
@@ -110,19 +121,14 @@ with side:
         elif not want and sd.live_stable is not None:
             sd.live_stable = None
             st.rerun()
-    upload = st.file_uploader("Load a mask (JSON)", type=["json"], key=f"prune-mask-upload-{sd.grid_version}",
+    upload = st.file_uploader("Load a mask (JSON file)", type=["json"], key=f"prune-mask-upload-{sd.grid_version}",
                               help='{"pruned": {"<layer>": [head, ...]}}, 0-based, as Export writes it.')
-    if upload is not None:
+    pasted = st.text_area("… or paste a mask", key=f"prune-mask-text-{sd.grid_version}", height=80,
+                          placeholder='{"pruned": {"0": [3, 7], "5": [1]}}')
+    if upload is not None or (pasted.strip() and st.button("Apply this mask", key="prune-mask-apply")):
         with guard("That mask does not fit"):
-            import json
-
-            try:
-                obj = json.loads(upload.getvalue().decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                from headprune.errors import MaskError
-
-                raise MaskError(f"{upload.name} is not UTF-8 JSON ({exc}).") from None
-            sd.set_mask(HeadMask.from_json(obj, ws.shape), f"loaded {upload.name}")
+            raw, name = (upload.getvalue(), upload.name) if upload is not None else (pasted.encode(), "the mask")
+            sd.set_mask(mask_from_json_bytes(raw, name, ws.shape), f"loaded {name}")
             st.rerun()
 
 # -- grid ------------------------------------------------------------------------------------------------

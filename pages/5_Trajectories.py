@@ -8,8 +8,8 @@ from dashboard.state import parse_run_file, run_trajectories
 from dashboard.ui import criterion_picker, criterion_settings, guard, page, progress_bar
 from headprune import viz
 
-ws, sd = page("Trajectories", "📉", "Each curve prunes heads in one criterion's order (least important first) "
-                                   "and measures the model after every step. Higher and flatter is better.")
+ws, sd = page("Trajectories", "Each curve prunes heads in one criterion's order (least important first) "
+                              "and measures the model after every step. Higher and flatter is better.")
 n_units = ws.shape[0] * ws.shape[1]
 
 with st.expander("Run trajectories", expanded=not sd.trajectories):

@@ -8,7 +8,7 @@ from dashboard.state import build_pruned_model, mask_key, run_file
 from dashboard.ui import guard, page, progress_bar
 from headprune import viz
 
-ws, sd = page("Export", "📦", "Everything below is built from what you did on the other pages.")
+ws, sd = page("Export")
 st.caption(f"The current mask prunes {sd.mask.n_pruned} heads (change it on the Prune page).")
 
 st.subheader("Mask, scores and run file")

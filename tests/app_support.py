@@ -1,0 +1,63 @@
+"""Helpers for the dashboard tests (tests/test_app_*.py): small splits, AppTest on app.py, page switching."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # pages import the `dashboard` package from the repository root
+    sys.path.insert(0, str(ROOT))
+
+# Small splits keep every page quick on a shared 2-core machine; the pages read these through Setup's defaults.
+SMALL = {"HEADPRUNE_EVAL_SIZE": "64", "HEADPRUNE_CALIB_SIZE": "32", "HEADPRUNE_MAX_LENGTH": "64"}
+PAGES = {"home": None, "model": "pages/1_Model_and_data.py", "scores": "pages/2_Head_scores.py",
+         "attention": "pages/3_Attention.py", "prune": "pages/4_Prune.py", "trajectories": "pages/5_Trajectories.py",
+         "export": "pages/6_Export.py"}
+
+
+def open_app(page: str = "home", setup=None, timeout: float = 600):
+    """AppTest of app.py run once on ``page`` (optionally with a dashboard Setup already chosen)."""
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=timeout)
+    if setup is not None:
+        at.session_state["hp_setup"] = setup
+    at.run()
+    if PAGES[page] is not None:
+        at.switch_page(PAGES[page]).run()
+    return at
+
+
+def problems(at) -> list[str]:
+    """Exceptions and error boxes on the page (an empty list is a clean render)."""
+    return [e.value for e in at.exception] + [e.value for e in at.error]
+
+
+def metric(at, label: str) -> str:
+    return next(m.value for m in at.metric if m.label == label)
+
+
+def figures(at) -> list[dict]:
+    """The Plotly figures on the page, as the JSON spec sent to the browser."""
+    return [json.loads(chart.proto.spec) for chart in at.get("plotly_chart")]
+
+
+def array(value):
+    """A Plotly JSON array: a plain list, or the typed form {"dtype", "bdata" (base64), "shape"} of plotly >= 6."""
+    import base64
+
+    import numpy as np
+
+    if isinstance(value, dict) and "bdata" in value:
+        flat = np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
+        shape = [int(n) for n in str(value.get("shape", len(flat))).split(",")]
+        return flat.reshape(shape)
+    return np.array(value, dtype=object)
+
+
+def head_grids(at) -> list:
+    """The value layer (L x H array) of every head grid on the page (grids carry a click layer named 'heads')."""
+    return [array(fig["data"][1]["z"]) for fig in figures(at)
+            if any(t.get("name") == "heads" for t in fig["data"])]
