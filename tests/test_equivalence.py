@@ -112,3 +112,21 @@ def test_parameter_counts_match_the_cut():
     assert before["attention_qkvo"]["params"] - after["attention_qkvo"]["params"] == 3 * per_head
     assert before["embeddings"] == after["embeddings"] and before["classifier"] == after["classifier"]
     assert before["total"]["params"] == sum(p.numel() for p in model.parameters())
+
+
+def test_demo_model_gating_equals_surgery(demo):
+    """The contract on the real demo (MiniLM-L6, 6x12 heads, real reviews), and the cached model is untouched."""
+    from headprune.data import align_labels, load_data, make_batches, split_calib_eval
+
+    _, evaluation = split_calib_eval(align_labels(load_data("demo"), demo.id2label), 16, 48, seed=0)
+    batches = make_batches(demo.tokenizer, evaluation, batch_size=16, max_length=64)
+    before = {k: v.clone() for k, v in demo.model.state_dict().items()}
+    mask = _random_mask(demo.adapter.grid_shape, 3, p=0.4)
+    values = mask.values.clone()
+    values[2] = 0  # a whole layer
+    mask = HeadMask(values)
+    pruned = prune_model(demo.model, mask)
+    for batch in batches:
+        batch = {k: v for k, v in batch.items() if k != "index"}
+        assert torch.allclose(_logits(demo.model, batch, mask), _logits(pruned, batch), atol=ATOL)
+    assert all(torch.equal(before[k], v) for k, v in demo.model.state_dict().items())
