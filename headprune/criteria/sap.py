@@ -20,8 +20,9 @@
      first head whose cumulative pruning would bring the metric below tolerance · m0.
 §3.4 Whole-layer rule ("if the number of pruned heads in a layer exceeds a certain threshold, the entire layer is
      pruned"). Our reading: with ``layer_threshold`` = n > 0, a layer with more than n pruned heads is dropped: its
-     encoder layer is skipped (output = input, feed-forward block included) and all its heads count as pruned. Off
-     (0) by default; it needs per-layer modules, so not on ALBERT. Trajectories prune heads only and ignore it.
+     encoder layer is skipped (output = input, feed-forward block included) and all its heads count as pruned (so
+     more heads than a target sparsity may go). Off (0) by default; it needs per-layer modules, so not on ALBERT.
+     Trajectories prune heads only and ignore it.
 
 Open choices, documented:
 * Attention values are word-level (headprune/syntax/align.py; mean over the dependent's sub-tokens of the sum
