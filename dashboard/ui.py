@@ -126,18 +126,14 @@ def sidebar(ws: Workspace, sd: SessionData) -> None:
 
 # -- criteria -------------------------------------------------------------------------------------------------------
 
-def criterion_label(name: str) -> str:
-    return f"{name} — {get(name).description}"
-
-
 def criterion_picker(label: str, key: str, default: list[str], multi: bool = True,
                      exclude: tuple[str, ...] = ()) -> list[str]:
     names = [n for n in available() if n not in exclude]
-    if multi:
+    if multi:  # chips show names only; what each computes is in its settings expander and in the help
         return st.multiselect(label, names, default=[d for d in default if d in names], key=key,
-                              format_func=criterion_label)
+                              help="\n".join(f"- **{n}**: {get(n).description}" for n in names))
     index = names.index(default[0]) if default and default[0] in names else 0
-    return [st.selectbox(label, names, index=index, key=key, format_func=criterion_label)]
+    return [st.selectbox(label, names, index=index, key=key, help=get(names[index]).description)]
 
 
 def _param_widget(crit: Criterion, name: str, value, key: str):
@@ -184,10 +180,12 @@ def clickable_grid(fig: go.Figure, key: str, sd: SessionData, on_click: Callable
     widget_key = f"{key}-{sd.grid_version}"
 
     def clicked() -> None:
-        event = st.session_state.get(widget_key)
-        head = viz.clicked_head(getattr(event, "selection", None) or (event or {}).get("selection"))
-        if head is not None:
-            on_click(head)
+        with guard("Could not use that click"):
+            event = st.session_state.get(widget_key) or {}
+            selection = event.get("selection") if isinstance(event, dict) else getattr(event, "selection", None)
+            head = viz.clicked_head(selection)
+            if head is not None:
+                on_click(head)
 
     st.plotly_chart(fig, key=widget_key, on_select=clicked, selection_mode="points", width="stretch",
                     config={"displayModeBar": False})

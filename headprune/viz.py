@@ -145,8 +145,8 @@ def score_heatmap(score: ScoreMap, *, tied: bool = False, selected: tuple[int, i
                               f"rank {int(ranks[layer, head])} of {n_live} (1 = most important)")
     return head_grid(importance_ranks(score), hover, criterion_colorscale(score.criterion), tied=tied, zmin=0,
                      zmax=1, pruned=np.isnan(score.scores), selected=selected, title=title, showscale=showscale,
-                     colorbar=dict(title="rank", tickvals=[0, 1], ticktext=["pruned<br>first", "kept<br>longest"],
-                                   thickness=12, len=0.9))
+                     colorbar=dict(tickvals=[0, 1], ticktext=["pruned<br>first", "kept<br>longest"], thickness=12,
+                                   len=0.9))
 
 
 def mask_figure(mask: HeadMask, *, tied: bool = False, selected: tuple[int, int] | None = None,
@@ -175,10 +175,15 @@ def clicked_head(selection: Mapping | None) -> tuple[int, int] | None:
     points = (selection or {}).get("points") or []
     for point in points:
         data = point.get("customdata")
-        if data is not None and len(data) >= 2:
-            return int(data[0]), int(data[1])
-        if "x" in point and "y" in point:
-            return int(round(point["y"])), int(round(point["x"]))
+        if isinstance(data, Mapping):  # a browser may send an array as {"0": .., "1": ..}
+            data = [data[k] for k in sorted(data, key=lambda k: int(k))] if all(str(k).isdigit() for k in data) \
+                else None
+        for pair in ((data[0], data[1]) if isinstance(data, (list, tuple)) and len(data) >= 2 else None,
+                     (point.get("y"), point.get("x"))):
+            try:
+                return int(round(float(pair[0]))), int(round(float(pair[1])))
+            except (TypeError, ValueError):
+                continue
     return None
 
 

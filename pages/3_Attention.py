@@ -50,11 +50,16 @@ if arcs is None:
     st.stop()
 
 # -- which head -----------------------------------------------------------------------------------------------------
-block, head = sd.head or (0, 0)
-if "att-layer" not in st.session_state:  # entering the page: start from the head selected elsewhere
-    st.session_state["att-layer"] = min(block if not ws.tied else st.session_state.get("att-layer-value", 0),
-                                        n_layers - 1)
-    st.session_state["att-head"] = min(head, n_heads - 1)
+if "att-layer" not in st.session_state:  # entering the page: the head selected elsewhere, else the most syntactic
+    if sd.head is not None:
+        layer0 = sd.head[0] if not ws.tied else st.session_state.get("att-layer-value", 0)
+        head0 = sd.head[1]
+    elif arcs.arcs:
+        layer0, head0 = np.unravel_index(int(np.argmax(np.where(arcs.live, arcs.arc_values().mean(-1), -1))),
+                                         (n_layers, n_heads))
+    else:
+        layer0, head0 = 0, 0
+    st.session_state["att-layer"], st.session_state["att-head"] = int(min(layer0, n_layers - 1)), int(head0)
 c1, c2 = st.columns(2)
 layer = c1.selectbox("Layer", list(range(n_layers)), key="att-layer")
 head = c2.selectbox("Head", list(range(n_heads)), key="att-head")

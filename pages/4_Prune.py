@@ -133,7 +133,8 @@ with side:
 
 # -- grid ------------------------------------------------------------------------------------------------
 with grid_col:
-    colour_by = st.selectbox("Colour kept heads by", ["(none)"] + list(sd.scores), key="prune-colour",
+    colour_by = st.selectbox("Colour kept heads by", ["(none)"] + list(sd.scores), index=1 if sd.scores else 0,
+                             key="prune-colour",
                              help="Scores computed on the Head scores page: darker = kept longer by that criterion.")
     score = sd.scores.get(colour_by)
     if score is not None and score.shape != ws.shape:

@@ -103,3 +103,9 @@ def test_size_table():
                           "removed_params": 25}}
     row = viz.size_table(report).iloc[0]
     assert row["removed (%)"] == 25.0 and row["params after"] == 75
+
+
+def test_clicked_head_accepts_the_shapes_a_browser_sends():
+    assert viz.clicked_head({"points": [{"customdata": {"0": 2, "1": 5}}]}) == (2, 5)
+    assert viz.clicked_head({"points": [{"customdata": "junk", "x": 1, "y": 0}]}) == (0, 1)
+    assert viz.clicked_head({"points": [{"x": None, "y": None}]}) is None

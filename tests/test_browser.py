@@ -1,0 +1,146 @@
+"""The dashboard in a real browser: `streamlit run app.py` driven by headless Chromium through Playwright.
+
+Loads the demo, computes head-score heatmaps, prunes a head by clicking its cell on the Prune page's grid and
+checks that the numbers change; screenshots go under the test's tmp_path (and, when HEADPRUNE_SCREENSHOT names a
+file, the Prune view is also saved there -- that is how assets/dashboard.png is made).
+Skipped, with the reason printed, when /usr/bin/chromium or Playwright is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from app_support import ROOT, SMALL
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+def _skip_reason() -> str | None:
+    if not Path(CHROMIUM).exists():
+        return f"{CHROMIUM} not found: install Debian's chromium to run the browser test"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "python playwright is not installed"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    reason = _skip_reason()
+    if reason:
+        print(f"skipping the browser test: {reason}")
+        pytest.skip(reason)
+    port = _free_port()
+    log = tmp_path_factory.mktemp("streamlit") / "server.log"
+    env = {**os.environ, **SMALL}
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
+                                 "--server.port", str(port), "--server.address", "127.0.0.1",
+                                 "--browser.gatherUsageStats", "false"],
+                                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read()
+                break
+            except OSError:
+                if proc.poll() is not None or time.time() > deadline:
+                    raise RuntimeError(f"streamlit did not start:\n{log.read_text()}") from None
+                time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM,
+                              args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        yield b
+        b.close()
+
+
+def metric_value(page, label: str) -> str:
+    """The value of the st.metric whose label is ``label``."""
+    box = page.locator('[data-testid="stMetric"]', has=page.get_by_text(label, exact=True)).first
+    return box.locator('[data-testid="stMetricValue"]').inner_text().strip()
+
+
+def wait_idle(page, timeout: float = 300_000) -> None:
+    """Wait until Streamlit finished the current run (its status widget shows no running script)."""
+    page.wait_for_timeout(500)
+    page.wait_for_function(
+        "() => !document.querySelector('[data-stale=\"true\"]') && (!document.querySelector("
+        "'[data-testid=\"stStatusWidget\"]') || !document.querySelector('[data-testid=\"stStatusWidget\"]')"
+        ".innerText.includes('Running'))", timeout=timeout)
+    page.wait_for_timeout(500)  # plotly draws after the rerun ends
+
+
+def test_demo_heatmap_then_prune_by_clicking(server, browser, tmp_path):
+    page = browser.new_page(viewport={"width": 1500, "height": 1000})
+    page.set_default_timeout(300_000)
+
+    page.goto(server)
+    page.get_by_text("dense accuracy").first.wait_for()
+    wait_idle(page)
+    dense = float(metric_value(page, "dense accuracy"))
+    assert 0.6 < dense <= 1.0
+    page.screenshot(path=str(tmp_path / "1-home.png"), full_page=True)
+
+    page.goto(f"{server}/head-scores")
+    page.get_by_role("button", name="Compute scores").click()
+    page.get_by_text("Do the criteria agree?").wait_for()
+    wait_idle(page)
+    n_plots = page.locator(".js-plotly-plot").count()
+    assert n_plots >= 5           # three heatmaps, the correlation matrix, the overlap grid
+    page.screenshot(path=str(tmp_path / "2-head-scores.png"), full_page=True)
+
+    # Prune: click the cell of layer 0, head 0 on the mask grid (its transparent click marker)
+    page.get_by_role("link", name="Prune").first.click()
+    page.get_by_text("heads left").first.wait_for()
+    wait_idle(page)
+    assert metric_value(page, "heads left") == "72 / 72"
+    before = metric_value(page, "accuracy")
+    cell = page.locator(".js-plotly-plot .scatterlayer .point").first
+    box = cell.bounding_box()
+    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.wait_for_function("() => document.body.innerText.includes('71 / 72')")
+    wait_idle(page)
+    caption = page.get_by_text(re.compile("Last change: toggled layer 0 · head 0")).inner_text()
+    assert "Loss" in caption
+    page.screenshot(path=str(tmp_path / "3-prune-one.png"), full_page=True)
+
+    # and a bigger change: prune the lowest half by the default criterion; the metric moves off the dense value
+    page.get_by_role("button", name="Apply").click()
+    page.wait_for_function("() => document.body.innerText.includes('54 / 72')")
+    wait_idle(page)
+    after = metric_value(page, "accuracy")
+    assert after != before or metric_value(page, "accuracy") != f"{dense:.4f}"
+    page.screenshot(path=str(tmp_path / "4-prune-quarter.png"), full_page=True)
+    if os.environ.get("HEADPRUNE_SCREENSHOT"):
+        page.screenshot(path=os.environ["HEADPRUNE_SCREENSHOT"], full_page=False)
+    print(f"screenshots in {tmp_path}: accuracy dense {dense:.4f}, one head {before}, 25% pruned {after}")
