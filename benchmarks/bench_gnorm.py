@@ -1,7 +1,7 @@
 """Greedy-Gnorm trajectory: headprune vs a faithful re-implementation of the reference algorithm, and vs the floor.
 
     python benchmarks/bench_gnorm.py [--calib-size 32] [--eval-size 64] [--steps 0 (= every head)]
-                                     [--batch-size 32] [--threads N] [--json F]
+                                     [--batch-size 32] [--layers L] [--threads N] [--json F]
 
 Reference (Sheridan-Stable/greedy-gnorm ``bert-glue.py``, ``get_gnorm_scores`` + ``run_pruning``): at every
 step, for EACH layer, a full forward+backward of every calibration batch with objective ‖Z‖_F (all parameter
@@ -18,6 +18,13 @@ estimator: the two orders must agree) and the default per-sentence norms (eq. 15
 Floor: steps x (one plain forward+backward over the calibration set + one evaluation forward), both measured on
 the dense model. Targets: reference / ours ≥ 10, ours / floor ≤ 1.3.
 Model: the demo classifier when built, else MiniLM-L6 with a fresh 2-class head (bench_onepass.load_setup).
+
+Measured (CPU, 1 thread, shared 2-core box): demo (6 layers), all 72 steps, defaults: reference 580 s, ours
+88 s (per-sentence) / 86 s (batch): 6.6-6.7x, ours / floor 0.59; orders agree 72/72. ``--layers 12
+--calib-size 16 --eval-size 32 --steps 12``: 12.4x (per-sentence) / 11.7x (batch), ours / floor 0.65-0.69.
+The speed-up is bounded by about L x (reference pass / our pass) -- the reference's redundancy is its L
+passes per step -- so a 6-layer model cannot reach 10x; a 12-layer one does. Ours beats the floor because
+the model shrinks as heads are cut and the evaluation only re-runs layers from the changed one.
 """
 
 from __future__ import annotations
@@ -82,18 +89,23 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--max-length", type=int, default=64)
     ap.add_argument("--steps", type=int, default=0, help="heads to prune (default 0: every head)")
+    ap.add_argument("--layers", type=int, default=None, help="deepen the model to this many layers (random init)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     ap.add_argument("--json", help="write the result here too")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, calib, evals, name = load_setup(args.calib_size, args.eval_size, args.batch_size, args.max_length)
+    model, calib, evals, name = load_setup(args.calib_size, args.eval_size, args.batch_size, args.max_length,
+                                           layers=args.layers)
     n_heads = adapt(model).grid_shape[0] * adapt(model).grid_shape[1]
     steps = args.steps or n_heads
     plain_forward_backward(model, calib)  # warm-up
-    t_fb = min(timed(lambda: plain_forward_backward(model, calib)) for _ in range(3))
-    t_eval = min(timed(lambda: predict(model, evals)) for _ in range(3))
-    floor = steps * (t_fb + t_eval)
+
+    def floor_parts() -> tuple[float, float]:
+        return (min(timed(lambda: plain_forward_backward(model, calib)) for _ in range(3)),
+                min(timed(lambda: predict(model, evals)) for _ in range(3)))
+
+    before = floor_parts()
 
     start = time.perf_counter()
     ours_batch = run_trajectory(model, calib, evals, "greedy-gnorm", {"reduction": "batch"}, count=steps)
@@ -104,6 +116,9 @@ def main() -> None:
     start = time.perf_counter()
     ref_order, ref_accuracy = reference_trajectory(model, calib, evals, steps)
     t_ref = time.perf_counter() - start
+    # best of before and after the runs: the floor is not inflated by a busy moment on a shared machine
+    t_fb, t_eval = (min(x, y) for x, y in zip(before, floor_parts()))
+    floor = steps * (t_fb + t_eval)
 
     agree = sum(a == b for a, b in zip(ref_order, ours_batch.order()))
     result = {

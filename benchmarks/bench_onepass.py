@@ -10,6 +10,9 @@ forward, one backward per distinct objective (the task loss for HIS/Taylor; ‖l
 so two with the defaults), no parameter gradients. Also timed: the same five with Gnorm on the loss (one
 backward) and Gnorm alone. Best of ``--repeats``, runs interleaved. Target: ours ≤ 1.3 x plain.
 Model: the demo classifier when built, else MiniLM-L6 with a fresh 2-class head.
+
+Measured (demo, 128 examples, CPU, 2 threads, quiet box): plain 1.64 s; all five with defaults 1.81 s
+(1.10x); with Gnorm on the loss 1.29 s (0.79x); Gnorm alone 1.19 s (0.72x).
 """
 
 from __future__ import annotations
@@ -31,8 +34,12 @@ from headprune.data import align_labels, load_data, make_batches, model_inputs, 
 ONE_PASS = ["ae", "ad", "his", "taylor", "gnorm"]
 
 
-def load_setup(calib_size: int, eval_size: int, batch_size: int, max_length: int = 128, seed: int = 0):
-    """(model, calib batches, eval batches, model name): the demo model, else MiniLM-L6 with a new head."""
+def load_setup(calib_size: int, eval_size: int, batch_size: int, max_length: int = 128, seed: int = 0,
+               layers: int | None = None):
+    """(model, calib batches, eval batches, model name): the demo model, else MiniLM-L6 with a new head.
+
+    ``layers`` deeper than the checkpoint adds randomly initialised layers (a BERT-base-deep stand-in).
+    """
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from headprune.demo import ID2LABEL, demo_model_dir, encoder_path
@@ -42,8 +49,10 @@ def load_setup(calib_size: int, eval_size: int, batch_size: int, max_length: int
     if not (folder / "config.json").is_file():
         folder, name = encoder_path(), "MiniLM-L6 (untuned 2-class head; demo model not built)"
     torch.manual_seed(seed)
+    extra = {"num_hidden_layers": layers} if layers else {}
     model = AutoModelForSequenceClassification.from_pretrained(
-        folder, num_labels=2, id2label=ID2LABEL, label2id={v: k for k, v in ID2LABEL.items()}).eval()
+        folder, num_labels=2, id2label=ID2LABEL, label2id={v: k for k, v in ID2LABEL.items()}, **extra).eval()
+    name += f", {model.config.num_hidden_layers} layers" if layers else ""
     tokenizer = AutoTokenizer.from_pretrained(folder)
     data = align_labels(load_data("demo"), model.config.id2label)
     calib, evals = split_calib_eval(data, calib_size, eval_size, seed)
