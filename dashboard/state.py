@@ -339,7 +339,7 @@ def run_trajectories(ws: Workspace, names: list[str], params: dict[str, dict], i
             return run_trajectory(model, ws.calib_batches, ws.eval_batches, name, params=params.get(name) or {},
                                   inverse=inv, step=step, budget=budget, seed=seed,
                                   stability=perturbed if stability else False, device=ws.loaded.device,
-                                  tokenizer=ws.loaded.tokenizer, model_name=ws.setup.model,
+                                  tokenizer=ws.loaded.tokenizer, model_name=ws.setup.model, texts=ws.calib_texts(),
                                   data_info={"data": ws.setup.data_label, "eval_size": len(ws.eval),
                                              "calib_size": len(ws.calib), "seed": ws.setup.seed},
                                   progress=lambda f, m: report((i + f) / len(jobs), f"{label}: {m}"))

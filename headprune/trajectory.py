@@ -144,12 +144,13 @@ def run_trajectory(model, calib: list[dict], eval_batches: list[dict], criterion
                    count: int | None = None, tolerance: float | None = None, seed: int = 0,
                    stability: bool | list[dict] = False, metric: str | None = None, device=None, tokenizer=None,
                    scores: ScoreMap | None = None, progress=None, model_name: str = "",
-                   data_info: dict | None = None) -> Trajectory:
+                   data_info: dict | None = None, texts: list[str] | None = None) -> Trajectory:
     """Prune ``model`` step by step in ``criterion``'s order (see module doc) and return the Trajectory.
 
     ``stability``: True perturbs ``eval_batches`` (``stability.perturb_batches``, word drop 0.1, ``seed``,
     word-level when ``tokenizer`` is given), or pass ready perturbed batches. ``scores``: a precomputed ScoreMap
-    of the starting model to use as a static criterion's order (skips its scoring).
+    of the starting model to use as a static criterion's order (skips its scoring). ``texts``: the raw
+    calibration texts, for criteria that parse them (SAP); without them SAP decodes the batches.
     """
     from .evaluate import gather_labels
     from .live import LiveEvaluator, parameters_left
@@ -188,7 +189,7 @@ def run_trajectory(model, calib: list[dict], eval_batches: list[dict], criterion
     queue: list[tuple[int, int]] | None = None
     while mask.n_pruned < target:
         if queue is None or crit.dynamic:
-            ctx = ScoringContext(work, calib, mask, device, tokenizer, seed=seed)
+            ctx = ScoringContext(work, calib, mask, device, tokenizer, texts, seed=seed)
             queue = (scores if scores is not None else crit.score(ctx, **resolved)).order(inverse)
         removed = [h for h in queue if mask.values[h] != 0][:min(step, target - mask.n_pruned)]
         queue = [h for h in queue if h not in removed]

@@ -47,10 +47,14 @@ def cmd_criteria(args) -> dict:
         for _, c in sorted(REGISTRY.items())]}
 
 
+def _calib_texts(info: dict, calib: list[dict]) -> list[str]:
+    return [t for rows in batch_texts(info["calib_data"], calib) for t in rows]
+
+
 def cmd_score(args) -> dict:
     crit, params = _checked(args)
     loaded, calib, _, info = load_model_and_data(args)
-    texts = [t for rows in batch_texts(info["calib_data"], calib) for t in rows]
+    texts = _calib_texts(info, calib)
     start = time.perf_counter()
     ctx = ScoringContext(loaded.model, calib, load_mask(args, loaded), loaded.device, loaded.tokenizer, texts,
                          seed=args.seed, progress=tqdm_progress(f"scoring {crit.name}"))
@@ -71,7 +75,7 @@ def cmd_trajectory(args) -> dict:
                      inverse=args.inverse, step=args.step, budget=args.budget, count=args.count,
                      tolerance=args.tolerance, stability=perturbed, metric=args.metric, device=loaded.device,
                      tokenizer=loaded.tokenizer, progress=tqdm_progress(f"trajectory {crit.name}"),
-                     model_name=args.model, data_info=summary(info))
+                     model_name=args.model, data_info=summary(info), texts=_calib_texts(info, calib))
     if len(runs) == 1:
         return _write(runs[0].to_json(), args.out)
     aucs = [r.auc() for r in runs]
