@@ -61,3 +61,21 @@ def head_grids(at) -> list:
     """The value layer (L x H array) of every head grid on the page (grids carry a click layer named 'heads')."""
     return [array(fig["data"][1]["z"]) for fig in figures(at)
             if any(t.get("name") == "heads" for t in fig["data"])]
+
+
+def save_tiny_classifier(folder: Path, arch: str = "bert") -> str:
+    """A small random classifier (labels rotten/fresh) with the demo encoder's tokenizer, saved HF-style."""
+    import torch
+    from transformers import AlbertConfig, AutoModelForSequenceClassification, AutoTokenizer, BertConfig
+
+    from headprune.demo import encoder_path
+
+    tokenizer = AutoTokenizer.from_pretrained(encoder_path())
+    torch.manual_seed(0)
+    common = dict(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                  intermediate_size=64, max_position_embeddings=128, num_labels=2,
+                  id2label={0: "rotten", 1: "fresh"}, label2id={"rotten": 0, "fresh": 1})
+    config = AlbertConfig(embedding_size=16, **common) if arch == "albert" else BertConfig(**common)
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)

@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from app_support import metric, open_app, problems
+from app_support import metric, open_app, problems, save_tiny_classifier
 
 from dashboard.state import Setup
 
@@ -20,26 +20,15 @@ ROWS = [("A three-hour cinema master class.", "fresh"), ("Dull, lifeless and far
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """Folders and files for the bad-input cases, plus a good tiny model and CSV."""
-    from transformers import (
-        AutoTokenizer,
-        BertConfig,
-        BertForSequenceClassification,
-        GPT2Config,
-        GPT2ForSequenceClassification,
-    )
+    from transformers import AutoTokenizer, GPT2Config, GPT2ForSequenceClassification
 
     from headprune.demo import encoder_path
 
     root = tmp_path_factory.mktemp("app-errors")
+    save_tiny_classifier(root / "model")
     tokenizer = AutoTokenizer.from_pretrained(encoder_path())
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=64, max_position_embeddings=128, num_labels=2,
-                        id2label={0: "rotten", 1: "fresh"}, label2id={"rotten": 0, "fresh": 1})
-    BertForSequenceClassification(config).save_pretrained(root / "model")
-    tokenizer.save_pretrained(root / "model")
     (root / "no-weights").mkdir()
-    config.save_pretrained(root / "no-weights")
+    (root / "no-weights" / "config.json").write_text((root / "model" / "config.json").read_text())
     gpt2 = GPT2Config(vocab_size=tokenizer.vocab_size, n_embd=32, n_layer=1, n_head=2, n_positions=64, num_labels=2,
                       pad_token_id=0)
     GPT2ForSequenceClassification(gpt2).save_pretrained(root / "gpt2")
@@ -74,6 +63,7 @@ def setup_for(tiny, **kw) -> Setup:
 
 CASES = {  # case -> (Setup changes, words the error must contain)
     "unknown model path": (dict(model="/no/such/model-folder"), "not found"),
+    "hub unreachable": (dict(model="acme/no-such-model"), "hub"),
     "folder without weights": (dict(model="no-weights"), "weights"),
     "unsupported architecture": (dict(model="gpt2"), "supports"),
     "missing text/label column": (dict(data="no-columns"), "column"),
@@ -87,7 +77,8 @@ CASES = {  # case -> (Setup changes, words the error must contain)
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_bad_input_shows_an_error_and_a_way_out(tiny, case):
+def test_bad_input_shows_an_error_and_a_way_out(tiny, case, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")   # no network here; offline mode fails fast instead of retrying
     changes, words = CASES[case]
     changes = {k: tiny.get(v, v) if isinstance(v, str) else v for k, v in changes.items()}
     at = open_app("home", setup_for(tiny, **changes))
@@ -145,3 +136,17 @@ def test_good_pasted_mask_applies(tiny):
     at.button(key="prune-mask-apply").click().run()
     assert not problems(at)
     assert metric(at, "heads left") == "6 / 8"
+
+
+def test_albert_tied_heads_are_one_row_and_pruning_falls_back_to_full_runs(tiny):
+    from app_support import head_grids
+
+    folder = save_tiny_classifier(tiny["root"] / "albert", "albert")
+    at = open_app("prune", setup_for(tiny, model=folder))
+    assert not problems(at)
+    assert [g.shape for g in head_grids(at)] == [(1, 4)]
+    assert "all layers, tied" in at.selectbox(key="prune-head").options[0]
+    at.button(key="prune-toggle").click().run()
+    assert not problems(at)
+    assert metric(at, "heads left") == "3 / 4"
+    assert any("tied heads" in c.value for c in at.caption)

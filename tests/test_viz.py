@@ -109,3 +109,14 @@ def test_clicked_head_accepts_the_shapes_a_browser_sends():
     assert viz.clicked_head({"points": [{"customdata": {"0": 2, "1": 5}}]}) == (2, 5)
     assert viz.clicked_head({"points": [{"customdata": "junk", "x": 1, "y": 0}]}) == (0, 1)
     assert viz.clicked_head({"points": [{"x": None, "y": None}]}) is None
+
+
+def test_png_and_html_export():
+    from pathlib import Path
+
+    fig = viz.mask_figure(HeadMask.ones((2, 3)).prune(1, 1))
+    assert "plotly" in viz.figure_html(fig)[:5000].lower() and "<html" in viz.figure_html(fig)[:200].lower()
+    if not Path("/usr/bin/chromium").exists():
+        pytest.skip("PNG export needs a local Chromium for kaleido")
+    png = viz.figure_png(fig, width=300, height=200, scale=1)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
