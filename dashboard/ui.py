@@ -6,7 +6,6 @@ import traceback
 from collections.abc import Callable
 from contextlib import contextmanager
 
-import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
@@ -199,12 +198,3 @@ def head_options(ws: Workspace) -> list[tuple[int, int]]:
 def head_name(ws: Workspace, head: tuple[int, int]) -> str:
     block, h = head
     return f"head {h} (all layers, tied)" if ws.tied else f"layer {block} · head {h}"
-
-
-def metric_delta(value: float, reference: float) -> str:
-    return f"{value - reference:+.4f}"
-
-
-def finite(values) -> np.ndarray:
-    a = np.asarray(values, dtype=float)
-    return a[np.isfinite(a)]

@@ -97,7 +97,7 @@ with side:
     b3.button("Reset", on_click=sd.reset, disabled=sd.mask.n_pruned == 0, key="prune-reset", width="stretch")
 
     st.markdown("**Prune the lowest x% by a criterion**")
-    crit = criterion_picker("Criterion", "prune-crit", ["ae"], multi=False, exclude=("sap-cf",))[0]
+    crit = criterion_picker("Criterion", "prune-crit", ["ae"], multi=False)[0]
     ratio = st.slider("Heads pruned in total (%)", 0, 100, 25, step=5, key="prune-ratio") / 100
     if st.button("Apply", key="prune-apply"):
         with guard(f"Could not prune by {crit}"):
