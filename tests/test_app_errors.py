@@ -78,7 +78,10 @@ CASES = {  # case -> (Setup changes, words the error must contain)
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_input_shows_an_error_and_a_way_out(tiny, case, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")   # no network here; offline mode fails fast instead of retrying
+    import huggingface_hub.constants
+
+    # no network here: offline mode fails at once instead of retrying (the env var is read only at import)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     changes, words = CASES[case]
     changes = {k: tiny.get(v, v) if isinstance(v, str) else v for k, v in changes.items()}
     at = open_app("home", setup_for(tiny, **changes))

@@ -115,8 +115,8 @@ def test_demo_heatmap_then_prune_by_clicking(server, browser, tmp_path):
     page.get_by_role("button", name="Compute scores").click()
     page.get_by_text("Do the criteria agree?").wait_for()
     wait_idle(page)
-    n_plots = page.locator(".js-plotly-plot").count()
-    assert n_plots >= 5           # three heatmaps, the correlation matrix, the overlap grid
+    # three heatmaps, the correlation matrix, the overlap grid (plotly.js draws them after the run ends)
+    page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot').length >= 5", timeout=60_000)
     page.screenshot(path=str(tmp_path / "2-head-scores.png"), full_page=True)
 
     # Prune: click the cell of layer 0, head 0 on the mask grid (its transparent click marker)
@@ -125,6 +125,7 @@ def test_demo_heatmap_then_prune_by_clicking(server, browser, tmp_path):
     wait_idle(page)
     assert metric_value(page, "heads left") == "72 / 72"
     before = metric_value(page, "accuracy")
+    page.wait_for_function("() => document.querySelector('.js-plotly-plot .scatterlayer .point')", timeout=60_000)
     cell = page.locator(".js-plotly-plot .scatterlayer .point").first
     box = cell.bounding_box()
     page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
