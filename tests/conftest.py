@@ -14,6 +14,17 @@ SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 TINY_LABELS = {0: "neg", 1: "pos"}
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models run ~50x faster on one thread than on two contended ones (the shared CI box)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def demo_model_path():
     from headprune.demo import ensure_demo_model

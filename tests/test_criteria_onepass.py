@@ -22,13 +22,7 @@ from headprune.testing import random_batch, tiny_model
 ARCHS = ("bert", "albert", "distilbert")   # one of each attention layout; the gradient tests run on all six
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run ~50x faster on one thread than on two contended ones (the shared CI box)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @functools.cache

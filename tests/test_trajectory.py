@@ -14,14 +14,7 @@ from headprune.surgery import prune_model
 from headprune.testing import random_batch, tiny_model
 from headprune.trajectory import Trajectory, TrajectoryError, run_seeds, run_trajectory, spread
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run ~50x faster on one thread than on two contended ones (the shared CI box)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def model(arch="bert", seed=0):
