@@ -45,7 +45,7 @@ def test_prune_then_evaluate_equals_evaluate_under_mask(tiny_model_dir, tiny_csv
     assert sizes["attention_qkvo"]["removed_params"] == 3 * per_head == sizes["total"]["removed_params"]
     assert sizes["total"]["after"]["mb"] < sizes["total"]["before"]["mb"]
     rc, cut, _ = run(["evaluate", "--model", tmp_path / "cut", *data], capsys)
-    assert rc == 0
+    assert rc == 0 and cut["pruned_heads"] == 3  # heads cut out of the saved model count as pruned
     for key in ("accuracy", "macro_f1", "mcc", "n"):
         assert cut[key] == masked[key]
     assert cut["loss"] == pytest.approx(masked["loss"], abs=1e-5)

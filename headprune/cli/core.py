@@ -25,8 +25,11 @@ def cmd_evaluate(args) -> dict:
     loaded, _, evals, info = load_model_and_data(args, calib_size=0)
     mask = load_mask(args, loaded)
     metrics = evaluate(loaded.model, evals, mask, progress=tqdm_progress("evaluate"))
-    return {**metrics.to_dict(), **summary(info), "mask": args.mask,
-            "pruned_heads": mask.n_pruned if mask is not None else 0}
+    # heads gone either way: cut out of a saved pruned model, or gated by --mask
+    gone = ~loaded.adapter.live_grid()
+    if mask is not None:
+        gone |= ~mask.keep_bool()
+    return {**metrics.to_dict(), **summary(info), "mask": args.mask, "pruned_heads": int(gone.sum())}
 
 
 def cmd_prune(args) -> dict:
