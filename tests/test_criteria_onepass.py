@@ -56,19 +56,25 @@ def scores(model, name, batches, params=None, mask=None):
 
 # -- attention entropy --------------------------------------------------------------------------------------
 
-def hand_entropy(model, batches, term):
-    """Eq. (3) per head from capture_attention's maps, one sentence at a time, averaged over layers of a block."""
+def per_sentence_mean(model, batches, per_head):
+    """Mean over sentences of ``per_head(a, length)`` -> (H,), for each sentence's (H, t, t) attention maps from
+    capture_attention (padding cut), averaged over the layers that share a block."""
     adapter = adapt(model)
     total, n = np.zeros(adapter.grid_shape), 0
     for batch in batches:
         maps = capture_attention(model, batch)
         for b, length in enumerate(batch["attention_mask"].sum(1).tolist()):
             for layer, probs in enumerate(maps.probs):
-                a = probs[b, :, :length, :length].double()
                 block = adapter.layer_to_block[layer]
-                total[block] += term(a).sum((-1, -2)).numpy() / length / adapter.layer_to_block.count(block)
+                value = per_head(probs[b, :, :length, :length].double(), length)
+                total[block] += value / adapter.layer_to_block.count(block)
             n += 1
     return total / n
+
+
+def hand_entropy(model, batches, term):
+    """Eq. (3) per head: (1/t_x) sum_ij term(a_ij), averaged over sentences."""
+    return per_sentence_mean(model, batches, lambda a, length: term(a).sum((-1, -2)).numpy() / length)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -100,21 +106,15 @@ def test_entropy_form_a_has_no_nan_on_hard_attention():
 @pytest.mark.parametrize("arch", ARCHS)
 def test_attention_deficit_matches_hand_formula(arch):
     model, batches = peaked(arch), calib()
-    adapter = adapt(model)
-    total, n = np.zeros(adapter.grid_shape), 0
-    for batch in batches:
-        maps = capture_attention(model, batch)
-        for b, length in enumerate(batch["attention_mask"].sum(1).tolist()):
-            for layer, probs in enumerate(maps.probs):
-                a = probs[b, :, :length, :length].double()
-                rows = -(torch.where(a > 0, a * torch.log(a), torch.zeros_like(a))).sum(-1)   # H(α_t): (H, n)
-                block = adapter.layer_to_block[layer]
-                ad = 1 - rows.sum(-1).numpy() / (length * math.log(length))
-                total[block] += ad / adapter.layer_to_block.count(block)
-            n += 1
+
+    def deficit(a, length):
+        rows = -(torch.where(a > 0, a * torch.log(a), torch.zeros_like(a))).sum(-1)   # H(alpha_t): (H, n)
+        return 1 - rows.sum(-1).numpy() / (length * math.log(length))
+
+    expected = per_sentence_mean(model, batches, deficit)
     result = scores(model, "ad", batches)
-    np.testing.assert_allclose(result.meta["deficit"], total / n, rtol=1e-6)
-    np.testing.assert_allclose(result.scores, -total / n, rtol=1e-6)   # high deficit = pruned first
+    np.testing.assert_allclose(result.meta["deficit"], expected, rtol=1e-6)
+    np.testing.assert_allclose(result.scores, -expected, rtol=1e-6)   # high deficit = pruned first
 
 
 # -- HIS and Taylor -------------------------------------------------------------------------------------------
