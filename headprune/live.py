@@ -48,6 +48,7 @@ from .device import autocast
 from .errors import DataError, MaskError
 from .evaluate import Metrics, _dataset_order, gather_labels, metrics_from_logits
 from .gating import gate_heads
+from .layers import Replay, layer_stack
 from .mask import HeadMask
 
 Progress = Callable[[float, str], None]
@@ -89,17 +90,6 @@ def parameters_left(model: nn.Module, mask: HeadMask) -> int:
                        for lin in (block.query, block.key, block.value)) + d * block.output.out_features
         removed += per_head * sum(1 for h in block.kept if not keep[block.index, h])
     return sum(p.numel() for p in model.parameters()) - removed
-
-
-class _Replay(nn.Module):
-    """Stands in for layers 0..l-1: returns layer l's cached input, whatever the encoder hands it."""
-
-    def __init__(self, hidden: torch.Tensor):
-        super().__init__()
-        self.hidden = hidden
-
-    def forward(self, *args, **kwargs):
-        return self.hidden
 
 
 def _eager_default(core: nn.Module):
@@ -213,7 +203,6 @@ class LiveEvaluator:
         self.fallback_reason = None if self.incremental else (
             "tied heads (ALBERT): a head acts in every layer, so every change re-runs the whole model")
         self._layers = self.adapter.layer_modules
-        self._owner = self._layer_owner() if self.incremental else None
         self._runners: list[_LayerRunner] | None = None
         self.fast_path_note: str | None = None
         if self.incremental and fast_paths:
@@ -266,13 +255,6 @@ class LiveEvaluator:
         return sum(t.numel() * t.element_size() for t in tensors) / 2**20
 
     # -- internals ---------------------------------------------------------------------------------------
-    def _layer_owner(self) -> tuple[nn.Module, str]:
-        for module in self.model.modules():
-            for name, child in module.named_children():
-                if child is self._layers:
-                    return module, name
-        raise RuntimeError("encoder layer list has no owner")  # adapt() found it inside the model
-
     def _inputs_of(self, batch: dict) -> dict:
         return {k: v.to(self.device) for k, v in model_inputs(batch).items()}
 
@@ -313,7 +295,7 @@ class LiveEvaluator:
         n = len(self._layers)
         modules: list[nn.Module] = []
         if start > 0:
-            modules.append(_Replay(self._inputs[b][start].to(self.device)))
+            modules.append(Replay(self._inputs[b][start].to(self.device)))
         for layer in range(start, n):
             reuse = self._runners is not None and layer == start and self._contexts[b][layer] is not None
             fast_last = first_token and layer == n - 1
@@ -336,12 +318,10 @@ class LiveEvaluator:
             if self._runners is not None:  # prepend: see the context before gate_heads' own hook scales it
                 handles.append(self.adapter.blocks[layer].output.register_forward_pre_hook(
                     lambda _m, args, _l=layer: self._stash(self._contexts, b, _l, args[0]), prepend=True))
-        owner, name = self._owner
-        setattr(owner, name, nn.ModuleList(modules))
         try:
-            return self.model(**inputs).logits
+            with layer_stack(self.model, self._layers, modules):
+                return self.model(**inputs).logits
         finally:
-            setattr(owner, name, self._layers)
             for h in handles:
                 h.remove()
 

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from .arch import AttentionBlock, ModelAdapter, adapt
+from .layers import owner_slot
 from .mask import HeadMask
 
 
@@ -41,22 +42,6 @@ def _slice_linear(linear: nn.Linear, index: torch.Tensor, dim: int) -> nn.Linear
     return new
 
 
-def _replace(parent_owner: nn.Module, old: nn.Module, new: nn.Module) -> None:
-    for name, child in parent_owner.named_children():
-        if child is old:
-            setattr(parent_owner, name, new)
-            return
-    raise RuntimeError("module to replace not found among its owner's children")
-
-
-def _owner_of(model: nn.Module, target: nn.Module) -> nn.Module:
-    for module in model.modules():
-        for child in module.children():
-            if child is target:
-                return module
-    raise RuntimeError("owner not found")
-
-
 def _empty_core_forward(self, hidden_states, attention_mask=None, **kwargs):
     """Forward of an attention core with zero heads: the context is empty, so O yields only its bias."""
     context = hidden_states.new_zeros(*hidden_states.shape[:-1], 0)
@@ -75,7 +60,8 @@ def _cut_block(model: nn.Module, block: AttentionBlock, keep: list[int]) -> None
     for attr_block, dim in (("query", 0), ("key", 0), ("value", 0), ("output", 1)):
         old = getattr(block, attr_block)
         new = _slice_linear(old, index, dim)
-        _replace(_owner_of(model, old), old, new)
+        owner, name = owner_slot(model, old)
+        setattr(owner, name, new)
         setattr(block, attr_block, new)
     n = len(keep)
     for attr in ("num_attention_heads", "n_heads"):

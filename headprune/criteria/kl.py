@@ -45,6 +45,7 @@ from ..arch import adapt
 from ..data import model_inputs
 from ..errors import CriterionError
 from ..gating import gate_heads
+from ..layers import record_layer_inputs, start_at_layer
 from ..mask import HeadMask
 from .base import Criterion, Param, ScoreMap, ScoringContext, register
 
@@ -79,34 +80,6 @@ def skip_layers(model, layers: Iterable[int], adapter=None):
                              "its depth, so only heads can be pruned there (set layer_threshold=0).")
     with replaced_forward({adapter.layer_modules[l]: _identity for l in layers}):
         yield model
-
-
-@contextmanager
-def record_layer_inputs(layer_modules: nn.ModuleList):
-    """Yield a list that fills with the hidden states entering each encoder layer, in forward order."""
-    inputs: list[torch.Tensor] = []
-
-    def hook(module, args, kwargs):
-        inputs.append(args[0] if args else kwargs["hidden_states"])
-
-    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in layer_modules]
-    try:
-        yield inputs
-    finally:
-        for h in handles:
-            h.remove()
-
-
-@contextmanager
-def start_at_layer(layer_modules: nn.ModuleList, layer: int, hidden: torch.Tensor):
-    """Within the block, a forward of the model runs encoder layers ``layer``.. on ``hidden`` (its cached input)."""
-    if layer == 0:
-        yield
-        return
-    replay = {layer_modules[0]: lambda *args, **kwargs: hidden}
-    replay.update({m: _identity for m in list(layer_modules)[1:layer]})
-    with replaced_forward(replay):
-        yield
 
 
 # -- raw KL importance --------------------------------------------------------------------------------------------
@@ -156,7 +129,7 @@ def kl_raw_importance(model, batches: list[dict], mask: HeadMask | None = None, 
             with gate_heads(model, gates, adapter):
                 if incremental:
                     hidden = layer_inputs[block].repeat(len(heads), 1, 1)
-                    with start_at_layer(adapter.layer_modules, block, hidden):
+                    with start_at_layer(model, adapter.layer_modules, block, hidden):
                         ablated = model(**_repeat(inputs, len(heads))).logits
                 else:
                     ablated = model(**_repeat(inputs, len(heads))).logits
