@@ -2,7 +2,9 @@
 
 1 keeps a head, 0 prunes it; values in between scale the head's output (soft gates, differentiable).
 On disk a mask is ``{"pruned": {"<layer>": [head, ...]}}`` (0-based), the dict shape the old
-``prune_heads`` took; ``"shape": [L, H]`` is written too so a file says which model it fits.
+``prune_heads`` took; ``"shape": [L, H]`` is written too so a file says which model it fits. With grouped-query
+attention a file may also (or instead) name whole key/value groups: ``{"pruned_groups": {"<layer>": [g, ...]}}``
+prunes every query head of group g (heads h with h // (H / H_kv) == g); the grid itself stays layers x query heads.
 """
 
 from __future__ import annotations
@@ -36,13 +38,7 @@ class HeadMask:
         if not isinstance(pruned, dict):
             raise MaskError('A mask is {"pruned": {"<layer>": [head, ...]}}; "pruned" must be an object.')
         for layer_key, heads in pruned.items():
-            try:
-                layer = int(layer_key)
-            except (TypeError, ValueError):
-                raise MaskError(
-                    f"Mask layer '{layer_key}' is not an integer; layers are 0..{n_layers - 1}.") from None
-            if not 0 <= layer < n_layers:
-                raise MaskError(f"Mask names layer {layer}, but this model has layers 0..{n_layers - 1}.")
+            layer = cls._layer_index(layer_key, n_layers)
             if not isinstance(heads, (list, tuple)):
                 raise MaskError(f"Mask layer {layer}: expected a list of head indices, got {heads!r}.")
             for head in heads:
@@ -54,16 +50,58 @@ class HeadMask:
         return cls(values)
 
     @classmethod
-    def from_json(cls, obj: dict, shape: tuple[int, int]) -> HeadMask:
-        if not isinstance(obj, dict) or "pruned" not in obj:
-            raise MaskError('A mask file is a JSON object {"pruned": {"<layer>": [head, ...]}} (0-based).')
+    def from_json(cls, obj: dict, shape: tuple[int, int], groups: torch.Tensor | None = None) -> HeadMask:
+        """Mask from ``{"pruned": {...}}``, ``{"pruned_groups": {...}}`` or both (their union).
+
+        ``pruned_groups`` names grouped-query-attention key/value groups, ``{"<layer>": [group, ...]}``: every
+        query head of a named group is pruned. ``groups`` (n_blocks, n_heads) gives each query head's group
+        (``ModelAdapter.group_grid()``); without it every head is its own group (multi-head attention).
+        """
+        if not isinstance(obj, dict) or not ({"pruned", "pruned_groups"} & obj.keys()):
+            raise MaskError('A mask file is a JSON object {"pruned": {"<layer>": [head, ...]}} (0-based), '
+                            'and/or {"pruned_groups": {"<layer>": [key/value group, ...]}}.')
         if "shape" in obj and tuple(obj["shape"]) != tuple(shape):
             raise MaskError(f"Mask was made for a {obj['shape'][0]}x{obj['shape'][1]} model; "
                             f"this model is {shape[0]}x{shape[1]} (layers x heads).")
-        return cls.from_pruned(obj["pruned"], shape)
+        mask = cls.from_pruned(obj.get("pruned", {}), shape)
+        if "pruned_groups" in obj:
+            mask = mask & cls.from_pruned_groups(obj["pruned_groups"], shape, groups)
+        return mask
 
     @classmethod
-    def load(cls, path: str | Path, shape: tuple[int, int]) -> HeadMask:
+    def from_pruned_groups(cls, pruned_groups: dict, shape: tuple[int, int],
+                           groups: torch.Tensor | None = None) -> HeadMask:
+        """Prune every query head of the named key/value groups ``{"<layer>": [group, ...]}``."""
+        if groups is None:
+            groups = torch.arange(shape[1]).expand(shape)
+        n_groups = [int(row.max()) + 1 for row in groups]
+        checked: dict[str, list[int]] = {}
+        for layer_key, names in (pruned_groups or {}).items() if isinstance(pruned_groups, dict) else [(None, 0)]:
+            if layer_key is None:
+                raise MaskError('"pruned_groups" must be an object {"<layer>": [group, ...]}.')
+            layer = cls._layer_index(layer_key, shape[0])
+            if not isinstance(names, (list, tuple)):
+                raise MaskError(f"Mask layer {layer}: expected a list of key/value group indices, got {names!r}.")
+            for group in names:
+                if not isinstance(group, int) or isinstance(group, bool) or not 0 <= group < n_groups[layer]:
+                    raise MaskError(f"Mask names key/value group {group!r} in layer {layer}, but that layer has "
+                                    f"groups 0..{n_groups[layer] - 1}.")
+                checked.setdefault(str(layer), []).extend(
+                    int(h) for h in (groups[layer] == group).nonzero().flatten().tolist())
+        return cls.from_pruned(checked, shape)
+
+    @staticmethod
+    def _layer_index(layer_key, n_layers: int) -> int:
+        try:
+            layer = int(layer_key)
+        except (TypeError, ValueError):
+            raise MaskError(f"Mask layer '{layer_key}' is not an integer; layers are 0..{n_layers - 1}.") from None
+        if not 0 <= layer < n_layers:
+            raise MaskError(f"Mask names layer {layer}, but this model has layers 0..{n_layers - 1}.")
+        return layer
+
+    @classmethod
+    def load(cls, path: str | Path, shape: tuple[int, int], groups: torch.Tensor | None = None) -> HeadMask:
         path = Path(path)
         if not path.is_file():
             raise MaskError(f"Mask file not found: {path}")
@@ -71,7 +109,7 @@ class HeadMask:
             obj = json.loads(path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise MaskError(f"Mask file {path} is not valid UTF-8 JSON ({exc}).") from exc
-        return cls.from_json(obj, shape)
+        return cls.from_json(obj, shape, groups)
 
     # -- views --------------------------------------------------------------------------------------------
     @property
