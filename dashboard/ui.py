@@ -5,6 +5,7 @@ from __future__ import annotations
 import traceback
 from collections.abc import Callable
 from contextlib import contextmanager
+from pathlib import Path
 
 import plotly.graph_objects as go
 import streamlit as st
@@ -50,14 +51,21 @@ def progress_bar(label: str) -> Callable[[float, str], None]:
 
 # -- page frame -----------------------------------------------------------------------------------------------------
 
-PAGES = (  # (file, title, icon, url path); app.py builds the navigation from this
-    ("pages/1_Model_and_data.py", "Model & data", ":material/folder_open:", "model-and-data"),
-    ("pages/2_Head_scores.py", "Head scores", ":material/grid_on:", "head-scores"),
-    ("pages/3_Attention.py", "Attention", ":material/visibility:", "attention"),
-    ("pages/4_Prune.py", "Prune", ":material/content_cut:", "prune"),
-    ("pages/5_Trajectories.py", "Trajectories", ":material/trending_down:", "trajectories"),
-    ("pages/6_Export.py", "Export", ":material/download:", "export"),
+PAGES_DIR = Path(__file__).resolve().parent / "pages"
+PAGES = (  # (file in dashboard/pages, title, icon, url path); dashboard/app.py builds the navigation from this
+    ("1_Model_and_data.py", "Model & data", ":material/folder_open:", "model-and-data"),
+    ("2_Head_scores.py", "Head scores", ":material/grid_on:", "head-scores"),
+    ("3_Attention.py", "Attention", ":material/visibility:", "attention"),
+    ("4_Prune.py", "Prune", ":material/content_cut:", "prune"),
+    ("5_Trajectories.py", "Trajectories", ":material/trending_down:", "trajectories"),
+    ("6_Export.py", "Export", ":material/download:", "export"),
 )
+
+
+def page_path(file: str) -> str:
+    """Absolute path of a page script: the navigation works whichever entry point (app.py or dashboard/app.py)
+    streamlit was started with, and inside an installed wheel."""
+    return str(PAGES_DIR / file)
 
 
 def page(title: str, caption: str | None = None) -> tuple[Workspace, SessionData]:

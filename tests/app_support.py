@@ -12,9 +12,10 @@ if str(ROOT) not in sys.path:  # pages import the `dashboard` package from the r
 
 # Small splits keep every page quick on a shared 2-core machine; the pages read these through Setup's defaults.
 SMALL = {"HEADPRUNE_EVAL_SIZE": "64", "HEADPRUNE_CALIB_SIZE": "32", "HEADPRUNE_MAX_LENGTH": "64"}
-PAGES = {"home": None, "model": "pages/1_Model_and_data.py", "scores": "pages/2_Head_scores.py",
-         "attention": "pages/3_Attention.py", "prune": "pages/4_Prune.py", "trajectories": "pages/5_Trajectories.py",
-         "export": "pages/6_Export.py"}
+PAGES = {"home": None, "model": "dashboard/pages/1_Model_and_data.py", "scores": "dashboard/pages/2_Head_scores.py",
+         "attention": "dashboard/pages/3_Attention.py", "prune": "dashboard/pages/4_Prune.py",
+         "trajectories": "dashboard/pages/5_Trajectories.py",
+         "export": "dashboard/pages/6_Export.py"}
 
 
 def open_app(page: str = "home", setup=None, timeout: float = 600):

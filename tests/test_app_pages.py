@@ -10,7 +10,7 @@ import re
 
 import numpy as np
 import pytest
-from app_support import SMALL, figures, head_grids, metric, open_app, problems
+from app_support import PAGES, SMALL, figures, head_grids, metric, open_app, problems
 
 from headprune.evaluate import evaluate
 
@@ -138,7 +138,7 @@ def test_export_builds_a_pruned_model_that_matches_the_live_metric():
     at.slider(key="prune-ratio").set_value(25).run()
     at.button(key="prune-apply").click().run()
     live_accuracy = float(metric(at, "accuracy"))
-    at.switch_page("pages/6_Export.py").run()
+    at.switch_page(PAGES["export"]).run()
     assert not problems(at)
     labels = [b.proto.label for b in at.get("download_button")]
     assert {"Mask (JSON)", "Scores (CSV)", "Run file (JSON)"} <= set(labels)

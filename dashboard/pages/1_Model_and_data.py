@@ -1,0 +1,144 @@
+"""Model & data: choose the classifier and the texts it is scored and evaluated on."""
+
+import csv
+import io
+import json
+from dataclasses import replace
+
+import pandas as pd
+import streamlit as st
+
+from dashboard.state import Setup, build_workspace, save_upload, use_setup
+from dashboard.ui import guard, page, progress_bar
+
+ws, sd = page("Model & data", "Everything runs locally. The demo needs no network; a Hugging Face id or "
+                              "dataset is fetched only when the hub is reachable.")
+setup = ws.setup
+MODEL_SOURCES = {"demo": "Demo (MiniLM-L6, Rotten Tomatoes)", "folder": "Local folder", "hub": "Hugging Face model id"}
+DATA_SOURCES = {"demo": "Demo (held-out Rotten Tomatoes reviews)", "upload": "Upload CSV / TSV / JSONL",
+                "hub": "Hugging Face dataset"}
+DEVICES = {"auto": "auto (GPU if present)", "cpu": "CPU", "cuda": "GPU (CUDA)"}
+
+
+def header_of(path: str) -> list[str]:
+    """Column names of an uploaded file, for the pickers (empty when unreadable: loading then says why)."""
+    try:
+        text = open(path, encoding="utf-8-sig").read(1 << 16)
+    except (OSError, UnicodeDecodeError):
+        return []
+    if path.endswith((".jsonl", ".ndjson")):
+        try:
+            first = json.loads(text.splitlines()[0]) if text.strip() else {}
+        except json.JSONDecodeError:
+            return []
+        return list(first) if isinstance(first, dict) else []
+    delimiter = "\t" if path.endswith((".tsv", ".tab")) else ","
+    return next(csv.reader(io.StringIO(text), delimiter=delimiter), [])
+
+
+def column_picker(label: str, columns: list[str], current: str | None, key: str, optional: bool) -> str | None:
+    if columns:
+        options = ["(auto-detect)"] + (["(none)"] if optional else []) + columns
+        index = options.index(current) if current in options else 0
+        choice = st.selectbox(label, options, index=index, key=key)
+        return None if choice.startswith("(") else choice
+    return st.text_input(label, value=current or "", key=key, placeholder="auto-detect") or None
+
+
+st.subheader("Model")
+kind = "demo" if setup.model == "demo" else ("folder" if setup.model.startswith(("/", ".", "~")) else "hub")
+model_kind = st.radio("Model source", list(MODEL_SOURCES), format_func=MODEL_SOURCES.get, horizontal=True,
+                      index=list(MODEL_SOURCES).index(kind), key="md-model-kind")
+model_spec = "demo"
+if model_kind == "folder":
+    model_spec = st.text_input("Folder with config.json and model.safetensors (e.g. one written by Export)",
+                               value=setup.model if kind == "folder" else "", key="md-model-folder").strip()
+elif model_kind == "hub":
+    model_spec = st.text_input("Model id (e.g. textattack/bert-base-uncased-SST-2)",
+                               value=setup.model if kind == "hub" else "", key="md-model-hub").strip()
+
+st.subheader("Data")
+dkind = "demo" if setup.data == "demo" else ("hub" if setup.data.startswith("hf:") else "upload")
+data_kind = st.radio("Data source", list(DATA_SOURCES), format_func=DATA_SOURCES.get, horizontal=True,
+                     index=list(DATA_SOURCES).index(dkind), key="md-data-kind")
+data_spec, data_label, columns = "demo", "demo", []
+if data_kind == "upload":
+    upload = st.file_uploader("A UTF-8 file with a text column (and optionally a second text column for pairs) "
+                              "and a label column", type=["csv", "tsv", "jsonl"], key="md-upload")
+    if upload is not None:
+        data_spec, data_label = save_upload(upload.name, upload.getvalue()), upload.name
+        columns = header_of(data_spec)
+    elif dkind == "upload":
+        data_spec, data_label = setup.data, setup.data_label
+        columns = header_of(data_spec)
+    else:
+        data_spec = ""
+elif data_kind == "hub":
+    name = st.text_input("Dataset: NAME[:CONFIG[:SPLIT]] (e.g. glue:sst2:validation) or a save_to_disk folder",
+                         value=setup.data.removeprefix("hf:") if dkind == "hub" else "", key="md-data-hub").strip()
+    data_spec = "hf:" + name.removeprefix("hf:") if name else ""
+    data_label = data_spec
+if data_kind != "demo":
+    c1, c2, c3 = st.columns(3)
+    with c1:
+        text_col = column_picker("Text column", columns, setup.text_col, "md-text-col", optional=False)
+    with c2:
+        pair_col = column_picker("Second text column (pairs)", columns, setup.pair_col, "md-pair-col", optional=True)
+    with c3:
+        label_col = column_picker("Label column", columns, setup.label_col, "md-label-col", optional=False)
+else:
+    text_col = pair_col = label_col = None
+
+st.subheader("Sizes and device")
+c1, c2, c3, c4, c5 = st.columns(5)
+calib_size = c1.number_input("Calibration examples", min_value=0, value=setup.calib_size, step=16, key="md-calib",
+                             help="Texts the criteria score heads on.")
+eval_size = c2.number_input("Evaluation examples", min_value=1, value=setup.eval_size, step=50, key="md-eval",
+                            help="Texts accuracy is measured on (disjoint from calibration).")
+max_length = c3.number_input("Max length (tokens)", min_value=8, max_value=512, value=setup.max_length, step=16,
+                             key="md-maxlen")
+seed = c4.number_input("Seed", value=setup.seed, step=1, key="md-seed",
+                       help="Seed of the calibration/evaluation split.")
+device = c5.radio("Device", list(DEVICES), format_func=DEVICES.get, index=list(DEVICES).index(setup.device),
+                  key="md-device")
+
+wanted = replace(setup, model=model_spec or "", data=data_spec, data_label=data_label, text_col=text_col,
+                 pair_col=pair_col, label_col=label_col, calib_size=int(calib_size), eval_size=int(eval_size),
+                 max_length=int(max_length), seed=int(seed), device=device)
+if st.button("Load", type="primary", disabled=wanted == setup, key="md-load"):
+    if not wanted.model:
+        st.error("Give a model folder or a Hugging Face model id (or choose the demo).", icon="⚠️")
+    elif not wanted.data:
+        st.error("Upload a data file or name a dataset (or choose the demo data).", icon="⚠️")
+    else:
+        with guard("Could not load that model and data — the previous ones stay loaded"):
+            bar = progress_bar("loading")
+            build_workspace(wanted, bar)
+            bar.done()
+            use_setup(wanted)
+            st.rerun()
+
+st.divider()
+st.subheader("Loaded data")
+setup_now: Setup = ws.setup
+cols = ws.dataset.columns or {}
+st.caption(f"{ws.setup.data_label}: {len(ws.dataset)} rows, task **{ws.dataset.task}**, columns "
+           + ", ".join(f"{role} = `{name}`" for role, name in cols.items() if name) + ". "
+           f"Split with seed {setup_now.seed}: {len(ws.calib)} calibration, {len(ws.eval)} evaluation examples.")
+names = ws.dataset.label_names or []
+preview = pd.DataFrame({"text": ws.eval.texts[:20]})
+if ws.eval.pairs is not None:
+    preview["pair"] = ws.eval.pairs[:20]
+preview["label"] = [names[y] if ws.dataset.task == "classification" and y < len(names) else y
+                    for y in ws.eval.labels[:20]]
+left, right = st.columns([3, 1])
+with left:
+    st.dataframe(preview, width="stretch", hide_index=True, height=300)
+with right:
+    st.markdown("**Dense model on the evaluation split**")
+    st.dataframe(pd.DataFrame({"metric": list(ws.dense.to_dict()), "value": list(ws.dense.to_dict().values())}),
+                 hide_index=True, width="stretch")
+    if ws.dataset.task == "classification":
+        counts = pd.Series([names[y] for y in ws.eval.labels]).value_counts()
+        st.markdown("**Labels (evaluation)**")
+        st.dataframe(counts.rename("examples"), width="stretch")

@@ -1,0 +1,126 @@
+"""Attention: what one head looks at in one sentence, drawn over the sentence's dependency arcs."""
+
+import numpy as np
+import streamlit as st
+
+from dashboard.state import mask_key, model_lock, store
+from dashboard.ui import clickable_grid, guard, page, progress_bar
+from headprune import viz
+
+ws, sd = page("Attention", "Pick a sentence and a head. Arcs go from a word to its grammatical head; "
+                           "the thicker and redder an arc, the more this head attends along it.")
+n_layers, n_heads = ws.adapter.n_layers, ws.shape[1]
+
+
+def sentence_options() -> list:
+    texts = ws.eval.texts[:200]
+    return list(zip(texts, ws.eval.pairs[:200])) if ws.eval.pairs is not None else texts
+
+
+source = st.radio("Sentence", ["from the evaluation set", "type one"], horizontal=True, key="att-source")
+if source == "type one":
+    typed = st.text_input("Your sentence", value="The film is slow, but the acting is wonderful.", key="att-typed")
+    text = typed.strip()
+    if ws.eval.pairs is not None and text:
+        pair = st.text_input("Second text (this model reads pairs)", key="att-typed-pair").strip()
+        text = (text, pair or text)
+else:
+    options = sentence_options()
+    text = st.selectbox("Evaluation text", options, key="att-pick",
+                        format_func=lambda t: (" ⟂ ".join(t) if isinstance(t, tuple) else t)[:160])
+if not text:
+    st.info("Type a sentence to see its attention.")
+    st.stop()
+
+
+def arcs_for(text, mask):
+    from headprune.syntax import build_arcs
+
+    def compute():
+        with model_lock(ws.setup):
+            return build_arcs(ws.loaded.model, ws.loaded.tokenizer, text, mask=mask, max_length=ws.setup.max_length)
+
+    return store().memo(f"arcs|{ws.key}|{text}|{mask_key(mask)}", compute)
+
+
+arcs = None
+with guard("Could not parse this sentence or capture its attention"), st.spinner("Parsing and running the model …"):
+    arcs = arcs_for(text, sd.mask)
+if arcs is None:
+    st.stop()
+
+# -- which head -----------------------------------------------------------------------------------------------------
+if "att-layer" not in st.session_state:  # entering the page: the head selected elsewhere, else the most syntactic
+    if sd.head is not None:
+        layer0 = sd.head[0] if not ws.tied else st.session_state.get("att-layer-value", 0)
+        head0 = sd.head[1]
+    elif arcs.arcs:
+        layer0, head0 = np.unravel_index(int(np.argmax(np.where(arcs.live, arcs.arc_values().mean(-1), -1))),
+                                         (n_layers, n_heads))
+    else:
+        layer0, head0 = 0, 0
+    st.session_state["att-layer"], st.session_state["att-head"] = int(min(layer0, n_layers - 1)), int(head0)
+c1, c2 = st.columns(2)
+layer = c1.selectbox("Layer", list(range(n_layers)), key="att-layer")
+head = c2.selectbox("Head", list(range(n_heads)), key="att-head")
+st.session_state["att-layer-value"] = layer
+sd.head = (ws.adapter.layer_to_block[layer], head)
+
+
+def pick(cell: tuple[int, int]) -> None:
+    st.session_state["att-layer"], st.session_state["att-head"] = cell
+    st.session_state["att-layer-value"] = cell[0]
+    sd.head = (ws.adapter.layer_to_block[cell[0]], cell[1])
+
+
+title = f"layer {layer}, head {head}"
+if not arcs.live[layer, head]:
+    st.warning(f"Head {head} of layer {layer} is pruned: it attends to nothing. Restore it on the Prune page.")
+if arcs.arcs:
+    st.plotly_chart(viz.arc_figure(arcs.words, arcs.arcs, arcs.arc_weights(layer, head), title=title,
+                                   seen=arcs.seen), width="stretch", key="att-arcs")
+else:
+    st.info("The parser found no dependency arcs in this text.")
+dropped = sum(arcs.dropped.values())
+if dropped:
+    st.caption(f"{dropped} arcs not drawn (words cut by the max length, or not aligned to tokens).")
+
+grid_col, map_col = st.columns([2, 3], gap="large")
+with grid_col:
+    st.markdown("**Attention along the arcs, per head** (mean over this sentence's arcs) — click a head")
+    values = arcs.arc_values().mean(axis=-1) if arcs.arcs else np.zeros((n_layers, n_heads))
+    pruned = ~arcs.live
+    hover = np.array([[f"layer {l_}, head {h}<br>" + ("pruned" if pruned[l_, h] else
+                                                      f"mean arc attention {values[l_, h]:.3f}")
+                       for h in range(n_heads)] for l_ in range(n_layers)], dtype=object)
+    fig = viz.head_grid(values, hover, viz.ARC_SCALE, zmin=0, zmax=max(float(values.max()), 1e-6), pruned=pruned,
+                        selected=(layer, head), colorbar=dict(title="attention", thickness=12))
+    clickable_grid(fig, "att-grid", sd, pick)
+    if ws.tied:
+        st.caption("ALBERT: the same block runs in every layer, so a pruned head is gone from all rows.")
+with map_col:
+    st.plotly_chart(viz.attention_figure(arcs.words, arcs.word_attention(layer, head),
+                                         title=f"word attention, {title}"), width="stretch", key="att-map")
+
+# -- syntactic profile ----------------------------------------------------------------------------------------------
+st.subheader("Syntactic profile of this head")
+st.caption("Over the calibration texts: for each relation, how often a word's strongest attention in this head "
+           "goes to its grammatical head (Clark et al. 2019), beside the best head for that relation.")
+profile_key = f"profile|{ws.key}|{mask_key(sd.mask)}"
+profile = store().get(profile_key)
+if profile is None and st.button("Compute the profile", key="att-profile"):
+    from headprune.syntax import syntactic_profile
+
+    with guard("Could not build the syntactic profile"):
+        bar = progress_bar(f"parsing {len(ws.calib)} calibration texts and reading their attention")
+        texts = list(zip(ws.calib.texts, ws.calib.pairs)) if ws.calib.pairs is not None else ws.calib.texts
+        with model_lock(ws.setup):
+            profile = syntactic_profile(ws.loaded.model, ws.loaded.tokenizer, texts, mask=sd.mask,
+                                        max_length=ws.setup.max_length, progress=bar)
+        store().put(profile_key, profile)
+        bar.done()
+if profile is not None:
+    if profile.relations:
+        st.plotly_chart(viz.profile_figure(profile, layer, head), width="stretch", key="att-profile-fig")
+    else:
+        st.info("No dependency arcs in the calibration texts.")

@@ -1,0 +1,149 @@
+"""Prune: click heads to prune or restore them and watch the evaluation metric move live."""
+
+import json
+
+import numpy as np
+import streamlit as st
+
+from dashboard.state import SessionData, Workspace, compute_scores
+from dashboard.ui import clickable_grid, criterion_picker, guard, head_name, head_options, page, progress_bar
+from headprune import viz
+from headprune.errors import MaskError
+from headprune.live import LiveEvaluator, parameters_left
+from headprune.mask import HeadMask
+
+ws, sd = page("Prune", "Click a head to prune it (click again to restore). Only the layers from the changed "
+                       "one upwards are re-run, so the numbers follow your clicks.")
+
+
+def toggle(head: tuple[int, int]) -> None:
+    pruned = sd.mask.prune(*head)
+    sd.set_mask(pruned if pruned != sd.mask else sd.mask.restore(*head), f"toggled {head_name(ws, head)}")
+    sd.head = head
+
+
+def mask_from_json_bytes(raw: bytes, name: str, shape) -> HeadMask:
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise MaskError(f'{name} is not UTF-8 JSON ({exc}). A mask is {{"pruned": {{"<layer>": [heads]}}}}.') from None
+    return HeadMask.from_json(obj, shape)
+
+
+def live_metrics(ws: Workspace, sd: SessionData):
+    """Metrics (and stability) under the session's mask, through the session's LiveEvaluator."""
+    if sd.live is None:
+        with st.status("Preparing live evaluation: one pass over the evaluation set …", expanded=True) as status:
+            bar = progress_bar("caching layer inputs")
+            sd.live = LiveEvaluator(ws.loaded.model, ws.eval_batches, mask=sd.mask, progress=bar)
+            bar.done()
+            status.update(label="Live evaluation ready", state="complete", expanded=False)
+    bar = progress_bar("re-evaluating") if sd.live.mask != sd.mask else None
+    metrics = sd.live.set_mask(sd.mask, bar)
+    stability = None
+    if sd.live_stable is not None:
+        from headprune.stability import agreement
+
+        sd.live_stable.set_mask(sd.mask, bar)
+        stability = agreement(sd.live.logits, sd.live_stable.logits)
+    if bar is not None:
+        bar.done()
+    return metrics, stability
+
+
+def enable_stability(ws: Workspace, sd: SessionData) -> None:
+    from headprune.stability import perturb_batches
+
+    with st.status("Preparing stability: the evaluation texts with 10% of their words dropped …") as status:
+        perturbed = perturb_batches(ws.eval_batches, ws.loaded.tokenizer, seed=ws.setup.seed)
+        bar = progress_bar("caching layer inputs (perturbed texts)")
+        sd.live_stable = LiveEvaluator(ws.loaded.model, perturbed, mask=sd.mask, progress=bar)
+        bar.done()
+        status.update(label="Stability ready", state="complete", expanded=False)
+
+
+# -- numbers ---------------------------------------------------------------------------------------------
+n_units = ws.shape[0] * ws.shape[1]
+dense_value = ws.metric_of(ws.dense)
+with guard("Could not evaluate this mask"):
+    metrics, stability = live_metrics(ws, sd)
+    value = ws.metric_of(metrics)
+    params = parameters_left(ws.loaded.model, sd.mask)
+    total = ws.counts["total"]["params"]
+    c1, c2, c3, c4 = st.columns(4)
+    c1.metric(ws.metric, f"{value:.4f}", f"{value - dense_value:+.4f} vs dense", help=f"dense: {dense_value:.4f}")
+    c2.metric("heads left", f"{n_units - sd.mask.n_pruned} / {n_units}",
+              f"-{sd.mask.n_pruned}" if sd.mask.n_pruned else None, delta_color="off")
+    c3.metric("parameters left", f"{params / 1e6:.2f} M", f"{100 * (params - total) / total:+.1f}%", delta_color="off")
+    if stability is not None:
+        c4.metric("stability", f"{stability:.1f}%", help="Predictions unchanged when 10% of the words are dropped.")
+    else:
+        c4.metric(f"dense {ws.metric}", f"{dense_value:.4f}")
+    if sd.last_change:
+        st.caption(f"Last change: {sd.last_change}. Loss {metrics.loss:.4f}.")
+
+grid_col, side = st.columns([3, 2], gap="large")
+
+# -- controls --------------------------------------------------------------------------------------------
+with side:
+    st.markdown("**Prune or restore one head**")
+    options = head_options(ws)
+    default = options.index(sd.head) if sd.head in options else 0
+    head = st.selectbox("Head", options, index=default, format_func=lambda h: head_name(ws, h)
+                        + (" — pruned" if sd.mask.values[h] == 0 else ""), key="prune-head")
+    b1, b2, b3 = st.columns([2, 1, 1])
+    b1.button("Prune / restore", on_click=toggle, args=(head,), type="primary", key="prune-toggle", width="stretch")
+    b2.button("Undo", on_click=sd.undo, disabled=not sd.history, key="prune-undo", width="stretch")
+    b3.button("Reset", on_click=sd.reset, disabled=sd.mask.n_pruned == 0, key="prune-reset", width="stretch")
+
+    st.markdown("**Prune the lowest x% by a criterion**")
+    crit = criterion_picker("Criterion", "prune-crit", ["ae"], multi=False)[0]
+    ratio = st.slider("Heads pruned in total (%)", 0, 100, 25, step=5, key="prune-ratio") / 100
+    if st.button("Apply", key="prune-apply"):
+        with guard(f"Could not prune by {crit}"):
+            bar = progress_bar(f"scoring heads by {crit}")
+            score = compute_scores(ws, [crit], sd.params, sd.mask, bar)[crit]
+            bar.done()
+            keep = viz.kept_at_ratio(score, ratio)
+            sd.set_mask(HeadMask(np.where(keep, sd.mask.values.numpy(), 0.0)),
+                        f"pruned the lowest {ratio:.0%} by {crit}")
+            st.rerun()
+
+    st.markdown("**Options**")
+    if ws.dataset.task == "classification":
+        want = st.toggle("Track stability", value=sd.live_stable is not None, key="prune-stability",
+                         help="Share of evaluation texts whose prediction survives dropping 10% of their words "
+                              "(costs a second live evaluation).")
+        if want and sd.live_stable is None:
+            with guard("Could not prepare stability"):
+                enable_stability(ws, sd)
+                st.rerun()
+        elif not want and sd.live_stable is not None:
+            sd.live_stable = None
+            st.rerun()
+    upload = st.file_uploader("Load a mask (JSON file)", type=["json"], key=f"prune-mask-upload-{sd.grid_version}",
+                              help='{"pruned": {"<layer>": [head, ...]}}, 0-based, as Export writes it.')
+    pasted = st.text_area("… or paste a mask", key=f"prune-mask-text-{sd.grid_version}", height=80,
+                          placeholder='{"pruned": {"0": [3, 7], "5": [1]}}')
+    if upload is not None or (pasted.strip() and st.button("Apply this mask", key="prune-mask-apply")):
+        with guard("That mask does not fit"):
+            raw, name = (upload.getvalue(), upload.name) if upload is not None else (pasted.encode(), "the mask")
+            sd.set_mask(mask_from_json_bytes(raw, name, ws.shape), f"loaded {name}")
+            st.rerun()
+
+# -- grid ------------------------------------------------------------------------------------------------
+with grid_col:
+    colour_by = st.selectbox("Colour kept heads by", ["(none)"] + list(sd.scores), index=1 if sd.scores else 0,
+                             key="prune-colour",
+                             help="Scores computed on the Head scores page: darker = kept longer by that criterion.")
+    score = sd.scores.get(colour_by)
+    if score is not None and score.shape != ws.shape:
+        score = None
+    fig = viz.mask_figure(sd.mask, tied=ws.tied, selected=sd.head, score=score)
+    clickable_grid(fig, "prune-grid", sd, toggle)
+    if ws.tied:
+        st.caption("ALBERT shares one attention block across all layers: each column is one head in every layer.")
+    if sd.live is not None:
+        note = sd.live.fallback_reason or (f"Live cache {sd.live.cache_megabytes():.0f} MB; a change in layer l "
+                                           "re-runs layers l and up.")
+        st.caption(note)

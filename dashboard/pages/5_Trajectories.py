@@ -1,0 +1,67 @@
+"""Trajectories: prune step by step in each criterion's order and plot the metric against the heads removed."""
+
+import json
+
+import streamlit as st
+
+from dashboard.state import parse_run_file, run_trajectories
+from dashboard.ui import criterion_picker, criterion_settings, guard, page, progress_bar
+from headprune import viz
+
+ws, sd = page("Trajectories", "Each curve prunes heads in one criterion's order (least important first) "
+                              "and measures the model after every step. Higher and flatter is better.")
+n_units = ws.shape[0] * ws.shape[1]
+
+with st.expander("Run trajectories", expanded=not sd.trajectories):
+    chosen = criterion_picker("Criteria", "traj-criteria", ["ae", "his"], exclude=("random",))
+    params = {name: criterion_settings(name, sd, "traj") for name in chosen}
+    c1, c2, c3, c4 = st.columns(4)
+    inverse = c1.checkbox("Also inverse orders", value=False, key="traj-inverse",
+                          help="Most important first: a good criterion's inverse collapses fast.")
+    seeds = int(c2.number_input("Random orders (seeds)", min_value=0, max_value=20, value=3, key="traj-seeds",
+                                help="Baseline: random pruning orders, drawn as a box per ratio."))
+    step = int(c3.number_input("Heads per step", min_value=1, max_value=n_units, value=max(1, n_units // 24),
+                               key="traj-step"))
+    budget = c4.slider("Prune up to (%)", 5, 100, 100, step=5, key="traj-budget") / 100
+    c5, c6 = st.columns(2)
+    tolerance = c5.slider("Tolerance τ (stop point: first metric below τ × dense)", 0.5, 1.0, 0.9, step=0.01,
+                          key="traj-tolerance")
+    stability = c6.checkbox("Record stability", value=False, key="traj-stability",
+                            disabled=ws.dataset.task != "classification")
+    n_runs = len(chosen) * (2 if inverse else 1) + seeds
+    if st.button(f"Run {n_runs} trajectories", type="primary", disabled=n_runs == 0, key="traj-run"):
+        with guard("Could not run the trajectories"):
+            bar = progress_bar("pruning step by step")
+            trajs, spreads = run_trajectories(ws, chosen, params, inverse, seeds, step, budget, tolerance,
+                                              stability, bar)
+            bar.done()
+            sd.trajectories, sd.spreads, sd.tolerance = trajs, spreads, tolerance
+
+with st.expander("Open run files (written by `python -m headprune trajectory --out …` or by Export)"):
+    files = st.file_uploader("Run files (JSON)", type=["json"], accept_multiple_files=True, key="traj-files")
+    if files and st.button("Add to the chart", key="traj-add"):
+        for f in files:
+            with guard(f"Could not read {f.name}"):
+                trajs, spreads = parse_run_file(f.getvalue(), f.name)
+                sd.trajectories = sd.trajectories + trajs
+                sd.spreads = sd.spreads + spreads
+
+if not sd.trajectories and not sd.spreads:
+    st.info("Run trajectories above, or open run files.")
+    st.stop()
+
+shown = [t for t in sd.trajectories if t.criterion != "random" or not sd.spreads]
+tau = st.slider("Tolerance line τ", 0.5, 1.0, sd.tolerance or 0.9, step=0.01, key="traj-tau")
+fig = viz.trajectory_figure(shown, sd.spreads, tolerance=tau)
+st.plotly_chart(fig, width="stretch", key="traj-fig")
+st.markdown("**Area under the curve and stop points** (AUC = mean metric over the pruned range; stop point = last "
+            f"ratio before the metric falls below {tau:g} × dense)")
+st.dataframe(viz.trajectory_table(sd.trajectories, tolerance=tau).style.format(precision=4), hide_index=True,
+             width="stretch")
+st.download_button("Download these runs (JSON)", key="traj-download", mime="application/json",
+                   file_name="headprune-trajectories.json",
+                   data=json.dumps({"trajectories": [t.to_json() for t in sd.trajectories], "spreads": sd.spreads},
+                                   indent=1))
+if st.button("Clear", key="traj-clear"):
+    sd.trajectories, sd.spreads = [], []
+    st.rerun()

@@ -1,0 +1,78 @@
+"""Export: the mask, the scores, figures, a run file and the surgically pruned model."""
+
+import json
+
+import streamlit as st
+
+from dashboard.state import build_pruned_model, mask_key, run_file
+from dashboard.ui import guard, page, progress_bar
+from headprune import viz
+
+ws, sd = page("Export")
+st.caption(f"The current mask prunes {sd.mask.n_pruned} heads (change it on the Prune page).")
+
+st.subheader("Mask, scores and run file")
+c1, c2, c3 = st.columns(3)
+c1.download_button("Mask (JSON)", json.dumps(sd.mask.to_json(), indent=1), file_name="headprune-mask.json",
+                   mime="application/json", key="export-mask", width="stretch")
+c1.caption('`{"pruned": {"<layer>": [heads]}}` — load it on the Prune page or with `--mask`.')
+scores_csv = viz.scores_frame(sd.scores).to_csv(index=False) if sd.scores else ""
+c2.download_button("Scores (CSV)", scores_csv, file_name="headprune-scores.csv", mime="text/csv",
+                   disabled=not sd.scores, key="export-scores", width="stretch")
+c2.caption(f"{len(sd.scores)} criteria: criterion, layer, head, score, rank." if sd.scores else
+           "Compute scores on the Head scores page first.")
+c3.download_button("Run file (JSON)", json.dumps(run_file(ws, sd), indent=1), file_name="headprune-run.json",
+                   mime="application/json", key="export-run", width="stretch")
+c3.caption("Model, data, mask, metrics, scores and trajectories; reopen it on the Trajectories page.")
+
+st.subheader("Figures")
+figures = {"Head mask": lambda: viz.mask_figure(sd.mask, tied=ws.tied)}
+for name, score in sd.scores.items():
+    figures[f"Scores: {name}"] = lambda score=score: viz.score_heatmap(score, tied=ws.tied, title=score.criterion)
+if len(sd.scores) >= 2:
+    figures["Rank correlation"] = lambda: viz.correlation_figure(viz.rank_correlation(sd.scores))
+if sd.trajectories or sd.spreads:
+    figures["Trajectories"] = lambda: viz.trajectory_figure(
+        [t for t in sd.trajectories if t.criterion != "random" or not sd.spreads], sd.spreads,
+        tolerance=sd.tolerance)
+which = st.selectbox("Figure", list(figures), key="export-figure")
+fig = figures[which]()
+slug = which.lower().replace(": ", "-").replace(" ", "-")
+c1, c2 = st.columns(2)
+c1.download_button("HTML (interactive, opens offline)", viz.figure_html(fig), file_name=f"headprune-{slug}.html",
+                   mime="text/html", key="export-html", width="stretch")
+png_key = f"png|{which}|{mask_key(sd.mask)}|{len(sd.scores)}|{len(sd.trajectories)}"
+png = sd.exports.get(png_key)
+if png is None:
+    if c2.button("Render PNG", key="export-render-png", width="stretch"):
+        try:
+            with st.spinner("Rendering with kaleido …"):
+                sd.exports[png_key] = png = viz.figure_png(fig)
+        except RuntimeError as exc:
+            st.warning(f"{exc} PNG needs kaleido and a local Chromium; the HTML export always works.")
+if png is not None:
+    c2.download_button("PNG", png, file_name=f"headprune-{slug}.png", mime="image/png", key="export-png",
+                       width="stretch")
+st.plotly_chart(fig, width="stretch", key="export-preview")
+
+st.subheader("Pruned model")
+st.caption("The pruned heads are cut out of the weights (a copy; the loaded model is untouched) and saved "
+           "Hugging Face-style: config.json (with the kept heads), model.safetensors and the tokenizer. "
+           "Load it back with `load_model(folder)` or on the Model & data page.")
+built = sd.exports.get(f"model|{mask_key(sd.mask)}")
+if built is None and st.button("Build the pruned model", type="primary", key="export-build"):
+    with guard("Could not build the pruned model"):
+        bar = progress_bar("cutting heads, saving, checking")
+        built = build_pruned_model(ws, sd.mask, bar)
+        sd.exports[f"model|{mask_key(sd.mask)}"] = built
+        bar.done()
+if built is not None:
+    c1, c2 = st.columns([1, 2])
+    c1.metric(f"{ws.metric} of the pruned model", f"{built['metric']:.4f}",
+              f"{built['metric'] - ws.metric_of(ws.dense):+.4f} vs dense")
+    c1.download_button("Pruned model (zip)", built["zip"], file_name="headprune-pruned-model.zip",
+                       mime="application/zip", key="export-model", type="primary", width="stretch")
+    c1.caption(f"{len(built['zip']) / 2**20:.1f} MB zipped.")
+    c2.dataframe(viz.size_table(built["size"]).style.format({"removed (%)": "{:.1f}", "MB before": "{:.2f}",
+                                                             "MB after": "{:.2f}"}),
+                 hide_index=True, width="stretch")
