@@ -1,19 +1,30 @@
-"""Running an encoder from layer l up: the one place that records layer inputs and swaps the layer list.
+"""Running a model from layer l up: the one place that records layer inputs and replays them.
 
 Removing or gating a head of layer l leaves layers 0..l-1 unchanged, so their output (layer l's input) can be
 cached once and the model re-run from l only. The model's own forward still does the rest (embeddings are
-recomputed and ignored, the classifier tail runs as usual): the encoder's ``ModuleList`` of layers is
-temporarily replaced by ``[Replay(cached input of l), layer l, ..., layer L-1]``. Used by KL ablation
-(criteria/kl.py) and live re-evaluation (live.py). ALBERT has no per-layer list (one tied block), so callers
-fall back to full passes there.
+recomputed and ignored, masks and rotary tables are built as usual, the head runs as usual): inside
+:func:`start_at_layer` the entries 0..l-1 of the layer list are :class:`headprune.modwrap.StandIn` modules --
+entry 0 returns layer l's cached input, entries 1..l-1 pass their input through -- and every layer keeps its
+list position. That matters: Qwen2, Qwen3, Gemma 3 and ModernBERT choose each layer's attention mask, sliding
+window and rotary table by position (``config.layer_types[i]``) or by the layer's own ``attention_type``
+attribute, which a stand-in reads through to the layer it replaces. Modules the adapter lists in
+``replay_bypass`` (DeBERTa-v2's convolution after layer 0) are skipped while replaying.
+
+Used by KL ablation (criteria/kl.py), SAP's whole-layer rule and live re-evaluation (live.py). ALBERT has no
+per-layer list (one tied block), so callers fall back to full passes there. Everything here changes the module
+tree for the length of a ``with`` block: call it on a private copy (``live.structural_copy``), never on a model
+other threads can see.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack, contextmanager
 
 import torch
 from torch import nn
+
+from .modwrap import StandIn, standing_in, wrapped_forward
 
 
 def owner_slot(model: nn.Module, target: nn.Module) -> tuple[nn.Module, str]:
@@ -25,45 +36,77 @@ def owner_slot(model: nn.Module, target: nn.Module) -> tuple[nn.Module, str]:
     raise RuntimeError("module has no owner inside the model")
 
 
-class Replay(nn.Module):
-    """Stands in for layers 0..l-1: returns layer l's cached input, whatever the encoder hands it."""
+def _needs_layers(adapter) -> nn.ModuleList:
+    if adapter.layer_modules is None:
+        from .errors import CriterionError
 
-    def __init__(self, hidden: torch.Tensor):
-        super().__init__()
-        self.hidden = hidden
+        raise CriterionError("Running from a layer up needs one module per layer; ALBERT shares one layer across "
+                             "its depth, so only whole-model passes are possible there.")
+    return adapter.layer_modules
 
-    def forward(self, *args, **kwargs):
-        return self.hidden
+
+def _input_of(args: tuple, kwargs: dict) -> torch.Tensor:
+    return args[0] if args else kwargs["hidden_states"]
+
+
+def replay(adapter, layer: int, hidden: torch.Tensor) -> StandIn:
+    """Stand-in for layer ``layer`` that ignores its input and returns ``hidden`` as that layer's output."""
+    return StandIn(adapter.layer_modules[layer], lambda *args, **kwargs: adapter.layer_output(hidden))
+
+
+def passthrough(adapter, layer: int) -> StandIn:
+    """Stand-in for layer ``layer`` that returns its input unchanged, in the layer's output format."""
+    return StandIn(adapter.layer_modules[layer],
+                   lambda *args, **kwargs: adapter.layer_output(_input_of(args, kwargs)))
 
 
 @contextmanager
-def layer_stack(model: nn.Module, layer_modules: nn.ModuleList, modules: list[nn.Module]):
-    """Within the block, the encoder runs ``modules`` instead of ``layer_modules``; restored on exit."""
-    owner, name = owner_slot(model, layer_modules)
-    setattr(owner, name, nn.ModuleList(modules))
-    try:
+def layer_stand_ins(adapter, stand_ins: dict[int, nn.Module], bypass: bool = False) -> Iterator[None]:
+    """Within the block entry i of the layer list is ``stand_ins[i]``; ``bypass`` also skips ``replay_bypass``."""
+    layers = _needs_layers(adapter)
+    with ExitStack() as stack:
+        if bypass and adapter.replay_bypass:
+            stack.enter_context(wrapped_forward(dict(adapter.replay_bypass)))
+        stack.enter_context(standing_in(layers, stand_ins))
         yield
-    finally:
-        setattr(owner, name, layer_modules)
+
+
+def replay_stand_ins(adapter, layer: int, hidden: torch.Tensor) -> dict[int, nn.Module]:
+    """Stand-ins for entries 0..layer-1 so that a forward starts at ``layer`` with input ``hidden``."""
+    if layer == 0:
+        return {}
+    return {0: replay(adapter, layer, hidden), **{i: passthrough(adapter, i) for i in range(1, layer)}}
 
 
 @contextmanager
-def start_at_layer(model: nn.Module, layer_modules: nn.ModuleList, layer: int, hidden: torch.Tensor):
-    """Within the block, a forward of ``model`` runs encoder layers ``layer``.. on ``hidden`` (their input)."""
+def start_at_layer(adapter, layer: int, hidden: torch.Tensor) -> Iterator[None]:
+    """Within the block, a forward of the adapter's model runs layers ``layer``.. on ``hidden`` (their input)."""
     if layer == 0:
         yield
         return
-    with layer_stack(model, layer_modules, [Replay(hidden), *list(layer_modules)[layer:]]):
+    with layer_stand_ins(adapter, replay_stand_ins(adapter, layer, hidden), bypass=True):
+        yield
+
+
+@contextmanager
+def skip_layers(adapter, layers: Iterable[int]) -> Iterator[None]:
+    """Within the block the given layers are skipped: each returns its input hidden states unchanged."""
+    layers = sorted(set(layers))
+    if not layers:
+        yield
+        return
+    _needs_layers(adapter)
+    with layer_stand_ins(adapter, {i: passthrough(adapter, i) for i in layers}):
         yield
 
 
 @contextmanager
 def record_layer_inputs(layer_modules: nn.ModuleList):
-    """Yield a list that fills with the hidden states entering each encoder layer, in forward order."""
+    """Yield a list that fills with the hidden states entering each layer, in forward order."""
     inputs: list[torch.Tensor] = []
 
     def hook(module, args, kwargs):
-        inputs.append(args[0] if args else kwargs["hidden_states"])
+        inputs.append(_input_of(args, kwargs))
 
     handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in layer_modules]
     try:

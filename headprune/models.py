@@ -57,33 +57,58 @@ def _load_state_dict(folder: Path) -> dict:
     raise ModelLoadError(f"No weights in {folder}: expected model.safetensors (or pytorch_model.bin).")
 
 
-def _load_pruned_folder(folder: Path, config) -> nn.Module:
-    from transformers import AutoModelForSequenceClassification
+def auto_class(config):
+    """The transformers Auto class for ``config``'s head: causal LM or sequence classifier."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    from .mask import HeadMask
-    from .surgery import prune_model, restore_empty_cores
+    names = " ".join(getattr(config, "architectures", None) or [])
+    return AutoModelForCausalLM if ("ForCausalLM" in names or "LMHeadModel" in names) \
+        else AutoModelForSequenceClassification
+
+
+def _load_pruned_folder(folder: Path, config, attn_implementation: str) -> nn.Module:
+    """Rebuild a model saved by ``save_pruned``: parameters on the meta device (no full-size copy is ever
+    allocated), cut to the recorded layout, then the saved tensors assigned in place."""
+    from accelerate import init_empty_weights
+
+    from .surgery import apply_layout, record_kept_heads
 
     kept = config.headprune_kept_heads
-    config.headprune_kept_heads = None  # build at full size first
-    model = AutoModelForSequenceClassification.from_config(config, trust_remote_code=False)
+    sources = getattr(config, "headprune_kv_sources", None) or {}
+    config.headprune_kept_heads, config.headprune_kv_sources = None, None  # build at full size first
+    with init_empty_weights(include_buffers=False):  # buffers (rotary tables) are computed, not saved
+        model = auto_class(config).from_config(config, trust_remote_code=False,
+                                               attn_implementation=attn_implementation)
     adapter = adapt(model)
-    values = torch.zeros(adapter.grid_shape)
-    for layer, heads in kept.items():
-        values[int(layer), heads] = 1.0
-    model = prune_model(model, HeadMask(values), inplace=True)
+    for block in adapter.blocks:
+        keep = [int(h) for h in kept.get(str(block.index), block.kept)]
+        src = sources.get(str(block.index))
+        if src is None:
+            from .surgery import plan_block
+
+            keep, src = plan_block(block, keep)
+        if (keep, [int(g) for g in src]) != (block.kept, block.kv_sources):
+            apply_layout(block, keep, [int(g) for g in src])
+    record_kept_heads(adapter)
     state = _load_state_dict(folder)
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     missing = [k for k in missing if "position_ids" not in k]
+    tied = getattr(model, "_tied_weights_keys", None) or {}
+    missing = [k for k in missing if k not in tied]
     if missing or unexpected:
         raise ModelLoadError(f"Weights in {folder} do not match its recorded heads: missing {missing[:5]}, "
                              f"unexpected {unexpected[:5]}.")
-    restore_empty_cores(model)
+    if getattr(model.config, "tie_word_embeddings", False) and hasattr(model, "tie_weights"):
+        model.tie_weights()
+    still_meta = [n for n, p in model.named_parameters() if p.device.type == "meta"]
+    if still_meta:
+        raise ModelLoadError(f"Weights in {folder} lack {still_meta[:5]}.")
     return model
 
 
 def load_model(spec: str, device: str | torch.device = "auto", attn_implementation: str = "sdpa") -> LoadedModel:
     """Load ``spec``: "demo", a local folder, or a hub id (needs the network). Errors name what is accepted."""
-    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     dev = resolve_device(device)
     if spec == "demo":
@@ -115,11 +140,11 @@ def load_model(spec: str, device: str | torch.device = "auto", attn_implementati
         raise ModelLoadError(f"{spec}: {exc}") from exc
     try:
         if getattr(config, "headprune_kept_heads", None):
-            model = _load_pruned_folder(path, config)
+            model = _load_pruned_folder(path, config, attn_implementation)
         else:
             if path is not None:
                 _load_state_dict_exists(path)
-            model = AutoModelForSequenceClassification.from_pretrained(
+            model = auto_class(config).from_pretrained(
                 source, trust_remote_code=False, use_safetensors=None, attn_implementation=attn_implementation)
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
     except ModelLoadError:

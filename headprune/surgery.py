@@ -1,123 +1,176 @@
 """Head surgery: the one place where heads are physically cut out of the weights.
 
-For a block with head size d_h, keeping heads K (original ids) slices
-    W_Q, W_K, W_V  rows     [h*d_h : (h+1)*d_h] for h in K   (and their biases)
-    W_O            columns  [h*d_h : (h+1)*d_h] for h in K   (its bias is untouched)
-which is exactly what a 0 gate on the removed heads computes (see gating.py). A block with no heads left
-contributes only O's bias (plus whatever the architecture adds around it); its attention core is replaced
-by ``_empty_core_forward``. The kept heads are recorded in ``config.headprune_kept_heads`` so that a saved
-model loads back through ``headprune.models.load_model``.
+For a block with head size d_h, keeping query heads K (original ids) keeps
+    W_Q  rows     [p*d_h : (p+1)*d_h] for the physical position p of every h in K   (and its bias)
+    W_O  columns  the same positions                                                (its bias is untouched)
+    W_K, W_V rows of the key/value heads the kept query heads read (see "Grouped-query attention" below)
+which is exactly what a 0 gate on the removed heads computes (see gating.py). Fused Q|K|V modules (GPT-2
+``c_attn``, Phi-3 ``qkv_proj``, ModernBERT ``Wqkv``) are sliced part by part; Conv1D weights (in x out) along
+their output axis. Parameters are replaced in place on the copy, so module identity (and any accelerate hook on
+it) is kept. A block with no heads left contributes only what O adds for an empty context (its bias); its core's
+forward is replaced by the adapter's ``empty_forward`` (``headprune.modwrap``).
 
+Grouped-query attention (stock transformers pairs physical query position p with key/value head
+p // num_key_value_groups, one count per layer). Let c_g be the number of kept query heads of original group g:
+* whole groups cut, or the same number of heads cut from every kept group (all c_g equal to c): each kept group
+  keeps its key/value rows once and ``num_key_value_groups`` = c;
+* any other mask: with k = gcd(c_g), group g's key/value rows are held c_g / k times and
+  ``num_key_value_groups`` = k. This is exact (every kept query head reads its own group's keys and values, as
+  gated) and needs no gating at run time, so the model saves and reloads; its price is the repeated key/value
+  rows, which ``parameter_counts`` counts as held (``layout_report`` says how many copies each layer holds).
+  Multi-head attention is the case where every head is its own group (all c_g = 1).
+Kept query heads are stored grouped by key/value group, in original order within a group.
+
+The kept query heads and the group each key/value head holds are recorded in ``config.headprune_kept_heads``
+and ``config.headprune_kv_sources`` so that a saved model loads back through ``headprune.models.load_model``.
 Surgery works on a deep copy unless ``inplace=True``: a cached original model is never mutated.
 """
 
 from __future__ import annotations
 
 import copy
-import types
-import warnings
+import math
+from collections import Counter
 
 import torch
 from torch import nn
 
-from .arch import AttentionBlock, ModelAdapter, adapt
-from .layers import owner_slot
+from .arch import AttentionBlock, ModelAdapter, adapt, out_axis
+from .errors import MaskError
 from .mask import HeadMask
+from .modwrap import wrap_forward
+
+GQA_STRATEGY = "kv-gcd-replicate"
 
 
-def _slice_linear(linear: nn.Linear, index: torch.Tensor, dim: int) -> nn.Linear:
-    """A new Linear keeping ``index`` along weight dim 0 (output rows) or 1 (input columns)."""
-    weight = linear.weight.detach().index_select(dim, index.to(linear.weight.device)).clone()
-    bias = None
-    if linear.bias is not None:
-        bias = linear.bias.detach()
-        bias = bias.index_select(0, index.to(bias.device)).clone() if dim == 0 else bias.clone()
-    out_f, in_f = weight.shape
-    with warnings.catch_warnings():  # zero-width layers (all heads cut) warn that init is a no-op
-        warnings.simplefilter("ignore", UserWarning)
-        new = nn.Linear(in_f, out_f, bias=bias is not None, device="meta")
-    new.weight = nn.Parameter(weight, requires_grad=linear.weight.requires_grad)
-    if bias is not None:
-        new.bias = nn.Parameter(bias, requires_grad=linear.bias.requires_grad)
-    return new
+def _rows(positions: list[int], d: int, offset: int = 0) -> list[int]:
+    return [offset + p * d + i for p in positions for i in range(d)]
 
 
-def _empty_core_forward(self, hidden_states, attention_mask=None, **kwargs):
-    """Forward of an attention core with zero heads: the context is empty, so O yields only its bias."""
-    context = hidden_states.new_zeros(*hidden_states.shape[:-1], 0)
-    if hasattr(self, "out_lin"):  # DistilBERT: the core applies O itself
-        return self.out_lin(context), None
-    if hasattr(self, "LayerNorm") and hasattr(self, "dense"):  # ALBERT: O, dropout, residual, LayerNorm
-        return self.LayerNorm(hidden_states + self.output_dropout(self.dense(context))), None
-    return context, None  # BERT family: O lives in the sibling SelfOutput module
+def _keep_features(module: nn.Module, index: list[int], output_side: bool) -> None:
+    """Keep ``index`` of the module's output features (``output_side``) or input features, in place."""
+    axis = out_axis(module) if output_side else 1 - out_axis(module)
+    weight = module.weight
+    idx = torch.tensor(index, dtype=torch.long, device=weight.device)
+    module.weight = nn.Parameter(weight.detach().index_select(axis, idx).clone(),
+                                 requires_grad=weight.requires_grad)
+    if output_side and getattr(module, "bias", None) is not None:
+        bias = module.bias
+        module.bias = nn.Parameter(bias.detach().index_select(0, idx.to(bias.device)).clone(),
+                                   requires_grad=bias.requires_grad)
+    n = len(index)
+    if isinstance(module, nn.Linear):
+        if output_side:
+            module.out_features = n
+        else:
+            module.in_features = n
+    elif output_side and hasattr(module, "nf"):  # transformers' Conv1D
+        module.nf = n
 
 
-def _cut_block(model: nn.Module, block: AttentionBlock, keep: list[int]) -> None:
-    positions = [block.kept.index(h) for h in keep]
+def plan_block(block: AttentionBlock, keep: list[int]) -> tuple[list[int], list[int]]:
+    """(new kept query heads in weight order, original group of each new key/value head) for keeping ``keep``."""
+    keep = sorted(keep, key=lambda h: (block.group_of(h), block.kept.index(h)))
+    counts = Counter(block.group_of(h) for h in keep)
+    if not counts:
+        return [], []
+    k = math.gcd(*counts.values())
+    sources = [g for g in dict.fromkeys(block.group_of(h) for h in keep) for _ in range(counts[g] // k)]
+    return keep, sources
+
+
+def apply_layout(block: AttentionBlock, keep: list[int], sources: list[int]) -> None:
+    """Slice ``block``'s weights in place to query heads ``keep`` reading key/value groups ``sources``."""
     d = block.head_size
-    index = torch.tensor([p * d + i for p in positions for i in range(d)], dtype=torch.long)
+    q_pos = [block.kept.index(h) for h in keep]
+    kv_pos = [block.kv_sources.index(g) for g in sources]
+    if block.fused:
+        q_start, _ = block.fused_span("query")
+        k_start, _ = block.fused_span("key")
+        v_start, _ = block.fused_span("value")
+        _keep_features(block.query, _rows(q_pos, d, q_start) + _rows(kv_pos, d, k_start) + _rows(kv_pos, d, v_start),
+                       output_side=True)
+    else:
+        _keep_features(block.query, _rows(q_pos, d), output_side=True)
+        _keep_features(block.key, _rows(kv_pos, d), output_side=True)
+        _keep_features(block.value, _rows(kv_pos, d), output_side=True)
+    _keep_features(block.output, _rows(q_pos, d), output_side=False)
+    block.kept, block.kv_sources = list(keep), list(sources)
+    install_forwards(block)
+
+
+def install_forwards(block: AttentionBlock) -> None:
+    """Set the core's head counts and, where needed, the forward that reads them (zero heads, Phi-3)."""
     core = block.core
-    for attr_block, dim in (("query", 0), ("key", 0), ("value", 0), ("output", 1)):
-        old = getattr(block, attr_block)
-        new = _slice_linear(old, index, dim)
-        owner, name = owner_slot(model, old)
-        setattr(owner, name, new)
-        setattr(block, attr_block, new)
-    n = len(keep)
-    for attr in ("num_attention_heads", "n_heads"):
-        if hasattr(core, attr):
-            setattr(core, attr, n)
-    if hasattr(core, "all_head_size"):
-        core.all_head_size = n * d
-    if n == 0:
-        core.forward = types.MethodType(_empty_core_forward, core)
-    block.kept = list(keep)
+    if block.set_counts is not None:
+        block.set_counts(core, block.n_live, block.n_kv_live)
+    wraps = core.__dict__.setdefault("_headprune_surgery_undo", [])
+    while wraps:  # a second cut replaces the first cut's forward
+        wraps.pop()()
+    if not block.kept and block.empty_forward is not None:
+        wraps.append(wrap_forward(core, block.empty_forward))
+    elif block.counted_forward is not None and (block.n_live, block.n_kv_live) != (block.n_heads, block.n_kv_heads):
+        wraps.append(wrap_forward(core, block.counted_forward))
 
 
 def record_kept_heads(adapter: ModelAdapter) -> None:
-    adapter.model.config.headprune_kept_heads = {str(b.index): list(b.kept) for b in adapter.blocks}
+    config = adapter.model.config
+    config.headprune_kept_heads = {str(b.index): list(b.kept) for b in adapter.blocks}
+    if any(b.kv_sources != b.kept for b in adapter.blocks):
+        config.headprune_kv_sources = {str(b.index): list(b.kv_sources) for b in adapter.blocks}
+        config.headprune_gqa_strategy = GQA_STRATEGY
 
 
-def prune_model(model: nn.Module, mask: HeadMask | dict, inplace: bool = False) -> nn.Module:
-    """Remove every head whose gate is 0 in ``mask`` (original ids; heads already gone are ignored).
-
-    Returns the pruned model: a deep copy unless ``inplace``. Soft gates (0 < m < 1) are not surgery's
-    business and raise MaskError: apply them with ``gate_heads``.
-    """
-    from .errors import MaskError
-
-    target = model if inplace else copy.deepcopy(model)
-    adapter = adapt(target)
+def _as_mask(mask: HeadMask | dict, adapter: ModelAdapter) -> HeadMask:
     if isinstance(mask, dict):
-        mask = HeadMask.from_json(mask, adapter.grid_shape) if "pruned" in mask else \
-            HeadMask.from_pruned(mask, adapter.grid_shape)
+        mask = HeadMask.from_json(mask, adapter.grid_shape, adapter.group_grid()) \
+            if {"pruned", "pruned_groups"} & mask.keys() else HeadMask.from_pruned(mask, adapter.grid_shape)
     if mask.shape != adapter.grid_shape:
         raise MaskError(f"Mask shape {mask.shape} does not fit this model's {adapter.grid_shape} heads.")
     if not mask.is_binary:
         raise MaskError("Surgery needs a binary mask (0 = remove, 1 = keep); soft gates are applied by gating.")
-    keep_grid = mask.keep_bool()
+    return mask
+
+
+def prune_model(model: nn.Module, mask: HeadMask | dict, inplace: bool = False, allow_meta: bool = False) -> nn.Module:
+    """Remove every head whose gate is 0 in ``mask`` (original ids; heads already gone are ignored).
+
+    Returns the pruned model: a deep copy unless ``inplace``. Soft gates (0 < m < 1) are not surgery's
+    business and raise MaskError: apply them with ``gate_heads``. Weights offloaded by accelerate (on the meta
+    device) cannot be sliced; such a model raises a MaskError unless ``allow_meta`` (used when a saved pruned
+    model is rebuilt on the meta device before its weights are loaded).
+    """
+    if not allow_meta and any(p.device.type == "meta" for p in model.parameters()):
+        raise MaskError("Surgery needs the weights in memory, but some are offloaded (on the meta device: "
+                        "device_map with 'disk' or 'cpu' offload). Load the model without offloading to cut "
+                        "heads, or gate them instead (the mask works on an offloaded model).")
+    target = model if inplace else copy.deepcopy(model)
+    adapter = adapt(target)
+    keep_grid = _as_mask(mask, adapter).keep_bool()
     for block in adapter.blocks:
         keep = [h for h in block.kept if keep_grid[block.index, h]]
         if keep != block.kept:
-            _cut_block(target, block, keep)
+            apply_layout(block, *plan_block(block, keep))
     record_kept_heads(adapter)
     return target
 
 
-def restore_empty_cores(model: nn.Module) -> None:
-    """Re-install the zero-head forward on blocks with no heads (after building a model from a config)."""
-    for block in adapt(model).blocks:
-        if not block.kept:
-            block.core.forward = types.MethodType(_empty_core_forward, block.core)
+def layout_report(model: nn.Module) -> list[dict]:
+    """Per block: query heads, key/value heads held, distinct groups, and whether key/value rows repeat."""
+    out = []
+    for b in adapt(model).blocks:
+        out.append({"block": b.index, "query_heads": b.n_live, "kv_heads": b.n_kv_live,
+                    "kv_groups": len(set(b.kv_sources)), "kv_copies": b.n_kv_live - len(set(b.kv_sources))})
+    return out
 
 
 # -- size report (Greedy-Gnorm paper, Table 2) ------------------------------------------------------------
 
 def _group_of(param_name: str) -> str:
     parts = param_name.split(".")
-    if "embeddings" in parts or "embeddings_project" in parts:
+    if {"embeddings", "embeddings_project", "embed_tokens", "wte", "wpe"} & set(parts):
         return "embeddings"
-    if "encoder" in parts or "transformer" in parts:
+    if {"encoder", "transformer", "layers", "h"} & set(parts):  # decoders keep their layers here too
         return "encoder"
     if "pooler" in parts:
         return "pooler"
@@ -136,9 +189,13 @@ def parameter_counts(model: nn.Module) -> dict[str, dict[str, float]]:
         g["params"] += p.numel()
         g["mb"] += p.numel() * p.element_size() / 2**20
     attention = {"params": 0, "mb": 0.0}
+    counted: set[int] = set()
     for block in adapt(model).blocks:
-        for lin in (block.query, block.key, block.value, block.output):
-            for p in lin.parameters():
+        for module in (block.query, block.key, block.value, block.output):
+            if id(module) in counted:  # fused Q|K|V: one module
+                continue
+            counted.add(id(module))
+            for p in module.parameters():
                 attention["params"] += p.numel()
                 attention["mb"] += p.numel() * p.element_size() / 2**20
     total = {"params": sum(g["params"] for g in groups.values()), "mb": sum(g["mb"] for g in groups.values())}

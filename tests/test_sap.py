@@ -9,8 +9,8 @@ import pytest
 import torch
 from test_kl import spread_weights
 
+from headprune.arch import adapt
 from headprune.criteria import ScoringContext, get
-from headprune.criteria.kl import skip_layers
 from headprune.criteria.sap import (
     DependencyStats,
     apply_layer_rule,
@@ -22,6 +22,7 @@ from headprune.criteria.sap import (
 )
 from headprune.errors import CriterionError
 from headprune.evaluate import evaluate
+from headprune.layers import skip_layers
 from headprune.mask import HeadMask
 from headprune.syntax import DependencyArcs, Parse, aggregate_arcs, build_arcs, parse_texts
 from headprune.testing import tiny_model
@@ -137,12 +138,12 @@ def test_skip_layers_equals_a_model_without_that_layer():
     inputs = {k: v for k, v in random_batch().items() if k != "labels"}
     shorter = copy.deepcopy(model)
     del shorter.bert.encoder.layer[1]
-    with torch.no_grad(), skip_layers(model, [1]):
+    with torch.no_grad(), skip_layers(adapt(model), [1]):
         skipped = model(**inputs).logits
     with torch.no_grad():
         assert torch.allclose(skipped, shorter(**inputs).logits, atol=1e-6)
         assert not torch.allclose(model(**inputs).logits, skipped)      # restored on exit
-    with pytest.raises(CriterionError, match="ALBERT"), skip_layers(tiny_model("albert"), [0]):
+    with pytest.raises(CriterionError, match="ALBERT"), skip_layers(adapt(tiny_model("albert")), [0]):
         pass
 
 
