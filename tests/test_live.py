@@ -112,8 +112,17 @@ def test_the_given_model_is_never_touched():
 
 def test_first_token_shortcut_switches_itself_off_when_the_head_reads_every_token():
     model = tiny_model("bert")
-    # a pooler that averages all positions: the first-token shortcut would be wrong, the start-up check sees it
-    model.bert.pooler.register_forward_pre_hook(lambda _m, args: (args[0].mean(dim=1, keepdim=True),))
+    # a pooler that averages all positions: the first-token shortcut would be wrong, the start-up check sees it.
+    # (A module, not a hook: LiveEvaluator's structural copy drops hooks, which may be another caller's gates.)
+    class MeanPooler(torch.nn.Module):
+        def __init__(self, pooler):
+            super().__init__()
+            self.dense, self.activation = pooler.dense, pooler.activation
+
+        def forward(self, hidden_states):
+            return self.activation(self.dense(hidden_states.mean(dim=1)))
+
+    model.bert.pooler = MeanPooler(model.bert.pooler)
     batches = shuffled_batches(seed=11)
     live = LiveEvaluator(model, batches)
     assert not live.first_token and "token 0" in live.fast_path_note

@@ -1,0 +1,69 @@
+"""Sessions sharing one model: no computation sees another's gates (hook leak), numbers equal a solo run's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from headprune.evaluate import evaluate, predict
+from headprune.gating import gate_heads
+from headprune.live import LiveEvaluator, structural_copy
+from headprune.mask import HeadMask
+from headprune.testing import random_batch, tiny_model
+
+
+def call_hooks(model: torch.nn.Module) -> int:
+    """Forward/backward hooks and pre-hooks installed anywhere in ``model``."""
+    return sum(len(getattr(m, table)) for m in model.modules()
+               for table in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"))
+
+
+def foreign_mask(shape: tuple[int, int]) -> HeadMask:
+    """The issue's reproduction: all heads of layer 0 and most of layer 1 gated by somebody else."""
+    n_heads = shape[1]
+    return HeadMask.from_pruned({0: list(range(n_heads)), 1: list(range(n_heads - 1))}, shape)
+
+
+@pytest.fixture(scope="module")
+def shared():
+    model = tiny_model("bert", num_labels=3).eval()
+    batches = [random_batch(batch_size=6, num_labels=3, seed=s) for s in range(3)]
+    for b, batch in enumerate(batches):
+        batch["index"] = list(range(6 * b, 6 * b + 6))
+    return model, batches
+
+
+def test_live_evaluator_built_under_a_foreign_gate_gives_the_dense_numbers(shared):
+    model, batches = shared
+    dense, dense_logits = evaluate(model, batches), predict(model, batches)
+    shape = LiveEvaluator(model, batches).adapter.grid_shape
+    with gate_heads(model, foreign_mask(shape)):
+        gated_logits = predict(model, batches)  # what the other caller sees at that moment: really different
+        live = LiveEvaluator(model, batches)
+    assert not torch.allclose(gated_logits, dense_logits, atol=1e-4)
+    torch.testing.assert_close(live.logits, dense_logits, atol=1e-5, rtol=1e-5)
+    assert live.metrics().loss == pytest.approx(dense.loss, abs=1e-5)
+    assert live.metrics().accuracy == dense.accuracy
+    assert call_hooks(live.model) == 0  # nothing foreign carried forward
+    assert call_hooks(model) == 0       # and the other caller's gates left with it
+
+
+def test_structural_copy_drops_hooks_shares_weights_keeps_the_dispatch(shared):
+    from accelerate.hooks import ModelHook, add_hook_to_module
+
+    model, batches = shared
+    model = structural_copy(model)  # this test installs an accelerate hook: not on the module-scoped model
+
+    class Doubler(ModelHook):  # stands in for accelerate's device-moving dispatch: part of the model
+        def post_forward(self, module, output):
+            return output * 2
+
+    head = model.classifier
+    add_hook_to_module(head, Doubler())
+    reference = predict(model, batches)
+    with gate_heads(model, foreign_mask((3, 4))):
+        copy = structural_copy(model)
+    assert call_hooks(copy) == 0
+    assert hasattr(copy.classifier, "_hf_hook")
+    torch.testing.assert_close(predict(copy, batches), reference)
+    assert copy.classifier.weight is head.weight and copy.classifier is not head
