@@ -7,8 +7,9 @@ the head is toggled. ``LiveEvaluator`` keeps, for the *current* mask, the input 
 layer on every evaluation batch. After a mask change whose first changed layer is l it replays the cached input
 of layer l and runs layers l..L-1 under the new mask (``headprune.gating.gate_heads``), recording the new inputs
 of layers > l as it goes so the cache again describes the current mask. The classifier tail (pooler, head) is
-the model's own code: the forward of the model is run with its encoder's layer list temporarily replaced by
-``[replay(l)] + layers[l:]`` (the embeddings are recomputed and discarded; they are cheap).
+the model's own code: the forward of the model is run with entries 0..l-1 of its layer list standing in for
+layer l's cached input (``headprune.layers``: every layer keeps its list position; the embeddings are recomputed
+and discarded, they are cheap).
 
 Two further savings, both exact up to float rounding and both checked against the plain forward at start-up
 (when the check fails they are switched off, never silently wrong):
@@ -48,8 +49,9 @@ from .device import autocast
 from .errors import DataError, MaskError
 from .evaluate import Metrics, _dataset_order, gather_labels, metrics_from_logits
 from .gating import gate_heads
-from .layers import Replay, layer_stack
+from .layers import _input_of, layer_stand_ins, replay_stand_ins
 from .mask import HeadMask
+from .modwrap import StandIn
 
 Progress = Callable[[float, str], None]
 
@@ -283,6 +285,10 @@ class LiveEvaluator:
     def _inputs_of(self, batch: dict) -> dict:
         return {k: v.to(self.device) for k, v in model_inputs(batch).items()}
 
+    @staticmethod
+    def _logits_of(output) -> torch.Tensor:
+        return output.logits
+
     def _checked(self, mask: HeadMask) -> HeadMask:
         if not isinstance(mask, HeadMask) or mask.shape != self.adapter.grid_shape:
             got = mask.shape if isinstance(mask, HeadMask) else type(mask).__name__
@@ -304,7 +310,8 @@ class LiveEvaluator:
         with gate_heads(self.model, mask, self.adapter), autocast(self.device):
             for b, batch in enumerate(self.batches):
                 inputs = self._inputs_of(batch)
-                out = self._forward_from(b, start, inputs) if self.incremental else self.model(**inputs).logits
+                out = self._forward_from(b, start, inputs) if self.incremental \
+                    else self._logits_of(self.model(**inputs))
                 self._logits[b] = out.detach().float().cpu()
                 if progress is not None:
                     progress((b + 1) / len(self.batches), f"layers {start}-{n_layers - 1}, batch {b + 1}")
@@ -315,37 +322,35 @@ class LiveEvaluator:
         else:
             self.stats.partial_runs += 1
 
-    def _layer_stack(self, b: int, start: int, first_token: bool) -> list[nn.Module]:
-        """Modules that replace the encoder's layer list to run layers start..L-1 of batch ``b``."""
+    def _stand_ins(self, b: int, start: int, first_token: bool) -> dict[int, nn.Module]:
+        """Stand-ins for the layer list to run layers start..L-1 of batch ``b`` (positions kept, see layers.py)."""
         n = len(self._layers)
-        modules: list[nn.Module] = []
-        if start > 0:
-            modules.append(Replay(self._inputs[b][start].to(self.device)))
+        stand_ins = replay_stand_ins(self.adapter, start, self._inputs[b][start].to(self.device)) if start else {}
         for layer in range(start, n):
             reuse = self._runners is not None and layer == start and self._contexts[b][layer] is not None
             fast_last = first_token and layer == n - 1
             if reuse or fast_last:
                 context = self._contexts[b][layer].to(self.device) if reuse else None
-                modules.append(_SplitLayer(self._runners[layer], context, first_token=fast_last))
-            else:
-                modules.append(self._layers[layer])
-        return modules
+                split = _SplitLayer(self._runners[layer], context, first_token=fast_last)
+                stand_ins[layer] = StandIn(self._layers[layer], split)
+        return stand_ins
 
     def _forward_from(self, b: int, start: int, inputs: dict, first_token: bool | None = None) -> torch.Tensor:
         first_token = self.first_token if first_token is None else first_token
-        modules = self._layer_stack(b, start, first_token)
+        stand_ins = self._stand_ins(b, start, first_token)
         handles = []
-        offset = 1 if start > 0 else 0
         for layer in range(start, len(self._layers)):
             if layer > start:  # the start layer's input did not change (layer 0's is recomputed anyway)
-                handles.append(modules[layer - start + offset].register_forward_pre_hook(
-                    lambda _m, args, _l=layer: self._stash(self._inputs, b, _l, args[0])))
+                module = stand_ins.get(layer, self._layers[layer])
+                handles.append(module.register_forward_pre_hook(
+                    lambda _m, args, kwargs, _l=layer: self._stash(self._inputs, b, _l, _input_of(args, kwargs)),
+                    with_kwargs=True))
             if self._runners is not None:  # prepend: see the context before gate_heads' own hook scales it
                 handles.append(self.adapter.blocks[layer].output.register_forward_pre_hook(
                     lambda _m, args, _l=layer: self._stash(self._contexts, b, _l, args[0]), prepend=True))
         try:
-            with layer_stack(self.model, self._layers, modules):
-                return self.model(**inputs).logits
+            with layer_stand_ins(self.adapter, stand_ins, bypass=start > 0):
+                return self._logits_of(self.model(**inputs))
         finally:
             for h in handles:
                 h.remove()
