@@ -51,3 +51,105 @@ def random_batch(batch_size: int = 4, seq_len: int = 12, vocab_size: int = 120, 
     ids = ids * attention + (1 - attention) * 1
     labels = torch.randint(0, num_labels, (batch_size,), generator=g)
     return {"input_ids": ids, "attention_mask": attention, "labels": labels}
+
+
+# -- decoders ----------------------------------------------------------------------------------------------------
+
+DECODER_ARCHS = ("llama", "qwen2", "qwen3", "mistral", "gemma3", "phi3", "gpt2")
+
+
+def tiny_decoder_config(arch: str, n_layers: int = 4, n_heads: int = 8, n_kv_heads: int = 2, head_dim: int = 8,
+                        vocab_size: int = 120, num_labels: int = 3, max_positions: int = 64):
+    """A tiny random decoder config of ``arch``; GQA with ``n_kv_heads`` key/value heads (GPT-2: none).
+
+    Qwen2 and Gemma 3 get sliding-window layers (window 4) so that a layer's attention kind really depends on its
+    position in the layer list (Gemma 3 also has head_dim != hidden / heads).
+    """
+    import transformers as tf
+
+    hidden = n_heads * head_dim
+    common = dict(vocab_size=vocab_size, num_hidden_layers=n_layers, num_attention_heads=n_heads,
+                  hidden_size=hidden, intermediate_size=2 * hidden, max_position_embeddings=max_positions,
+                  num_labels=num_labels, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    gqa = dict(num_key_value_heads=n_kv_heads)
+    if arch == "llama":
+        return tf.LlamaConfig(**common, **gqa)
+    if arch == "mistral":
+        return tf.MistralConfig(**common, **gqa, sliding_window=None)
+    if arch == "qwen2":
+        return tf.Qwen2Config(**common, **gqa, use_sliding_window=True, sliding_window=4,
+                              max_window_layers=n_layers // 2)
+    if arch == "qwen3":
+        return tf.Qwen3Config(**common, **gqa, head_dim=head_dim)
+    if arch == "gemma3":
+        kinds = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n_layers)]
+        return tf.Gemma3TextConfig(**{**common, "hidden_size": hidden + 16}, **gqa, head_dim=head_dim,
+                                   sliding_window=4, layer_types=kinds, query_pre_attn_scalar=head_dim)
+    if arch == "phi3":
+        return tf.Phi3Config(**common, **gqa, resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0)
+    if arch == "gpt2":
+        return tf.GPT2Config(vocab_size=vocab_size, n_layer=n_layers, n_head=n_heads, n_embd=hidden,
+                             n_positions=max_positions, num_labels=num_labels, pad_token_id=0, bos_token_id=1,
+                             eos_token_id=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    raise ValueError(f"unknown decoder arch {arch}; known: {DECODER_ARCHS}")
+
+
+def tiny_decoder(arch: str, head: str = "lm", seed: int = 0, attn_implementation: str = "sdpa", **kw):
+    """A tiny random decoder: ``head="lm"`` (causal LM) or ``"cls"`` (sequence classifier), in eval mode."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    torch.manual_seed(seed)
+    config = tiny_decoder_config(arch, **kw)
+    auto = AutoModelForCausalLM if head == "lm" else AutoModelForSequenceClassification
+    return auto.from_config(config, attn_implementation=attn_implementation).eval()
+
+
+def random_decoder_batch(batch_size: int = 4, seq_len: int = 12, vocab_size: int = 120, seed: int = 0) -> dict:
+    """Like ``random_batch`` with right padding by pad id 0 and token ids >= 3 (0-2 are pad/BOS/EOS)."""
+    batch = random_batch(batch_size, seq_len, vocab_size, seed=seed)
+    batch["input_ids"] = batch["input_ids"] * batch["attention_mask"]
+    batch.pop("labels")
+    return batch
+
+
+# -- modern encoders ---------------------------------------------------------------------------------------------
+
+MODERN_ARCHS = ("deberta-v2", "deberta-v2-unshared", "modernbert")
+
+
+def tiny_modern_config(arch: str, n_layers: int = 3, n_heads: int = 4, head_size: int = 8, num_labels: int = 3,
+                       vocab_size: int = 120):
+    """A tiny random DeBERTa-v2/v3 or ModernBERT classifier config.
+
+    DeBERTa sets ``relative_attention=True`` and ``pos_att_type=["p2c", "c2p"]`` (the config defaults skip the
+    disentangled path) with ``position_buckets`` and a convolution after layer 0 (``conv_kernel_size``), as v3
+    checkpoints do; "deberta-v2" shares the position projections with Q/K (``share_att_key``, v3's default),
+    "deberta-v2-unshared" has its own ``pos_query_proj``/``pos_key_proj``. ModernBERT alternates global and
+    local layers with a local window (4 tokens) shorter than the test sequences, so the two kinds differ.
+    """
+    from transformers import DebertaV2Config, ModernBertConfig
+
+    hidden = n_heads * head_size
+    common = dict(vocab_size=vocab_size, num_labels=num_labels, num_hidden_layers=n_layers,
+                  num_attention_heads=n_heads, hidden_size=hidden, intermediate_size=2 * hidden,
+                  max_position_embeddings=64, pad_token_id=1)
+    if arch.startswith("deberta-v2"):
+        return DebertaV2Config(**common, relative_attention=True, pos_att_type=["p2c", "c2p"],
+                               share_att_key=arch == "deberta-v2", position_buckets=8, max_relative_positions=16,
+                               norm_rel_ebd="layer_norm", conv_kernel_size=3, type_vocab_size=0,
+                               position_biased_input=False, hidden_dropout_prob=0.0,
+                               attention_probs_dropout_prob=0.0, pooler_dropout=0.0)
+    if arch == "modernbert":
+        return ModernBertConfig(**common, global_attn_every_n_layers=2, local_attention=4, attention_dropout=0.0,
+                                mlp_dropout=0.0, embedding_dropout=0.0, classifier_dropout=0.0, bos_token_id=2,
+                                eos_token_id=3, cls_token_id=2, sep_token_id=3)
+    raise ValueError(f"unknown modern encoder {arch}; known: {MODERN_ARCHS}")
+
+
+def tiny_modern(arch: str, seed: int = 0, attn_implementation: str = "eager", **kw):
+    """A tiny random ``tiny_modern_config`` classifier in eval mode (DeBERTa supports eager attention only)."""
+    from transformers import AutoModelForSequenceClassification
+
+    torch.manual_seed(seed)
+    config = tiny_modern_config(arch, **kw)
+    return AutoModelForSequenceClassification.from_config(config, attn_implementation=attn_implementation).eval()

@@ -18,7 +18,7 @@ import sys
 from torch import nn
 
 from . import family
-from .base import AttentionBlock, ModelAdapter, empty_context, kept_heads, kv_sources
+from .base import AttentionBlock, ModelAdapter, empty_context, kept_heads, kv_sources, out_features
 
 
 def _layer_list(model: nn.Module, attn_attr: str, needs: tuple[str, ...]) -> nn.ModuleList | None:
@@ -44,9 +44,14 @@ def _set_counts(core: nn.Module, n_query: int, n_kv: int) -> None:
 
 
 def _empty_decoder(core, _inner, *args, **kwargs):
-    """A decoder core with no heads: O of an empty context (its bias, or zeros)."""
+    """A decoder core with no heads: what O makes of an empty context -- its bias, or zeros.
+
+    Computed directly: transformers' Conv1D cannot multiply a zero-width input.
+    """
     out_module = getattr(core, "o_proj", None) or core.c_proj
-    return out_module(empty_context(args, kwargs)), None
+    context = empty_context(args, kwargs)
+    out = context.new_zeros(*context.shape[:-1], out_features(out_module))
+    return (out if out_module.bias is None else out + out_module.bias), None
 
 
 def _empty_gpt2(core, inner, *args, **kwargs):

@@ -1,0 +1,170 @@
+"""Decoders with grouped-query attention: gating == surgery for every GQA case, run-from-layer-l == full forward for
+every layer and family, capture == eager attention, save -> load, honest parameter counts, clear errors."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from headprune.arch import adapt
+from headprune.capture import capture_attention
+from headprune.errors import MaskError, UnsupportedArchitecture
+from headprune.gating import gate_heads
+from headprune.layers import record_layer_inputs, start_at_layer
+from headprune.mask import HeadMask
+from headprune.surgery import layout_report, parameter_counts, prune_model
+from headprune.testing import ARCHS, DECODER_ARCHS, random_batch, random_decoder_batch, tiny_decoder, tiny_model
+
+ATTN = ("sdpa", "eager")
+
+
+def _mask_cases(arch: str) -> dict[str, HeadMask]:
+    """Masks over a 4 x 8 grid with groups of 4 query heads (GPT-2: every head its own group)."""
+    shape = (4, 8)
+    g = torch.Generator().manual_seed(3)
+    random_values = (torch.rand(shape, generator=g) > 0.5).float()
+    random_values[0, 0] = 1.0  # keep the grid from being empty by chance
+    cases = {
+        "random": HeadMask(random_values),
+        "whole groups": HeadMask.from_pruned({0: [0, 1, 2, 3], 2: [4, 5, 6, 7]}, shape),
+        "equal per group": HeadMask.from_pruned({1: [0, 1, 4, 5], 3: [3, 7]}, shape),
+        "uneven": HeadMask.from_pruned({0: [0], 1: [1, 2, 3, 4], 3: [5, 6]}, shape),
+        "whole layer": HeadMask.from_pruned({1: list(range(8))}, shape),
+        "whole model": HeadMask(torch.zeros(shape)),
+    }
+    return cases
+
+
+def _out(model, batch):
+    return model(**batch).logits
+
+
+@pytest.mark.parametrize("attn", ATTN)
+@pytest.mark.parametrize("head", ["lm", "cls"])
+@pytest.mark.parametrize("arch", DECODER_ARCHS)
+def test_gating_equals_surgery_for_every_gqa_case(arch, head, attn, one_thread):
+    model = tiny_decoder(arch, head, attn_implementation=attn)
+    batch = random_decoder_batch()
+    real = batch["attention_mask"].bool()
+    for name, mask in _mask_cases(arch).items():
+        with torch.no_grad(), gate_heads(model, mask):
+            gated = _out(model, batch)
+        cut = prune_model(model, mask)
+        with torch.no_grad():
+            pruned = _out(cut, batch)
+        if head == "lm":  # padded positions of an LM are never read
+            gated, pruned = gated[real], pruned[real]
+        assert torch.allclose(gated, pruned, atol=1e-5), (name, (gated - pruned).abs().max())
+        assert adapt(cut).live_grid().equal(mask.keep_bool()), name
+
+
+def test_surgery_layouts_follow_the_documented_gqa_strategy():
+    model = tiny_decoder("llama")
+    cases = _mask_cases("llama")
+    whole = layout_report(prune_model(model, cases["whole groups"]))
+    assert (whole[0]["query_heads"], whole[0]["kv_heads"], whole[0]["kv_copies"]) == (4, 1, 0)
+    equal = layout_report(prune_model(model, cases["equal per group"]))
+    assert (equal[1]["query_heads"], equal[1]["kv_heads"], equal[1]["kv_copies"]) == (4, 2, 0)
+    uneven = prune_model(model, cases["uneven"])
+    report = layout_report(uneven)
+    # layer 1 keeps head 0 of group 0 and heads 5-7 of group 1: gcd(1, 3) = 1, so group 1's K/V is held 3 times
+    assert (report[1]["query_heads"], report[1]["kv_heads"], report[1]["kv_copies"]) == (4, 4, 2)
+    assert adapt(uneven).layer_modules[1].self_attn.num_key_value_groups == 1
+    # the stock attention's own count after an equal cut of 2 heads per group
+    assert adapt(prune_model(model, cases["equal per group"])).layer_modules[1].self_attn.num_key_value_groups == 2
+
+
+def test_parameter_counts_are_honest_about_repeated_key_value_rows():
+    model = tiny_decoder("llama")
+    d, hidden = 8, 64
+    before = parameter_counts(model)["attention_qkvo"]["params"]
+    uneven = prune_model(model, HeadMask.from_pruned({1: [1, 2, 3, 4]}, (4, 8)))
+    after = parameter_counts(uneven)["attention_qkvo"]["params"]
+    # layer 1: 4 query heads removed (Q rows and O columns), K/V: 2 heads -> 4 physical heads (group 1 held 3x)
+    expected_delta = -4 * d * hidden * 2 + 2 * 2 * d * hidden
+    assert after - before == expected_delta
+
+
+def test_pruned_groups_in_a_mask_file_expand_to_their_query_heads():
+    model = tiny_decoder("qwen2")
+    adapter = adapt(model)
+    mask = HeadMask.from_json({"pruned_groups": {"2": [1]}, "pruned": {"0": [3]}}, adapter.grid_shape,
+                              adapter.group_grid())
+    assert mask.pruned() == {0: [3], 2: [4, 5, 6, 7]}
+    with pytest.raises(MaskError, match="group 2 in layer 0, but that layer has groups 0..1"):
+        HeadMask.from_json({"pruned_groups": {"0": [2]}}, adapter.grid_shape, adapter.group_grid())
+
+
+ENCODERS = tuple(a for a in ARCHS if a != "albert")
+
+
+@pytest.mark.parametrize("arch", DECODER_ARCHS + ENCODERS)
+def test_full_forward_equals_run_from_every_layer(arch, one_thread):
+    if arch in DECODER_ARCHS:
+        model, batch = tiny_decoder(arch, "cls"), random_decoder_batch()
+    else:
+        model, batch = tiny_model(arch), random_batch()
+        batch = {k: v for k, v in batch.items() if k != "labels"}
+    adapter = adapt(model)
+    with torch.no_grad(), record_layer_inputs(adapter.layer_modules) as inputs:
+        full = model(**batch).logits
+    for layer in range(adapter.n_layers):
+        with torch.no_grad(), start_at_layer(adapter, layer, inputs[layer]):
+            replayed = model(**batch).logits
+        assert torch.allclose(full, replayed, atol=1e-6), (arch, layer, (full - replayed).abs().max())
+    assert all(not type(m).__name__ == "StandIn" for m in adapter.layer_modules)  # restored
+
+
+@pytest.mark.parametrize("arch", DECODER_ARCHS)
+def test_capture_equals_eager_output_attentions(arch, one_thread):
+    model = tiny_decoder(arch, "lm", attn_implementation="eager")
+    batch = random_decoder_batch()
+    mask = HeadMask.from_pruned({1: [2, 5]}, adapt(model).grid_shape)
+    cut = HeadMask.from_pruned({3: [0, 1, 2, 3]}, adapt(model).grid_shape)
+    pruned = prune_model(model, cut)
+    maps = capture_attention(pruned, batch, mask)
+    with torch.no_grad(), gate_heads(model, mask & cut):  # the same computation on the uncut model
+        reference = model(**batch, output_attentions=True).attentions
+    valid = batch["attention_mask"].bool()
+    pair = valid[:, None, :, None] & valid[:, None, None, :]
+    for layer, probs in enumerate(maps.probs):
+        expected = reference[layer] * pair
+        expected[:, ~maps.live[layer]] = 0.0
+        assert torch.allclose(probs, expected, atol=1e-6), layer
+    assert not maps.live[3, :4].any() and not maps.live[1, [2, 5]].any()
+    # causal: nothing above the diagonal
+    assert maps.probs[0].triu(1).abs().max() == 0
+
+
+@pytest.mark.parametrize("arch", ["llama", "phi3", "gpt2", "gemma3"])
+def test_save_and_reload_a_cut_decoder(arch, tmp_path, tiny_tokenizer, one_thread):
+    from headprune.models import load_model, save_pruned
+
+    model = tiny_decoder(arch, "lm")
+    cut = prune_model(model, _mask_cases(arch)["uneven"])
+    save_pruned(cut, tiny_tokenizer, tmp_path)
+    loaded = load_model(str(tmp_path), "cpu")
+    batch = random_decoder_batch()
+    with torch.no_grad():
+        assert torch.equal(cut(**batch).logits, loaded.model(**batch).logits)
+    assert loaded.adapter.live_grid().equal(adapt(cut).live_grid())
+    assert [b.kv_sources for b in loaded.adapter.blocks] == [b.kv_sources for b in adapt(cut).blocks]
+
+
+def test_surgery_leaves_the_original_decoder_untouched():
+    model = tiny_decoder("phi3")
+    state = copy.deepcopy(model.state_dict())
+    prune_model(model, _mask_cases("phi3")["uneven"])
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
+    assert adapt(model).blocks[0].n_live == 8 and "forward" not in model.model.layers[0].self_attn.__dict__
+
+
+def test_unknown_families_get_the_supported_list():
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    model = T5ForConditionalGeneration(T5Config(vocab_size=50, d_model=16, d_kv=4, d_ff=32, num_layers=1,
+                                                num_heads=4))
+    with pytest.raises(UnsupportedArchitecture, match="llama.*gpt2.*bert"):
+        adapt(model)
