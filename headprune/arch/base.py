@@ -17,9 +17,10 @@ kv_sources  for each key/value head physically present, the original group it ho
 Projections
 -----------
 ``query``, ``key`` and ``value`` are the modules producing Q, K and V; in a fused layout (GPT-2 ``c_attn``,
-Phi-3 ``qkv_proj``, ModernBERT ``Wqkv``) they are the same module and ``offsets`` says where each part starts
-in its output features (Q, then K, then V: :meth:`AttentionBlock.fused_span`). ``output`` is O: its *input*
-features are the concatenated head contexts. A module is an ``nn.Linear`` (weight out x in) or transformers' ``Conv1D`` (weight in x out); :func:`out_axis` tells which.
+Phi-3 ``qkv_proj``, ModernBERT ``Wqkv``) they are the same module, holding Q, then K, then V in its output
+features (:meth:`AttentionBlock.fused_span`). ``output`` is O: its *input* features are the concatenated head
+contexts. A module is an ``nn.Linear`` (weight out x in) or transformers' ``Conv1D`` (weight in x out);
+:func:`out_axis` tells which.
 """
 
 from __future__ import annotations
@@ -67,6 +68,11 @@ class AttentionBlock:
     # Forward installed on a core that must read per-layer head counts the stock forward takes from the
     # shared config (Phi-3); None when the stock forward already reads the core's own attributes.
     counted_forward: Callable[..., Any] | None = None
+    # Further per-head projections, each (module, side): its output rows are laid out head by head like the
+    # "query" or "key" side it is multiplied with, and surgery cuts them with that side (DeBERTa's position
+    # projections pos_key_proj / pos_query_proj). Gating needs nothing: a gate on the context entering O
+    # silences every path of the head.
+    extra_rows: list[tuple[nn.Module, str]] = field(default_factory=list)
 
     @property
     def n_live(self) -> int:
