@@ -43,6 +43,30 @@ class Metrics:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
 
+# what each metric means for "better": the one place the dashboard, trajectories and summaries read it
+HIGHER_IS_BETTER = {"accuracy": True, "macro_f1": True, "mcc": True, "pearson": True, "spearman": True,
+                    "loss": False, "mse": False}
+
+
+def headline_metric(metrics: Metrics | dict) -> tuple[str, bool]:
+    """The metric a summary leads with, and whether higher is better.
+
+    Accuracy for a classifier, Pearson r for a regression head (one output); a metrics dict with neither falls
+    back to the loss (lower is better).
+
+    Parameters
+    ----------
+    metrics : ``Metrics`` or its ``to_dict()``.
+
+    Returns
+    -------
+    (name, higher_is_better).
+    """
+    values = metrics.to_dict() if isinstance(metrics, Metrics) else metrics
+    name = next((m for m in ("accuracy", "pearson") if values.get(m) is not None), "loss")
+    return name, HIGHER_IS_BETTER[name]
+
+
 # -- metrics on numpy arrays ------------------------------------------------------------------------------------
 
 def accuracy(y_true: np.ndarray, y_pred: np.ndarray) -> float:

@@ -111,6 +111,20 @@ class HeadMask:
             raise MaskError(f"Mask file {path} is not valid UTF-8 JSON ({exc}).") from exc
         return cls.from_json(obj, shape, groups)
 
+    @classmethod
+    def from_bytes(cls, raw: bytes, name: str, shape: tuple[int, int],
+                   groups: torch.Tensor | None = None) -> HeadMask:
+        """Mask from the bytes of an uploaded or pasted JSON mask called ``name`` (as :meth:`from_json` reads it).
+
+        Raises MaskError naming ``name`` when the bytes are not UTF-8 JSON or not a mask of this shape.
+        """
+        try:
+            obj = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise MaskError(f'{name} is not UTF-8 JSON ({exc}). A mask is {{"pruned": {{"<layer>": [heads]}}}}.') \
+                from None
+        return cls.from_json(obj, shape, groups)
+
     # -- views --------------------------------------------------------------------------------------------
     @property
     def shape(self) -> tuple[int, int]:

@@ -20,6 +20,7 @@ Summaries (``Trajectory.summary``):
 from __future__ import annotations
 
 import copy
+import json
 import platform
 import time
 from dataclasses import asdict, dataclass, field
@@ -30,10 +31,12 @@ import numpy as np
 from .arch import adapt
 from .criteria import Criterion, ScoreMap, ScoringContext, get
 from .errors import HeadpruneError
+from .evaluate import HIGHER_IS_BETTER, headline_metric
 from .mask import HeadMask
 from .surgery import prune_model
 
-HIGHER_IS_BETTER = ("accuracy", "macro_f1", "mcc", "pearson", "spearman")
+# metrics a tolerance (stop once metric < τ × dense) can read: those where higher is better
+TOLERANCE_METRICS = tuple(name for name, higher in HIGHER_IS_BETTER.items() if higher)
 
 
 class TrajectoryError(HeadpruneError):
@@ -132,9 +135,9 @@ def _check(step, tolerance, metric, dense) -> str:
         raise TrajectoryError(f"Step {step!r} must be a positive integer (heads removed per step).")
     if tolerance is not None and not 0 < tolerance <= 1:
         raise TrajectoryError(f"Tolerance {tolerance!r} must lie in (0, 1]: stop once metric < τ × dense metric.")
-    metric = metric or ("accuracy" if "accuracy" in dense else "pearson")
-    if metric not in HIGHER_IS_BETTER or metric not in dense:
-        accepted = [m for m in HIGHER_IS_BETTER if m in dense]
+    metric = metric or headline_metric(dense)[0]
+    if metric not in TOLERANCE_METRICS or metric not in dense:
+        accepted = [m for m in TOLERANCE_METRICS if m in dense]
         raise TrajectoryError(f"Metric '{metric}' is not available here; accepted: {', '.join(accepted)}.")
     return metric
 
@@ -229,3 +232,51 @@ def spread(runs: list[Trajectory], metric: str | None = None) -> dict:
     q = np.quantile(values, [0.0, 0.25, 0.5, 0.75, 1.0], axis=0)
     return {"ratios": runs[0].ratios()[:n].tolist(), "metric": metric or runs[0].metric,
             **{name: row.tolist() for name, row in zip(("min", "q1", "median", "q3", "max"), q)}}
+
+
+RUN_FILE_HELP = ("Accepted: a run file from `python -m headprune trajectory --out FILE` or from the dashboard's "
+                 "download.")
+
+
+def read_run_file(data: bytes, name: str) -> tuple[list[Trajectory], list[dict]]:
+    """Trajectories and random-seed spreads from the bytes of a run file called ``name``.
+
+    Accepted: one trajectory (``Trajectory.to_json``), a list of them, a CLI multi-seed file
+    ``{"runs": [...], "spread": {...}}``, or the dashboard's export ``{"trajectories": [...], "spreads": [...]}``.
+
+    Returns
+    -------
+    (trajectories, spreads); a spread is a ``spread()`` dict with its "name".
+
+    Raises
+    ------
+    TrajectoryError naming ``name`` and what is accepted.
+    """
+    try:
+        obj = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TrajectoryError(f"{name} is not UTF-8 JSON ({exc}). {RUN_FILE_HELP}") from None
+    spreads: list[dict] = []
+    if isinstance(obj, dict) and "trajectories" in obj:
+        items, spreads = obj["trajectories"], list(obj.get("spreads") or [])
+    elif isinstance(obj, dict) and "runs" in obj:
+        items = obj["runs"]
+        if obj.get("spread"):
+            spreads = [{**obj["spread"], "name": f"{obj.get('criterion', 'random')} ({len(items)} seeds)"}]
+    elif isinstance(obj, dict) and "steps" in obj:
+        items = [obj]
+    elif isinstance(obj, list):
+        items = obj
+    else:
+        raise TrajectoryError(f"{name} holds no trajectories. {RUN_FILE_HELP}")
+    try:
+        trajs = [Trajectory.from_json(item) for item in items]
+        for t in trajs:  # reading every value now: a broken step fails here, not later inside a plot
+            t.values(), t.ratios()
+    except (TypeError, KeyError, ValueError, AttributeError) as exc:
+        raise TrajectoryError(f"{name} is not a headprune run file ({type(exc).__name__}: {exc}). "
+                              f"{RUN_FILE_HELP}") from None
+    for s in spreads:
+        if not isinstance(s, dict) or not all(k in s for k in ("ratios", "min", "q1", "median", "q3", "max")):
+            raise TrajectoryError(f"{name}: a random-seed spread lacks its quartiles. {RUN_FILE_HELP}")
+    return trajs, spreads

@@ -13,21 +13,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..data import align_labels, load_data, make_batches, split_calib_eval
 from ..device import DEVICES
 from ..mask import HeadMask
-from ..models import LoadedModel, load_model
+from ..models import LoadedModel
+from ..workspace import DefaultSize, Workspace
 
 MODEL_HELP = "'demo' (built offline on first use), a model folder, or a Hugging Face model id"
 DATA_HELP = "'demo', a .csv/.tsv/.jsonl file, or hf:NAME[:CONFIG[:SPLIT]] (a hub name or a save_to_disk folder)"
-
-
-class _Default(int):
-    """A split size the user did not choose: shrunk to fit a small dataset instead of rejected."""
-
-
-def _fit(size: int | None, available: int) -> int | None:
-    return min(size, available) if isinstance(size, _Default) else size
 
 
 def _count(text: str) -> int:
@@ -62,9 +54,9 @@ def add_data_args(p: argparse.ArgumentParser, calib_size: int = 128, eval_size: 
     g.add_argument("--text-col", help="text column (default: auto-detect text, sentence, review, ...)")
     g.add_argument("--pair-col", help="second text column for sentence pairs (default: auto-detect)")
     g.add_argument("--label-col", help="label column (default: auto-detect label, labels, category, ...)")
-    g.add_argument("--calib-size", type=_count, default=_Default(calib_size),
+    g.add_argument("--calib-size", type=_count, default=DefaultSize(calib_size),
                    help=f"calibration examples for scoring heads (default: {calib_size}, at most half the data)")
-    g.add_argument("--eval-size", type=_count_or_all, default=None if eval_size is None else _Default(eval_size),
+    g.add_argument("--eval-size", type=_count_or_all, default=None if eval_size is None else DefaultSize(eval_size),
                    help=f"evaluation examples, or 'all' (default: {eval_size or 'all'}, at most what calibration "
                         "leaves)")
     g.add_argument("--max-length", type=_positive, default=128, help="truncate to this many tokens (default: 128)")
@@ -83,24 +75,27 @@ def load_mask(args, loaded: LoadedModel) -> HeadMask | None:
     return HeadMask.load(args.mask, loaded.adapter.grid_shape) if getattr(args, "mask", None) else None
 
 
+def build_workspace(args, calib_size: int | None = None) -> Workspace:
+    """The ``Workspace`` the model and data arguments name (the dashboard builds the same object).
+
+    ``calib_size`` overrides ``--calib-size``; sizes left at their defaults shrink to fit small data.
+    """
+    return Workspace.build(args.model, args.data, text_col=args.text_col, pair_col=args.pair_col,
+                           label_col=args.label_col, calib_size=args.calib_size if calib_size is None else calib_size,
+                           eval_size=args.eval_size, max_length=args.max_length, batch_size=args.batch_size,
+                           seed=args.seed, device=getattr(args, "device", "auto"))
+
+
 def load_model_and_data(args, calib_size: int | None = None) -> tuple[LoadedModel, list[dict], list[dict], dict]:
     """Model, calibration batches, evaluation batches and an info dict, from the model and data arguments.
 
-    ``info`` holds JSON-ready facts (model, arch, grid, data, columns, task, sizes, seed, device) plus the
-    TextDatasets under "calib_data" and "eval_data" (raw texts, e.g. ``data.batch_texts(info["calib_data"],
-    calib)``); ``summary(info)`` drops those two for printing. ``calib_size`` overrides ``--calib-size``.
+    ``info`` is ``Workspace.info()`` (model and data as given) plus the TextDatasets under "calib_data" and
+    "eval_data" (raw texts, e.g. ``data.batch_texts(info["calib_data"], calib)``); ``summary(info)`` drops those
+    two for printing. ``calib_size`` overrides ``--calib-size``.
     """
-    loaded = load_model(args.model, getattr(args, "device", "auto"))
-    ds = align_labels(load_data(args.data, args.text_col, args.pair_col, args.label_col), loaded.id2label)
-    calib_size = _fit(args.calib_size if calib_size is None else calib_size, len(ds) // 2)
-    calib, evals = split_calib_eval(ds, calib_size, _fit(args.eval_size, len(ds) - calib_size), args.seed)
-    batches = [make_batches(loaded.tokenizer, part, args.batch_size, args.max_length) if len(part) else []
-               for part in (calib, evals)]
-    info = {"model": args.model, "model_source": loaded.source, "arch": loaded.adapter.arch,
-            "grid": list(loaded.adapter.grid_shape), "data": args.data, "columns": ds.columns, "task": ds.task,
-            "calib_size": len(calib), "eval_size": len(evals), "seed": args.seed, "device": str(loaded.device),
-            "calib_data": calib, "eval_data": evals}
-    return loaded, batches[0], batches[1], info
+    ws = build_workspace(args, calib_size)
+    info = {**ws.info(), "model": args.model, "data": args.data, "calib_data": ws.calib, "eval_data": ws.eval}
+    return ws.loaded, ws.calib_batches, ws.eval_batches, info
 
 
 def summary(info: dict) -> dict:
@@ -125,5 +120,5 @@ def tqdm_progress(desc: str):
     return update
 
 
-__all__ = ["add_model_args", "add_data_args", "add_mask_arg", "load_mask", "load_model_and_data", "summary",
-           "tqdm_progress"]
+__all__ = ["add_model_args", "add_data_args", "add_mask_arg", "load_mask", "load_model_and_data", "build_workspace",
+           "summary", "tqdm_progress"]
