@@ -356,6 +356,14 @@ def model_inputs(batch: dict) -> dict:
     return {k: v for k, v in batch.items() if k not in NON_INPUT_KEYS}
 
 
-def batch_texts(ds: TextDataset, batches: list[dict]) -> list[list[str]]:
-    """Raw texts of each batch, row for row (for code that needs words, e.g. syntax)."""
-    return [[ds.texts[i] for i in b["index"]] for b in batches]
+def batch_texts(ds: TextDataset, batches: list[dict]) -> list[list[str | tuple[str, str]]]:
+    """Raw texts of each batch, row for row (for code that needs words, e.g. syntax): a row of a sentence-pair
+    dataset is its ``(text, pair)`` tuple, the two texts the model read, so a parser sees both."""
+    if ds.pairs is None:
+        return [[ds.texts[i] for i in b["index"]] for b in batches]
+    return [[(ds.texts[i], ds.pairs[i]) for i in b["index"]] for b in batches]
+
+
+def calibration_texts(ds: TextDataset, batches: list[dict]) -> list[str | tuple[str, str]]:
+    """``batch_texts`` flattened in batch order: the ``texts`` a ScoringContext over ``batches`` takes."""
+    return [t for rows in batch_texts(ds, batches) for t in rows]

@@ -17,7 +17,7 @@ def test_criteria_lists_names_and_descriptions(capsys):
     code, out, _ = run(capsys, "criteria")
     by_name = {c["name"]: c for c in out["criteria"]}
     assert code == 0 and {"ae", "ad", "his", "hies", "taylor", "gnorm", "greedy-gnorm", "random"} <= set(by_name)
-    assert by_name["hies"]["params"]["alpha"]["default"] == 0.5 and by_name["greedy-gnorm"]["dynamic"]
+    assert by_name["hies"]["params"]["alpha"]["default"] == "auto" and by_name["greedy-gnorm"]["dynamic"]
 
 
 def test_score_writes_the_score_map(capsys, tmp_path, tiny_model_dir, tiny_csv):
@@ -51,7 +51,7 @@ def test_select_alpha(capsys, tiny_model_dir, tiny_csv):
 @pytest.mark.parametrize("argv, words", [
     (["score", "--criterion", "nope"], "Unknown criterion 'nope'. Known criteria: ad, ae"),
     (["score", "--criterion", "ae", "--param", "alpha=1"], "does not take parameter(s) alpha"),
-    (["score", "--criterion", "hies", "--param", "alpha=2"], "must lie in [0, 1]"),
+    (["score", "--criterion", "hies", "--param", "alpha=2"], "accepted: 'auto' (chosen by wAUC on the calibration"),
     (["score", "--criterion", "ae", "--param", "eps=0"], "must be > 0"),
     (["score", "--criterion", "ae", "--param", "eps"], "expected KEY=VALUE"),
     (["trajectory", "--criterion", "ae", "--budget", "1.5"], "not a ratio in (0, 1]"),

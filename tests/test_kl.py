@@ -89,10 +89,10 @@ def test_recursion_by_hand():
     assert min_max(raw[0]).tolist() == [0, 1, 0.5] and min_max(raw[1]).tolist() == [0, 0, 0]
     # as written: Imp(l) = α Imp(l-1) + (1-α) Imp_raw(l)
     #   layer 2: 0.5 [0, 1, .5] + 0.5 [4, 4, 4] = [2, 2.5, 2.25]; layer 3: 0.5 [2, 2.5, 2.25] + 0.5 [0, 2, 1]
-    assert recursive_importance(raw, 0.5).tolist() == [[0, 1, 0.5], [2, 2.5, 2.25], [1, 2.25, 1.625]]
+    assert recursive_importance(raw, 0.5, "as-written").tolist() == [[0, 1, 0.5], [2, 2.5, 2.25], [1, 2.25, 1.625]]
     # normalised variant: layer 2: 0.5 [0, 1, .5] + 0.5 [0, 0, 0]; layer 3: 0.5 [0, .5, .25] + 0.5 [0, 1, .5]
     assert recursive_importance(raw, 0.5, "normalized").tolist() == [[0, 1, 0.5], [0, 0.5, 0.25], [0, 0.75, 0.375]]
-    assert recursive_importance(raw, 0.0).tolist() == [[0, 1, 0.5], [4, 4, 4], [0, 2, 1]]
+    assert recursive_importance(raw, 0.0, "as-written").tolist() == [[0, 1, 0.5], [4, 4, 4], [0, 2, 1]]
     # a pruned head: NaN itself, ignored by min-max, passes 0 upwards
     raw[1, 1] = raw[0, 2] = np.nan
     imp = recursive_importance(raw, 0.5, "normalized")

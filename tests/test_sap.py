@@ -271,3 +271,14 @@ def test_sap_runs_as_a_trajectory_criterion(setup):
         traj = run_trajectory(model, calib, calib, "sap", {"k": 2, "sparsity": 0}, count=3, tokenizer=tokenizer)
     scores = get("sap")(ScoringContext(model, calib, tokenizer=tokenizer, texts=TEXTS), {"k": 2, "sparsity": 0})
     assert [h for step in traj.steps for h in step["removed"]] == [list(h) for h in scores.order()[:3]]
+
+
+def test_sap_cf_takes_its_candidates_from_the_s_r_rule(setup):
+    """§3.4: CF replaces a target sparsity by a tolerance, so its candidates are the heads with cnt ≥ S·R."""
+    model, tokenizer, calib = setup
+    scores = get("sap-cf")(ScoringContext(model, calib, tokenizer=tokenizer, texts=TEXTS), {"k": 2})
+    counters, total = _manual_counters(model, tokenizer, 2)
+    by_rule = select_heads(counters, total, 0.5)
+    assert scores.meta["ratio_used"] == 0.5 and scores.params["sparsity"] == 0.0
+    assert scores.meta["sap_selected"] == [list(h) for h in by_rule]
+    assert len(by_rule) != 6       # a 50 % target (the old candidates) would have lowered R to reach 6 heads

@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 
 from ..criteria import REGISTRY, ScoringContext, get
-from ..data import batch_texts
+from ..criteria.hies import DEFAULT_ALPHAS
+from ..data import calibration_texts
 from ..errors import CriterionError
 from .common import add_data_args, add_mask_arg, add_model_args, load_mask, load_model_and_data, summary, tqdm_progress
 
@@ -47,14 +48,10 @@ def cmd_criteria(args) -> dict:
         for _, c in sorted(REGISTRY.items())]}
 
 
-def _calib_texts(info: dict, calib: list[dict]) -> list[str]:
-    return [t for rows in batch_texts(info["calib_data"], calib) for t in rows]
-
-
 def cmd_score(args) -> dict:
     crit, params = _checked(args)
     loaded, calib, _, info = load_model_and_data(args)
-    texts = _calib_texts(info, calib)
+    texts = calibration_texts(info["calib_data"], calib)
     start = time.perf_counter()
     ctx = ScoringContext(loaded.model, calib, load_mask(args, loaded), loaded.device, loaded.tokenizer, texts,
                          seed=args.seed, progress=tqdm_progress(f"scoring {crit.name}"))
@@ -75,7 +72,7 @@ def cmd_trajectory(args) -> dict:
                      inverse=args.inverse, step=args.step, budget=args.budget, count=args.count,
                      tolerance=args.tolerance, stability=perturbed, metric=args.metric, device=loaded.device,
                      tokenizer=loaded.tokenizer, progress=tqdm_progress(f"trajectory {crit.name}"),
-                     model_name=args.model, data_info=summary(info), texts=_calib_texts(info, calib))
+                     model_name=args.model, data_info=summary(info), texts=calibration_texts(info["calib_data"], calib))
     if len(runs) == 1:
         return _write(runs[0].to_json(), args.out)
     aucs = [r.auc() for r in runs]
@@ -130,7 +127,8 @@ def add_commands(sub) -> None:
     p = sub.add_parser("select-alpha", help="choose HIES's α by wAUC of its pruning curve on the calibration split")
     add_model_args(p)
     add_data_args(p, eval_size=0)
-    p.add_argument("--alphas", default="0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1", help="comma-separated α grid")
+    p.add_argument("--alphas", default=",".join(map(str, DEFAULT_ALPHAS)),
+                   help="comma-separated α grid (default: the paper's [0, 1) in steps of 0.1)")
     p.add_argument("--budget", type=float, default=0.5, help="pruned ratio each curve reaches (default: 0.5)")
     p.add_argument("--step", type=int, default=1, help="heads removed per step (default: 1)")
     p.add_argument("--metric", help="metric of the curves (default: accuracy)")

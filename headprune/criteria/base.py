@@ -31,6 +31,7 @@ class Param:
     kind: type = float
     check: Callable[[Any], str | None] | None = None   # returns an error message, or None when valid
     choices: tuple | None = None
+    convert: Callable[[Any], Any] | None = None   # normalises a value before ``check`` (e.g. "0.8" -> 0.8)
 
     def parse(self, name: str, value: Any) -> Any:
         if isinstance(value, str) and self.kind is not str:
@@ -43,6 +44,8 @@ class Param:
         if self.choices is not None and value not in self.choices:
             accepted = ", ".join(map(str, self.choices))
             raise CriterionError(f"Parameter {name}={value!r}: accepted values are {accepted}.")
+        if self.convert is not None:
+            value = self.convert(value)
         if self.check is not None:
             msg = self.check(value)
             if msg:
@@ -117,10 +120,11 @@ class Criterion:
     reference: str = ""              # paper + equation
     latex: str = ""                  # the formula, for st.latex
     dynamic: bool = False            # re-scored after every removal (Greedy-Gnorm) or scored once
-    needs_labels: bool = False
+    needs_labels: bool = False       # with the default parameters; ``needs_labels_for(params)`` asks for others
     needs_gradients: bool = False
     needs_parser: bool = False
     params: dict[str, Param] = {}
+    equivalent_to: str = ""          # a criterion giving the same scores with the default parameters of both
 
     def resolve_params(self, given: dict | None) -> dict:
         given = dict(given or {})
@@ -135,12 +139,19 @@ class Criterion:
         """Whether scoring with these resolved ``params`` needs labels (override when a parameter decides)."""
         return self.needs_labels
 
+    def needs_labels_for(self, params: dict | None = None) -> bool:
+        """Whether scoring with the parameters ``params`` as a user gives them (defaults filled in) needs labels."""
+        return self.requires_labels(self.resolve_params(params))
+
     def score(self, ctx: ScoringContext, **params) -> ScoreMap:  # pragma: no cover - interface
         raise NotImplementedError
 
     def prepare(self, ctx: ScoringContext, params: dict | None = None) -> dict:
         """Resolved parameters, after checking that ``ctx`` has what they need (labels)."""
         resolved = self.resolve_params(params)
+        if sum(len(b["input_ids"]) for b in ctx.calib) == 0:
+            raise CriterionError(f"Criterion '{self.name}': scoring needs at least one calibration example, but the "
+                                 "calibration set is empty. Accepted: a calibration size of 1 or more.")
         if self.requires_labels(resolved) and any("labels" not in b for b in ctx.calib):
             from . import label_free
 

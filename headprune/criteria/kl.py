@@ -11,10 +11,20 @@ gates that head to 0 (``headprune.gating``), which equals cutting it out. The me
 (line 4 is written for one input x) is our reading of "importance over a dataset".
 
 Open choices, documented:
-* ``variant="as-written"`` (default) follows line 9 literally: the current layer enters with its *raw* KL, so for
-  l > 1 the min-max normalisation of line 6 is overwritten and only layer 1 stays in [0, 1].
-  ``variant="normalized"`` uses the normalised value instead: Imp(l, i) ← α Imp(l−1, i) + (1 − α) Imp_norm(l, i),
-  which keeps every layer on the same [0, 1] scale.
+* ``variant="normalized"`` (default) enters the current layer with its min-max normalised value:
+  Imp(l, i) ← α Imp(l−1, i) + (1 − α) Imp_norm(l, i), which keeps every layer on the same [0, 1] scale.
+  ``variant="as-written"`` follows line 9 literally: the current layer enters with its *raw* KL, so for l > 1
+  the normalisation of line 6 is overwritten and only layer 1 stays in [0, 1]. Why not the literal default,
+  measured on the demo (128 calibration reviews, α = 0.5): raw KL is ~1e-3, so as written each layer is half the
+  layer below plus a negligible own term; the layer means decay 0.45 → 0.23 → 0.11 → 0.058 → 0.029 → 0.015 (a
+  global order prunes the top layer first whatever its heads do), the final scores of layers 2-6 have rank
+  correlation 0.98-1.00 with layer 1's at the same head index and only 0.18, 0.36, −0.31, 0.11, 0.13 with their
+  own KL. Normalized: own-KL correlations 0.74, 0.66, 0.24, 0.71, 0.44, layer means 0.45 → 0.37 → 0.29 → 0.21 →
+  0.26 → 0.23. Pruning curves on 1,000 held-out reviews: see ``KLAblation``.
+* Every ScoreMap reports, per layer, the Spearman ρ between the final score and that layer's own raw KL
+  (``meta["own_kl_spearman"]``) and a warning (``meta["warnings"]``) for each layer with ρ < 0.5, whichever the
+  variant: the recursion mixes in the layer below at the same head index, an unrelated head there, and the user
+  should see how much of a layer's order that is.
 * Imp(l−1, i) is the already-smoothed value of the layer below (the loop runs upwards), so smoothing compounds.
 * A layer whose raw values are all equal normalises to zeros (line 6 would divide by zero).
 * Heads already pruned get NaN; min and max run over the live heads of a layer, and a pruned head passes 0 on to
@@ -33,53 +43,23 @@ benchmarks/bench_kl.py measures the saving against L·H plain full passes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from ..arch import adapt
 from ..data import model_inputs
 from ..errors import CriterionError
+from ..evaluate import spearman
 from ..gating import gate_heads
 from ..layers import record_layer_inputs, start_at_layer
 from ..mask import HeadMask
 from .base import Criterion, Param, ScoreMap, ScoringContext, register
 
 VARIANTS = ("as-written", "normalized")
-
-
-# -- running a model from a layer up ------------------------------------------------------------------------------
-
-@contextmanager
-def replaced_forward(replacements: dict[nn.Module, Callable]):
-    """Temporarily give modules another forward (an instance attribute shadows the class method); restored on exit."""
-    for module, forward in replacements.items():
-        module.forward = forward
-    try:
-        yield
-    finally:
-        for module in replacements:
-            del module.forward
-
-
-def _identity(hidden_states, *args, **kwargs):
-    return hidden_states
-
-
-@contextmanager
-def skip_layers(model, layers: Iterable[int], adapter=None):
-    """Within the block, the given encoder layers are skipped: each returns its input hidden states unchanged."""
-    layers = sorted(set(layers))
-    adapter = adapter or adapt(model)
-    if layers and adapter.layer_modules is None:
-        raise CriterionError("Dropping whole layers needs one module per layer; ALBERT shares one layer across "
-                             "its depth, so only heads can be pruned there (set layer_threshold=0).")
-    with replaced_forward({adapter.layer_modules[l]: _identity for l in layers}):
-        yield model
+LOW_CORRELATION = 0.5   # below this ρ(final, own KL) a layer's order is mostly inherited: warned in the meta
 
 
 # -- raw KL importance --------------------------------------------------------------------------------------------
@@ -129,7 +109,7 @@ def kl_raw_importance(model, batches: list[dict], mask: HeadMask | None = None, 
             with gate_heads(model, gates, adapter):
                 if incremental:
                     hidden = layer_inputs[block].repeat(len(heads), 1, 1)
-                    with start_at_layer(model, adapter.layer_modules, block, hidden):
+                    with start_at_layer(adapter, block, hidden):
                         ablated = model(**_repeat(inputs, len(heads))).logits
                 else:
                     ablated = model(**_repeat(inputs, len(heads))).logits
@@ -153,7 +133,7 @@ def min_max(values: np.ndarray) -> np.ndarray:
     return values * 0.0 if hi == lo else (values - lo) / (hi - lo)     # * 0.0 keeps NaN
 
 
-def recursive_importance(raw: np.ndarray, alpha: float = 0.5, variant: str = "as-written") -> np.ndarray:
+def recursive_importance(raw: np.ndarray, alpha: float = 0.5, variant: str = "normalized") -> np.ndarray:
     """Imp (L, H) from Imp_raw by Algorithm 1 lines 6-11; ``variant`` chooses the current-layer term (module doc)."""
     if variant not in VARIANTS:
         raise CriterionError(f"Unknown variant '{variant}'; accepted: {', '.join(VARIANTS)}.")
@@ -170,6 +150,28 @@ def recursive_importance(raw: np.ndarray, alpha: float = 0.5, variant: str = "as
     return imp
 
 
+def own_kl_correlation(scores: np.ndarray, raw: np.ndarray) -> list[float | None]:
+    """Per layer l: Spearman ρ between the final Imp(l, ·) and that layer's own Imp_raw(l, ·) over its live heads.
+
+    ρ near 1: the layer's heads are ordered by their own ablation effect. As written (line 9 mixes in the layer
+    below at the same head index i, which names an unrelated head there) ρ can fall near 0 or below. None where a
+    layer has fewer than 3 live heads or a constant side (ρ undefined).
+    """
+    out: list[float | None] = []
+    for final, own in zip(scores, raw):
+        live = ~np.isnan(final) & ~np.isnan(own)
+        rho = spearman(final[live], own[live]) if live.sum() >= 3 else float("nan")
+        out.append(None if np.isnan(rho) else round(float(rho), 4))
+    return out
+
+
+def low_correlation_warnings(correlations: list[float | None], floor: float = LOW_CORRELATION) -> list[str]:
+    """One warning per layer whose final score ranks its heads unlike its own KL (ρ < ``floor``)."""
+    return [f"layer {l}: the final KL score has rank correlation {rho:.2f} with this layer's own KL (< {floor}); "
+            "its head order comes mostly from the layers below (a lower alpha weighs the own layer more)."
+            for l, rho in enumerate(correlations) if rho is not None and rho < floor]
+
+
 def _unit_interval(value) -> str | None:
     return None if 0.0 <= value <= 1.0 else "must lie in [0, 1]"
 
@@ -184,8 +186,8 @@ class KLAblation(Criterion):
     params = {
         "alpha": Param(0.5, "balancing factor α between the layer below and the current layer", float,
                        _unit_interval),
-        "variant": Param("as-written", "current-layer term of the recursion: raw KL (as written) or the "
-                         "min-max normalised value", str, choices=VARIANTS),
+        "variant": Param("normalized", "current-layer term of the recursion: the min-max normalised KL "
+                         "(default) or the raw KL (as written in Algorithm 1, line 9)", str, choices=VARIANTS),
         "ablations_per_pass": Param(0, "heads ablated together in one batched pass (0 = all heads of a layer)",
                                     int, lambda v: None if v >= 0 else "must be >= 0"),
     }
@@ -195,6 +197,8 @@ class KLAblation(Criterion):
                                 ablations_per_pass=ablations_per_pass or None, progress=ctx.progress)
         scores = recursive_importance(raw, alpha, variant)
         incremental = adapt(ctx.model).layer_modules is not None
+        correlations = own_kl_correlation(scores, raw)
         meta = {"raw_kl": [[None if np.isnan(v) else float(v) for v in row] for row in raw],
+                "own_kl_spearman": correlations, "warnings": low_correlation_warnings(correlations),
                 "evaluation": "cached layer inputs" if incremental else "full passes (tied ALBERT layers)"}
         return ScoreMap(scores, self.name, {"alpha": alpha, "variant": variant}, meta)

@@ -13,8 +13,15 @@
      a target sparsity R is lowered by ``ratio_step`` until enough heads qualify (at R = 0 every live head does);
      when the last step overshoots, the heads with the highest counters are taken (ties: layer, head).
 §4.1 k is swept over 1..k_max (10) and the k whose pruned model scores best on the calibration split is kept
-     (ties: the smaller k); a fixed ``k`` skips the sweep and needs no labels.
-§3.4 Candidate Filtering. The SAP selection of the best k are the candidates. With m0 the metric of the model as
+     (ties: the smaller k); a fixed ``k`` skips the sweep and needs no labels. The paper picks k per target
+     sparsity (Fig. 7: the best k differs between 0.25, 0.5 and 0.75). Departure, documented: a ScoreMap is one
+     nested pruning order, which a trajectory follows step by step, while the best-k selections of different
+     sparsities need not be nested; so k is picked once, at ``sparsity`` (default 0.5, the paper's middle
+     level), and the order is −cnt for that k. The paper's model at another level s is ``sparsity=s``
+     (``meta["sap_mask"]``, with that level's best k in ``meta["best_k"]``).
+§3.4 Candidate Filtering. The candidates are the SAP selection of the best k by the S·R rule alone (R =
+     ``ratio``, no target sparsity: the paper's CF replaces a sparsity by a tolerance; ``sparsity`` > 0 lowers R
+     as for SAP). With m0 the metric of the model as
      given, each candidate is pruned alone and its degradation m0 − m(c) measured; candidates are re-ranked by
      ascending degradation (ties: SAP order), then pruned cumulatively from the model as given; CF stops before the
      first head whose cumulative pruning would bring the metric below tolerance · m0.
@@ -54,10 +61,10 @@ import numpy as np
 
 from ..arch import adapt
 from ..errors import CriterionError
+from ..layers import skip_layers
 from ..mask import HeadMask
 from ..syntax import DEFAULT_PIPELINE, QUERY_REDUCE, ArcData, collect_arc_attention, parse_dataset
 from .base import Criterion, Param, ScoreMap, ScoringContext, register
-from .kl import skip_layers
 
 Head = tuple[int, int]
 MetricFn = Callable[[HeadMask, list[int]], float]
@@ -247,7 +254,7 @@ def calibration_metric(ctx: ScoringContext, name: str) -> MetricFn:
     def metric(mask: HeadMask, dropped: list[int]) -> float:
         key = (hash(mask), tuple(dropped))
         if key not in memo:
-            with skip_layers(ctx.model, dropped):
+            with skip_layers(adapt(ctx.model), dropped):
                 values = evaluate(ctx.model, ctx.calib, mask).to_dict()
             chosen = name if name != "auto" else ("accuracy" if "accuracy" in values else "pearson")
             if chosen not in values:
@@ -281,6 +288,7 @@ def _grid_json(a: np.ndarray) -> list[list[float | None]]:
 
 class _SapBase(Criterion):
     needs_parser = True
+    needs_labels = True              # the default k = 0 picks k on the calibration metric; a fixed k needs none
     params = {
         "k": Param(0, "top-k dependency labels counted as important (0 = sweep 1..k_max, keep the best)", int,
                    _non_negative),
@@ -363,6 +371,9 @@ class SAPCandidateFiltering(_SapBase):
     latex = r"\text{prune candidates by ascending } m_0-m(c)\ \text{while } m \ge \tau\, m_0"
     needs_labels = True
     params = {**_SapBase.params,
+              "sparsity": Param(0.0, "target fraction of heads among the candidates (0 = the candidates are the "
+                                "heads with cnt ≥ S·R, as the paper's CF: a tolerance instead of a sparsity)", float,
+                                _fraction),
               "tolerance": Param(0.9, "keep at least this fraction of the dense calibration metric", float,
                                  lambda v: None if 0 < v <= 1 else "must lie in (0, 1]")}
 
