@@ -168,3 +168,39 @@ def test_unknown_families_get_the_supported_list():
                                                 num_heads=4))
     with pytest.raises(UnsupportedArchitecture, match="llama.*gpt2.*bert"):
         adapt(model)
+
+
+def _head_rows(block, name: str, head: int) -> slice:
+    """Output-feature rows of physical head ``head`` of part ``name`` (a kv head for key/value)."""
+    start = block.fused_span(name)[0] if block.fused else 0
+    return slice(start + head * block.head_size, start + (head + 1) * block.head_size)
+
+
+@pytest.mark.parametrize("arch", ["llama", "phi3", "gpt2"])
+def test_gnorm_on_gqa_and_fused_decoders_matches_batch_size_one_autograd(arch, one_thread):
+    """G_Q per query head; G_K, G_V of the key/value head a query head reads (shared by its group)."""
+    from headprune.arch import out_axis
+    from headprune.criteria import ScoringContext, get
+
+    model = tiny_decoder(arch, "cls")
+    batch = random_decoder_batch(batch_size=3)
+    batch["labels"] = torch.tensor([0, 2, 1])
+    adapter = adapt(model)
+    expected = torch.zeros((3, *adapter.grid_shape), dtype=torch.float64)
+    for b in range(3):
+        length = int(batch["attention_mask"][b].sum())
+        model.zero_grad()
+        model(input_ids=batch["input_ids"][b:b + 1, :length]).logits.norm().backward()
+        for block in adapter.blocks:
+            for i, name in enumerate(("query", "key", "value")):
+                module = getattr(block, name)
+                grad = module.weight.grad.double()
+                grad = grad if out_axis(module) == 0 else grad.T
+                for p, h in enumerate(block.kept):
+                    head = p if name == "query" else block.kv_of_position()[p]
+                    expected[i, block.index, h] += grad[_head_rows(block, name, head)].norm()
+    expected /= 3
+    result = get("gnorm")(ScoringContext(model=model, calib=[batch]), {"objective": "logits_norm"})
+    for i, name in enumerate(("G_Q", "G_K", "G_V")):
+        torch.testing.assert_close(torch.as_tensor(result.meta[name], dtype=torch.float64), expected[i],
+                                   rtol=1e-6, atol=1e-9, msg=name)

@@ -121,8 +121,12 @@ def _capture(model, adapter, probs: bool, projections: bool, contexts: bool):
     handles.append(model.get_input_embeddings().register_forward_hook(ensure_graph))
     for block in adapter.blocks:
         for name in ("query", "key", "value") if projections else ():
-            def on_projection(module, args, out, _i=block.index, _n=name):
-                rec["qkv"][_i, _n].append((args[0], out))
+            # A fused Q|K|V module's output is recorded whole (its slices are not on the path to the loss:
+            # the model slices it its own way); the gradient is sliced afterwards by ``fused_span``.
+            span = block.fused_span(name) if block.fused else None
+
+            def on_projection(module, args, out, _i=block.index, _n=name, _span=span):
+                rec["qkv"][_i, _n].append((args[0], out, _span))
             handles.append(getattr(block, name).register_forward_hook(on_projection))
         if contexts:
             def on_context(module, args, _i=block.index):
@@ -191,7 +195,7 @@ def _differentiated(rec: dict, keys: list[tuple]) -> list[torch.Tensor]:
     if "his" in kinds:
         tensors += [c for cs in rec["ctx"].values() for c in cs]
     if "gnorm" in kinds:
-        tensors += [out for pairs in rec["qkv"].values() for _, out in pairs]
+        tensors += [out for pairs in rec["qkv"].values() for _, out, _ in pairs]
     unique = {id(t): t for t in tensors if t.requires_grad}
     return list(unique.values())
 
@@ -238,19 +242,36 @@ def _his_terms(rec, grad_of, adapter, valid) -> dict[int, torch.Tensor]:
 
 
 def _gnorm_stat(key, rec, grad_of, adapter, valid) -> torch.Tensor:
-    """(3, L, H): Σ over examples of ‖∂o_b/∂W_P^(h)‖_F, or Σ over this batch's gradient norm ("batch")."""
+    """(3, L, H): Σ over examples of ‖∂o_b/∂W_P^(h)‖_F, or Σ over this batch's gradient norm ("batch").
+
+    Grouped-query attention: the K and V rows of a key/value head are shared by the query heads of its group, so
+    their gradient norm is computed once per key/value head and *every* query head reading it is attributed the
+    whole norm (its K/V block is that shared block; splitting it would make a head's G_K depend on how many
+    heads share it). Q norms are per query head as usual.
+    """
     out = torch.zeros((3, *adapter.grid_shape), dtype=torch.float64)
-    for (block_index, name), pairs in rec["qkv"].items():
+    for (block_index, name), records in rec["qkv"].items():
         block = adapter.blocks[block_index]
-        x = torch.cat([x.detach() for x, _ in pairs], 1) * valid.repeat(1, len(pairs))[..., None]
-        g = torch.cat([grad_of.get(id(y), torch.zeros_like(y)) for _, y in pairs], 1)
+        n_part = block.n_live if name == "query" else block.n_kv_live
+        if not n_part:
+            continue
+        x = torch.cat([x.detach() for x, _, _ in records], 1) * valid.repeat(1, len(records))[..., None]
+        g = torch.cat([_part_grad(grad_of, y, span) for _, y, span in records], 1)
         if key[2] == "batch":
-            norms = torch.einsum("btk,btd->kd", g, x).view(block.n_live, -1).norm(dim=1)
+            norms = torch.einsum("btk,btd->kd", g, x).view(n_part, -1).norm(dim=1)
         else:
-            norms = per_example_sq_norms(x, g, block.n_live).sqrt().sum(0)
+            norms = per_example_sq_norms(x, g, n_part).sqrt().sum(0)
+        if name != "query":  # per key/value head -> per query head reading it
+            norms = norms[block.kv_of_position()]
         out[("query", "key", "value").index(name), block_index] = _scatter(norms.double().cpu(), block.kept,
                                                                           adapter.n_heads)
     return out
+
+
+def _part_grad(grad_of: dict, y: torch.Tensor, span: tuple[int, int] | None) -> torch.Tensor:
+    g = grad_of.get(id(y), None)
+    g = torch.zeros_like(y) if g is None else g
+    return g if span is None else g[..., span[0]:span[1]]
 
 
 def _gradient_stat(key, rec, grad_of, adapter, valid) -> torch.Tensor:
