@@ -1,0 +1,136 @@
+"""speed.py: FLOPs counted from the shapes a forward sees, checked against hand formulas from the config; the
+timing report's arithmetic; rounding kept-head counts."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from headprune.arch import adapt
+from headprune.mask import HeadMask
+from headprune.speed import (
+    SpeedError,
+    compare_speed,
+    count_flops,
+    ideal_speedup,
+    realised_share,
+    round_kept_heads,
+    speed_table,
+    time_forwards,
+)
+from headprune.surgery import prune_model
+from headprune.testing import random_batch, tiny_model
+
+T = 10
+
+
+def _hand_flops(config, kept_per_layer: list[int], pooled: bool = True) -> dict:
+    """BERT layer by hand: Q/K/V 2·T·d·(h·d_h) each, O 2·T·(h·d_h)·d, scores 4·h·T²·d_h, FFN 2·(2·T·d·d_ff)."""
+    d, d_h, d_ff = config.hidden_size, config.hidden_size // config.num_attention_heads, config.intermediate_size
+    projections = sum(4 * 2 * T * d * h * d_h for h in kept_per_layer)
+    scores = sum(4 * h * T * T * d_h for h in kept_per_layer)
+    other = len(kept_per_layer) * 2 * 2 * T * d * d_ff
+    other += (2 * d * d if pooled else 0) + 2 * d * config.num_labels  # pooler and classifier read token 0 only
+    return {"attention_projections": projections, "attention_scores": scores, "other": other}
+
+
+def test_bert_flops_match_the_hand_count(one_thread):
+    model = tiny_model("bert")
+    counted = count_flops(model, T)
+    expected = _hand_flops(model.config, [4, 4, 4])
+    assert (counted.attention_projections, counted.attention_scores, counted.other) == \
+        tuple(float(v) for v in expected.values())
+    assert counted.total == sum(expected.values())
+    assert not any(m._forward_hooks for m in model.modules())  # the caller's model carries no hook afterwards
+
+
+def test_cut_heads_leave_the_flops_of_the_heads_kept(one_thread):
+    model = tiny_model("bert")
+    mask = HeadMask.from_pruned({0: [0, 1, 2, 3], 1: [2]}, adapt(model).grid_shape)
+    pruned = count_flops(prune_model(model, mask), T)
+    expected = _hand_flops(model.config, [0, 3, 4])
+    assert (pruned.attention_projections, pruned.attention_scores, pruned.other) == \
+        tuple(float(v) for v in expected.values())
+    ideal = ideal_speedup(count_flops(model, T), pruned)
+    dense_total = sum(_hand_flops(model.config, [4, 4, 4]).values())
+    assert ideal["removed_flops_share"] == pytest.approx(1 - sum(expected.values()) / dense_total)
+    assert ideal["ideal_speedup"] == pytest.approx(dense_total / sum(expected.values()))
+
+
+def test_albert_counts_its_shared_block_in_every_layer(one_thread):
+    model = tiny_model("albert")
+    counted = count_flops(model, T)
+    c = model.config
+    d_h = c.hidden_size // c.num_attention_heads
+    # one block reused by all 3 layers: its Q/K/V/O and scores are paid 3 times
+    assert counted.attention_projections == c.num_hidden_layers * 4 * 2 * T * c.hidden_size ** 2
+    assert counted.attention_scores == c.num_hidden_layers * 4 * c.num_attention_heads * T * T * d_h
+    mask = HeadMask.from_pruned({0: [0]}, adapt(model).grid_shape)
+    assert count_flops(prune_model(model, mask), T).attention_scores == counted.attention_scores * 3 / 4
+
+
+def test_grouped_query_attention_counts_fewer_kv_rows(one_thread):
+    """GQA (Llama style, 4 query heads sharing 2 key/value heads): K and V are half as wide as Q."""
+    transformers = pytest.importorskip("transformers")
+    from headprune.errors import UnsupportedArchitecture
+
+    config = transformers.LlamaConfig(vocab_size=120, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      num_labels=2, pad_token_id=0)
+    model = transformers.AutoModelForSequenceClassification.from_config(config).eval()
+    try:
+        adapt(model)
+    except UnsupportedArchitecture:
+        pytest.skip("this checkout's adapter does not support Llama yet")
+    counted = count_flops(model, T)
+    d, d_h = 32, 8
+    per_layer = 2 * T * d * (4 * d_h) * 2 + 2 * T * d * (2 * d_h) * 2  # Q and O full width, K and V half
+    assert counted.attention_projections == 2 * per_layer
+    assert counted.attention_scores == 2 * 4 * 4 * T * T * d_h
+    # gate/up/down of the MLP on every token, score head on every token (decoders classify from the last one)
+    assert counted.other == 2 * 3 * 2 * T * d * 48 + 2 * T * d * 2
+
+
+def test_realised_share_is_the_saving_over_the_flops_saving():
+    assert realised_share(2.0, 1.5, 0.5) == pytest.approx(0.5)
+    assert realised_share(2.0, 1.0, 0.5) == pytest.approx(1.0)
+    assert realised_share(2.0, 2.0, 0.0) is None
+
+
+def test_compare_speed_reports_both_models_per_length(one_thread):
+    model = tiny_model("bert")
+    pruned = prune_model(model, HeadMask.from_pruned({0: [0, 1], 2: [3]}, adapt(model).grid_shape))
+    report = compare_speed(model, pruned, lengths=(8, 16), throughput_batch=4, repeats=1, warmup=0,
+                           device="cpu", threads=1)
+    assert report["device"] == "cpu" and report["torch_threads"] == 1 and set(report["lengths"]) == {"8", "16"}
+    for length, entry in report["lengths"].items():
+        flops = ideal_speedup(count_flops(model, int(length)), count_flops(pruned, int(length)))
+        assert entry["ideal_speedup"] == pytest.approx(flops["ideal_speedup"])
+        assert entry["latency_speedup"] == pytest.approx(entry["latency_ms_dense"] / entry["latency_ms_pruned"])
+        assert entry["throughput_speedup"] == pytest.approx(entry["throughput_pruned"] / entry["throughput_dense"])
+        saving = 1 - entry["throughput_dense"] / entry["throughput_pruned"]
+        assert entry["throughput_realised_share"] == pytest.approx(saving / entry["removed_flops_share"])
+    rows = speed_table(report)
+    assert [r["length"] for r in rows] == [8, 16] and all(math.isfinite(v) for r in rows for v in r.values())
+
+
+def test_time_forwards_rejects_no_repeats():
+    with pytest.raises(SpeedError, match="repeats"):
+        time_forwards([tiny_model("bert")], random_batch(), repeats=0)
+
+
+def test_round_kept_heads_restores_the_best_pruned_heads():
+    shape = (3, 4)
+    mask = HeadMask.from_pruned({0: [0, 1, 2], 1: [1], 2: [0, 1, 2, 3]}, shape)
+    scores = np.arange(12, dtype=float).reshape(shape)
+    scores[0, 2] = 100.0  # the best pruned head of block 0
+    rounded, report = round_kept_heads(mask, 2, scores)
+    assert rounded.keep_bool().sum(1).tolist() == [2, 4, 0]  # 1 -> 2, 3 -> 4, an empty block stays empty
+    assert report["restored"] == {0: [2], 1: [1]} and report["heads_restored"] == 2
+    assert rounded.pruned() == {0: [0, 1], 2: [0, 1, 2, 3]}
+    by_id, _ = round_kept_heads(mask, 2)  # no scores: the lowest ids come back
+    assert by_id.pruned() == {0: [1, 2], 2: [0, 1, 2, 3]}
+    with pytest.raises(SpeedError, match="positive"):
+        round_kept_heads(mask, 0)
