@@ -33,3 +33,59 @@ def autocast(device: torch.device, dtype: str | None = "bf16"):
         return contextlib.nullcontext()
     torch_dtype = torch.bfloat16 if dtype == "bf16" and torch.cuda.is_bf16_supported() else torch.float16
     return torch.autocast("cuda", dtype=torch_dtype)
+
+
+# -- placement of models too big for one device (accelerate) ----------------------------------------------------
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+OFFLOAD_HELP = ("--device-map auto (spread the layers over every GPU, then CPU memory, then disk), a JSON map "
+                "sending some modules to \"cpu\" or \"disk\" (offload), or --dtype bf16 / fp16 (half the memory)")
+
+
+def parse_dtype(name: str | None) -> torch.dtype | None:
+    """"fp32" | "bf16" | "fp16" -> torch dtype (None: the checkpoint's own)."""
+    if name in (None, "", "auto"):
+        return None
+    if name not in DTYPES:
+        raise DeviceError(f"Unknown dtype '{name}'. Accepted: {', '.join(DTYPES)}.")
+    return DTYPES[name]
+
+
+def available_devices() -> list[str]:
+    return ["cpu", "disk"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+
+
+def parse_device_map(spec: str | dict | None) -> str | dict | None:
+    """``"auto"``, a JSON object ``{"module.name": device}`` (device: "cpu", "disk", a GPU index or "cuda:N"), or
+    a path to such a JSON file. Every device is checked against this machine, so an absent GPU is named in a
+    clear error instead of accelerate's bare AssertionError."""
+    if spec in (None, ""):
+        return None
+    if isinstance(spec, str):
+        if spec == "auto":
+            return "auto"
+        import json
+        from pathlib import Path
+
+        text = Path(spec).read_text(encoding="utf-8") if Path(spec).is_file() else spec
+        try:
+            spec = json.loads(text)
+        except json.JSONDecodeError:
+            raise DeviceError(f"--device-map must be 'auto', a JSON object or a JSON file; got {text[:60]!r}. "
+                              'Example: {"model.embed_tokens": 0, "model.layers": "cpu", "lm_head": "disk"}.')\
+                from None
+    if not isinstance(spec, dict) or not spec:
+        raise DeviceError("A device map is a non-empty JSON object {\"module.name\": device}.")
+    for module, device in spec.items():
+        _check_placement(module, device)
+    return spec
+
+
+def _check_placement(module: str, device) -> None:
+    name = f"cuda:{device}" if isinstance(device, int) and not isinstance(device, bool) else str(device)
+    if name.isdigit():
+        name = f"cuda:{name}"
+    if name in ("cpu", "disk") or (name.startswith("cuda:") and name in available_devices()):
+        return
+    raise DeviceError(f"The device map sends '{module}' to '{device}', which this machine does not have. "
+                      f"Available: {', '.join(available_devices())}.")

@@ -8,6 +8,7 @@ shape, and then the saved weights are loaded strictly.
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import torch
 from torch import nn
 
 from .arch import ModelAdapter, adapt
-from .device import resolve_device
+from .device import OFFLOAD_HELP, parse_device_map, parse_dtype, resolve_device
 from .errors import ModelLoadError
 from .surgery import record_kept_heads
 
@@ -106,11 +107,20 @@ def _load_pruned_folder(folder: Path, config, attn_implementation: str) -> nn.Mo
     return model
 
 
-def load_model(spec: str, device: str | torch.device = "auto", attn_implementation: str = "sdpa") -> LoadedModel:
-    """Load ``spec``: "demo", a local folder, or a hub id (needs the network). Errors name what is accepted."""
+def load_model(spec: str, device: str | torch.device = "auto", attn_implementation: str = "sdpa",
+               device_map: str | dict | None = None, dtype: str | None = None,
+               offload_folder: str | None = None) -> LoadedModel:
+    """Load ``spec``: "demo", a local folder, or a hub id (needs the network). Errors name what is accepted.
+
+    ``device_map`` ("auto" or {module: device}, see ``device.parse_device_map``) places the model through
+    accelerate, over several GPUs, CPU memory and disk (``offload_folder``, a temporary folder by default);
+    ``device`` is then ignored. ``dtype`` "fp32" | "bf16" | "fp16" converts the weights on load.
+    """
     from transformers import AutoConfig, AutoTokenizer
 
-    dev = resolve_device(device)
+    placement = parse_device_map(device_map)
+    torch_dtype = parse_dtype(dtype)
+    dev = resolve_device(device) if placement is None else None
     if spec == "demo":
         from .demo import ensure_demo_model
 
@@ -141,20 +151,43 @@ def load_model(spec: str, device: str | torch.device = "auto", attn_implementati
     try:
         if getattr(config, "headprune_kept_heads", None):
             model = _load_pruned_folder(path, config, attn_implementation)
+            if torch_dtype is not None:
+                model.to(torch_dtype)
+            if placement is not None:
+                model = _dispatch(model, placement, offload_folder)
         else:
             if path is not None:
                 _load_state_dict_exists(path)
+            placed = {} if placement is None else {
+                "device_map": placement, "offload_folder": offload_folder or tempfile.mkdtemp(prefix="headprune-")}
             model = auto_class(config).from_pretrained(
-                source, trust_remote_code=False, use_safetensors=None, attn_implementation=attn_implementation)
+                source, trust_remote_code=False, use_safetensors=None, attn_implementation=attn_implementation,
+                dtype=torch_dtype, **placed)
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
     except ModelLoadError:
         raise
+    except torch.OutOfMemoryError as exc:
+        raise ModelLoadError(f"'{spec}' does not fit in the memory of {device_map or dev}: {exc}. "
+                             f"Options: {OFFLOAD_HELP}.") from exc
     except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"Could not load a sequence classifier from '{spec}': {exc}") from exc
     adapter = adapt(model)  # raises UnsupportedArchitecture with the supported list
     record_kept_heads(adapter)
-    model.to(dev).eval()
+    if placement is None:
+        model.to(dev)
+    else:  # inputs go where the embeddings are; accelerate's hooks move activations between devices
+        dev = model.get_input_embeddings().weight.device
+        dev = torch.device("cpu") if dev.type == "meta" else dev
+    model.eval()
     return LoadedModel(model, tokenizer, spec, source, adapter, dev)
+
+
+def _dispatch(model: nn.Module, placement: str | dict, offload_folder: str | None) -> nn.Module:
+    """Place an already-built model with accelerate (a saved pruned model is rebuilt before it is placed)."""
+    from accelerate import dispatch_model, infer_auto_device_map
+
+    device_map = infer_auto_device_map(model) if placement == "auto" else placement
+    return dispatch_model(model, device_map, offload_dir=offload_folder or tempfile.mkdtemp(prefix="headprune-"))
 
 
 def _load_state_dict_exists(folder: Path) -> None:
