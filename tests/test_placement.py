@@ -50,7 +50,8 @@ def test_disk_offloaded_model_gives_the_same_numbers_and_keeps_its_hooks(llama_d
             expected = plain.model(**batch).logits
         with gate_heads(placed.model, mask):
             assert torch.allclose(placed.model(**batch).logits, expected, atol=1e-6)
-    for a, b in zip(capture_attention(plain.model, batch, mask).probs, capture_attention(placed.model, batch, mask).probs):
+    captured = capture_attention(placed.model, batch, mask).probs
+    for a, b in zip(capture_attention(plain.model, batch, mask).probs, captured):
         assert torch.allclose(a, b, atol=1e-6)
     for name in ("his", "ae"):
         ref = get(name)(ScoringContext(plain.model, [labelled]))
