@@ -224,14 +224,20 @@ def compare_speed(dense: nn.Module, pruned: nn.Module, lengths: Sequence[int] = 
     Both models are moved to ``device`` as eval-mode structural copies (the callers' models stay where they
     are). Per length: FLOPs (ideal speed-up and removed share), latency at ``latency_batch`` (ms), throughput at
     ``throughput_batch`` (sequences/s), the measured speed-ups and the realised share of the ideal saving at
-    each batch size. ``threads`` sets torch's CPU threads for the measurement (default: leave as is).
+    each batch size. ``threads`` sets torch's CPU threads for the measurement (default: leave as is). Lengths
+    beyond the model's position limit are listed under "skipped_lengths" instead of timed.
     """
     device = resolve_device(device)
     models = [_runnable_on(m, device) for m in (dense, pruned)]
+    limit = getattr(dense.config, "max_position_embeddings", None)
+    skipped = [n for n in lengths if limit is not None and n > limit]
+    lengths = [n for n in lengths if n not in skipped]
     report = {"device": str(device), "torch_threads": threads or torch.get_num_threads(), "repeats": repeats,
               "warmup": warmup, "latency_batch": latency_batch, "throughput_batch": throughput_batch,
               "lengths": {}}
-    steps = len(lengths) * 2
+    if skipped:  # a short-context model still gets the lengths it accepts, and is told which it does not
+        report["skipped_lengths"] = {str(n): f"longer than the model's {limit} positions" for n in skipped}
+    steps = max(1, len(lengths) * 2)
     with _threads(threads):
         for i, length in enumerate(lengths):
             flops = [count_flops(m, length) for m in models]

@@ -134,3 +134,22 @@ def test_round_kept_heads_restores_the_best_pruned_heads():
     assert by_id.pruned() == {0: [1, 2], 2: [0, 1, 2, 3]}
     with pytest.raises(SpeedError, match="positive"):
         round_kept_heads(mask, 0)
+
+
+def test_prune_benchmark_adds_measured_and_ideal_speedup(tiny_model_dir, tmp_path, capsys, one_thread):
+    import json
+
+    from headprune.cli import main
+
+    mask_file = tmp_path / "mask.json"
+    mask_file.write_text(json.dumps({"pruned": {"0": [1, 3], "2": [0]}}))
+    argv = ["prune", "--model", str(tiny_model_dir), "--mask", str(mask_file), "--out", str(tmp_path / "cut")]
+    assert main(argv + ["--benchmark", "--benchmark-repeats", "1"]) == 0
+    report = json.loads(capsys.readouterr().out)["speed"]
+    assert set(report["lengths"]) == {"64"}  # the tiny model has 64 positions: 256 is skipped and said so
+    assert report["skipped_lengths"] == {"256": "longer than the model's 64 positions"}
+    entry = report["lengths"]["64"]
+    assert entry["ideal_speedup"] > 1 and entry["latency_ms_pruned"] > 0 and entry["throughput_pruned"] > 0
+    assert main(argv) == 0 and "speed" not in json.loads(capsys.readouterr().out)  # opt-in
+    assert main(argv + ["--benchmark", "--benchmark-repeats", "0"]) == 2
+    assert "repeats must be >= 1" in capsys.readouterr().err

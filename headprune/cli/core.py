@@ -40,8 +40,14 @@ def cmd_prune(args) -> dict:
     mask = load_mask(args, loaded)
     pruned = prune_model(loaded.model, mask)
     save_pruned(pruned, loaded.tokenizer, out, extra={"source_model": loaded.source, "mask": mask.to_json()})
-    return {"out": str(out), "model": args.model, "pruned_heads": mask.n_pruned, "kept_heads": mask.n_kept,
-            "sizes": size_report(loaded.model, pruned)}
+    result = {"out": str(out), "model": args.model, "pruned_heads": mask.n_pruned, "kept_heads": mask.n_kept,
+              "sizes": size_report(loaded.model, pruned)}
+    if args.benchmark:  # opt-in: timing takes seconds to minutes
+        from ..speed import compare_speed
+
+        result["speed"] = compare_speed(loaded.model, pruned, repeats=args.benchmark_repeats,
+                                        progress=tqdm_progress("benchmark"))
+    return result
 
 
 def add_commands(sub) -> None:
@@ -58,4 +64,8 @@ def add_commands(sub) -> None:
     add_model_args(p)
     add_mask_arg(p, required=True)
     p.add_argument("--out", required=True, help="folder to save the pruned model in")
+    p.add_argument("--benchmark", action="store_true",
+                   help="also time the dense and the pruned model (latency at batch 1, throughput at batch 32, "
+                        "lengths 64 and 256, on the auto device) next to the ideal speed-up from FLOPs")
+    p.add_argument("--benchmark-repeats", type=int, default=5, help="timed forwards per measurement (default: 5)")
     p.set_defaults(handler=cmd_prune)
