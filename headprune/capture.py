@@ -2,9 +2,11 @@
 
 Under ``sdpa`` transformers returns no attention probabilities, so for the duration of a capture the model is
 switched to ``eager`` (restored afterwards) and a forward hook on every attention core records the
-probabilities its eager kernel returns. Heads removed by surgery, or gated to 0 by ``mask``, come back as
-all-zero maps in their original position, so an L x H grid is always drawable. Padded query rows and key
-columns are zeroed.
+probabilities its eager kernel returns; families whose core returns them only on request (DeBERTa,
+``adapter.needs_output_attentions``) are asked through ``config.output_attentions``, and a live core that still
+returns none raises :class:`CaptureError` rather than yielding all-zero maps. Heads removed by surgery, or
+gated to 0 by ``mask``, come back as all-zero maps in their original position, so an L x H grid is always
+drawable. Padded query rows and key columns are zeroed.
 """
 
 from __future__ import annotations
@@ -14,9 +16,14 @@ from dataclasses import dataclass
 
 import torch
 
-from .arch import ModelAdapter, adapt
+from .arch import ModelAdapter, adapt, supported
+from .errors import HeadpruneError
 from .gating import gate_heads
 from .mask import HeadMask
+
+
+class CaptureError(HeadpruneError):
+    """A model's attention core gave no probabilities: refusing to draw all-zero maps in their place."""
 
 
 @dataclass
@@ -67,14 +74,39 @@ def record_attention(model, adapter: ModelAdapter | None = None):
     for block in adapter.blocks:
         def hook(module, args, output, _block=block):
             weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+            if weights is None and _block.kept:  # zero-head cores legitimately return none
+                raise CaptureError(
+                    f"The attention core of block {_block.index} ({type(module).__name__}, family "
+                    f"'{adapter.family}') returned no attention probabilities under eager attention; headprune "
+                    f"cannot draw or score its heads' attention. Supported families: {supported()}.")
             records.append((_block.index, weights))
         handles.append(block.core.register_forward_hook(hook))
     try:
-        with eager_attention(model):
+        with eager_attention(model), _asking_for_attentions(model, adapter.needs_output_attentions):
             yield records
     finally:
         for h in handles:
             h.remove()
+
+
+@contextmanager
+def _asking_for_attentions(model, needed: bool):
+    """Within the block the model's forward returns attention probabilities without being asked per call.
+
+    DeBERTa's core computes them but returns them only when its forward receives ``output_attentions=True``,
+    which the model reads from ``config.output_attentions`` when the caller passes nothing: setting the config
+    flag (eager is on already) reaches every caller's forward, the criteria's included.
+    """
+    config = model.config
+    previous = config.output_attentions
+    if not needed or previous:
+        yield
+        return
+    config.output_attentions = True
+    try:
+        yield
+    finally:
+        config.output_attentions = previous
 
 
 def expand_heads(weights: torch.Tensor | None, kept: list[int], n_heads: int, like: torch.Tensor) -> torch.Tensor:

@@ -4,6 +4,8 @@ For a block with head size d_h, keeping query heads K (original ids) keeps
     W_Q  rows     [p*d_h : (p+1)*d_h] for the physical position p of every h in K   (and its bias)
     W_O  columns  the same positions                                                (its bias is untouched)
     W_K, W_V rows of the key/value heads the kept query heads read (see "Grouped-query attention" below)
+    any further per-head projection the adapter lists in ``extra_rows`` (DeBERTa's position projections): its
+             rows with the side (query or key/value) it is multiplied with
 which is exactly what a 0 gate on the removed heads computes (see gating.py). Fused Q|K|V modules (GPT-2
 ``c_attn``, Phi-3 ``qkv_proj``, ModernBERT ``Wqkv``) are sliced part by part; Conv1D weights (in x out) along
 their output axis. Parameters are replaced in place on the copy, so module identity (and any accelerate hook on
@@ -94,6 +96,8 @@ def apply_layout(block: AttentionBlock, keep: list[int], sources: list[int]) -> 
         _keep_features(block.query, _rows(q_pos, d), output_side=True)
         _keep_features(block.key, _rows(kv_pos, d), output_side=True)
         _keep_features(block.value, _rows(kv_pos, d), output_side=True)
+    for module, side in block.extra_rows:
+        _keep_features(module, _rows(q_pos if side == "query" else kv_pos, d), output_side=True)
     _keep_features(block.output, _rows(q_pos, d), output_side=False)
     block.kept, block.kv_sources = list(keep), list(sources)
     install_forwards(block)
@@ -191,7 +195,7 @@ def parameter_counts(model: nn.Module) -> dict[str, dict[str, float]]:
     attention = {"params": 0, "mb": 0.0}
     counted: set[int] = set()
     for block in adapt(model).blocks:
-        for module in (block.query, block.key, block.value, block.output):
+        for module in (block.query, block.key, block.value, block.output, *(m for m, _ in block.extra_rows)):
             if id(module) in counted:  # fused Q|K|V: one module
                 continue
             counted.add(id(module))

@@ -121,18 +121,20 @@ def tiny_modern_config(arch: str, n_layers: int = 3, n_heads: int = 4, head_size
                        vocab_size: int = 120):
     """A tiny random DeBERTa-v2/v3 or ModernBERT classifier config.
 
-    DeBERTa sets ``relative_attention=True`` and ``pos_att_type=["p2c", "c2p"]`` (the config defaults skip the
-    disentangled path) with ``position_buckets`` and a convolution after layer 0 (``conv_kernel_size``), as v3
-    checkpoints do; "deberta-v2" shares the position projections with Q/K (``share_att_key``, v3's default),
-    "deberta-v2-unshared" has its own ``pos_query_proj``/``pos_key_proj``. ModernBERT alternates global and
-    local layers with a local window (4 tokens) shorter than the test sequences, so the two kinds differ.
+    Weights are drawn with ``initializer_range=0.3`` (default 0.02) so that a single head visibly moves the
+    logits. DeBERTa sets ``relative_attention=True`` and ``pos_att_type=["p2c", "c2p"]`` (the config defaults
+    skip the disentangled path) with ``position_buckets`` and a convolution after layer 0
+    (``conv_kernel_size``), as v3 checkpoints do; "deberta-v2" shares the position projections with Q/K
+    (``share_att_key``, v3's default), "deberta-v2-unshared" has its own ``pos_query_proj``/``pos_key_proj``.
+    ModernBERT alternates global and local layers with a local window (4 tokens) shorter than the test
+    sequences, so the two kinds differ.
     """
     from transformers import DebertaV2Config, ModernBertConfig
 
     hidden = n_heads * head_size
     common = dict(vocab_size=vocab_size, num_labels=num_labels, num_hidden_layers=n_layers,
                   num_attention_heads=n_heads, hidden_size=hidden, intermediate_size=2 * hidden,
-                  max_position_embeddings=64, pad_token_id=1)
+                  max_position_embeddings=64, pad_token_id=1, initializer_range=0.3)
     if arch.startswith("deberta-v2"):
         return DebertaV2Config(**common, relative_attention=True, pos_att_type=["p2c", "c2p"],
                                share_att_key=arch == "deberta-v2", position_buckets=8, max_relative_positions=16,
@@ -153,3 +155,37 @@ def tiny_modern(arch: str, seed: int = 0, attn_implementation: str = "eager", **
     torch.manual_seed(seed)
     config = tiny_modern_config(arch, **kw)
     return AutoModelForSequenceClassification.from_config(config, attn_implementation=attn_implementation).eval()
+
+
+def offline_tokenizer(kind: str, corpus: list[str], vocab_size: int | None = None):
+    """A fast tokenizer trained offline on ``corpus`` (no pretrained tokenizer can be downloaded in tests).
+
+    ``kind``: "unigram" -- SentencePiece-style Unigram with "▁" word starts, as DeBERTa-v3 ships (``<s> A </s>``,
+    pad "<pad>", unk "<unk>"); "byte-level-bpe" -- byte-level BPE with "Ġ" word starts, as ModernBERT and RoBERTa
+    ship (the 256 byte symbols are always in the vocabulary, so it has at least 259 entries).
+    """
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast
+
+    if kind == "unigram":
+        from tokenizers.implementations import SentencePieceUnigramTokenizer
+
+        trained = SentencePieceUnigramTokenizer()
+        trained.train_from_iterator(corpus, vocab_size=vocab_size or 70, unk_token="<unk>",
+                                    special_tokens=["<pad>", "<unk>", "<s>", "</s>"])
+        trained._tokenizer.post_processor = processors.TemplateProcessing(
+            single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>",
+            special_tokens=[("<s>", trained.token_to_id("<s>")), ("</s>", trained.token_to_id("</s>"))])
+        return PreTrainedTokenizerFast(tokenizer_object=trained._tokenizer, bos_token="<s>", eos_token="</s>",
+                                       pad_token="<pad>", unk_token="<unk>")
+    if kind == "byte-level-bpe":
+        from tokenizers.implementations import ByteLevelBPETokenizer
+
+        trained = ByteLevelBPETokenizer()
+        trained.train_from_iterator(corpus, vocab_size=vocab_size or 300, min_frequency=1,
+                                    special_tokens=["<s>", "<pad>", "</s>"])
+        trained._tokenizer.post_processor = processors.RobertaProcessing(
+            ("</s>", trained.token_to_id("</s>")), ("<s>", trained.token_to_id("<s>")))
+        return PreTrainedTokenizerFast(tokenizer_object=trained._tokenizer, bos_token="<s>", eos_token="</s>",
+                                       pad_token="<pad>")
+    raise ValueError(f"unknown tokenizer kind {kind}; known: unigram, byte-level-bpe")

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from headprune.syntax.align import AlignmentError, encode, token_words, word_attention, word_status
+from headprune.testing import offline_tokenizer
 
 CORPUS = ["Dolphins were washed up on beaches in Africa.", "The quick brown fox jumps over the lazy dog.",
           "More than 150 dolphins, marine turtles and beaked whales died.", "I laughed, didn't I?"]
@@ -30,31 +31,11 @@ def _wordpiece():
 
 
 def _byte_level_bpe():
-    from tokenizers import processors
-    from tokenizers.implementations import ByteLevelBPETokenizer
-    from transformers import PreTrainedTokenizerFast
-
-    bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(CORPUS * 3, vocab_size=300, min_frequency=1, special_tokens=["<s>", "<pad>", "</s>"])
-    bpe._tokenizer.post_processor = processors.RobertaProcessing(("</s>", bpe.token_to_id("</s>")),
-                                                                 ("<s>", bpe.token_to_id("<s>")))
-    return PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<s>", eos_token="</s>",
-                                   pad_token="<pad>")
+    return offline_tokenizer("byte-level-bpe", CORPUS * 3)
 
 
 def _unigram():
-    from tokenizers import processors
-    from tokenizers.implementations import SentencePieceUnigramTokenizer
-    from transformers import PreTrainedTokenizerFast
-
-    uni = SentencePieceUnigramTokenizer()
-    uni.train_from_iterator(CORPUS * 3, vocab_size=70, special_tokens=["<pad>", "<unk>", "<s>", "</s>"],
-                            unk_token="<unk>")
-    uni._tokenizer.post_processor = processors.TemplateProcessing(
-        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>",
-        special_tokens=[("<s>", uni.token_to_id("<s>")), ("</s>", uni.token_to_id("</s>"))])
-    return PreTrainedTokenizerFast(tokenizer_object=uni._tokenizer, bos_token="<s>", eos_token="</s>",
-                                   pad_token="<pad>", unk_token="<unk>")
+    return offline_tokenizer("unigram", CORPUS * 3)
 
 
 def _minilm():

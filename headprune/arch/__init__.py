@@ -60,7 +60,7 @@ def adapt(model: nn.Module) -> ModelAdapter:
         f"find its attention heads. Supported families: {supported()}.")
 
 
-from . import decoders, encoders  # noqa: E402,F401  (registration order = detection order)
+from . import decoders, encoders, modern  # noqa: E402,F401  (registration order = detection order)
 
 SUPPORTED = tuple(f.name for f in FAMILIES)
 

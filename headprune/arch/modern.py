@@ -1,0 +1,105 @@
+"""Modern encoders: DeBERTa-v2/v3 (disentangled attention) and ModernBERT (fused Wqkv, rotary, local/global).
+
+DeBERTa-v2/v3 (``DebertaV2ForSequenceClassification``)
+    Besides content Q/K/V, every head projects the shared relative-position table (``encoder.rel_embeddings``)
+    through its own rows: with ``share_att_key`` (v3's default) through ``query_proj``/``key_proj`` themselves,
+    otherwise through ``pos_query_proj`` (position-to-content, "p2c") and ``pos_key_proj`` (content-to-position,
+    "c2p"). Head h's score is q_h k_hᵀ + q_h (P k)_hᵀ + k_h (P q)_hᵀ (DeBERTa eq. 4), so cutting head h must drop
+    its rows of all five projections: the position projections are listed as ``extra_rows`` of the block and
+    surgery slices each like the side it multiplies. The core reads ``num_attention_heads`` to split
+    heads, so surgery sets it. Only eager attention exists, and the core returns its probabilities only when the
+    forward is called with ``output_attentions=True`` (``needs_output_attentions``). Layers return
+    ``(hidden, attn)`` tuples, and a convolution over the embeddings is added to layer 0's output before layer 1
+    (``encoder.conv``): a replay from a layer above 0 must skip it, since the cached input already contains it.
+    DeBERTa v1 (``DebertaForSequenceClassification``: fused ``in_proj``) is not covered and gets the supported list.
+
+ModernBERT (``ModernBertForSequenceClassification``)
+    One fused ``Wqkv`` (Q heads, then K heads, then V heads) and ``Wo``, both without biases by default; the core
+    infers the head count from the tensor shape, so surgery needs no count attribute. Rotary position tables and
+    the attention mask are chosen per layer from ``layer.attention_type``: ``full_attention`` layers attend
+    globally, ``sliding_attention`` layers within a local window. ``layer_kinds`` carries that split to the grid
+    (do local heads matter less than global ones?). Supports eager and sdpa attention.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ..modwrap import passthrough
+from . import family
+from .base import AttentionBlock, ModelAdapter, empty_context, kept_heads, kv_sources
+from .encoders import _empty_sibling_output, _set_counts
+
+
+def _layer_list(model: nn.Module, core_of, needs: tuple[str, ...]) -> nn.ModuleList | None:
+    """The first ModuleList of layers whose attention core (``core_of(layer)``) has every attribute in ``needs``."""
+    for module in model.modules():
+        for child in module.children():
+            if isinstance(child, nn.ModuleList) and len(child) > 0:
+                core = core_of(child[0])
+                if core is not None and all(hasattr(core, a) for a in needs):
+                    return child
+    return None
+
+
+def _blocks(model: nn.Module, parts: list[tuple], n_heads: int, head_size: int, **behaviour) -> list[AttentionBlock]:
+    """One multi-head block per ``(core, query, key, value, output, extra_rows)`` (no grouped-query attention)."""
+    blocks = []
+    for i, (core, q, k, v, o, extra) in enumerate(parts):
+        kept = kept_heads(model, i, n_heads)
+        blocks.append(AttentionBlock(i, core, q, k, v, o, head_size, kept, n_heads, n_heads,
+                                     kv_sources(model, i, n_heads, n_heads, kept), extra_rows=extra, **behaviour))
+    return blocks
+
+
+# -- DeBERTa-v2/v3 -----------------------------------------------------------------------------------------------
+
+def _deberta_core(layer: nn.Module):
+    return getattr(getattr(layer, "attention", None), "self", None)
+
+
+def _deberta_parts(layer: nn.Module) -> tuple:
+    """Core, Q/K/V, O and the position projections, each sliced like the side it is multiplied with: c2p
+    multiplies query head h by ``pos_key_proj`` head h (query side), p2c key head h by ``pos_query_proj`` head h."""
+    core = layer.attention.self
+    position = [(getattr(core, name), side) for name, side in (("pos_key_proj", "query"), ("pos_query_proj", "key"))
+                if hasattr(core, name)]
+    return core, core.query_proj, core.key_proj, core.value_proj, layer.attention.output.dense, position
+
+
+@family("deberta-v2", "DeBERTa-v2/v3: disentangled attention with per-head relative-position projections")
+def deberta_v2(model: nn.Module) -> ModelAdapter | None:
+    layers = _layer_list(model, _deberta_core, ("query_proj", "key_proj", "value_proj", "pos_att_type"))
+    if layers is None:
+        return None
+    n_heads = model.config.num_attention_heads
+    parts = [_deberta_parts(layer) for layer in layers]
+    blocks = _blocks(model, parts, n_heads, parts[0][0].attention_head_size, set_counts=_set_counts,
+                     empty_forward=_empty_sibling_output)
+    encoder = next(m for m in model.modules() if getattr(m, "layer", None) is layers)
+    conv = getattr(encoder, "conv", None)
+    bypass = {conv: passthrough(1, "residual_states")} if conv is not None else {}
+    return ModelAdapter(str(model.config.model_type), model, blocks, n_heads, len(blocks), False,
+                        list(range(len(blocks))), layers, core_applies_output=False,
+                        layer_output=lambda hidden: (hidden, None), replay_bypass=bypass,
+                        needs_output_attentions=True)
+
+
+# -- ModernBERT ---------------------------------------------------------------------------------------------------
+
+def _empty_modernbert(core, _inner, *args, **kwargs):
+    """A ModernBERT core with no heads: Wo of an empty context (its bias, or zeros), as its forward returns."""
+    return core.out_drop(core.Wo(empty_context(args, kwargs))), None
+
+
+@family("modernbert", "ModernBERT: fused Wqkv, rotary positions, alternating global and local (sliding) layers")
+def modernbert(model: nn.Module) -> ModelAdapter | None:
+    layers = _layer_list(model, lambda layer: getattr(layer, "attn", None), ("Wqkv", "Wo"))
+    if layers is None or not hasattr(layers[0], "attention_type"):
+        return None
+    n_heads = model.config.num_attention_heads
+    parts = [(layer.attn, layer.attn.Wqkv, layer.attn.Wqkv, layer.attn.Wqkv, layer.attn.Wo, []) for layer in layers]
+    blocks = _blocks(model, parts, n_heads, layers[0].attn.head_dim, empty_forward=_empty_modernbert)
+    kinds = [str(layer.attention_type).replace("_attention", "") for layer in layers]
+    return ModelAdapter("modernbert", model, blocks, n_heads, len(blocks), False, list(range(len(blocks))), layers,
+                        core_applies_output=True, layer_kinds=kinds if len(set(kinds)) > 1 else None)

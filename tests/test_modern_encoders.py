@@ -1,0 +1,190 @@
+"""DeBERTa-v2/v3 and ModernBERT: gating == surgery, save/load, run-from-layer, capture, criteria, SAP, bad input.
+
+Tiny random configs (headprune.testing.tiny_modern): DeBERTa with relative attention, p2c + c2p, position
+buckets and the layer-0 convolution, once with share_att_key (v3) and once with its own position projections;
+ModernBERT with alternating global/local layers whose window is shorter than the test sentences.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from headprune.arch import adapt
+from headprune.capture import CaptureError, capture_attention, record_attention
+from headprune.gating import gate_heads
+from headprune.layers import record_layer_inputs, start_at_layer
+from headprune.mask import HeadMask
+from headprune.models import load_model, save_pruned
+from headprune.surgery import parameter_counts, prune_model
+from headprune.testing import MODERN_ARCHS, offline_tokenizer, random_batch, tiny_modern
+
+ATOL = 1e-5
+# Every attention implementation each family supports on CPU (DeBERTa-v2 has only its own eager kernel).
+IMPLEMENTATIONS = [(arch, attn) for arch in MODERN_ARCHS
+                   for attn in (("eager", "sdpa") if arch == "modernbert" else ("eager",))]
+CORPUS = ["Dolphins were washed up on beaches in Africa.", "The quick brown fox jumps over the lazy dog.",
+          "More than 150 dolphins, marine turtles and beaked whales died.", "I laughed, didn't I?"]
+TOKENIZER_KIND = {"deberta-v2": "unigram", "deberta-v2-unshared": "unigram", "modernbert": "byte-level-bpe"}
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def inputs(batch: dict) -> dict:
+    return {k: v for k, v in batch.items() if k != "labels"}
+
+
+def logits(model, batch, mask=None) -> torch.Tensor:
+    with torch.no_grad(), gate_heads(model, mask):
+        return model(**inputs(batch)).logits
+
+
+def random_mask(shape, seed: int, p: float = 0.5) -> HeadMask:
+    g = torch.Generator().manual_seed(seed)
+    return HeadMask((torch.rand(shape, generator=g) > p).float())
+
+
+@functools.cache
+def tokenizer(kind: str):
+    return offline_tokenizer(kind, CORPUS * 3)
+
+
+# -- gating == surgery -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("arch,attn", IMPLEMENTATIONS)
+def test_gating_equals_surgery_random_masks(arch, attn):
+    model = tiny_modern(arch, attn_implementation=attn)
+    batch = random_batch(seq_len=12)
+    shape = adapt(model).grid_shape
+    dense = logits(model, batch)
+    for seed in range(4):
+        mask = random_mask(shape, seed)
+        gated = logits(model, batch, mask)
+        cut = logits(prune_model(model, mask), batch)
+        assert (gated - cut).abs().max() <= ATOL, (arch, attn, seed)
+        if mask.n_pruned:
+            assert (gated - dense).abs().max() > 1e-3   # the gate really acted
+
+
+@pytest.mark.parametrize("arch,attn", IMPLEMENTATIONS)
+def test_whole_layer_and_whole_model(arch, attn):
+    model = tiny_modern(arch, attn_implementation=attn)
+    batch = random_batch(seed=3)
+    shape = adapt(model).grid_shape
+    for layer in range(shape[0]):
+        values = torch.ones(shape)
+        values[layer] = 0
+        mask = HeadMask(values)
+        pruned = prune_model(model, mask)
+        assert adapt(pruned).blocks[layer].kept == []
+        assert (logits(model, batch, mask) - logits(pruned, batch)).abs().max() <= ATOL
+    nothing = HeadMask(torch.zeros(shape))
+    assert (logits(model, batch, nothing) - logits(prune_model(model, nothing), batch)).abs().max() <= ATOL
+
+
+def test_every_per_head_projection_is_cut():
+    """DeBERTa's own position projections (share_att_key=False) lose the same head rows as Q/K/V."""
+    model = tiny_modern("deberta-v2-unshared")
+    mask = HeadMask.ones(adapt(model).grid_shape).prune(1, 0).prune(1, 2)
+    pruned = prune_model(model, mask)
+    core = adapt(pruned).blocks[1].core
+    d = core.attention_head_size
+    for name in ("query_proj", "key_proj", "value_proj", "pos_query_proj", "pos_key_proj"):
+        assert getattr(core, name).out_features == 2 * d, name
+        original = getattr(adapt(model).blocks[1].core, name).weight
+        assert torch.equal(getattr(core, name).weight, torch.cat([original[d:2 * d], original[3 * d:]]))
+    assert core.num_attention_heads == 2 and core.all_head_size == 2 * d
+    removed = parameter_counts(model)["attention_qkvo"]["params"] - parameter_counts(pruned)["attention_qkvo"]["params"]
+    hidden = model.config.hidden_size
+    assert removed == 2 * (5 * (d * hidden + d) + d * hidden)   # 5 projections (weights + biases) and O's columns
+
+
+def test_modernbert_grid_marks_local_and_global_layers():
+    adapter = adapt(tiny_modern("modernbert", n_layers=4))
+    assert adapter.layer_kinds == ["full", "sliding", "full", "sliding"]
+    assert adapter.blocks[0].fused and adapter.family == "modernbert"
+
+
+@pytest.mark.parametrize("arch,attn", IMPLEMENTATIONS)
+def test_save_and_load_gives_identical_logits(arch, attn, tmp_path):
+    model = tiny_modern(arch, attn_implementation=attn, vocab_size=320)
+    mask = random_mask(adapt(model).grid_shape, seed=5)
+    values = mask.values.clone()
+    values[0] = 0   # one block with no heads at all
+    pruned = prune_model(model, HeadMask(values))
+    save_pruned(pruned, tokenizer(TOKENIZER_KIND[arch]), tmp_path / "cut")
+    loaded = load_model(str(tmp_path / "cut"), "cpu", attn_implementation=attn)
+    batch = random_batch(vocab_size=320, seed=2)
+    assert torch.equal(logits(pruned, batch), logits(loaded.model, batch))
+    assert adapt(loaded.model).live_grid().equal(adapt(pruned).live_grid())
+
+
+# -- run from layer l ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("arch,attn", IMPLEMENTATIONS)
+def test_full_forward_equals_run_from_every_layer(arch, attn):
+    model = tiny_modern(arch, attn_implementation=attn)
+    adapter = adapt(model)
+    batch = random_batch(seq_len=12, seed=1)
+    mask = random_mask(adapter.grid_shape, seed=2, p=0.3)
+    with torch.no_grad(), gate_heads(model, mask, adapter):
+        with record_layer_inputs(adapter.layer_modules) as layer_inputs:
+            full = model(**inputs(batch)).logits
+        assert len(layer_inputs) == adapter.n_layers
+        for layer in range(adapter.n_layers):
+            with start_at_layer(adapter, layer, layer_inputs[layer]):
+                replayed = model(**inputs(batch)).logits
+            assert (replayed - full).abs().max() <= ATOL, (arch, attn, layer)
+
+
+# -- attention capture ----------------------------------------------------------------------------------------------
+
+def padded_pairs(batch) -> torch.Tensor:
+    valid = batch["attention_mask"].bool()
+    return (valid[:, None, :, None] & valid[:, None, None, :]).float()
+
+
+@pytest.mark.parametrize("arch,attn", IMPLEMENTATIONS)
+def test_capture_equals_eager_output_attentions(arch, attn):
+    """capture_attention (which switches sdpa to eager and asks DeBERTa for its probabilities) == the stock eager
+    forward's own ``output_attentions`` (same seed = same weights), padded rows and columns zeroed."""
+    model = tiny_modern(arch, attn_implementation=attn)
+    batch = random_batch(seq_len=12, seed=4)
+    maps = capture_attention(model, batch)
+    with torch.no_grad():
+        reference = tiny_modern(arch, attn_implementation="eager")(**inputs(batch), output_attentions=True).attentions
+    assert len(maps.probs) == len(reference) == adapt(model).n_layers
+    for captured, expected in zip(maps.probs, reference):
+        assert (captured - expected.float() * padded_pairs(batch)).abs().max() <= 1e-6
+        assert captured.sum(-1).transpose(1, 2)[batch["attention_mask"].bool()].sub(1).abs().max() < 1e-5  # rows: 1
+    assert model.config._attn_implementation == attn and not model.config.output_attentions   # restored
+
+
+def test_capture_of_gated_model_equals_eager_attentions_of_the_cut_model():
+    """Every layer, not only the first: capture under a mask == eager output_attentions of the cut model."""
+    for arch in MODERN_ARCHS:
+        model = tiny_modern(arch)
+        mask = random_mask(adapt(model).grid_shape, seed=7, p=0.4)
+        batch = random_batch(seq_len=12, seed=5)
+        maps = capture_attention(model, batch, mask)
+        cut = prune_model(model, mask)
+        with torch.no_grad():
+            attentions = cut(**inputs(batch), output_attentions=True).attentions
+        for block, probs in zip(adapt(cut).blocks, maps.probs):
+            if block.kept:
+                assert (probs[:, block.kept] - attentions[block.index].float() * padded_pairs(batch)).abs().max() \
+                    <= 1e-6
+            dead = [h for h in range(adapt(model).n_heads) if h not in block.kept]
+            assert probs[:, dead].abs().max() == 0 if dead else True
+
+
+def test_capture_refuses_a_core_that_returns_no_probabilities():
+    """DeBERTa's core returns probabilities only when asked; not asking must fail loudly, never draw zeros."""
+    model = tiny_modern("deberta-v2")
+    adapter = adapt(model)
+    adapter.needs_output_attentions = False
+    with pytest.raises(CaptureError, match="returned no attention probabilities.*Supported families"):
+        with record_attention(model, adapter):
+            model(**inputs(random_batch()))
