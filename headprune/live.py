@@ -52,6 +52,7 @@ from .gating import gate_heads
 from .layers import _input_of, layer_stand_ins, replay_stand_ins
 from .mask import HeadMask
 from .modwrap import StandIn
+from .progressive import Estimate, ratio_estimate, visit_order
 
 Progress = Callable[[float, str], None]
 
@@ -215,7 +216,7 @@ class LiveEvaluator:
 
     def __init__(self, model: nn.Module, batches: Sequence[dict], mask: HeadMask | None = None,
                  fast_paths: bool = True, cache_device: torch.device | str | None = None,
-                 progress: Progress | None = None):
+                 progress: Progress | None = None, seed: int = 0):
         if not batches:
             raise DataError("Live evaluation needs at least one evaluation batch; the evaluation set is empty.")
         self.model = structural_copy(model).eval()
@@ -224,6 +225,10 @@ class LiveEvaluator:
         self.cache_device = torch.device(cache_device) if cache_device is not None else self.device
         self.batches = list(batches)
         self._order = _dataset_order(self.batches)
+        # batches are (re)evaluated in a seeded random order so that the ones done so far are a random sample
+        # (headprune.progressive); _pending: the (start layer, mask) of a run that did not finish
+        self._visit = visit_order(len(self.batches), seed)
+        self._pending: tuple[int, HeadMask] | None = None
         self.mask = self._checked(mask if mask is not None else HeadMask.ones(self.adapter.grid_shape))
         self.stats = LiveStats()
         self.incremental = self.adapter.layer_modules is not None
@@ -263,19 +268,41 @@ class LiveEvaluator:
     def metrics(self) -> Metrics:
         return metrics_from_logits(self.logits, gather_labels(self.batches))
 
-    def set_mask(self, mask: HeadMask, progress: Progress | None = None) -> Metrics | None:
-        """Move to ``mask`` (recomputing from its first changed layer); metrics under it (None without labels)."""
-        start = first_changed_layer(self.mask, self._checked(mask), self.adapter.layer_to_block)
-        if start is not None:
-            self._run(start if self.incremental else 0, mask, progress)
-            self.mask = mask
+    def set_mask(self, mask: HeadMask, progress: Progress | None = None,
+                 on_estimate: Callable[[Estimate], None] | None = None) -> Metrics | None:
+        """Move to ``mask`` (recomputing from its first changed layer); metrics under it (None without labels).
+
+        ``on_estimate`` receives the running headline metric with its 95% interval after every batch
+        (``headprune.progressive``; the last call is exact). A run cut short (an exception, a browser session
+        that moved on) is finished by the next call, which recomputes from the lowest layer either run changed.
+        """
+        mask = self._checked(mask)
+        starts = [first_changed_layer(self.mask, mask, self.adapter.layer_to_block)]
+        if self._pending is not None:
+            starts += [self._pending[0], first_changed_layer(self._pending[1], mask, self.adapter.layer_to_block)]
+        starts = [s for s in starts if s is not None]
+        if starts:
+            start = min(starts) if self.incremental else 0
+            self._pending = (start, mask)
+            self._run(start, mask, progress, on_estimate)
+            self.mask, self._pending = mask, None
         return self.metrics() if self.has_labels else None
 
-    def toggle(self, layer: int, head: int, progress: Progress | None = None) -> Metrics | None:
+    def toggle(self, layer: int, head: int, progress: Progress | None = None,
+               on_estimate: Callable[[Estimate], None] | None = None) -> Metrics | None:
         """Prune head (layer, head) if kept, restore it if pruned; metrics under the new mask."""
         pruned = self.mask.prune(layer, head)  # raises MaskError naming the valid range
         new = pruned if pruned != self.mask else self.mask.restore(layer, head)
-        return self.set_mask(new, progress)
+        return self.set_mask(new, progress, on_estimate)
+
+    def estimate(self, batches_done: Sequence[int]) -> Estimate | None:
+        """Running headline metric over ``batches_done`` (indices into ``batches``); None when the task's
+        headline metric is not a ratio of batch totals (regression's Pearson r) or there are no labels."""
+        if not self.has_labels or self._logits[batches_done[0]].shape[-1] < 2:
+            return None
+        totals = [int((self._logits[b].argmax(-1) == self.batches[b]["labels"]).sum()) for b in batches_done]
+        sizes = [len(self.batches[b]["labels"]) for b in batches_done]
+        return ratio_estimate(totals, sizes, [len(b["labels"]) for b in self.batches], "accuracy")
 
     def cache_megabytes(self) -> float:
         tensors = [t for rows in (self._inputs, self._contexts) for row in rows for t in row if t is not None]
@@ -300,7 +327,8 @@ class LiveEvaluator:
         store[b][layer] = tensor.detach().to(self.cache_device)
 
     @torch.no_grad()
-    def _run(self, start: int, mask: HeadMask, progress: Progress | None) -> None:
+    def _run(self, start: int, mask: HeadMask, progress: Progress | None,
+             on_estimate: Callable[[Estimate], None] | None = None) -> None:
         """Evaluate every batch under ``mask`` from layer ``start``; refresh caches of layers >= start."""
         n_layers = self.adapter.n_layers
         if not self._logits:
@@ -308,13 +336,15 @@ class LiveEvaluator:
             self._contexts = [[None] * n_layers for _ in self.batches]
             self._logits = [None] * len(self.batches)
         with gate_heads(self.model, mask, self.adapter), autocast(self.device):
-            for b, batch in enumerate(self.batches):
-                inputs = self._inputs_of(batch)
+            for step, b in enumerate(self._visit):
+                inputs = self._inputs_of(self.batches[b])
                 out = self._forward_from(b, start, inputs) if self.incremental \
                     else self._logits_of(self.model(**inputs))
                 self._logits[b] = out.detach().float().cpu()
+                if on_estimate is not None and (estimate := self.estimate(self._visit[:step + 1])) is not None:
+                    on_estimate(estimate)
                 if progress is not None:
-                    progress((b + 1) / len(self.batches), f"layers {start}-{n_layers - 1}, batch {b + 1}")
+                    progress((step + 1) / len(self.batches), f"layers {start}-{n_layers - 1}, batch {step + 1}")
         self.stats.last_start_layer = start
         self.stats.layers_run += n_layers - start
         if start == 0:
