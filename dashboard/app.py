@@ -15,8 +15,8 @@ import streamlit as st
 if str(Path(__file__).resolve().parents[1]) not in sys.path:  # `streamlit run dashboard/app.py` from a checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dashboard.state import demo_setup, use_setup
-from dashboard.ui import ABOUT, PAGES, model_title, page, page_path
+from dashboard.config import demo_setup, use_setup
+from dashboard.ui import ABOUT, PAGES, baseline_label, cut_note, heads_left, model_title, page, page_path
 
 LINKS = {"2_Head_scores.py": "See which heads matter (heatmaps)",
          "4_Prune.py": "Prune heads and watch the accuracy move",
@@ -47,8 +47,10 @@ def home() -> None:
                     f"{n_blocks * n_heads} {'tied heads' if ws.tied else 'heads'}, "
                     f"{ws.counts['total']['params'] / 1e6:.1f} M parameters")
         c1, c2 = st.columns(2)
-        c1.metric(f"dense {ws.metric}", f"{ws.metric_of(ws.dense):.3f}", help=f"on {len(ws.eval)} evaluation texts")
-        c2.metric("heads pruned now", f"{sd.mask.n_pruned}")
+        c1.metric(baseline_label(ws), f"{ws.metric_of(ws.dense()):.3f}", help=f"on {len(ws.eval)} evaluation texts")
+        c2.metric("heads left", heads_left(ws, sd))
+        if ws.n_cut:
+            st.info(cut_note(ws))
         if ws.setup.model != "demo" or ws.setup.data != "demo":
             st.button("Use the demo", type="primary", on_click=use_setup, args=(demo_setup(ws.setup),), key="home-demo")
         else:

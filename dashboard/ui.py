@@ -14,7 +14,10 @@ from headprune import viz
 from headprune.criteria import Criterion, available, get
 from headprune.errors import HeadpruneError
 
-from .state import SessionData, Workspace, build_workspace, current_setup, demo_setup, session, store, use_setup
+from .config import current_setup, demo_setup, use_setup
+from .session import SessionData, session
+from .store import DashboardWorkspace as Workspace
+from .store import build_workspace, workspace_of
 
 ABOUT = ("**headprune** scores every attention head of a transformer classifier, shows what each head looks at, "
          "and lets you prune heads and watch the accuracy move — then exports the smaller model.")
@@ -86,7 +89,7 @@ def page(title: str, caption: str | None = None) -> tuple[Workspace, SessionData
 
 def ensure_workspace() -> Workspace | None:
     setup = current_setup()
-    ws = store().get(f"ws|{setup.key}")
+    ws = workspace_of(setup)
     if ws is not None:
         return ws
     with st.status(f"Loading model **{setup.model}** and data **{setup.data_label}** …", expanded=True) as status:
@@ -108,10 +111,28 @@ def model_title(ws: Workspace) -> str:
     return "demo · MiniLM-L6 sentiment (Rotten Tomatoes)" if ws.setup.model == "demo" else ws.setup.model
 
 
+def baseline_label(ws: Workspace) -> str:
+    """What "dense" means here: the model as loaded, which for a model saved by ``prune`` has heads cut already."""
+    return f"dense {ws.metric}" if ws.n_cut == 0 else f"{ws.metric} as loaded"
+
+
+def heads_left(ws: Workspace, sd: SessionData) -> str:
+    """"54 / 72": heads still in use out of the full grid; cut and pruned heads both count as gone."""
+    return f"{ws.n_units - sd.mask.n_pruned} / {ws.n_units}"
+
+
+def cut_note(ws: Workspace) -> str:
+    """A sentence on heads cut out of the loaded weights ('' when there are none)."""
+    if ws.n_cut == 0:
+        return ""
+    return (f"This model was saved pruned: {ws.n_cut} of its {ws.n_units} heads are cut out of its weights "
+            "(drawn ✕, they cannot be restored). \"As loaded\" is this model, not the original dense one.")
+
+
 def sidebar(ws: Workspace, sd: SessionData) -> None:
     counts, (n_blocks, n_heads) = ws.counts, ws.shape
     grid = f"{n_heads} tied heads × {ws.adapter.n_layers} layers" if ws.tied else f"{n_blocks} × {n_heads}"
-    dense = ws.metric_of(ws.dense)
+    dense = ws.metric_of(ws.dense())
     with st.sidebar:
         st.markdown("#### Loaded")
         st.markdown(f"**{model_title(ws)}**")
@@ -123,8 +144,8 @@ def sidebar(ws: Workspace, sd: SessionData) -> None:
             "device": str(ws.loaded.device),
             "data": ws.setup.data_label,
             "evaluation / calibration": f"{len(ws.eval)} / {len(ws.calib)}",
-            f"dense {ws.metric}": f"{dense:.4f}",
-            "pruned now": f"{sd.mask.n_pruned} of {n_blocks * n_heads}",
+            baseline_label(ws): f"{dense:.4f}",
+            "heads left": heads_left(ws, sd) + (f" ({ws.n_cut} cut in the loaded model)" if ws.n_cut else ""),
         }
         st.markdown("\n".join(f"- {k}: **{v}**" for k, v in rows.items()))
         if ws.setup.model != "demo" or ws.setup.data != "demo":

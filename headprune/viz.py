@@ -150,13 +150,20 @@ def score_heatmap(score: ScoreMap, *, tied: bool = False, selected: tuple[int, i
 
 
 def mask_figure(mask: HeadMask, *, tied: bool = False, selected: tuple[int, int] | None = None,
-                score: ScoreMap | None = None, title: str | None = None) -> go.Figure:
-    """The head mask as a grid: kept heads coloured (by ``score``'s rank when given), pruned heads grey with ✕."""
-    pruned = (mask.values == 0).numpy()
+                score: ScoreMap | None = None, title: str | None = None, cut: HeadMask | None = None) -> go.Figure:
+    """The head mask as a grid: kept heads coloured (by ``score``'s rank when given), pruned heads grey with ✕.
+
+    ``cut``: heads absent from the loaded weights (0 in ``cut``; a model saved by ``prune``); they are drawn
+    pruned whatever ``mask`` says, and their hover says they cannot be restored.
+    """
+    absent = np.zeros(mask.shape, bool) if cut is None else (cut.values == 0).numpy()
+    pruned = (mask.values == 0).numpy() | absent
     hover = np.empty(mask.shape, dtype=object)
     for (layer, head), gone in np.ndenumerate(pruned):
         where = "all layers" if tied else f"layer {layer}"
         state = "pruned — click to restore" if gone else "kept — click to prune"
+        if absent[layer, head]:
+            state = "cut out of the loaded model — cannot be restored"
         extra = ""
         if score is not None and not np.isnan(score.scores[layer, head]):
             extra = f"<br>{score.criterion} = {score.scores[layer, head]:.4g}"

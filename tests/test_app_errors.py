@@ -11,7 +11,7 @@ import pytest
 import torch
 from app_support import metric, open_app, problems, save_tiny_classifier
 
-from dashboard.state import Setup
+from dashboard.config import Setup
 
 ROWS = [("A three-hour cinema master class.", "fresh"), ("Dull, lifeless and far too long.", "rotten"),
         ("Funny and warm.", "fresh"), ("A mess from start to finish.", "rotten")] * 5

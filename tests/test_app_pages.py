@@ -24,7 +24,7 @@ def small_splits():
 
 
 def workspace(at):
-    from dashboard.state import store
+    from dashboard.store import store
 
     return store().get(f"ws|{at.session_state['hp_setup'].key}")
 

@@ -8,7 +8,8 @@ from dataclasses import replace
 import pandas as pd
 import streamlit as st
 
-from dashboard.state import Setup, build_workspace, save_upload, use_setup
+from dashboard.config import Setup, size_choice, use_setup
+from dashboard.store import build_workspace, save_upload
 from dashboard.ui import guard, page, progress_bar
 
 ws, sd = page("Model & data", "Everything runs locally. The demo needs no network; a Hugging Face id or "
@@ -91,10 +92,13 @@ else:
 
 st.subheader("Sizes and device")
 c1, c2, c3, c4, c5 = st.columns(5)
-calib_size = c1.number_input("Calibration examples", min_value=0, value=setup.calib_size, step=16, key="md-calib",
-                             help="Texts the criteria score heads on.")
-eval_size = c2.number_input("Evaluation examples", min_value=1, value=setup.eval_size, step=50, key="md-eval",
-                            help="Texts accuracy is measured on (disjoint from calibration).")
+SHRINKS = " Left unchanged, a default shrinks to fit small data, as in the CLI."
+calib_size = c1.number_input("Calibration examples", min_value=0, value=int(setup.calib_size), step=16,
+                             key="md-calib", help="Texts the criteria score heads on (default: at most half the "
+                                                  "rows)." + SHRINKS)
+eval_size = c2.number_input("Evaluation examples", min_value=1, value=int(setup.eval_size), step=50, key="md-eval",
+                            help="Texts accuracy is measured on (disjoint from calibration; default: at most what "
+                                 "calibration leaves)." + SHRINKS)
 max_length = c3.number_input("Max length (tokens)", min_value=8, max_value=512, value=setup.max_length, step=16,
                              key="md-maxlen")
 seed = c4.number_input("Seed", value=setup.seed, step=1, key="md-seed",
@@ -103,7 +107,8 @@ device = c5.radio("Device", list(DEVICES), format_func=DEVICES.get, index=list(D
                   key="md-device")
 
 wanted = replace(setup, model=model_spec or "", data=data_spec, data_label=data_label, text_col=text_col,
-                 pair_col=pair_col, label_col=label_col, calib_size=int(calib_size), eval_size=int(eval_size),
+                 pair_col=pair_col, label_col=label_col, calib_size=size_choice(calib_size, setup.calib_size),
+                 eval_size=size_choice(eval_size, setup.eval_size),
                  max_length=int(max_length), seed=int(seed), device=device)
 if st.button("Load", type="primary", disabled=wanted == setup, key="md-load"):
     if not wanted.model:
@@ -135,8 +140,9 @@ left, right = st.columns([3, 1])
 with left:
     st.dataframe(preview, width="stretch", hide_index=True, height=300)
 with right:
-    st.markdown("**Dense model on the evaluation split**")
-    st.dataframe(pd.DataFrame({"metric": list(ws.dense.to_dict()), "value": list(ws.dense.to_dict().values())}),
+    st.markdown("**The model as loaded, on the evaluation split**")
+    dense = ws.dense().to_dict()
+    st.dataframe(pd.DataFrame({"metric": list(dense), "value": list(dense.values())}),
                  hide_index=True, width="stretch")
     if ws.dataset.task == "classification":
         counts = pd.Series([names[y] for y in ws.eval.labels]).value_counts()

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from dashboard.state import compute_scores
+from dashboard.compute import compute_scores
 from dashboard.ui import clickable_grid, criterion_picker, criterion_settings, guard, head_name, page, progress_bar
 from headprune import viz
 from headprune.criteria import get
@@ -13,8 +13,8 @@ ws, sd = page("Head scores", "Each criterion ranks the heads; darker = more impo
 chosen = criterion_picker("Criteria", "scores-criteria", list(sd.scores) or ["ae", "his", "gnorm"])
 params = {name: criterion_settings(name, sd, "scores") for name in chosen}
 under_mask = False
-if sd.mask.n_pruned:
-    under_mask = st.checkbox(f"Score the pruned model ({sd.mask.n_pruned} heads pruned on the Prune page)",
+if sd.n_gated:
+    under_mask = st.checkbox(f"Score the pruned model ({sd.n_gated} heads pruned on the Prune page)",
                              value=True, key="scores-under-mask")
 
 if st.button("Compute scores", type="primary", disabled=not chosen, key="scores-compute"):

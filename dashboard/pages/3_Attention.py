@@ -3,7 +3,8 @@
 import numpy as np
 import streamlit as st
 
-from dashboard.state import mask_key, model_lock, store
+from dashboard.compute import arcs_for, profile_for
+from dashboard.store import mask_key, store
 from dashboard.ui import clickable_grid, guard, page, progress_bar
 from headprune import viz
 
@@ -33,19 +34,9 @@ if not text:
     st.stop()
 
 
-def arcs_for(text, mask):
-    from headprune.syntax import build_arcs
-
-    def compute():
-        with model_lock(ws.setup):
-            return build_arcs(ws.loaded.model, ws.loaded.tokenizer, text, mask=mask, max_length=ws.setup.max_length)
-
-    return store().memo(f"arcs|{ws.key}|{text}|{mask_key(mask)}", compute)
-
-
 arcs = None
 with guard("Could not parse this sentence or capture its attention"), st.spinner("Parsing and running the model …"):
-    arcs = arcs_for(text, sd.mask)
+    arcs = arcs_for(ws, text, sd.mask)
 if arcs is None:
     st.stop()
 
@@ -75,7 +66,10 @@ def pick(cell: tuple[int, int]) -> None:
 
 title = f"layer {layer}, head {head}"
 if not arcs.live[layer, head]:
-    st.warning(f"Head {head} of layer {layer} is pruned: it attends to nothing. Restore it on the Prune page.")
+    if sd.is_cut((ws.adapter.layer_to_block[layer], head)):
+        st.warning(f"Head {head} of layer {layer} was cut out of the loaded model: it attends to nothing.")
+    else:
+        st.warning(f"Head {head} of layer {layer} is pruned: it attends to nothing. Restore it on the Prune page.")
 if arcs.arcs:
     st.plotly_chart(viz.arc_figure(arcs.words, arcs.arcs, arcs.arc_weights(layer, head), title=title,
                                    seen=arcs.seen), width="stretch", key="att-arcs")
@@ -109,15 +103,9 @@ st.caption("Over the calibration texts: for each relation, how often a word's st
 profile_key = f"profile|{ws.key}|{mask_key(sd.mask)}"
 profile = store().get(profile_key)
 if profile is None and st.button("Compute the profile", key="att-profile"):
-    from headprune.syntax import syntactic_profile
-
     with guard("Could not build the syntactic profile"):
         bar = progress_bar(f"parsing {len(ws.calib)} calibration texts and reading their attention")
-        texts = list(zip(ws.calib.texts, ws.calib.pairs)) if ws.calib.pairs is not None else ws.calib.texts
-        with model_lock(ws.setup):
-            profile = syntactic_profile(ws.loaded.model, ws.loaded.tokenizer, texts, mask=sd.mask,
-                                        max_length=ws.setup.max_length, progress=bar)
-        store().put(profile_key, profile)
+        profile = profile_for(ws, sd.mask, bar)
         bar.done()
 if profile is not None:
     if profile.relations:

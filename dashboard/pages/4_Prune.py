@@ -1,15 +1,25 @@
 """Prune: click heads to prune or restore them and watch the evaluation metric move live."""
 
-import json
-
 import numpy as np
 import streamlit as st
 
-from dashboard.state import SessionData, Workspace, compute_scores
-from dashboard.ui import clickable_grid, criterion_picker, guard, head_name, head_options, page, progress_bar
+from dashboard.compute import compute_scores, live_evaluator, move_live
+from dashboard.session import SessionData
+from dashboard.store import DashboardWorkspace as Workspace
+from dashboard.ui import (
+    baseline_label,
+    clickable_grid,
+    criterion_picker,
+    cut_note,
+    guard,
+    head_name,
+    head_options,
+    heads_left,
+    page,
+    progress_bar,
+)
 from headprune import viz
-from headprune.errors import MaskError
-from headprune.live import LiveEvaluator, parameters_left
+from headprune.live import parameters_left
 from headprune.mask import HeadMask
 
 ws, sd = page("Prune", "Click a head to prune it (click again to restore). Only the layers from the changed "
@@ -17,17 +27,13 @@ ws, sd = page("Prune", "Click a head to prune it (click again to restore). Only 
 
 
 def toggle(head: tuple[int, int]) -> None:
-    pruned = sd.mask.prune(*head)
-    sd.set_mask(pruned if pruned != sd.mask else sd.mask.restore(*head), f"toggled {head_name(ws, head)}")
     sd.head = head
+    sd.toggle(head, head_name(ws, head))  # MaskError (shown by the caller's guard) for a head cut out of the weights
 
 
-def mask_from_json_bytes(raw: bytes, name: str, shape) -> HeadMask:
-    try:
-        obj = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise MaskError(f'{name} is not UTF-8 JSON ({exc}). A mask is {{"pruned": {{"<layer>": [heads]}}}}.') from None
-    return HeadMask.from_json(obj, shape)
+def toggle_button(head: tuple[int, int]) -> None:
+    with guard("Could not toggle that head"):
+        toggle(head)
 
 
 def live_metrics(ws: Workspace, sd: SessionData):
@@ -35,16 +41,16 @@ def live_metrics(ws: Workspace, sd: SessionData):
     if sd.live is None:
         with st.status("Preparing live evaluation: one pass over the evaluation set …", expanded=True) as status:
             bar = progress_bar("caching layer inputs")
-            sd.live = LiveEvaluator(ws.loaded.model, ws.eval_batches, mask=sd.mask, progress=bar)
+            sd.live = live_evaluator(ws, ws.eval_batches, sd.mask, bar)
             bar.done()
             status.update(label="Live evaluation ready", state="complete", expanded=False)
     bar = progress_bar("re-evaluating") if sd.live.mask != sd.mask else None
-    metrics = sd.live.set_mask(sd.mask, bar)
+    metrics = move_live(sd.live, sd.mask, bar)
     stability = None
     if sd.live_stable is not None:
         from headprune.stability import agreement
 
-        sd.live_stable.set_mask(sd.mask, bar)
+        move_live(sd.live_stable, sd.mask, bar)
         stability = agreement(sd.live.logits, sd.live_stable.logits)
     if bar is not None:
         bar.done()
@@ -57,28 +63,31 @@ def enable_stability(ws: Workspace, sd: SessionData) -> None:
     with st.status("Preparing stability: the evaluation texts with 10% of their words dropped …") as status:
         perturbed = perturb_batches(ws.eval_batches, ws.loaded.tokenizer, seed=ws.setup.seed)
         bar = progress_bar("caching layer inputs (perturbed texts)")
-        sd.live_stable = LiveEvaluator(ws.loaded.model, perturbed, mask=sd.mask, progress=bar)
+        sd.live_stable = live_evaluator(ws, perturbed, sd.mask, bar)
         bar.done()
         status.update(label="Stability ready", state="complete", expanded=False)
 
 
 # -- numbers ---------------------------------------------------------------------------------------------
-n_units = ws.shape[0] * ws.shape[1]
-dense_value = ws.metric_of(ws.dense)
+dense_value, baseline = ws.metric_of(ws.dense()), baseline_label(ws)
+short = "as loaded" if ws.n_cut else "dense"
+if ws.n_cut:
+    st.info(cut_note(ws))
 with guard("Could not evaluate this mask"):
     metrics, stability = live_metrics(ws, sd)
     value = ws.metric_of(metrics)
     params = parameters_left(ws.loaded.model, sd.mask)
     total = ws.counts["total"]["params"]
     c1, c2, c3, c4 = st.columns(4)
-    c1.metric(ws.metric, f"{value:.4f}", f"{value - dense_value:+.4f} vs dense", help=f"dense: {dense_value:.4f}")
-    c2.metric("heads left", f"{n_units - sd.mask.n_pruned} / {n_units}",
-              f"-{sd.mask.n_pruned}" if sd.mask.n_pruned else None, delta_color="off")
+    c1.metric(ws.metric, f"{value:.4f}", f"{value - dense_value:+.4f} vs {short}",
+              delta_color="normal" if ws.higher_is_better else "inverse", help=f"{baseline}: {dense_value:.4f}")
+    c2.metric("heads left", heads_left(ws, sd), f"-{sd.n_gated}" if sd.n_gated else None, delta_color="off",
+              help=f"{ws.n_cut} cut out of the loaded model, {sd.n_gated} pruned here" if ws.n_cut else None)
     c3.metric("parameters left", f"{params / 1e6:.2f} M", f"{100 * (params - total) / total:+.1f}%", delta_color="off")
     if stability is not None:
         c4.metric("stability", f"{stability:.1f}%", help="Predictions unchanged when 10% of the words are dropped.")
     else:
-        c4.metric(f"dense {ws.metric}", f"{dense_value:.4f}")
+        c4.metric(baseline, f"{dense_value:.4f}")
     if sd.last_change:
         st.caption(f"Last change: {sd.last_change}. Loss {metrics.loss:.4f}.")
 
@@ -90,11 +99,13 @@ with side:
     options = head_options(ws)
     default = options.index(sd.head) if sd.head in options else 0
     head = st.selectbox("Head", options, index=default, format_func=lambda h: head_name(ws, h)
-                        + (" — pruned" if sd.mask.values[h] == 0 else ""), key="prune-head")
+                        + (" — cut in the loaded model" if sd.is_cut(h) else
+                           " — pruned" if sd.mask.values[h] == 0 else ""), key="prune-head")
     b1, b2, b3 = st.columns([2, 1, 1])
-    b1.button("Prune / restore", on_click=toggle, args=(head,), type="primary", key="prune-toggle", width="stretch")
+    b1.button("Prune / restore", on_click=toggle_button, args=(head,), type="primary", key="prune-toggle",
+              width="stretch", disabled=sd.is_cut(head))
     b2.button("Undo", on_click=sd.undo, disabled=not sd.history, key="prune-undo", width="stretch")
-    b3.button("Reset", on_click=sd.reset, disabled=sd.mask.n_pruned == 0, key="prune-reset", width="stretch")
+    b3.button("Reset", on_click=sd.reset, disabled=sd.n_gated == 0, key="prune-reset", width="stretch")
 
     st.markdown("**Prune the lowest x% by a criterion**")
     crit = criterion_picker("Criterion", "prune-crit", ["ae"], multi=False)[0]
@@ -128,7 +139,7 @@ with side:
     if upload is not None or (pasted.strip() and st.button("Apply this mask", key="prune-mask-apply")):
         with guard("That mask does not fit"):
             raw, name = (upload.getvalue(), upload.name) if upload is not None else (pasted.encode(), "the mask")
-            sd.set_mask(mask_from_json_bytes(raw, name, ws.shape), f"loaded {name}")
+            sd.set_mask(HeadMask.from_bytes(raw, name, ws.shape), f"loaded {name}")
             st.rerun()
 
 # -- grid ------------------------------------------------------------------------------------------------
@@ -139,7 +150,7 @@ with grid_col:
     score = sd.scores.get(colour_by)
     if score is not None and score.shape != ws.shape:
         score = None
-    fig = viz.mask_figure(sd.mask, tied=ws.tied, selected=sd.head, score=score)
+    fig = viz.mask_figure(sd.mask, tied=ws.tied, selected=sd.head, score=score, cut=sd.base)
     clickable_grid(fig, "prune-grid", sd, toggle)
     if ws.tied:
         st.caption("ALBERT shares one attention block across all layers: each column is one head in every layer.")

@@ -4,9 +4,10 @@ import json
 
 import streamlit as st
 
-from dashboard.state import parse_run_file, run_trajectories
+from dashboard.compute import run_trajectories
 from dashboard.ui import criterion_picker, criterion_settings, guard, page, progress_bar
 from headprune import viz
+from headprune.trajectory import read_run_file
 
 ws, sd = page("Trajectories", "Each curve prunes heads in one criterion's order (least important first) "
                               "and measures the model after every step. Higher and flatter is better.")
@@ -42,7 +43,7 @@ with st.expander("Open run files (written by `python -m headprune trajectory --o
     if files and st.button("Add to the chart", key="traj-add"):
         for f in files:
             with guard(f"Could not read {f.name}"):
-                trajs, spreads = parse_run_file(f.getvalue(), f.name)
+                trajs, spreads = read_run_file(f.getvalue(), f.name)
                 sd.trajectories = sd.trajectories + trajs
                 sd.spreads = sd.spreads + spreads
 

@@ -4,12 +4,14 @@ import json
 
 import streamlit as st
 
-from dashboard.state import build_pruned_model, mask_key, run_file
+from dashboard.export import build_pruned_model, run_file
+from dashboard.store import mask_key
 from dashboard.ui import guard, page, progress_bar
 from headprune import viz
 
 ws, sd = page("Export")
-st.caption(f"The current mask prunes {sd.mask.n_pruned} heads (change it on the Prune page).")
+st.caption(f"The current mask prunes {sd.n_gated} heads (change it on the Prune page)"
+           + (f", on top of the {ws.n_cut} cut out of the loaded model." if ws.n_cut else "."))
 
 st.subheader("Mask, scores and run file")
 c1, c2, c3 = st.columns(3)
@@ -69,7 +71,7 @@ if built is None and st.button("Build the pruned model", type="primary", key="ex
 if built is not None:
     c1, c2 = st.columns([1, 2])
     c1.metric(f"{ws.metric} of the pruned model", f"{built['metric']:.4f}",
-              f"{built['metric'] - ws.metric_of(ws.dense):+.4f} vs dense")
+              f"{built['metric'] - ws.metric_of(ws.dense()):+.4f} vs {'as loaded' if ws.n_cut else 'dense'}")
     c1.download_button("Pruned model (zip)", built["zip"], file_name="headprune-pruned-model.zip",
                        mime="application/zip", key="export-model", type="primary", width="stretch")
     c1.caption(f"{len(built['zip']) / 2**20:.1f} MB zipped.")

@@ -1,0 +1,75 @@
+"""What the dashboard loads: the ``Setup`` (model, data, columns, split sizes, device) of each browser session.
+
+Start-up defaults come from the environment (HEADPRUNE_MODEL, HEADPRUNE_DATA, HEADPRUNE_CALIB_SIZE,
+HEADPRUNE_EVAL_SIZE, HEADPRUNE_MAX_LENGTH) or else the demo. Split sizes the user has not changed are
+``workspace.DefaultSize``: they shrink to fit small data by the same rule as the CLI.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import streamlit as st
+
+from headprune.workspace import DEFAULT_CALIB_SIZE, DEFAULT_EVAL_SIZE, DefaultSize
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Everything that decides what is loaded; its ``key`` names a workspace."""
+
+    # start-up defaults: the demo, unless HEADPRUNE_MODEL / HEADPRUNE_DATA name another model or data set
+    model: str = field(default_factory=lambda: os.environ.get("HEADPRUNE_MODEL") or "demo")
+    data: str = field(default_factory=lambda: os.environ.get("HEADPRUNE_DATA") or "demo")
+    data_label: str = field(default_factory=lambda: Path(os.environ.get("HEADPRUNE_DATA") or "demo").name)
+    text_col: str | None = None
+    pair_col: str | None = None
+    label_col: str | None = None
+    calib_size: int = field(default_factory=lambda: DefaultSize(_env_int("HEADPRUNE_CALIB_SIZE", DEFAULT_CALIB_SIZE)))
+    eval_size: int = field(default_factory=lambda: DefaultSize(_env_int("HEADPRUNE_EVAL_SIZE", DEFAULT_EVAL_SIZE)))
+    max_length: int = field(default_factory=lambda: _env_int("HEADPRUNE_MAX_LENGTH", 128))
+    batch_size: int = 32
+    seed: int = 0
+    device: str = "auto"
+
+    @property
+    def key(self) -> str:
+        # a default size and the same size chosen by hand can split differently (only one may shrink)
+        chosen = [not isinstance(self.calib_size, DefaultSize), not isinstance(self.eval_size, DefaultSize)]
+        text = json.dumps([asdict(self), chosen], sort_keys=True)
+        return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def size_choice(value: int, current: int) -> int:
+    """A split size from a number input: the current one (keeping it a ``DefaultSize``) when left unchanged."""
+    return current if int(value) == int(current) else int(value)
+
+
+def current_setup() -> Setup:
+    """This browser session's Setup (the start-up defaults on first use)."""
+    setup = st.session_state.get("hp_setup")
+    if setup is None:
+        setup = Setup()
+        st.session_state["hp_setup"] = setup
+    return setup
+
+
+def use_setup(setup: Setup) -> None:
+    st.session_state["hp_setup"] = setup
+
+
+def demo_setup(current: Setup | None = None) -> Setup:
+    """The demo model and data, keeping the sizes, seed and device already chosen."""
+    base = current or Setup()
+    return replace(base, model="demo", data="demo", data_label="demo", text_col=None, pair_col=None, label_col=None)

@@ -1,0 +1,150 @@
+"""Process-wide state shared by every browser session: loaded models, workspaces and computed results.
+
+* models: ``st.cache_resource`` per (spec, device). A cached model is never gated, hooked or changed: every
+  computation runs on ``Workspace.private_model()`` (a structural copy), so sessions need no lock to read it;
+* a keyed LRU ``ResultStore`` for workspaces, score maps, dependency arcs and trajectories. A score is keyed by
+  workspace + criterion + parameters + mask. (Streamlit's ``st.cache_data`` would replay progress bars drawn
+  inside the cached function; the store lets long computations report progress and still be computed once.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import streamlit as st
+
+from headprune.mask import HeadMask
+from headprune.models import LoadedModel, load_model
+from headprune.surgery import parameter_counts
+from headprune.workspace import Workspace
+
+from .config import Setup
+
+Progress = Callable[[float, str], None]
+
+
+@dataclass
+class DashboardWorkspace(Workspace):
+    """The library ``Workspace`` plus the dashboard ``Setup`` it was built from and its parameter counts."""
+
+    setup: Setup | None = None
+    counts: dict | None = None
+
+    @property
+    def key(self) -> str:
+        return self.setup.key
+
+
+class ResultStore:
+    """Thread-safe LRU of computed results by string key; one computation per key at a time."""
+
+    def __init__(self, max_entries: int = 128):
+        self._items: OrderedDict[str, object] = OrderedDict()
+        self._lock = threading.Lock()
+        self._computing: dict[str, threading.Lock] = {}
+        self.max_entries = max_entries
+
+    def get(self, key: str):
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+        return None
+
+    def put(self, key: str, value) -> None:
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self.max_entries:
+                self._items.popitem(last=False)
+
+    def memo(self, key: str, compute: Callable[[], object]):
+        """The stored value of ``key``, else ``compute()`` stored; sessions asking at once compute it once."""
+        value = self.get(key)
+        if value is not None:
+            return value
+        with self._lock:
+            key_lock = self._computing.setdefault(key, threading.Lock())
+        try:
+            with key_lock:
+                value = self.get(key)
+                if value is None:
+                    value = compute()
+                    self.put(key, value)
+        finally:
+            with self._lock:
+                self._computing.pop(key, None)
+        return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+
+@st.cache_resource(show_spinner=False)
+def store() -> ResultStore:
+    return ResultStore()
+
+
+@st.cache_resource(show_spinner=False, max_entries=3)
+def cached_model(spec: str, device: str) -> LoadedModel:
+    return load_model(spec, device)
+
+
+def mask_key(mask: HeadMask | None) -> str:
+    return "dense" if mask is None or mask.n_pruned == 0 else json.dumps(mask.to_json()["pruned"], sort_keys=True)
+
+
+def params_key(params: dict | None) -> str:
+    return json.dumps(params or {}, sort_keys=True, default=str)
+
+
+def workspace_of(setup: Setup) -> DashboardWorkspace | None:
+    """The workspace of ``setup`` if it is loaded already."""
+    return store().get(f"ws|{setup.key}")
+
+
+def build_workspace(setup: Setup, progress: Progress | None = None) -> DashboardWorkspace:
+    """Load (or fetch from the store) the workspace of ``setup``; HeadpruneError on any bad input."""
+    report = progress or (lambda f, m: None)
+
+    def build() -> DashboardWorkspace:
+        if setup.model == "demo":
+            from headprune.demo import ensure_demo_model
+
+            report(0.02, "demo model (built once, a few minutes the very first time)")
+            ensure_demo_model(progress=lambda f, m: report(0.02 + 0.5 * f, f"building the demo model: {m}"))
+        report(0.55, f"loading model {setup.model}")
+        loaded = cached_model(setup.model, setup.device)
+        ws = DashboardWorkspace.build(
+            setup.model, setup.data, text_col=setup.text_col, pair_col=setup.pair_col, label_col=setup.label_col,
+            calib_size=setup.calib_size, eval_size=setup.eval_size, max_length=setup.max_length,
+            batch_size=setup.batch_size, seed=setup.seed, loaded=loaded,
+            progress=lambda f, m: report(0.6 + 0.1 * f, f"{setup.data_label}: {m}"))
+        ws.setup, ws.counts = setup, parameter_counts(loaded.model)
+        from .compute import compute_slot
+
+        with compute_slot():
+            ws.dense(progress=lambda f, m: report(0.7 + 0.3 * f, f"evaluating the model as loaded: {m}"))
+        report(1.0, "ready")
+        return ws
+
+    return store().memo(f"ws|{setup.key}", build)
+
+
+def save_upload(name: str, data: bytes) -> str:
+    """Write an uploaded file under a content-addressed temp folder (same bytes -> same path -> same cache key)."""
+    digest = hashlib.sha1(data).hexdigest()[:16]
+    folder = Path(tempfile.gettempdir()) / "headprune-uploads" / digest
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / Path(name).name
+    if not path.exists():
+        path.write_bytes(data)
+    return str(path)
