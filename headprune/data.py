@@ -1,10 +1,18 @@
-"""Text-classification data: loading, label alignment, calibration/evaluation split, batching.
+"""Text data for classifiers and language models: loading, label alignment, calibration/evaluation split, batching.
 
-Sources (``load_data(spec)``)
+Sources (``load_data(spec, task=...)``)
     "demo"                          the held-out Rotten Tomatoes rows of the demo model (headprune.demo)
+    "demo-lm"                       the same held-out rows as unlabelled text (the LM demo, headprune.demo_lm)
     FILE.csv | .tsv | .jsonl        a text column, an optional second text column (sentence pairs), a label column
+                                    (no label column needed with ``task="lm"``)
+    FILE.txt                        unlabelled text, one document per line (blank lines skipped): LM data
     hf:NAME[:CONFIG[:SPLIT]]        a Hugging Face dataset: a hub name, a local folder written by
                                     ``save_to_disk``, or any local path ``datasets.load_dataset`` takes
+
+Language-model data (``task="lm"``) has no labels: a batch's ``labels`` are its input ids with padding masked
+(``headprune.task.lm_labels``), and the loss shifts them by one position. Decoders often have no pad token: the
+rule (``prepare_tokenizer``) is the tokenizer's pad token, else its EOS, else its UNK; padding is masked by the
+attention mask, so a real EOS is still a target.
 
 A loaded dataset keeps its labels as found (names or ints); ``align_labels`` maps them onto the model's
 ``id2label``. ``split_calib_eval`` draws a seeded calibration set (for scoring heads) and a disjoint evaluation
@@ -29,8 +37,14 @@ TEXT_COLUMNS = ("text", "sentence", "review", "content", "document", "comment", 
 PAIR_COLUMNS = (("premise", "hypothesis"), ("sentence1", "sentence2"), ("question1", "question2"),
                 ("question", "sentence"), ("text_a", "text_b"), ("text1", "text2"))
 LABEL_COLUMNS = ("label", "labels", "category", "class", "target", "sentiment", "score", "y")
-FILE_FORMATS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
-ACCEPTED = "'demo', a .csv/.tsv/.jsonl file, or hf:NAME[:CONFIG[:SPLIT]]"
+FILE_FORMATS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".txt": "txt"}
+ACCEPTED = "'demo', 'demo-lm', a .csv/.tsv/.jsonl/.txt file, or hf:NAME[:CONFIG[:SPLIT]]"
+# tokenizer.model_max_length above this is transformers' "no limit known" sentinel, not a context length
+_UNBOUNDED_CONTEXT = 10**6
+
+
+class TruncationWarning(UserWarning):
+    """Rows longer than the model's context were cut to it (the CLI prints this on stderr)."""
 # Keys of a batch that are bookkeeping, not model inputs.
 NON_INPUT_KEYS = ("labels", "index")
 
@@ -48,7 +62,7 @@ class TextDataset:
     labels: list | None = None
     label_names: list[str] | None = None
     source: str = ""
-    task: str = "classification"          # "classification" | "regression"
+    task: str = "classification"          # "classification" | "regression" | "lm" (headprune.task.KINDS)
     columns: dict = field(default_factory=dict)   # {"text": ..., "pair": ..., "label": ...} as found
 
     def __len__(self) -> int:
@@ -105,12 +119,20 @@ def _read_jsonl(path: Path) -> tuple[list[str], list[dict]]:
     return list(header), rows
 
 
+def _read_txt(path: Path) -> tuple[list[str], list[dict]]:
+    """One document per non-blank line, as a single "text" column."""
+    return ["text"], [{"text": line.strip()} for line in _decode(path).splitlines() if line.strip()]
+
+
 def _read_file(path: Path) -> tuple[list[str], dict[str, list]]:
     fmt = FILE_FORMATS.get(path.suffix.lower())
     if fmt is None:
         raise DataError(f"{path}: unsupported file type '{path.suffix or '(none)'}'. Accepted: .csv, .tsv "
-                        "(tab-separated), .jsonl (one JSON object per line), or hf:NAME for a Hugging Face dataset.")
-    if fmt == "jsonl":
+                        "(tab-separated), .jsonl (one JSON object per line), .txt (one document per line, for "
+                        "language models), or hf:NAME for a Hugging Face dataset.")
+    if fmt == "txt":
+        header, rows = _read_txt(path)
+    elif fmt == "jsonl":
         header, rows = _read_jsonl(path)
     else:
         header, rows = _read_delimited(path, "," if fmt == "csv" else "\t")
@@ -170,11 +192,12 @@ def _named(header: list[str], wanted: str, role: str, source: str) -> str:
     return wanted if wanted in header else by_lower[wanted.lower()]
 
 
-def _pick_columns(header, text_col, pair_col, label_col, source) -> tuple[str, str | None, str]:
+def _pick_columns(header, text_col, pair_col, label_col, source,
+                  need_label: bool = True) -> tuple[str, str | None, str | None]:
     """Named columns win; otherwise the first known pair, else the first known single text column.
 
     A pair is auto-detected only together with the text column, so naming ``text_col`` alone means single
-    sentences.
+    sentences. Without ``need_label`` (language-model data) no label column is looked for: the label is None.
     """
     by_lower = {c.lower(): c for c in header}
     text = _named(header, text_col, "text", source) if text_col else None
@@ -190,6 +213,8 @@ def _pick_columns(header, text_col, pair_col, label_col, source) -> tuple[str, s
                         f"with --text-col (auto-detected names: {', '.join(TEXT_COLUMNS)}).")
     if label_col:
         return text, pair, _named(header, label_col, "label", source)
+    if not need_label:
+        return text, pair, None
     label = next((by_lower[c] for c in LABEL_COLUMNS if c in by_lower), None)
     if label is None:
         raise DataError(f"{source}: no label column found. Columns found: {', '.join(header)}. Name one with "
@@ -205,16 +230,27 @@ def _texts(values: list, column: str, source: str) -> list[str]:
 
 
 def load_data(spec: str, text_col: str | None = None, pair_col: str | None = None,
-              label_col: str | None = None) -> TextDataset:
-    """Load ``spec`` ("demo", a CSV/TSV/JSONL file, or hf:NAME[:CONFIG[:SPLIT]]) as a TextDataset.
+              label_col: str | None = None, task: str | None = None) -> TextDataset:
+    """Load ``spec`` ("demo", "demo-lm", a CSV/TSV/JSONL/TXT file, or hf:NAME[:CONFIG[:SPLIT]]) as a TextDataset.
 
     Column names are matched case-insensitively; unnamed columns are auto-detected (see TEXT_COLUMNS,
     PAIR_COLUMNS, LABEL_COLUMNS). Labels are kept as found: call ``align_labels`` before batching.
+    ``task="lm"`` (or a .txt file, or "demo-lm") loads unlabelled text for a language model: the text column
+    only, no pairs, no labels, ``ds.task == "lm"``. Any other ``task`` loads labelled data as before.
     """
+    unlabelled = spec == "demo-lm" or (not spec.startswith("hf:") and Path(spec).suffix.lower() == ".txt")
+    if unlabelled and task not in (None, "lm"):
+        raise DataError(f"{spec} is unlabelled text (language-model data); --task {task} needs labels. Use "
+                        "--task lm, or a .csv/.tsv/.jsonl/hf: dataset with a label column.")
+    lm = task == "lm" or unlabelled
+    if spec == "demo-lm":
+        from .demo_lm import demo_lm_dataset
+
+        return demo_lm_dataset()
     if spec == "demo":
         from .demo import demo_dataset
 
-        return demo_dataset()
+        return as_lm_data(demo_dataset()) if lm else demo_dataset()
     class_names: dict[str, list[str]] = {}
     if spec.startswith("hf:"):
         header, columns, class_names = _read_hf(spec)
@@ -223,14 +259,24 @@ def load_data(spec: str, text_col: str | None = None, pair_col: str | None = Non
         if not path.is_file():
             raise DataError(f"Data file not found: {spec}. Accepted: {ACCEPTED}.")
         header, columns = _read_file(path)
-    text, pair, label = _pick_columns(header, text_col, pair_col, label_col, spec)
+    text, pair, label = _pick_columns(header, text_col, pair_col, label_col, spec, need_label=not lm)
+    if lm:
+        pair = label = None  # a language model reads one text per row and predicts its tokens: no labels
     ds = TextDataset(texts=_texts(columns[text], text, spec),
                      pairs=_texts(columns[pair], pair, spec) if pair else None,
-                     labels=list(columns[label]), label_names=class_names.get(label), source=spec,
-                     columns={"text": text, "pair": pair, "label": label})
+                     labels=list(columns[label]) if label else None, label_names=class_names.get(label),
+                     source=spec, columns={"text": text, "pair": pair, "label": label},
+                     task="lm" if lm else "classification")
     if len(ds) == 0:
-        raise DataError(f"{spec} has no rows: a dataset needs at least one labelled example.")
+        raise DataError(f"{spec} has no rows: a dataset needs at least one "
+                        f"{'document' if lm else 'labelled example'}.")
     return ds
+
+
+def as_lm_data(ds: TextDataset) -> TextDataset:
+    """``ds`` as language-model data: its texts only (labels and pairs dropped), ``task="lm"``."""
+    return replace(ds, pairs=None, labels=None, label_names=None, task="lm",
+                   columns={**ds.columns, "pair": None, "label": None})
 
 
 # -- labels ------------------------------------------------------------------------------------------------------
@@ -264,6 +310,8 @@ def align_labels(ds: TextDataset, id2label: dict[int, str]) -> TextDataset:
     are used; else the unknown labels are reported. Deciding per dataset, not per row, keeps "0"/"1" files and
     named files unambiguous, and maps e.g. MNLI datasets onto models whose label order differs.
     """
+    if ds.task == "lm":
+        return ds  # language-model data is its own target
     if ds.labels is None:
         raise DataError(f"{ds.source} has no labels; evaluation and label-based criteria need a label column.")
     names = [str(id2label[i]) for i in sorted(id2label)]
@@ -320,14 +368,91 @@ def _pad(rows: list[list[int]], value: int) -> torch.Tensor:
     return torch.tensor([r + [value] * (width - len(r)) for r in rows], dtype=torch.long)
 
 
+def model_context(model) -> int | None:
+    """Longest input the model's position embeddings allow (``max_position_embeddings`` or GPT-2's
+    ``n_positions``), or None when its config names none."""
+    config = getattr(model.config, "text_config", None) or model.config
+    for name in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def prepare_tokenizer(tokenizer, model) -> None:
+    """Fit ``tokenizer`` to ``model`` (in place; call once at load time): a pad token and the context length.
+
+    Pad rule: the tokenizer's own pad token, else its EOS token, else its UNK token; with none of these there is
+    nothing safe to pad with and batching several rows is refused (a DataError). Padding is masked by the
+    attention mask, so reusing EOS for it does not hide real EOS tokens from the loss. A classifier whose config
+    has no ``pad_token_id`` gets the tokenizer's, since decoder classifiers (``*ForSequenceClassification``)
+    pool the last token that is not padding and find it by that id.
+    ``tokenizer.model_max_length`` is capped at ``model_context(model)``, so ``make_batches`` truncates (and
+    warns) at the model's context.
+    """
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = pad_token_of(tokenizer)
+    if getattr(model.config, "pad_token_id", None) is None and not _is_language_model(model):
+        model.config.pad_token_id = tokenizer.pad_token_id
+    context = model_context(model)
+    if context is not None and not tokenizer.model_max_length <= context:
+        tokenizer.model_max_length = context
+
+
+def pad_token_of(tokenizer) -> str:
+    """The pad rule: the tokenizer's pad token, else its EOS token, else its UNK token (DataError: none)."""
+    token = tokenizer.pad_token or tokenizer.eos_token or tokenizer.unk_token
+    if token is None:
+        raise DataError(f"{type(tokenizer).__name__} has no pad, EOS or UNK token to pad batches with. Give the "
+                        "model folder a tokenizer that defines one of them.")
+    return token
+
+
+def _is_language_model(model) -> bool:
+    from .task import is_language_model
+
+    return is_language_model(model)
+
+
+def _context_of(tokenizer) -> int | None:
+    limit = getattr(tokenizer, "model_max_length", None)
+    return int(limit) if isinstance(limit, int) and 0 < limit < _UNBOUNDED_CONTEXT else None
+
+
+def _encode(tokenizer, ds: TextDataset, max_length: int) -> dict:
+    """Tokenize ``ds`` truncated to ``max_length`` and to the model's context; warn (TruncationWarning) about
+    rows longer than that context, which is not the user's choice the way ``max_length`` is."""
+    context = _context_of(tokenizer)
+    if context is None or context >= max_length:
+        return tokenizer(ds.texts, ds.pairs, truncation=True, max_length=max_length)
+    # One token more than fits shows which rows overflow without tokenizing every row twice.
+    enc = tokenizer(ds.texts, ds.pairs, truncation=True, max_length=context + 1)
+    long_rows = [i for i, ids in enumerate(enc["input_ids"]) if len(ids) > context]
+    if long_rows:
+        import warnings
+
+        cut = tokenizer([ds.texts[i] for i in long_rows],
+                        None if ds.pairs is None else [ds.pairs[i] for i in long_rows],
+                        truncation=True, max_length=context)
+        for key in enc:
+            for row, values in zip(long_rows, cut[key]):
+                enc[key][row] = values
+        warnings.warn(f"{ds.source}: {len(long_rows)} of {len(ds)} rows are longer than the model's context of "
+                      f"{context} tokens and were truncated to it (--max-length {max_length} asked for more).",
+                      TruncationWarning, stacklevel=3)
+    return enc
+
+
 def make_batches(tokenizer, ds: TextDataset, batch_size: int = 32, max_length: int = 128,
                  sort_by_length: bool = True) -> list[dict]:
     """Tokenized batches: input_ids, attention_mask, (token_type_ids), labels, and ``index`` (dataset rows).
 
-    Rows are truncated to ``max_length`` tokens and, with ``sort_by_length``, grouped by length so each batch
-    is padded (on the right) only to its own longest row. Labels are a LongTensor, or a FloatTensor for
-    regression; a dataset without labels gives batches without "labels". Pass ``model_inputs(batch)`` to a
-    model, not the batch itself.
+    Rows are truncated to ``max_length`` tokens, and to the model's context (``tokenizer.model_max_length`` as
+    ``prepare_tokenizer`` set it) with a TruncationWarning, and, with ``sort_by_length``, grouped by length so
+    each batch is padded (on the right, with the pad token of ``prepare_tokenizer``'s rule) only to its own
+    longest row. Labels are a LongTensor, or a FloatTensor for regression; for language-model data (``ds.task ==
+    "lm"``) they are the input ids with padding set to -100 (``headprune.task.lm_labels``); other data without
+    labels gives batches without "labels". Pass ``model_inputs(batch)`` to a model, not the batch itself.
     """
     if len(ds) == 0:
         raise DataError(f"{ds.source} is empty: nothing to batch.")
@@ -335,16 +460,23 @@ def make_batches(tokenizer, ds: TextDataset, batch_size: int = 32, max_length: i
         raise DataError(f"batch_size must be >= 1 and max_length >= 2; got {batch_size} and {max_length}.")
     if ds.labels is not None and any(not isinstance(v, (int, float)) for v in ds.labels):
         raise DataError(f"{ds.source}: labels are names, not ids; call align_labels(ds, model.config.id2label).")
-    enc = tokenizer(ds.texts, ds.pairs, truncation=True, max_length=max_length)
+    enc = _encode(tokenizer, ds, max_length)
     lengths = [len(ids) for ids in enc["input_ids"]]
     order = sorted(range(len(ds)), key=lambda i: lengths[i]) if sort_by_length else list(range(len(ds)))
-    pad_values = {"input_ids": tokenizer.pad_token_id or 0, "attention_mask": 0, "token_type_ids": 0}
+    pad_id = tokenizer.pad_token_id
+    if pad_id is None:  # a tokenizer prepare_tokenizer has not seen: the same rule
+        pad_id = tokenizer.convert_tokens_to_ids(pad_token_of(tokenizer))
+    pad_values = {"input_ids": pad_id, "attention_mask": 0, "token_type_ids": 0}
     label_dtype = torch.float32 if ds.task == "regression" else torch.long
     batches = []
     for start in range(0, len(order), batch_size):
         index = order[start:start + batch_size]
         batch = {k: _pad([enc[k][i] for i in index], v) for k, v in pad_values.items() if k in enc}
-        if ds.labels is not None:
+        if ds.task == "lm":
+            from .task import lm_labels
+
+            batch["labels"] = lm_labels(batch["input_ids"], batch["attention_mask"])
+        elif ds.labels is not None:
             batch["labels"] = torch.tensor([ds.labels[i] for i in index], dtype=label_dtype)
         batch["index"] = index
         batches.append(batch)

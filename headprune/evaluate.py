@@ -9,6 +9,9 @@ Classification metrics (y = true ids, ŷ = argmax of the logits, n examples, cla
     loss       = mean cross-entropy −(1/n) Σ_i log softmax(z_i)[y_i]
 Regression head (one output, STS-B style): Pearson r, Spearman ρ (Pearson of average ranks), and
     loss = MSE = (1/n) Σ_i (z_i − y_i)².
+Language model (``headprune.task``, token-weighted over every real next-token target of every row):
+    loss = Σ ℓ / Σ n_b (mean next-token cross-entropy), perplexity = exp(loss), next-token accuracy; lower
+    perplexity is better.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from .device import autocast, resolve_device
 from .errors import DataError
 from .gating import gate_heads
 from .mask import HeadMask
+from .task import HIGHER_IS_BETTER as TASK_HIGHER_IS_BETTER
+from .task import Task, lm_metrics, lm_row_stats, task_of
 
 
 @dataclass
@@ -37,22 +42,25 @@ class Metrics:
     pearson: float | None = None
     spearman: float | None = None
     mse: float | None = None
+    perplexity: float | None = None
+    next_token_accuracy: float | None = None
+    tokens: int | None = None          # LM: next-token targets the loss averages over
 
     def to_dict(self) -> dict:
-        """The metrics that apply to this task (classification or regression)."""
+        """The metrics that apply to this task (classification, regression or language modelling)."""
         return {k: v for k, v in asdict(self).items() if v is not None}
 
 
-# what each metric means for "better": the one place the dashboard, trajectories and summaries read it
-HIGHER_IS_BETTER = {"accuracy": True, "macro_f1": True, "mcc": True, "pearson": True, "spearman": True,
-                    "loss": False, "mse": False}
+# what each metric means for "better" (defined with the task kinds in headprune.task): the one place the
+# dashboard, trajectories and summaries read it
+HIGHER_IS_BETTER = TASK_HIGHER_IS_BETTER
 
 
 def headline_metric(metrics: Metrics | dict) -> tuple[str, bool]:
     """The metric a summary leads with, and whether higher is better.
 
-    Accuracy for a classifier, Pearson r for a regression head (one output); a metrics dict with neither falls
-    back to the loss (lower is better).
+    Accuracy for a classifier, Pearson r for a regression head (one output), perplexity for a language model
+    (lower is better); a metrics dict with none of these falls back to the loss (lower is better).
 
     Parameters
     ----------
@@ -63,7 +71,7 @@ def headline_metric(metrics: Metrics | dict) -> tuple[str, bool]:
     (name, higher_is_better).
     """
     values = metrics.to_dict() if isinstance(metrics, Metrics) else metrics
-    name = next((m for m in ("accuracy", "pearson") if values.get(m) is not None), "loss")
+    name = next((m for m in ("accuracy", "pearson", "perplexity") if values.get(m) is not None), "loss")
     return name, HIGHER_IS_BETTER[name]
 
 
@@ -122,10 +130,8 @@ def _dataset_order(batches: list[dict]) -> torch.Tensor:
     return torch.arange(sum(len(b["input_ids"]) for b in batches))
 
 
-@torch.no_grad()
-def predict(model, batches: list[dict], mask: HeadMask | None = None, device=None,
-            progress=None) -> torch.Tensor:
-    """Logits (n, num_labels), float32 on CPU, in dataset order (by each batch's ``index``).
+def _batch_logits(model, batches: list[dict], mask: HeadMask | None, device, progress):
+    """(batch, logits) per batch, logits as the model returns them (on its device), under ``mask``.
 
     Runs on ``device`` (moving the model there if it is elsewhere; default: where the model is), under
     ``mask`` via gate_heads, with bf16/fp16 autocast on GPU only.
@@ -135,20 +141,48 @@ def predict(model, batches: list[dict], mask: HeadMask | None = None, device=Non
     dev = resolve_device(device) if device is not None else _model_device(model)
     if _model_device(model) != dev:
         model.to(dev)
-    logits = []
-    with gate_heads(model, mask), autocast(dev):
+    with torch.no_grad(), gate_heads(model, mask), autocast(dev):
         for i, batch in enumerate(batches):
             inputs = {k: v.to(dev) for k, v in model_inputs(batch).items()}
-            logits.append(model(**inputs).logits.float().cpu())
+            yield batch, model(**inputs).logits
             if progress is not None:
                 progress((i + 1) / len(batches), f"batch {i + 1}/{len(batches)}")
+
+
+def predict(model, batches: list[dict], mask: HeadMask | None = None, device=None,
+            progress=None) -> torch.Tensor:
+    """Logits (n, num_labels), float32 on CPU, in dataset order (by each batch's ``index``); see
+    ``_batch_logits`` for device, mask and autocast."""
+    logits = [z.float().cpu() for _, z in _batch_logits(model, batches, mask, device, progress)]
     return torch.cat(logits)[_dataset_order(batches)]
+
+
+def lm_stats(model, batches: list[dict], mask: HeadMask | None = None, device=None,
+             progress=None) -> torch.Tensor:
+    """(n, 3) per-row next-token sums [Σ ℓ, targets, correct] (``task.lm_row_stats``) in dataset order: what
+    ``metrics_from_lm_stats`` needs, without holding any batch's (B, T, V) logits longer than its forward."""
+    stats = [lm_row_stats(z, batch["labels"].to(z.device))
+             for batch, z in _batch_logits(model, batches, mask, device, progress)]
+    return torch.cat(stats)[_dataset_order(batches)]
+
+
+def metrics_from_lm_stats(stats: torch.Tensor) -> Metrics:
+    """Token-weighted LM metrics (module doc) from ``lm_stats`` rows."""
+    return Metrics(**lm_metrics(stats))
+
+
+def _require_labels(batches: list[dict]) -> None:
+    if not batches:
+        raise DataError("Evaluation needs at least one example, but the evaluation set is empty. Accepted: an "
+                        "evaluation size of 1 or more (--eval-size N or all).")
+    if any("labels" not in b for b in batches):
+        raise DataError("These batches have no labels; evaluation needs a labelled dataset (--label-col), or "
+                        "language-model data (--task lm) for a language model.")
 
 
 def gather_labels(batches: list[dict]) -> torch.Tensor:
     """Labels of ``batches`` in dataset order (the order ``predict`` returns)."""
-    if any("labels" not in b for b in batches):
-        raise DataError("These batches have no labels; evaluation needs a labelled dataset (--label-col).")
+    _require_labels(batches)
     return torch.cat([b["labels"] for b in batches])[_dataset_order(batches)]
 
 
@@ -166,7 +200,12 @@ def metrics_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> Metrics:
                    mcc=mcc(y.numpy(), y_hat))
 
 
-def evaluate(model, batches: list[dict], mask: HeadMask | None = None, device=None, progress=None) -> Metrics:
-    """Metrics of ``model`` (gated by ``mask``) on labelled ``batches``; see the module doc for the equations."""
+def evaluate(model, batches: list[dict], mask: HeadMask | None = None, device=None, progress=None,
+             task: Task | None = None) -> Metrics:
+    """Metrics of ``model`` (gated by ``mask``) on labelled ``batches`` (LM batches: labels = input ids); see the
+    module doc for the equations. ``task`` defaults to the one the model's head computes (``task.task_of``)."""
+    _require_labels(batches)
+    if (task or task_of(model)).is_lm:
+        return metrics_from_lm_stats(lm_stats(model, batches, mask, device, progress))
     labels = gather_labels(batches)
     return metrics_from_logits(predict(model, batches, mask, device, progress), labels)

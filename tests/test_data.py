@@ -50,7 +50,7 @@ def test_jsonl_keeps_int_labels(tmp_path):
 
 
 @pytest.mark.parametrize("name, content, expected", [
-    ("d.txt", b"text,label\nx,1\n", "unsupported file type '.txt'"),
+    ("d.xml", b"text,label\nx,1\n", "unsupported file type '.xml'"),  # .txt is LM text (test_lm_data)
     ("d.csv", "text,label\ncaf\u00e9,1\n".encode("latin-1"), "not UTF-8"),
     ("d.csv", b"", "is empty"),
     ("d.csv", b"text,label\n", "has no rows"),
