@@ -8,6 +8,7 @@ shape, and then the saved weights are loaded strictly.
 from __future__ import annotations
 
 import json
+import pickle
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,9 +161,13 @@ def load_model(spec: str, device: str | torch.device = "auto", attn_implementati
                 _load_state_dict_exists(path)
             placed = {} if placement is None else {
                 "device_map": placement, "offload_folder": offload_folder or tempfile.mkdtemp(prefix="headprune-")}
-            model = auto_class(config).from_pretrained(
-                source, trust_remote_code=False, use_safetensors=None, attn_implementation=attn_implementation,
-                dtype=torch_dtype, **placed)
+            kwargs = dict(trust_remote_code=False, use_safetensors=None, dtype=torch_dtype, **placed)
+            try:
+                model = auto_class(config).from_pretrained(source, attn_implementation=attn_implementation, **kwargs)
+            except ValueError as exc:  # e.g. DeBERTa-v2 and state-space models have no sdpa kernel
+                if "does not support an attention implementation" not in str(exc):
+                    raise
+                model = auto_class(config).from_pretrained(source, attn_implementation="eager", **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
     except ModelLoadError:
         raise
@@ -171,7 +176,16 @@ def load_model(spec: str, device: str | torch.device = "auto", attn_implementati
                              f"Options: {OFFLOAD_HELP}.") from exc
     except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"Could not load a sequence classifier from '{spec}': {exc}") from exc
+    except Exception as exc:  # unreadable weight files: a pickle refused by weights_only, a broken safetensors
+        message = _unreadable_weights(spec, exc)
+        if message is None:
+            raise
+        raise ModelLoadError(message) from exc
     adapter = adapt(model)  # raises UnsupportedArchitecture with the supported list
+    if path is not None and not any((path / name).is_file() for name in TOKENIZER_FILES):
+        # transformers would build an empty default tokenizer here: every word would become [UNK]
+        raise ModelLoadError(f"{spec} has no tokenizer files (one of {', '.join(TOKENIZER_FILES)}). Save the "
+                             "tokenizer next to the model: tokenizer.save_pretrained(folder).")
     record_kept_heads(adapter)
     if placement is None:
         model.to(dev)
@@ -188,6 +202,25 @@ def _dispatch(model: nn.Module, placement: str | dict, offload_folder: str | Non
 
     device_map = infer_auto_device_map(model) if placement == "auto" else placement
     return dispatch_model(model, device_map, offload_dir=offload_folder or tempfile.mkdtemp(prefix="headprune-"))
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model",
+                   "sentencepiece.bpe.model", "tokenizer.model")
+
+
+def _unreadable_weights(spec: str, exc: Exception) -> str | None:
+    """The message for a weight file that cannot be read safely, or None when ``exc`` is something else."""
+    from safetensors import SafetensorError
+
+    if isinstance(exc, pickle.UnpicklingError):
+        return (f"The pytorch_model.bin in {spec} is a pickle holding more than tensors, and headprune loads only "
+                "tensors (torch.load with weights_only=True) so that no code from a file runs. Accepted: "
+                "model.safetensors, or a pytorch_model.bin holding a plain state_dict. If you trust the file, "
+                "load it yourself and write model.safetensors with save_pretrained(folder).")
+    if isinstance(exc, SafetensorError):
+        return (f"The weights in {spec} are not a readable safetensors file ({exc}); the file may be truncated "
+                "or not safetensors at all. Accepted: a model.safetensors written by save_pretrained.")
+    return None
 
 
 def _load_state_dict_exists(folder: Path) -> None:

@@ -110,7 +110,8 @@ class Workspace:
               label_col: str | None = None, calib_size: int = DefaultSize(DEFAULT_CALIB_SIZE),
               eval_size: int | None = DefaultSize(DEFAULT_EVAL_SIZE), max_length: int = 128, batch_size: int = 32,
               seed: int = 0, device: str = "auto", loaded: LoadedModel | None = None,
-              progress: Progress | None = None) -> Workspace:
+              progress: Progress | None = None, device_map: str | dict | None = None,
+              dtype: str | None = None) -> Workspace:
         """Load ``model`` and ``data``, split and batch them.
 
         Parameters
@@ -121,6 +122,7 @@ class Workspace:
         max_length, batch_size : tokenization.
         seed : seed of the split.
         device : "auto" | "cpu" | "cuda" (ignored when ``loaded`` is given).
+        device_map, dtype : placement through accelerate and weight dtype (``headprune.models.load_model``).
         loaded : an already loaded model (the dashboard's process-wide cache); loaded from ``model`` if None.
         progress : ``(fraction, message)`` callback.
 
@@ -131,7 +133,7 @@ class Workspace:
         report = progress or (lambda f, m: None)
         if loaded is None:
             report(0.05, f"loading model {model}")
-            loaded = load_model(model, device)
+            loaded = load_model(model, device, device_map=device_map, dtype=dtype)
         report(0.5, "reading data")
         dataset = align_labels(load_data(data, text_col, pair_col, label_col), loaded.id2label)
         calib_n, eval_n = fit_split_sizes(len(dataset), calib_size, eval_size)

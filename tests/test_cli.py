@@ -52,12 +52,14 @@ def test_prune_then_evaluate_equals_evaluate_under_mask(tiny_model_dir, tiny_csv
 
 
 @pytest.fixture(scope="module")
-def gpt2_dir(tmp_path_factory):
-    from transformers import GPT2Config, GPT2ForSequenceClassification
+def gpt2_dir(tmp_path_factory, tiny_tokenizer):
+    """A model whose heads cannot be found: a tiny Mamba (state-space) language model, with a tokenizer."""
+    from transformers import MambaConfig, MambaForCausalLM
 
-    out = tmp_path_factory.mktemp("gpt2")
-    config = GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=50, n_positions=16, bos_token_id=0, eos_token_id=0)
-    GPT2ForSequenceClassification(config).save_pretrained(out)
+    out = tmp_path_factory.mktemp("mamba")
+    config = MambaConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, state_size=4, expand=2, conv_kernel=2)
+    MambaForCausalLM(config).save_pretrained(out)
+    tiny_tokenizer.save_pretrained(out)
     return out
 
 
@@ -86,7 +88,7 @@ def _bad_inputs(tmp: Path, tiny_model_dir, tiny_csv, gpt2_dir) -> dict:
         "folder without weights": (["evaluate", "--model", tmp / "config_only", "--data", tiny_csv],
                                    "No weights"),
         "unsupported architecture": (["evaluate", "--model", gpt2_dir, "--data", tiny_csv],
-                                     "Unsupported architecture: model type 'gpt2'.*supports.*bert"),
+                                     "Unsupported architecture: model type 'mamba'.*Supported families: llama.*gpt2.*bert"),
         "not csv": ([*ev[:3], "--data", tmp / "notes.txt"], "unsupported file type '.txt'. Accepted: .csv"),
         "not utf-8": ([*ev[:3], "--data", tmp / "latin1.csv"], "not UTF-8"),
         "no label column": ([*ev[:3], "--data", tmp / "nolabel.csv"], "no label column found. Columns found: text"),

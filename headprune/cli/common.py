@@ -46,6 +46,12 @@ def _positive(text: str) -> int:
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="demo", help=f"{MODEL_HELP} (default: demo)")
+    p.add_argument("--device-map", default=None,
+                   help="place the model with accelerate: 'auto' (spread over GPUs, CPU, disk) or a JSON object / "
+                        "file {\"module.name\": device} with devices 0, \"cuda:1\", \"cpu\", \"disk\" "
+                        "(overrides --device)")
+    p.add_argument("--dtype", default=None, choices=("fp32", "bf16", "fp16"),
+                   help="convert the weights on load (default: as saved)")
 
 
 def add_data_args(p: argparse.ArgumentParser, calib_size: int = 128, eval_size: int | None = 500) -> None:
@@ -67,12 +73,15 @@ def add_data_args(p: argparse.ArgumentParser, calib_size: int = 128, eval_size: 
 
 def add_mask_arg(p: argparse.ArgumentParser, required: bool = False) -> None:
     p.add_argument("--mask", required=required,
-                   help='head mask JSON: {"pruned": {"<layer>": [head, ...]}} (0-based)')
+                   help='head mask JSON: {"pruned": {"<layer>": [head, ...]}} and/or, for grouped-query attention, '
+                        '{"pruned_groups": {"<layer>": [key/value group, ...]}} (0-based)')
 
 
 def load_mask(args, loaded: LoadedModel) -> HeadMask | None:
     """The mask file named by ``--mask`` for this model's grid, or None when no mask was given."""
-    return HeadMask.load(args.mask, loaded.adapter.grid_shape) if getattr(args, "mask", None) else None
+    if not getattr(args, "mask", None):
+        return None
+    return HeadMask.load(args.mask, loaded.adapter.grid_shape, loaded.adapter.group_grid())
 
 
 def build_workspace(args, calib_size: int | None = None) -> Workspace:
@@ -83,7 +92,8 @@ def build_workspace(args, calib_size: int | None = None) -> Workspace:
     return Workspace.build(args.model, args.data, text_col=args.text_col, pair_col=args.pair_col,
                            label_col=args.label_col, calib_size=args.calib_size if calib_size is None else calib_size,
                            eval_size=args.eval_size, max_length=args.max_length, batch_size=args.batch_size,
-                           seed=args.seed, device=getattr(args, "device", "auto"))
+                           seed=args.seed, device=getattr(args, "device", "auto"),
+                           device_map=getattr(args, "device_map", None), dtype=getattr(args, "dtype", None))
 
 
 def load_model_and_data(args, calib_size: int | None = None) -> tuple[LoadedModel, list[dict], list[dict], dict]:
