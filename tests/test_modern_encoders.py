@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 import pytest
 import torch
 
@@ -188,3 +189,145 @@ def test_capture_refuses_a_core_that_returns_no_probabilities():
     with pytest.raises(CaptureError, match="returned no attention probabilities.*Supported families"):
         with record_attention(model, adapter):
             model(**inputs(random_batch()))
+
+
+# -- one-pass criteria against independent computations -----------------------------------------------------------
+
+@functools.cache
+def double(arch: str):
+    """Float64 copy (finite differences and autograd references need it); cached: scoring never mutates it."""
+    return tiny_modern(arch).double()
+
+
+def calib(arch: str, n: int = 2) -> list[dict]:
+    """Padded batches, except for ModernBERT: in float64 its stock forward gives NaN logits for padded rows
+    (transformers 5.23: a padded query whose local window holds only padding gets an all -inf score row), so
+    its float64 references run on unpadded batches; padding on ModernBERT is covered in float32 above."""
+    batches = [random_batch(batch_size=3, seq_len=10, seed=10 + i) for i in range(n)]
+    if arch == "modernbert":
+        for batch in batches:
+            batch["attention_mask"] = torch.ones_like(batch["attention_mask"])
+    return batches
+
+
+def scores(model, name, batches, params=None):
+    from headprune.criteria import ScoringContext, get
+
+    return get(name)(ScoringContext(model, batches), params)
+
+
+@pytest.mark.parametrize("arch", MODERN_ARCHS)
+def test_entropy_and_deficit_match_hand_formulas(arch):
+    from test_criteria_onepass import hand_entropy, per_sentence_mean
+
+    model, batches = double(arch), calib(arch)
+    entropy = hand_entropy(model, batches, lambda a: -torch.special.xlogy(a, a))
+    np.testing.assert_allclose(scores(model, "ae", batches, {"form": "A"}).meta["entropy"], entropy, rtol=1e-6)
+    deficit = per_sentence_mean(
+        model, batches, lambda a, n: 1 - (-torch.special.xlogy(a, a)).sum((-1, -2)).numpy() / (n * np.log(n)))
+    np.testing.assert_allclose(scores(model, "ad", batches).meta["deficit"], deficit, rtol=1e-6)
+
+
+@pytest.mark.parametrize("arch", MODERN_ARCHS)
+def test_his_matches_finite_differences_of_the_gate(arch):
+    """ModernBERT applies its rotary table in float32 even in a float64 model, so its loss carries float32
+    rounding (~1e-7): a larger step (3e-3) keeps that noise over the step, and the central difference's O(δ²)
+    error, below the looser tolerance (1e-3 relative)."""
+    from test_criteria_onepass import gate_slopes, loss
+
+    model, batches = double(arch), calib(arch)
+    delta = 3e-3 if arch == "modernbert" else 1e-5
+    expected = gate_slopes(model, batches, loss, delta=delta)
+    assert expected.max() > 1e-3
+    got = scores(model, "his", batches).scores
+    np.testing.assert_allclose(got, expected, rtol=1e-3 if arch == "modernbert" else 1e-6, atol=1e-9)
+    np.testing.assert_allclose(scores(model, "taylor", batches).scores, got, rtol=1e-8)   # Σ A ∂L/∂A = HIS
+
+
+def gnorm_by_single_examples(model, batches) -> np.ndarray:
+    """G_Q, G_K, G_V: autograd of ‖logits‖ on each sentence alone (no padding); each head's rows of W.grad, a
+    fused Wqkv's rows taken part by part."""
+    adapter = adapt(model)
+    total, n = np.zeros((3, *adapter.grid_shape)), 0
+    for batch in batches:
+        for b in range(len(batch["labels"])):
+            length = int(batch["attention_mask"][b].sum())
+            model.zero_grad()
+            model(**{k: v[b:b + 1, :length] for k, v in inputs(batch).items()}).logits.norm().backward()
+            for block in adapter.blocks:
+                for i, part in enumerate(("query", "key", "value")):
+                    grad = getattr(block, part).weight.grad
+                    if block.fused:
+                        grad = grad[slice(*block.fused_span(part))]
+                    total[i, block.index] += grad.view(adapter.n_heads, block.head_size, -1).norm(dim=(1, 2)).numpy()
+            n += 1
+    model.zero_grad()
+    return total / n
+
+
+@pytest.mark.parametrize("arch", ["deberta-v2-unshared", "modernbert"])
+def test_gnorm_per_sentence_matches_batch_size_one_autograd(arch):
+    """(DeBERTa with share_att_key also sends its position table through W_Q/W_K, once per batch: Gnorm counts
+    the token path only, see criteria/onepass.py, so whole-weight gradients are no reference there.)"""
+    model, batches = double(arch), calib(arch)
+    expected = gnorm_by_single_examples(model, batches)
+    result = scores(model, "gnorm", batches, {"objective": "logits_norm"})
+    for i, name in enumerate(("G_Q", "G_K", "G_V")):
+        np.testing.assert_allclose(result.meta[name], expected[i], rtol=1e-6, err_msg=name)
+
+
+def test_gnorm_value_of_shared_key_deberta_matches_autograd():
+    """With share_att_key, W_V never meets the position table, so G_V is the whole W_V gradient there too."""
+    model, batches = double("deberta-v2"), calib("deberta-v2")
+    result = scores(model, "gnorm", batches, {"objective": "logits_norm"})
+    np.testing.assert_allclose(result.meta["G_V"], gnorm_by_single_examples(model, batches)[2], rtol=1e-6)
+    assert np.isfinite(result.scores).all() and (result.scores > 0).all()
+
+
+# -- SAP on word pieces of both tokenizer kinds --------------------------------------------------------------------
+
+SAP_TEXT = "Beaked whales were washed up, unexpectedly!"   # unseen words: split into several pieces
+
+
+@pytest.mark.parametrize("arch", ["deberta-v2", "modernbert"])
+def test_word_attention_on_both_tokenizer_kinds(arch):
+    """Word-level attention of the attention view / SAP (DeBERTa: SentencePiece Unigram "▁" pieces, ModernBERT:
+    byte-level BPE "Ġ" pieces) == a hand loop over the stock eager attentions: query word i's pieces averaged,
+    key word j's pieces summed."""
+    from headprune.syntax.arcs import build_arcs
+    from headprune.syntax.parse import parse_text
+
+    tok = tokenizer(TOKENIZER_KIND[arch])
+    model = tiny_modern(arch, vocab_size=320, attn_implementation="sdpa" if arch == "modernbert" else "eager")
+    arcs = build_arcs(model, tok, SAP_TEXT)
+    spans = parse_text(SAP_TEXT).spans
+    assert arcs.seen.all() and len(arcs.arcs) >= len(spans) - 2
+    enc = tok([SAP_TEXT], return_offsets_mapping=True, return_special_tokens_mask=True, return_tensors="pt")
+    pieces = [[t for t, ((a, b), special) in enumerate(zip(enc["offset_mapping"][0].tolist(),
+                                                             enc["special_tokens_mask"][0].tolist()))
+               if not special and SAP_TEXT[a:b].strip() and a < end and b > start] for start, end in spans]
+    assert max(len(p) for p in pieces) >= 2   # some words really are split
+    with torch.no_grad():
+        eager = tiny_modern(arch, vocab_size=320)(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
+                                                 output_attentions=True).attentions
+    for layer, probs in enumerate(eager):
+        for i, queries in enumerate(pieces):
+            for j, keys in enumerate(pieces):
+                expected = probs[0][:, queries][:, :, keys].sum(-1).mean(-1).numpy()
+                np.testing.assert_allclose(arcs.attention[layer, :, i, j], expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("arch", ["deberta-v2", "modernbert"])
+def test_sap_criteria_run_on_both_families(arch):
+    from headprune.criteria import ScoringContext, get
+
+    tok = tokenizer(TOKENIZER_KIND[arch])
+    model = tiny_modern(arch, vocab_size=320)
+    enc = tok(CORPUS, padding=True, return_tensors="pt")
+    batches = [{"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
+                "labels": torch.tensor([0, 1, 2, 0])}]
+    shape = adapt(model).grid_shape
+    for name in ("sap", "sap-cf"):
+        result = get(name)(ScoringContext(model, batches, tokenizer=tok, texts=CORPUS), None)
+        assert result.scores.shape == shape and np.isfinite(result.scores).all()
+        assert len(np.unique(result.scores)) > 1

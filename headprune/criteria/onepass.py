@@ -13,9 +13,12 @@ the gradient of Σ_b o_b with respect to example b's activations is the gradient
     Taylor             = Σ_ij A_bhij ∂o_b/∂A_bhij             (Greedy-Gnorm eq. 8)
     Gnorm  ∂o_b/∂W_h   = Σ_t g_bth x_btᵀ                     (W_h: head h's rows of W_Q, W_K or W_V; g = ∂o_b/∂(x Wᵀ))
 
-Padded positions are excluded everywhere (their rows and columns of A, their x). For ALBERT one block runs
-in every layer, so a tied head's contributions are summed over layers before the absolute value or norm
-(its gate and weights are shared) and its entropies are averaged over layers.
+Padded positions are excluded everywhere (their rows and columns of A, their x). DeBERTa-v3 (share_att_key)
+also multiplies its relative-position table by W_Q and W_K, once for the whole batch: that term of ∂o/∂W_h
+has no per-example split, so Gnorm counts the token path Σ_t g_bth x_btᵀ only (with separate position
+projections, as in DeBERTa-v2, those are other weights and the token path is the whole W_Q/W_K gradient).
+For ALBERT one block runs in every layer, so a tied head's contributions are summed over layers before the
+absolute value or norm (its gate and weights are shared) and its entropies are averaged over layers.
 
 Quantities are named by tuples, cached in ``ScoringContext.cache["onepass"]`` and computed together:
     ("entropy", form, eps)     mean over sentences of eq. (3) with form A, B or C (Greedy-Gnorm §3.3)
@@ -35,7 +38,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..arch import adapt
+from ..arch import PARTS, adapt
 from ..capture import record_attention
 from ..data import model_inputs
 from ..gating import gate_heads
@@ -120,13 +123,21 @@ def _capture(model, adapter, probs: bool, projections: bool, contexts: bool):
 
     handles.append(model.get_input_embeddings().register_forward_hook(ensure_graph))
     for block in adapter.blocks:
-        for name in ("query", "key", "value") if projections else ():
+        # Only a projection's first call within each call of its core reads the tokens; DeBERTa (share_att_key)
+        # then projects its relative-position table through the same Q/K weights, once for the whole batch, so
+        # that path has no per-example gradient and is left out of Gnorm (module doc).
+        fresh: set[str] = set()
+        if projections:
+            handles.append(block.core.register_forward_pre_hook(lambda *_, _fresh=fresh: _fresh.update(PARTS)))
+        for name in PARTS if projections else ():
             # A fused Q|K|V module's output is recorded whole (its slices are not on the path to the loss:
             # the model slices it its own way); the gradient is sliced afterwards by ``fused_span``.
             span = block.fused_span(name) if block.fused else None
 
-            def on_projection(module, args, out, _i=block.index, _n=name, _span=span):
-                rec["qkv"][_i, _n].append((args[0], out, _span))
+            def on_projection(module, args, out, _i=block.index, _n=name, _span=span, _fresh=fresh):
+                if _n in _fresh:
+                    _fresh.discard(_n)
+                    rec["qkv"][_i, _n].append((args[0], out, _span))
             handles.append(getattr(block, name).register_forward_hook(on_projection))
         if contexts:
             def on_context(module, args, _i=block.index):
