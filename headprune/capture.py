@@ -11,6 +11,7 @@ drawable. Padded query rows and key columns are zeroed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -62,11 +63,13 @@ def eager_attention(model):
 
 
 @contextmanager
-def record_attention(model, adapter: ModelAdapter | None = None):
-    """Yield a list that fills with (B, H_live, T, T) probability tensors (graph kept) in forward-layer order.
+def record_attention(model, adapter: ModelAdapter | None = None,
+                     on_record: Callable[[int, torch.Tensor | None], None] | None = None):
+    """Yield a list that fills with (block index, (B, H_live, T, T) probabilities) (graph kept), in forward-layer
+    order; with ``on_record`` each pair is handed to it as the layer runs instead (nothing is kept).
 
     Use inside your own forward/backward code (criteria need gradients through the probabilities); for a plain
-    snapshot call :func:`capture_attention`.
+    snapshot call :func:`capture_attention`, for one layer at a time :func:`stream_attention`.
     """
     adapter = adapter or adapt(model)
     records: list[tuple[int, torch.Tensor | None]] = []
@@ -79,7 +82,10 @@ def record_attention(model, adapter: ModelAdapter | None = None):
                     f"The attention core of block {_block.index} ({type(module).__name__}, family "
                     f"'{adapter.family}') returned no attention probabilities under eager attention; headprune "
                     f"cannot draw or score its heads' attention. Supported families: {supported()}.")
-            records.append((_block.index, weights))
+            if on_record is None:
+                records.append((_block.index, weights))
+            else:
+                on_record(_block.index, weights)
         handles.append(block.core.register_forward_hook(hook))
     try:
         with eager_attention(model), _asking_for_attentions(model, adapter.needs_output_attentions):
@@ -119,26 +125,49 @@ def expand_heads(weights: torch.Tensor | None, kept: list[int], n_heads: int, li
 
 
 @torch.no_grad()
-def capture_attention(model, batch: dict, mask: HeadMask | None = None, keep_device: bool = False) -> AttentionMaps:
-    """One forward pass over ``batch`` returning every layer's attention probabilities (see module doc)."""
+def stream_attention(model, batch: dict, on_layer: Callable[[int, torch.Tensor], None],
+                     mask: HeadMask | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward pass over ``batch`` handing each layer's attention to ``on_layer`` *while the layer runs*.
+
+    ``on_layer(layer, probs)`` receives (B, H, T, T) float32 probabilities on the layer's own device, in original
+    head slots (absent or gated-off heads all zero, padded rows/columns zero); nothing is kept after the call
+    returns, so a long input holds one layer's H·T² map at a time, never L·H·T² (reduce it, move it to CPU or
+    write it out inside ``on_layer``). Returns (logits, live): the model's output and the (n_layers, H) bool grid
+    of heads present and not gated to 0.
+    """
     adapter = adapt(model)
     inputs = {k: v for k, v in batch.items() if k != "labels"}
-    attn = inputs["attention_mask"]
-    with gate_heads(model, mask, adapter), record_attention(model, adapter) as records:
-        logits = model(**inputs).logits
-    valid = attn.bool()
-    pair = (valid[:, None, :, None] & valid[:, None, None, :]).to(logits.device)
-    probs = []
+    valid = inputs["attention_mask"].bool()
     live = torch.zeros(adapter.n_layers, adapter.n_heads, dtype=torch.bool)
     gates = mask.keep_bool() if mask is not None else torch.ones(adapter.grid_shape, dtype=torch.bool)
-    for layer, (block_index, weights) in enumerate(records):
+    layer_of_call = iter(range(adapter.n_layers))
+
+    def on_record(block_index: int, weights: torch.Tensor | None) -> None:
+        layer = next(layer_of_call)
         block = adapter.blocks[block_index]
-        full = expand_heads(weights, block.kept, adapter.n_heads, attn)
+        device = weights.device if weights is not None else valid.device
+        full = expand_heads(weights, block.kept, adapter.n_heads, valid.to(device))
         alive = torch.zeros(adapter.n_heads, dtype=torch.bool)
         alive[block.kept] = True
         alive &= gates[block_index]
-        full[:, ~alive.to(full.device)] = 0.0
-        full = full * pair
-        probs.append(full if keep_device else full.cpu())
+        full[:, ~alive.to(device)] = 0.0
+        v = valid.to(device)
+        full *= v[:, None, :, None] & v[:, None, None, :]
         live[layer] = alive
-    return AttentionMaps(probs, live, attn.cpu(), logits.float().cpu())
+        on_layer(layer, full)
+
+    with gate_heads(model, mask, adapter), record_attention(model, adapter, on_record):
+        logits = model(**inputs).logits
+    return logits, live
+
+
+@torch.no_grad()
+def capture_attention(model, batch: dict, mask: HeadMask | None = None, keep_device: bool = False) -> AttentionMaps:
+    """One forward pass over ``batch`` returning every layer's attention probabilities (see module doc).
+
+    Holds L·H·T² floats: for long inputs use :func:`stream_attention`.
+    """
+    probs: list[torch.Tensor] = []
+    logits, live = stream_attention(model, batch, lambda _layer, p: probs.append(p if keep_device else p.cpu()),
+                                    mask)
+    return AttentionMaps(probs, live, batch["attention_mask"].cpu(), logits.float().cpu())
