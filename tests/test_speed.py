@@ -17,6 +17,7 @@ from headprune.speed import (
     ideal_speedup,
     realised_share,
     round_kept_heads,
+    speed_headline,
     speed_table,
     time_forwards,
 )
@@ -114,6 +115,9 @@ def test_compare_speed_reports_both_models_per_length(one_thread):
         assert entry["throughput_realised_share"] == pytest.approx(saving / entry["removed_flops_share"])
     rows = speed_table(report)
     assert [r["length"] for r in rows] == [8, 16] and all(math.isfinite(v) for r in rows for v in r.values())
+    headline = speed_headline(report)
+    assert headline["length"] == 16
+    assert headline["ideal_speedup"] == round(report["lengths"]["16"]["ideal_speedup"], 2)
 
 
 def test_time_forwards_rejects_no_repeats():
