@@ -3,14 +3,13 @@ and measure), ``select-alpha`` (HIES α by wAUC on the calibration split)."""
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 
 from ..criteria import REGISTRY, ScoringContext, get
 from ..criteria.hies import DEFAULT_ALPHAS
 from ..data import calibration_texts
 from ..errors import CriterionError
+from ._output import checked_out_file, write_json
 from .common import add_data_args, add_mask_arg, add_model_args, load_mask, load_model_and_data, summary, tqdm_progress
 
 
@@ -26,17 +25,12 @@ def _params(pairs: list[str] | None) -> dict:
 
 
 def _checked(args) -> tuple:
-    """Criterion and parameters, validated before any model is loaded."""
+    """Criterion and parameters, and the ``--out`` path, validated before any model is loaded."""
+    checked_out_file(args.out)
     crit = get(args.criterion)
     params = _params(args.param)
     crit.resolve_params(params)
     return crit, params
-
-
-def _write(result: dict, out: str | None) -> dict:
-    if out:
-        Path(out).write_text(json.dumps(result, indent=1), encoding="utf-8")
-    return result
 
 
 def cmd_criteria(args) -> dict:
@@ -58,7 +52,7 @@ def cmd_score(args) -> dict:
     scores = crit(ctx, params)
     result = {**scores.to_json(), "model": args.model, "data": summary(info),
               "seconds": time.perf_counter() - start}
-    return _write(result, args.out)
+    return write_json(result, args.out)
 
 
 def cmd_trajectory(args) -> dict:
@@ -74,11 +68,11 @@ def cmd_trajectory(args) -> dict:
                      tokenizer=loaded.tokenizer, progress=tqdm_progress(f"trajectory {crit.name}"),
                      model_name=args.model, data_info=summary(info), texts=calibration_texts(info["calib_data"], calib))
     if len(runs) == 1:
-        return _write(runs[0].to_json(), args.out)
+        return write_json(runs[0].to_json(), args.out)
     aucs = [r.auc() for r in runs]
     result = {"criterion": crit.name, "seeds": [r.seed for r in runs], "runs": [r.to_json() for r in runs],
               "spread": spread(runs), "auc_mean": sum(aucs) / len(aucs), "auc_min": min(aucs), "auc_max": max(aucs)}
-    return _write(result, args.out)
+    return write_json(result, args.out)
 
 
 def cmd_select_alpha(args) -> dict:
@@ -88,10 +82,11 @@ def cmd_select_alpha(args) -> dict:
         alphas = [float(a) for a in args.alphas.split(",")]
     except ValueError:
         raise CriterionError(f"--alphas {args.alphas!r}: expected comma-separated numbers in [0, 1].") from None
+    checked_out_file(args.out)
     loaded, calib, _, info = load_model_and_data(args)
     result = select_alpha(loaded.model, calib, alphas, args.budget, args.step, args.metric, loaded.device,
                           tqdm_progress("HIES α sweep"))
-    return _write({**result, "model": args.model, "data": summary(info)}, args.out)
+    return write_json({**result, "model": args.model, "data": summary(info)}, args.out)
 
 
 def add_commands(sub) -> None:
@@ -130,7 +125,7 @@ def add_commands(sub) -> None:
     p.add_argument("--alphas", default=",".join(map(str, DEFAULT_ALPHAS)),
                    help="comma-separated α grid (default: the paper's [0, 1) in steps of 0.1)")
     p.add_argument("--budget", type=float, default=0.5, help="pruned ratio each curve reaches (default: 0.5)")
-    p.add_argument("--step", type=int, default=1, help="heads removed per step (default: 1)")
+    p.add_argument("--step", type=int, help="heads removed per step (default: 5%% of the heads, as hies alpha=auto)")
     p.add_argument("--metric", help="metric of the curves (default: accuracy)")
     p.add_argument("--out", help="also write the JSON result to this file")
     p.set_defaults(handler=cmd_select_alpha)

@@ -3,18 +3,29 @@ texts, as one JSON file (``--out``) and on stdout."""
 
 from __future__ import annotations
 
-import json
+import argparse
 import time
-from pathlib import Path
 
 from ..criteria.sap import DependencyStats
 from ..syntax import DEFAULT_PIPELINE, QUERY_REDUCE, SyntacticProfile, collect_arc_attention, parse_dataset
 from ..syntax.parse import load_parser, pipeline_key
+from ._output import checked_out_file, write_json
 from .common import add_data_args, add_mask_arg, add_model_args, load_mask, load_model_and_data, summary, tqdm_progress
+
+
+def _top_k(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer (the top-k dependency labels), got '{text}'")
+    return value
 
 
 def cmd_syntax(args) -> dict:
     start = time.perf_counter()
+    checked_out_file(args.out)
     nlp = load_parser(args.parser)                  # fail on a missing parser before loading the model
     loaded, _, _, info = load_model_and_data(args)
     calib = info["calib_data"]
@@ -27,9 +38,7 @@ def cmd_syntax(args) -> dict:
               "attention_threshold": data.threshold, "arcs": len(data.labels),
               "profile": SyntacticProfile.from_arcs(data, args.query_reduce).to_json(),
               "seconds": time.perf_counter() - start}
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1), encoding="utf-8")
-    return result
+    return write_json(result, args.out)
 
 
 def add_commands(sub) -> None:
@@ -40,7 +49,8 @@ def add_commands(sub) -> None:
     p.add_argument("--out", help="write the JSON here too (PROFILE.json)")
     p.add_argument("--parser", default=DEFAULT_PIPELINE,
                    help=f"installed spaCy pipeline with a dependency parser (default: {DEFAULT_PIPELINE})")
-    p.add_argument("--k", type=int, default=5, help="top-k labels for the SAP weights in the statistics (default: 5)")
+    p.add_argument("--k", type=_top_k, default=5,
+                   help="top-k labels for the SAP weights in the statistics, 1 or more (default: 5)")
     p.add_argument("--query-reduce", default="mean", choices=QUERY_REDUCE,
                    help="how a split word attends: mean over its sub-tokens (Clark et al., default), first, max")
     p.add_argument("--parse-cache", help="folder caching parses between runs (default: memory only)")
