@@ -36,6 +36,7 @@ dashboard shares one cached model between sessions).
 from __future__ import annotations
 
 import copy
+import math
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -47,12 +48,13 @@ from .arch import adapt
 from .data import model_inputs
 from .device import autocast
 from .errors import DataError, MaskError
-from .evaluate import Metrics, _dataset_order, gather_labels, metrics_from_logits
+from .evaluate import Metrics, _dataset_order, gather_labels, metrics_from_lm_stats, metrics_from_logits
 from .gating import gate_heads
 from .layers import _input_of, layer_stand_ins, replay_stand_ins
 from .mask import HeadMask
 from .modwrap import StandIn
 from .progressive import Estimate, ratio_estimate, visit_order
+from .task import IGNORE_INDEX, lm_row_stats, task_of
 
 Progress = Callable[[float, str], None]
 
@@ -224,6 +226,7 @@ class LiveEvaluator:
         self.device = next(model.parameters()).device
         self.cache_device = torch.device(cache_device) if cache_device is not None else self.device
         self.batches = list(batches)
+        self.task = task_of(self.model)
         self._order = _dataset_order(self.batches)
         # batches are (re)evaluated in a seeded random order so that the ones done so far are a random sample
         # (headprune.progressive); _pending: the (start layer, mask) of a run that did not finish
@@ -258,7 +261,10 @@ class LiveEvaluator:
 
     @property
     def logits(self) -> torch.Tensor:
-        """(n, num_labels) float32 on CPU, in dataset order (as ``headprune.evaluate.predict`` returns them)."""
+        """(n, num_labels) float32 on CPU, in dataset order (as ``headprune.evaluate.predict`` returns them).
+
+        For a language model, (n, 3) per-row next-token sums [Σ ℓ, targets, correct] (``task.lm_row_stats``, as
+        ``headprune.evaluate.lm_stats`` returns them): a (B, T, V) logits tensor per batch is never kept."""
         return torch.cat(self._logits)[self._order]
 
     @property
@@ -266,6 +272,8 @@ class LiveEvaluator:
         return all("labels" in b for b in self.batches)
 
     def metrics(self) -> Metrics:
+        if self.task.is_lm:
+            return metrics_from_lm_stats(self.logits)
         return metrics_from_logits(self.logits, gather_labels(self.batches))
 
     def set_mask(self, mask: HeadMask, progress: Progress | None = None,
@@ -298,8 +306,13 @@ class LiveEvaluator:
     def estimate(self, batches_done: Sequence[int]) -> Estimate | None:
         """Running headline metric over ``batches_done`` (indices into ``batches``); None when the task's
         headline metric is not a ratio of batch totals (regression's Pearson r) or there are no labels."""
-        if not self.has_labels or self._logits[batches_done[0]].shape[-1] < 2:
+        if not self.has_labels or self.task.kind == "regression":
             return None
+        if self.task.is_lm:  # token-weighted loss, shown as perplexity (progressive.py)
+            targets = [int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in self.batches]
+            totals = [float(self._logits[b][:, 0].sum()) for b in batches_done]
+            return ratio_estimate(totals, [targets[b] for b in batches_done], targets, "perplexity",
+                                  bounds=(0.0, math.inf), transform=math.exp)
         totals = [int((self._logits[b].argmax(-1) == self.batches[b]["labels"]).sum()) for b in batches_done]
         sizes = [len(self.batches[b]["labels"]) for b in batches_done]
         return ratio_estimate(totals, sizes, [len(b["labels"]) for b in self.batches], "accuracy")
@@ -315,6 +328,12 @@ class LiveEvaluator:
     @staticmethod
     def _logits_of(output) -> torch.Tensor:
         return output.logits
+
+    def _kept_output(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
+        """What is kept of a batch's output: float32 logits on CPU, or an LM's per-row next-token sums."""
+        if self.task.is_lm:
+            return lm_row_stats(logits, batch["labels"].to(logits.device))
+        return logits.float().cpu()
 
     def _checked(self, mask: HeadMask) -> HeadMask:
         if not isinstance(mask, HeadMask) or mask.shape != self.adapter.grid_shape:
@@ -340,7 +359,7 @@ class LiveEvaluator:
                 inputs = self._inputs_of(self.batches[b])
                 out = self._forward_from(b, start, inputs) if self.incremental \
                     else self._logits_of(self.model(**inputs))
-                self._logits[b] = out.detach().float().cpu()
+                self._logits[b] = self._kept_output(out.detach(), self.batches[b])
                 if on_estimate is not None and (estimate := self.estimate(self._visit[:step + 1])) is not None:
                     on_estimate(estimate)
                 if progress is not None:

@@ -204,3 +204,30 @@ def test_gnorm_on_gqa_and_fused_decoders_matches_batch_size_one_autograd(arch, o
     for i, name in enumerate(("G_Q", "G_K", "G_V")):
         torch.testing.assert_close(torch.as_tensor(result.meta[name], dtype=torch.float64), expected[i],
                                    rtol=1e-6, atol=1e-9, msg=name)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gemma3", "gpt2"])
+def test_live_evaluation_of_a_language_model_equals_full_evaluation(arch, one_thread):
+    """Perplexity under random toggles equals a full evaluation; the running estimate ends on the exact value."""
+    from headprune.evaluate import evaluate
+    from headprune.live import LiveEvaluator
+    from headprune.task import lm_labels
+
+    model = tiny_decoder(arch, "lm")
+    batches = []
+    for seed in range(4):
+        batch = random_decoder_batch(seed=seed)
+        batch["labels"] = lm_labels(batch["input_ids"], batch["attention_mask"])
+        batches.append(batch)
+    live = LiveEvaluator(model, batches)
+    assert live.metrics().perplexity == pytest.approx(evaluate(model, batches).perplexity, rel=1e-6)
+    rng = torch.Generator().manual_seed(5)
+    for _ in range(5):
+        layer, head = (int(v) for v in (torch.randint(4, (1,), generator=rng), torch.randint(8, (1,), generator=rng)))
+        seen = []
+        metrics = live.toggle(layer, head, on_estimate=seen.append)
+        reference = evaluate(model, batches, live.mask)
+        assert metrics.perplexity == pytest.approx(reference.perplexity, rel=1e-5)
+        assert metrics.next_token_accuracy == pytest.approx(reference.next_token_accuracy)
+        assert seen[-1].exact and seen[-1].value == pytest.approx(metrics.perplexity, rel=1e-9)
+    assert live.stats.partial_runs >= 1
