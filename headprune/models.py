@@ -79,8 +79,8 @@ def _load_pruned_folder(folder: Path, config, attn_implementation: str) -> nn.Mo
     sources = getattr(config, "headprune_kv_sources", None) or {}
     config.headprune_kept_heads, config.headprune_kv_sources = None, None  # build at full size first
     with init_empty_weights(include_buffers=False):  # buffers (rotary tables) are computed, not saved
-        model = auto_class(config).from_config(config, trust_remote_code=False,
-                                               attn_implementation=attn_implementation)
+        model = _eager_if_unsupported(lambda attn: auto_class(config).from_config(
+            config, trust_remote_code=False, attn_implementation=attn), attn_implementation)
     adapter = adapt(model)
     for block in adapter.blocks:
         keep = [int(h) for h in kept.get(str(block.index), block.kept)]
@@ -106,6 +106,17 @@ def _load_pruned_folder(folder: Path, config, attn_implementation: str) -> nn.Mo
     if still_meta:
         raise ModelLoadError(f"Weights in {folder} lack {still_meta[:5]}.")
     return model
+
+
+def _eager_if_unsupported(build, attn_implementation: str):
+    """``build(attn_implementation)``, or ``build("eager")`` when the family has no such kernel (DeBERTa-v2 and
+    state-space models have no sdpa): a saved cut model must load the way its uncut original did."""
+    try:
+        return build(attn_implementation)
+    except ValueError as exc:
+        if "does not support an attention implementation" not in str(exc):
+            raise
+        return build("eager")
 
 
 def load_model(spec: str, device: str | torch.device = "auto", attn_implementation: str = "sdpa",
@@ -162,12 +173,9 @@ def load_model(spec: str, device: str | torch.device = "auto", attn_implementati
             placed = {} if placement is None else {
                 "device_map": placement, "offload_folder": offload_folder or tempfile.mkdtemp(prefix="headprune-")}
             kwargs = dict(trust_remote_code=False, use_safetensors=None, dtype=torch_dtype, **placed)
-            try:
-                model = auto_class(config).from_pretrained(source, attn_implementation=attn_implementation, **kwargs)
-            except ValueError as exc:  # e.g. DeBERTa-v2 and state-space models have no sdpa kernel
-                if "does not support an attention implementation" not in str(exc):
-                    raise
-                model = auto_class(config).from_pretrained(source, attn_implementation="eager", **kwargs)
+            model = _eager_if_unsupported(
+                lambda attn: auto_class(config).from_pretrained(source, attn_implementation=attn, **kwargs),
+                attn_implementation)
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
     except ModelLoadError:
         raise

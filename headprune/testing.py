@@ -189,3 +189,19 @@ def offline_tokenizer(kind: str, corpus: list[str], vocab_size: int | None = Non
         return PreTrainedTokenizerFast(tokenizer_object=trained._tokenizer, bos_token="<s>", eos_token="</s>",
                                        pad_token="<pad>")
     raise ValueError(f"unknown tokenizer kind {kind}; known: unigram, byte-level-bpe")
+
+
+def save_tiny_modern(arch: str, out_dir, corpus: list[str], id2label: dict[int, str] | None = None):
+    """Save a tiny ``arch`` classifier with an offline tokenizer of its family's kind (DeBERTa: SentencePiece
+    Unigram, ModernBERT: byte-level BPE) trained on ``corpus``, like a user's model folder. Returns the path."""
+    from pathlib import Path
+
+    id2label = id2label or {0: "neg", 1: "pos"}
+    tokenizer = offline_tokenizer("byte-level-bpe" if arch == "modernbert" else "unigram", corpus)
+    model = tiny_modern(arch, num_labels=len(id2label), vocab_size=max(len(tokenizer), 120))
+    model.config.id2label = dict(id2label)
+    model.config.label2id = {v: k for k, v in id2label.items()}
+    out = Path(out_dir)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out

@@ -20,7 +20,7 @@ from headprune.layers import record_layer_inputs, start_at_layer
 from headprune.mask import HeadMask
 from headprune.models import load_model, save_pruned
 from headprune.surgery import parameter_counts, prune_model
-from headprune.testing import MODERN_ARCHS, offline_tokenizer, random_batch, tiny_modern
+from headprune.testing import MODERN_ARCHS, offline_tokenizer, random_batch, save_tiny_modern, tiny_modern
 
 ATOL = 1e-5
 # Every attention implementation each family supports on CPU (DeBERTa-v2 has only its own eager kernel).
@@ -331,3 +331,79 @@ def test_sap_criteria_run_on_both_families(arch):
         result = get(name)(ScoringContext(model, batches, tokenizer=tok, texts=CORPUS), None)
         assert result.scores.shape == shape and np.isfinite(result.scores).all()
         assert len(np.unique(result.scores)) > 1
+
+
+# -- live evaluation, CLI, bad input -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("arch,attn", IMPLEMENTATIONS)
+def test_live_evaluation_follows_toggles_exactly(arch, attn):
+    """LiveEvaluator (replays from the changed layer; the BERT fast paths switch themselves off) == a plain gated
+    forward after every toggle."""
+    from headprune.evaluate import predict
+    from headprune.live import LiveEvaluator
+
+    model = tiny_modern(arch, attn_implementation=attn)
+    batches = [random_batch(seed=20 + i) for i in range(2)]
+    live = LiveEvaluator(model, batches)
+    assert live.incremental
+    mask = live.mask
+    for layer, head in ((2, 1), (0, 3), (1, 0), (2, 1)):
+        mask = mask.prune(layer, head) if mask.values[layer, head] else mask.restore(layer, head)
+        live.set_mask(mask)
+        assert (live.logits - predict(model, batches, mask)).abs().max() <= ATOL, (layer, head)
+    assert live.stats.partial_runs >= 2
+
+
+@pytest.fixture(scope="module")
+def saved_models(tmp_path_factory):
+    from conftest import sentences
+
+    corpus = sentences(60, seed=1)   # the texts of conftest's tiny_csv
+    return {arch: save_tiny_modern(arch, tmp_path_factory.mktemp(arch), corpus)
+            for arch in ("deberta-v2", "modernbert")}
+
+
+@pytest.mark.parametrize("arch", ["deberta-v2", "modernbert"])
+def test_cli_scores_prunes_and_reloads(arch, saved_models, tiny_csv, tmp_path, capsys):
+    import json
+
+    from headprune.cli import main
+
+    def run(*argv):
+        code = main([str(a) for a in argv])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        return json.loads(out)
+
+    folder = saved_models[arch]
+    data = ["--data", tiny_csv, "--calib-size", 16, "--eval-size", 40]
+    mask = tmp_path / "mask.json"
+    mask.write_text(json.dumps({"pruned": {"0": [1, 3], "2": [0]}}))
+    masked = run("evaluate", "--model", folder, "--mask", mask, *data)
+    run("prune", "--model", folder, "--mask", mask, "--out", tmp_path / "cut")
+    cut = run("evaluate", "--model", tmp_path / "cut", *data)
+    assert masked["pruned_heads"] == cut["pruned_heads"] == 3
+    assert cut["loss"] == pytest.approx(masked["loss"], abs=1e-5)
+    scored = run("score", "--model", folder, "--criterion", "his", *data)
+    assert (scored["layers"], scored["heads"]) == (3, 4)
+    trajectory = run("trajectory", "--model", folder, "--criterion", "kl", "--count", 3, *data)
+    assert [s["n_pruned"] for s in trajectory["steps"]] == [1, 2, 3]
+
+
+def test_deberta_v1_and_other_unknown_families_get_the_supported_list(tmp_path, tiny_csv, capsys):
+    import transformers as tf
+
+    from headprune.cli import main
+    from headprune.errors import UnsupportedArchitecture
+
+    small = dict(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32)
+    for model in (tf.DebertaForSequenceClassification(tf.DebertaConfig(**small)),
+                  tf.MPNetForSequenceClassification(tf.MPNetConfig(**small))):
+        with pytest.raises(UnsupportedArchitecture, match="Supported families: .*deberta-v2.*modernbert"):
+            adapt(model)
+    folder = tmp_path / "deberta-v1"
+    tf.DebertaForSequenceClassification(tf.DebertaConfig(**small)).save_pretrained(folder)
+    offline_tokenizer("unigram", CORPUS * 3).save_pretrained(folder)
+    assert main(["evaluate", "--model", str(folder), "--data", tiny_csv]) != 0
+    err = capsys.readouterr().err
+    assert "model type 'deberta'" in err and "deberta-v2 (DeBERTa-v2/v3" in err and "modernbert (ModernBERT" in err
