@@ -125,7 +125,8 @@ def main() -> None:
         print("\none attention block of the demo's shape (Q/K/V/O + SDPA), batch "
               f"{args.batch_size}, length {args.lengths[0]}: ms per call, and per head")
         for n, seconds in head_count_timings(dense.config.hidden_size, dense.config.hidden_size // shape[1],
-                                             shape[1], args.lengths[0], args.batch_size, args.repeats).items():
+                                             shape[1], args.lengths[0], args.batch_size, args.repeats,
+                                             clock=args.clock).items():
             print(f"  heads {n:>2}: {1e3 * seconds:7.2f} ms  {1e3 * seconds / n:6.2f} ms/head")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:

@@ -309,13 +309,17 @@ def mask_flops(model: nn.Module, mask: HeadMask, seq_len: int) -> dict:
 
 
 def head_count_timings(hidden_size: int, head_size: int, max_heads: int, seq_len: int, batch_size: int = 32,
-                       repeats: int = 5, warmup: int = 1, seed: int = 0) -> dict[int, float]:
+                       repeats: int = 5, warmup: int = 1, seed: int = 0, clock: str = "wall") -> dict[int, float]:
     """Median seconds of one stand-alone attention block with h = 1..max_heads heads (Q/K/V/O + SDPA).
 
     Projections d -> h·d_h (three) and h·d_h -> d, softmax(Q Kᵀ / √d_h) V by ``scaled_dot_product_attention``:
     the work a cut block does. Per-head cost flat in h means odd head counts cost nothing extra; a step at
-    some h means rounding per-layer head counts (``round_kept_heads``) is worth it.
+    some h means rounding per-layer head counts (``round_kept_heads``) is worth it. ``clock`` as in
+    ``time_forwards``.
     """
+    if clock not in CLOCKS:
+        raise SpeedError(f"Unknown clock '{clock}'; accepted: {', '.join(CLOCKS)}.")
+    now = CLOCKS[clock]
     torch.manual_seed(seed)
     hidden = torch.randn(batch_size, seq_len, hidden_size)
     timings = {}
@@ -332,10 +336,10 @@ def head_count_timings(hidden_size: int, head_size: int, max_heads: int, seq_len
 
             samples = []
             for round_ in range(warmup + repeats):
-                start = time.perf_counter()
+                start = now()
                 block(hidden)
                 if round_ >= warmup:
-                    samples.append(time.perf_counter() - start)
+                    samples.append(now() - start)
             timings[heads] = statistics.median(samples)
     return timings
 

@@ -157,3 +157,12 @@ def test_prune_benchmark_adds_measured_and_ideal_speedup(tiny_model_dir, tmp_pat
     assert main(argv) == 0 and "speed" not in json.loads(capsys.readouterr().out)  # opt-in
     assert main(argv + ["--benchmark", "--benchmark-repeats", "0"]) == 2
     assert "repeats must be >= 1" in capsys.readouterr().err
+
+
+def test_head_count_timings_cover_every_count(one_thread):
+    from headprune.speed import head_count_timings
+
+    timings = head_count_timings(16, 4, 3, seq_len=4, batch_size=2, repeats=1, warmup=0, clock="cpu")
+    assert list(timings) == [1, 2, 3] and all(t >= 0 for t in timings.values())
+    with pytest.raises(SpeedError, match="accepted: wall, cpu"):
+        head_count_timings(16, 4, 3, seq_len=4, clock="sundial")
