@@ -67,3 +67,36 @@ def test_structural_copy_drops_hooks_shares_weights_keeps_the_dispatch(shared):
     assert hasattr(copy.classifier, "_hf_hook")
     torch.testing.assert_close(predict(copy, batches), reference)
     assert copy.classifier.weight is head.weight and copy.classifier is not head
+
+
+# -- concurrent dashboard sessions -----------------------------------------------------------------------------
+
+def test_four_concurrent_sessions_see_exactly_what_a_solo_session_sees(demo_model_path, monkeypatch):
+    """Four AppTest sessions in parallel threads (one shared model and store): scores, clicks on the Prune page and a
+    trajectory each; every number shown equals a solo computation of that session's own masks."""
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.syspath_prepend(str(root / "benchmarks"))
+    for key, value in {"HEADPRUNE_EVAL_SIZE": "48", "HEADPRUNE_CALIB_SIZE": "16", "HEADPRUNE_MAX_LENGTH": "48"}.items():
+        monkeypatch.setenv(key, value)
+    sys.modules.pop("bench_sessions", None)
+    import bench_sessions
+
+    from dashboard.config import Setup
+    from dashboard.store import build_workspace
+    from headprune.trajectory import run_trajectory
+
+    results = bench_sessions.run_sessions(4, clicks=2, timeout=600)
+    ws = build_workspace(Setup())
+    for result in results:
+        assert not result.errors, result.errors
+        mask = ws.cut_mask
+        for head, shown in zip(result.clicks, result.numbers, strict=True):
+            mask = mask.prune(*head)
+            assert shown == f"{evaluate(ws.loaded.model, ws.eval_batches, mask).accuracy:.4f}", (result.index, head)
+        solo = run_trajectory(ws.private_model(), ws.calib_batches, ws.eval_batches, result.criterion, step=12,
+                              budget=0.5, seed=ws.seed, tokenizer=ws.loaded.tokenizer, texts=ws.calib_texts())
+        assert result.trajectory == pytest.approx(solo.values().tolist(), abs=1e-9), result.criterion
+    assert call_hooks(ws.loaded.model) == 0
