@@ -1,7 +1,12 @@
 """The Streamlit dashboard: entry ``dashboard/app.py``, page scripts in ``dashboard/pages/``, shared page code here.
 
-state.py    what is loaded (Setup -> Workspace, cached per process), per-session data, compute helpers
-ui.py       page frame (config, sidebar, auto-load of the demo), error guard, progress, shared widgets
+config.py   Setup: what a session loads (model, data, columns, split sizes, device) and the session's choice
+store.py    process-wide: cached models, the workspace per Setup (``headprune.workspace.Workspace``), result store
+session.py  per browser session: the mask (cut heads included), undo, selection, scores, trajectories
+compute.py  scores, arcs, profiles, live evaluation, trajectories -- each on its own copy of the model -- and the
+            thread policy for sessions computing at once
+export.py   the run file and the zipped pruned model
+ui.py       page frame (sidebar, auto-load of the demo), error guard, progress, shared widgets and labels
 
 The maths lives in ``headprune``; these modules only wire it to widgets.
 """
