@@ -284,3 +284,54 @@ def test_sap_failing_after_its_metric_runs_leaves_the_model_as_it_was():
                    {"metric": "bleu", "k_max": 2, "layer_threshold": 1})
     assert [type(m) for m in model.modules()] == modules_before and _hooks(model) == 0
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+
+
+# -- the dashboard: an error box naming the problem, the page and the loaded model untouched ---------------------
+
+@pytest.fixture(scope="module")
+def app_setup(tmp_path_factory):
+    """A tiny classifier folder and a small CSV for the dashboard (labels rotten/fresh)."""
+    from app_support import save_tiny_classifier
+
+    root = tmp_path_factory.mktemp("bad-input-app")
+    save_tiny_classifier(root / "model")
+    rows = [[t, "fresh" if i % 2 else "rotten"] for i, t in enumerate(sentences(24, seed=4))]
+    return {"model": str(root / "model"), "data": write_csv(root / "rows.csv", ["text", "label"], rows)}
+
+
+def _open(page, app_setup, **changes):
+    from app_support import open_app
+
+    from dashboard.config import Setup
+
+    setup = Setup(**{**dict(model=app_setup["model"], data=app_setup["data"], data_label="rows.csv",
+                            calib_size=4, eval_size=8, max_length=32), **changes})
+    return open_app(page, setup)
+
+
+def _errors(at) -> str:
+    assert not at.exception, [e.value for e in at.exception]
+    return " ".join(e.value for e in at.error)
+
+
+@pytest.mark.parametrize("text, words", [
+    ('{"pruned": {"0": [-1]}}', "head -1 in layer 0"),
+    ('{"pruned": {"a": [0]}}', "layer 'a' is not an integer"),
+    ('{"pruned": [0, 1]}', '"pruned" must be an object'),
+])
+def test_dashboard_refuses_a_bad_pasted_mask_and_keeps_the_mask(app_setup, text, words):
+    from app_support import metric
+
+    at = _open("prune", app_setup)
+    before, version = metric(at, "heads left"), at.session_state["hp_session"].grid_version
+    at.text_area(key=f"prune-mask-text-{version}").set_value(text).run()
+    at.button(key="prune-mask-apply").click().run()
+    assert words in _errors(at)
+    assert metric(at, "heads left") == before
+
+
+def test_dashboard_scoring_with_no_calibration_text_says_so(app_setup):
+    at = _open("scores", app_setup, calib_size=0)
+    at.button(key="scores-compute").click().run()
+    assert re.search(r"[Ss]coring needs (at least one )?calibration example.*at least 1|1 or more", _errors(at))
+    assert not at.session_state["hp_session"].scores      # no grid of zeros drawn
