@@ -202,18 +202,22 @@ def _complete(folder: Path) -> bool:
     return (folder / INFO_FILE).is_file()
 
 
-def ensure_demo_model(progress=None) -> Path:
-    """Path of the cached demo model, fine-tuning it first (a few CPU minutes) when it is not there yet."""
-    final = demo_model_dir()
+def build_cached(final: Path, build, what: str, summary) -> Path:
+    """``final`` once complete (``INFO_FILE`` written last), building it first when missing.
+
+    ``build()`` returns (model, tokenizer, info); they are saved into a temporary folder beside ``final`` and
+    renamed into place, so an interrupted build leaves nothing half-written, under a file lock so concurrent
+    processes build once. ``summary(info)`` is printed on stderr after a build; ``what`` names it before.
+    """
     if _complete(final):
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    with _exclusive(final.parent / f"{RECIPE}.lock"):
+    with _exclusive(final.parent / f"{final.name}.lock"):
         if _complete(final):  # built by another process while we waited
             return final
-        print(f"headprune: building the demo model into {final} (once; a few minutes on CPU)", file=sys.stderr)
-        model, tokenizer, info = fine_tune(progress or _stderr_progress)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{RECIPE}-", dir=final.parent))
+        print(f"headprune: building the {what} into {final} (once; a few minutes on CPU)", file=sys.stderr)
+        model, tokenizer, info = build()
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
         try:
             model.save_pretrained(tmp, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
@@ -223,8 +227,14 @@ def ensure_demo_model(progress=None) -> Path:
             os.replace(tmp, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    print(f"headprune: demo model cached at {final} (held-out accuracy {info['accuracy']:.4f})", file=sys.stderr)
+    print(f"headprune: {what} cached at {final} ({summary(info)})", file=sys.stderr)
     return final
+
+
+def ensure_demo_model(progress=None) -> Path:
+    """Path of the cached demo model, fine-tuning it first (a few CPU minutes) when it is not there yet."""
+    return build_cached(demo_model_dir(), lambda: fine_tune(progress or _stderr_progress), "demo model",
+                        lambda info: f"held-out accuracy {info['accuracy']:.4f}")
 
 
 def demo_info() -> dict:

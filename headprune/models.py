@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from .arch import ModelAdapter, adapt
+from .data import prepare_tokenizer
 from .device import OFFLOAD_HELP, parse_device_map, parse_dtype, resolve_device
 from .errors import ModelLoadError
 from .surgery import record_kept_heads
@@ -122,7 +123,9 @@ def _eager_if_unsupported(build, attn_implementation: str):
 def load_model(spec: str, device: str | torch.device = "auto", attn_implementation: str = "sdpa",
                device_map: str | dict | None = None, dtype: str | None = None,
                offload_folder: str | None = None) -> LoadedModel:
-    """Load ``spec``: "demo", a local folder, or a hub id (needs the network). Errors name what is accepted.
+    """Load ``spec``: "demo", "demo-lm" (the offline decoder demo, ``headprune.demo_lm``), a local folder, or a hub
+    id (needs the network). Errors name what is accepted. The tokenizer gets a pad token by the pad rule and the
+    model's context as its length limit (``data.prepare_tokenizer``).
 
     ``device_map`` ("auto" or {module: device}, see ``device.parse_device_map``) places the model through
     accelerate, over several GPUs, CPU memory and disk (``offload_folder``, a temporary folder by default);
@@ -137,6 +140,11 @@ def load_model(spec: str, device: str | torch.device = "auto", attn_implementati
         from .demo import ensure_demo_model
 
         path = ensure_demo_model()
+        source = str(path)
+    elif spec == "demo-lm":
+        from .demo_lm import ensure_demo_lm_model
+
+        path = ensure_demo_lm_model()
         source = str(path)
     else:
         path = Path(spec).expanduser()
@@ -195,6 +203,7 @@ def load_model(spec: str, device: str | torch.device = "auto", attn_implementati
         raise ModelLoadError(f"{spec} has no tokenizer files (one of {', '.join(TOKENIZER_FILES)}). Save the "
                              "tokenizer next to the model: tokenizer.save_pretrained(folder).")
     record_kept_heads(adapter)
+    prepare_tokenizer(tokenizer, model)
     if placement is None:
         model.to(dev)
     else:  # inputs go where the embeddings are; accelerate's hooks move activations between devices

@@ -29,6 +29,7 @@ from .errors import DataError
 from .evaluate import Metrics, evaluate, headline_metric
 from .mask import HeadMask
 from .models import LoadedModel, load_model
+from .task import Task, task_of
 
 Progress = Callable[[float, str], None]
 
@@ -102,6 +103,7 @@ class Workspace:
     eval_batches: list[dict]
     seed: int = 0
     max_length: int = 128
+    task: Task = Task("classification")   # what the model's head computes (headprune.task.task_of)
     _dense: Metrics | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -111,7 +113,7 @@ class Workspace:
               eval_size: int | None = DefaultSize(DEFAULT_EVAL_SIZE), max_length: int = 128, batch_size: int = 32,
               seed: int = 0, device: str = "auto", loaded: LoadedModel | None = None,
               progress: Progress | None = None, device_map: str | dict | None = None,
-              dtype: str | None = None) -> Workspace:
+              dtype: str | None = None, task: str | None = None) -> Workspace:
         """Load ``model`` and ``data``, split and batch them.
 
         Parameters
@@ -125,6 +127,8 @@ class Workspace:
         device_map, dtype : placement through accelerate and weight dtype (``headprune.models.load_model``).
         loaded : an already loaded model (the dashboard's process-wide cache); loaded from ``model`` if None.
         progress : ``(fraction, message)`` callback.
+        task : "lm" | "classification" | None (detected from the model's head); a task the head cannot compute is
+            a ``headprune.task.TaskError``. Language-model data needs no label column.
 
         Returns
         -------
@@ -134,15 +138,18 @@ class Workspace:
         if loaded is None:
             report(0.05, f"loading model {model}")
             loaded = load_model(model, device, device_map=device_map, dtype=dtype)
+        kind = task_of(loaded.model, task)
         report(0.5, "reading data")
-        dataset = align_labels(load_data(data, text_col, pair_col, label_col), loaded.id2label)
+        dataset = align_labels(load_data(data, text_col, pair_col, label_col,
+                                         task="lm" if kind.is_lm else "classification"), loaded.id2label)
         calib_n, eval_n = fit_split_sizes(len(dataset), calib_size, eval_size)
         calib, evals = split_calib_eval(dataset, calib_n, eval_n, seed)
         report(0.8, "tokenizing")
         calib_batches, eval_batches = (make_batches(loaded.tokenizer, part, batch_size, max_length) if len(part)
                                        else [] for part in (calib, evals))
         report(1.0, "ready")
-        return cls(loaded, dataset, calib, evals, calib_batches, eval_batches, seed=seed, max_length=max_length)
+        return cls(loaded, dataset, calib, evals, calib_batches, eval_batches, seed=seed, max_length=max_length,
+                   task=kind)
 
     # -- the model ----------------------------------------------------------------------------------------
     @property
@@ -198,7 +205,7 @@ class Workspace:
             if self._dense is None:
                 if not self.eval_batches:
                     raise DataError("The evaluation split is empty: choose an evaluation size of at least 1.")
-                self._dense = evaluate(self.private_model(), self.eval_batches, progress=progress)
+                self._dense = evaluate(self.private_model(), self.eval_batches, progress=progress, task=self.task)
             return self._dense
 
     @property

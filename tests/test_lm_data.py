@@ -16,7 +16,7 @@ from headprune.task import IGNORE_INDEX
 WORDS = ["<pad>", "<s>", "</s>", "<unk>", "the", "film", "is", "good", "bad", "very", "a", "plot"]
 
 
-def _tokenizer(pad: bool = True, eos: bool = True, unk: bool = True):
+def word_tokenizer(pad: bool = True, eos: bool = True, unk: bool = True):
     """A word-level fast tokenizer over WORDS that appends </s> (when it has one) to every row."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
@@ -68,7 +68,7 @@ def test_csv_and_jsonl_text_without_labels(tmp_path):
 def test_lm_batches_label_every_real_token_and_mask_padding(tmp_path):
     path = tmp_path / "c.txt"
     path.write_text("the film is very good\na plot\n", encoding="utf-8")
-    tokenizer = _tokenizer()
+    tokenizer = word_tokenizer()
     (batch,) = make_batches(tokenizer, load_data(str(path)), batch_size=2, sort_by_length=False)
     ids, mask = batch["input_ids"], batch["attention_mask"]
     assert ids.tolist() == [[4, 5, 6, 9, 7, 2], [10, 11, 2, 0, 0, 0]]
@@ -77,24 +77,24 @@ def test_lm_batches_label_every_real_token_and_mask_padding(tmp_path):
 
 
 def test_pad_rule():
-    assert pad_token_of(_tokenizer()) == "<pad>"
-    assert pad_token_of(_tokenizer(pad=False)) == "</s>"
-    assert pad_token_of(_tokenizer(pad=False, eos=False)) == "<unk>"
+    assert pad_token_of(word_tokenizer()) == "<pad>"
+    assert pad_token_of(word_tokenizer(pad=False)) == "</s>"
+    assert pad_token_of(word_tokenizer(pad=False, eos=False)) == "<unk>"
     with pytest.raises(DataError, match="no pad, EOS or UNK token"):
-        pad_token_of(_tokenizer(pad=False, eos=False, unk=False))
-    tokenizer, classifier = _tokenizer(pad=False), _model("cls")
+        pad_token_of(word_tokenizer(pad=False, eos=False, unk=False))
+    tokenizer, classifier = word_tokenizer(pad=False), _model("cls")
     prepare_tokenizer(tokenizer, classifier)
     # the decoder classifier pools the last non-pad token, which it finds by this id
     assert tokenizer.pad_token == "</s>" and classifier.config.pad_token_id == 2
     lm = _model("lm")
-    prepare_tokenizer(_tokenizer(pad=False), lm)
+    prepare_tokenizer(word_tokenizer(pad=False), lm)
     assert lm.config.pad_token_id is None  # a language model does not read it
 
 
 def test_pad_rule_in_batching_without_preparation(tmp_path):
     path = tmp_path / "c.txt"
     path.write_text("good\nthe film is good\n", encoding="utf-8")
-    (batch,) = make_batches(_tokenizer(pad=False), load_data(str(path)), batch_size=2)
+    (batch,) = make_batches(word_tokenizer(pad=False), load_data(str(path)), batch_size=2)
     assert batch["input_ids"][0].tolist() == [7, 2, 2, 2, 2]  # padded with EOS, and masked
     assert batch["labels"][0].tolist() == [7, 2] + [IGNORE_INDEX] * 3
 
@@ -102,7 +102,7 @@ def test_pad_rule_in_batching_without_preparation(tmp_path):
 def test_rows_longer_than_the_context_are_truncated_and_said(tmp_path):
     path = tmp_path / "long.txt"
     path.write_text("the film is very very very good\nbad plot\n", encoding="utf-8")
-    tokenizer = _tokenizer()
+    tokenizer = word_tokenizer()
     prepare_tokenizer(tokenizer, _model("lm", max_positions=5))
     assert tokenizer.model_max_length == 5
     with pytest.warns(TruncationWarning, match="1 of 2 rows are longer than the model's context of 5 tokens"):
@@ -117,4 +117,4 @@ def test_rows_longer_than_the_context_are_truncated_and_said(tmp_path):
 def test_the_classifier_demo_text_as_lm_data():
     ds = load_data("demo", task="lm")
     assert ds.task == "lm" and ds.labels is None and len(ds) > 1000
-    assert torch.is_tensor(make_batches(_tokenizer(), ds.subset(range(4)), batch_size=4)[0]["labels"])
+    assert torch.is_tensor(make_batches(word_tokenizer(), ds.subset(range(4)), batch_size=4)[0]["labels"])

@@ -3,11 +3,14 @@ hand computation on a tiny random Llama with grouped-query attention."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 import torch
+from test_lm_data import WORDS, word_tokenizer
 
+from headprune.cli import main
 from headprune.evaluate import Metrics, evaluate, headline_metric
 from headprune.task import IGNORE_INDEX, Task, TaskError, lm_labels, task_of
 
@@ -137,3 +140,49 @@ def test_classification_loss_unchanged():
     assert Task("classification").per_example_loss(logits, batch).tolist() == pytest.approx(expected)
     reg = Task("regression").per_example_loss(torch.tensor([[1.5], [0.0]]), {"labels": torch.tensor([1.0, 2.0])})
     assert reg.tolist() == pytest.approx([0.25, 4.0])
+
+
+# -- the CLI on a saved tiny language model --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_lm_dir(tmp_path_factory):
+    """A tiny Llama causal LM (GQA) saved with a word-level tokenizer that has no pad token (the pad rule gives EOS)."""
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = _llama_config()
+    config.vocab_size, config.pad_token_id = len(WORDS), None
+    out = tmp_path_factory.mktemp("tiny_llama")
+    LlamaForCausalLM(config).save_pretrained(out)
+    word_tokenizer(pad=False).save_pretrained(out)
+    return out
+
+
+def _cli(argv, capsys):
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, (json.loads(out) if rc == 0 else None), err
+
+
+def test_cli_evaluates_a_language_model_on_text(tiny_lm_dir, tmp_path, capsys):
+    path = tmp_path / "docs.txt"
+    path.write_text("\n".join(["the film is good", "a very bad plot", "the plot is very good"] * 4), encoding="utf-8")
+    rc, out, _ = _cli(["evaluate", "--model", tiny_lm_dir, "--data", path, "--eval-size", "all", "--calib-size", 0],
+                      capsys)
+    assert rc == 0 and out["task"] == "lm" and out["n"] == 12
+    assert out["perplexity"] == pytest.approx(math.exp(out["loss"])) and 0 <= out["next_token_accuracy"] <= 1
+    assert out["tokens"] == 4 * (4 + 4 + 5)  # each row: its words and </s> after the first word
+    assert "accuracy" not in out
+
+
+def test_cli_task_mismatches_exit_2_with_the_reason(tiny_lm_dir, tiny_model_dir, tmp_path, capsys):
+    csv_path = tmp_path / "labelled.csv"
+    csv_path.write_text("text,label\n" + "\n".join(f"the film is good,{i % 2}" for i in range(8)), encoding="utf-8")
+    rc, _, err = _cli(["evaluate", "--model", tiny_model_dir, "--data", csv_path, "--task", "lm"], capsys)
+    assert rc == 2 and "--task lm needs a language-model head" in err
+    rc, _, err = _cli(["evaluate", "--model", tiny_lm_dir, "--data", csv_path, "--task", "classification"], capsys)
+    assert rc == 2 and "--task classification needs a classifier head" in err
+    txt = tmp_path / "docs.txt"
+    txt.write_text("the film is good\nbad plot\n", encoding="utf-8")
+    rc, _, err = _cli(["evaluate", "--model", tiny_model_dir, "--data", txt], capsys)
+    assert rc == 2 and "unlabelled text" in err

@@ -16,10 +16,12 @@ import sys
 from ..device import DEVICES
 from ..mask import HeadMask
 from ..models import LoadedModel
+from ..task import REQUESTABLE
 from ..workspace import DefaultSize, Workspace
 
-MODEL_HELP = "'demo' (built offline on first use), a model folder, or a Hugging Face model id"
-DATA_HELP = "'demo', a .csv/.tsv/.jsonl file, or hf:NAME[:CONFIG[:SPLIT]] (a hub name or a save_to_disk folder)"
+MODEL_HELP = "'demo' or 'demo-lm' (built offline on first use), a model folder, or a Hugging Face model id"
+DATA_HELP = ("'demo', 'demo-lm', a .csv/.tsv/.jsonl file, a .txt file (one document per line, for a language "
+             "model), or hf:NAME[:CONFIG[:SPLIT]] (a hub name or a save_to_disk folder)")
 
 
 def _count(text: str) -> int:
@@ -60,6 +62,9 @@ def add_data_args(p: argparse.ArgumentParser, calib_size: int = 128, eval_size: 
     g.add_argument("--text-col", help="text column (default: auto-detect text, sentence, review, ...)")
     g.add_argument("--pair-col", help="second text column for sentence pairs (default: auto-detect)")
     g.add_argument("--label-col", help="label column (default: auto-detect label, labels, category, ...)")
+    g.add_argument("--task", choices=REQUESTABLE,
+                   help="lm (next-token loss, perplexity; data needs no labels) or classification (default: "
+                        "detected from the model's head)")
     g.add_argument("--calib-size", type=_count, default=DefaultSize(calib_size),
                    help=f"calibration examples for scoring heads (default: {calib_size}, at most half the data)")
     g.add_argument("--eval-size", type=_count_or_all, default=None if eval_size is None else DefaultSize(eval_size),
@@ -93,7 +98,8 @@ def build_workspace(args, calib_size: int | None = None) -> Workspace:
                            label_col=args.label_col, calib_size=args.calib_size if calib_size is None else calib_size,
                            eval_size=args.eval_size, max_length=args.max_length, batch_size=args.batch_size,
                            seed=args.seed, device=getattr(args, "device", "auto"),
-                           device_map=getattr(args, "device_map", None), dtype=getattr(args, "dtype", None))
+                           device_map=getattr(args, "device_map", None), dtype=getattr(args, "dtype", None),
+                           task=getattr(args, "task", None))
 
 
 def load_model_and_data(args, calib_size: int | None = None) -> tuple[LoadedModel, list[dict], list[dict], dict]:
