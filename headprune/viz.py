@@ -80,13 +80,25 @@ def criterion_colorscale(name: str) -> list[list]:
 
 # -- head grids ---------------------------------------------------------------------------------------------------
 
-def _layer_labels(n_rows: int, tied: bool) -> list[str]:
-    return ["all layers (tied)"] if tied and n_rows == 1 else [f"L{i}" for i in range(n_rows)]
+def _layer_labels(n_rows: int, tied: bool, kinds: Sequence[str] | None = None) -> list[str]:
+    """Row labels; ``kinds`` (the adapter's ``layer_kinds``: "full"/"sliding" for ModernBERT, Gemma 3, Qwen2)
+    tags each row, so local and global layers can be compared at a glance."""
+    if tied and n_rows == 1:
+        return ["all layers (tied)"]
+    return [f"L{i} · {kinds[i]}" if kinds else f"L{i}" for i in range(n_rows)]
+
+
+def _where(layer: int, tied: bool, kinds: Sequence[str] | None = None) -> str:
+    """Hover text naming a grid row."""
+    if tied:
+        return "all layers"
+    return f"layer {layer} ({kinds[layer]} attention)" if kinds else f"layer {layer}"
 
 
 def head_grid(z: np.ndarray, hover: np.ndarray, colorscale, *, tied: bool = False, zmin=None, zmax=None,
               colorbar: dict | None = None, pruned: np.ndarray | None = None, selected: tuple[int, int] | None = None,
-              title: str | None = None, showscale: bool = True) -> go.Figure:
+              title: str | None = None, showscale: bool = True,
+              layer_kinds: Sequence[str] | None = None) -> go.Figure:
     """An (L x H) grid of cells with ``hover`` text; pruned cells grey with a cross; ``selected`` outlined.
 
     Heatmap traces do not report clicks to Streamlit's selection events, so a transparent square-marker scatter
@@ -117,7 +129,7 @@ def head_grid(z: np.ndarray, hover: np.ndarray, colorscale, *, tied: bool = Fals
                       line=dict(color="#ff006e", width=3))
     fig.update_xaxes(title_text="head", tickmode="array", tickvals=list(range(n_heads)), showgrid=False,
                      zeroline=False, range=[-0.5, n_heads - 0.5], constrain="domain")
-    fig.update_yaxes(tickmode="array", tickvals=list(range(n_rows)), ticktext=_layer_labels(n_rows, tied),
+    fig.update_yaxes(tickmode="array", tickvals=list(range(n_rows)), ticktext=_layer_labels(n_rows, tied, layer_kinds),
                      autorange="reversed", showgrid=False, zeroline=False, title_text=None)
     fig.update_layout(height=max(160, CELL_PX * n_rows + 110), margin=dict(l=10, r=10, t=40 if title else 10, b=40),
                       title=title, font=FONT, clickmode="event+select", dragmode=False,
@@ -133,24 +145,27 @@ def importance_ranks(score: ScoreMap) -> np.ndarray:
 
 
 def score_heatmap(score: ScoreMap, *, tied: bool = False, selected: tuple[int, int] | None = None,
-                  title: str | None = None, showscale: bool = True) -> go.Figure:
+                  title: str | None = None, showscale: bool = True,
+                  layer_kinds: Sequence[str] | None = None) -> go.Figure:
     """Score map as a grid coloured by importance rank (module doc); hover: layer, head, value, rank."""
     ranks = score.ranks()
     n_live = int(np.sum(~np.isnan(ranks)))
     hover = np.empty(score.shape, dtype=object)
     for (layer, head), value in np.ndenumerate(score.scores):
-        where = "all layers" if tied else f"layer {layer}"
+        where = _where(layer, tied, layer_kinds)
         hover[layer, head] = (f"{where}, head {head}<br>pruned" if np.isnan(value) else
                               f"{where}, head {head}<br>{score.criterion} = {value:.4g}<br>"
                               f"rank {int(ranks[layer, head])} of {n_live} (1 = most important)")
     return head_grid(importance_ranks(score), hover, criterion_colorscale(score.criterion), tied=tied, zmin=0,
                      zmax=1, pruned=np.isnan(score.scores), selected=selected, title=title, showscale=showscale,
+                     layer_kinds=layer_kinds,
                      colorbar=dict(tickvals=[0, 1], ticktext=["pruned<br>first", "kept<br>longest"], thickness=12,
                                    len=0.9))
 
 
 def mask_figure(mask: HeadMask, *, tied: bool = False, selected: tuple[int, int] | None = None,
-                score: ScoreMap | None = None, title: str | None = None, cut: HeadMask | None = None) -> go.Figure:
+                score: ScoreMap | None = None, title: str | None = None, cut: HeadMask | None = None,
+                layer_kinds: Sequence[str] | None = None) -> go.Figure:
     """The head mask as a grid: kept heads coloured (by ``score``'s rank when given), pruned heads grey with ✕.
 
     ``cut``: heads absent from the loaded weights (0 in ``cut``; a model saved by ``prune``); they are drawn
@@ -160,7 +175,7 @@ def mask_figure(mask: HeadMask, *, tied: bool = False, selected: tuple[int, int]
     pruned = (mask.values == 0).numpy() | absent
     hover = np.empty(mask.shape, dtype=object)
     for (layer, head), gone in np.ndenumerate(pruned):
-        where = "all layers" if tied else f"layer {layer}"
+        where = _where(layer, tied, layer_kinds)
         state = "pruned — click to restore" if gone else "kept — click to prune"
         if absent[layer, head]:
             state = "cut out of the loaded model — cannot be restored"
@@ -172,9 +187,9 @@ def mask_figure(mask: HeadMask, *, tied: bool = False, selected: tuple[int, int]
         z = importance_ranks(score)
         z = np.where(np.isnan(z), 0.5, z)
         return head_grid(z, hover, criterion_colorscale(score.criterion), tied=tied, zmin=0, zmax=1, pruned=pruned,
-                         selected=selected, title=title, showscale=False)
+                         selected=selected, title=title, showscale=False, layer_kinds=layer_kinds)
     return head_grid(np.ones(mask.shape), hover, [[0, KEPT_COLOR], [1, KEPT_COLOR]], tied=tied, pruned=pruned,
-                     selected=selected, title=title, showscale=False)
+                     selected=selected, title=title, showscale=False, layer_kinds=layer_kinds)
 
 
 def clicked_head(selection: Mapping | None) -> tuple[int, int] | None:
@@ -244,7 +259,8 @@ def jaccard_table(scores: Mapping[str, ScoreMap], ratio: float) -> pd.DataFrame:
     return pd.DataFrame([[jaccard(kept[a], kept[b]) for b in names] for a in names], index=names, columns=names)
 
 
-def overlap_figure(scores: Mapping[str, ScoreMap], ratio: float, *, tied: bool = False) -> go.Figure:
+def overlap_figure(scores: Mapping[str, ScoreMap], ratio: float, *, tied: bool = False,
+                   layer_kinds: Sequence[str] | None = None) -> go.Figure:
     """Per head, how many criteria keep it at ``ratio``; hover lists which."""
     kept = {name: kept_at_ratio(s, ratio) for name, s in scores.items()}
     first = next(iter(scores.values()))
@@ -253,11 +269,11 @@ def overlap_figure(scores: Mapping[str, ScoreMap], ratio: float, *, tied: bool =
     hover = np.empty(first.shape, dtype=object)
     for (layer, head), n in np.ndenumerate(count):
         keepers = [name for name, k in kept.items() if k[layer, head]] or ["none"]
-        where = "all layers" if tied else f"layer {layer}"
+        where = _where(layer, tied, layer_kinds)
         hover[layer, head] = f"{where}, head {head}<br>kept by {int(n)}/{len(kept)}: {', '.join(keepers)}"
     n = len(kept)
     scale = [[0.0, "#f1f1f1"], [0.5, "#7fb8d8"], [1.0, "#08306b"]]
-    return head_grid(count, hover, scale, tied=tied, zmin=0, zmax=n, pruned=pruned,
+    return head_grid(count, hover, scale, tied=tied, zmin=0, zmax=n, pruned=pruned, layer_kinds=layer_kinds,
                      colorbar=dict(title="kept by", tickvals=list(range(n + 1)), thickness=12, len=0.9))
 
 

@@ -41,7 +41,8 @@ for start in range(0, len(names), per_row):
     for col, name in zip(st.columns(per_row), names[start:start + per_row]):
         with col:
             st.markdown(f"**{name}**" + (" · re-scored after each removal" if get(name).dynamic else ""))
-            fig = viz.score_heatmap(scores[name], tied=ws.tied, selected=sd.head)
+            fig = viz.score_heatmap(scores[name], tied=ws.tied, selected=sd.head,
+                                     layer_kinds=ws.adapter.layer_kinds)
             clickable_grid(fig, f"scores-map-{name}", sd, select)
 
 if len(scores) >= 2:
@@ -54,6 +55,7 @@ if len(scores) >= 2:
     with right:
         ratio = st.slider("Prune ratio r (%)", 5, 95, 50, step=5, key="scores-ratio") / 100
         st.markdown(f"**Which heads each criterion keeps at r = {ratio:.0%}**: cell = how many criteria keep it")
-        st.plotly_chart(viz.overlap_figure(scores, ratio, tied=ws.tied), width="stretch", key="scores-overlap")
+        st.plotly_chart(viz.overlap_figure(scores, ratio, tied=ws.tied, layer_kinds=ws.adapter.layer_kinds),
+                        width="stretch", key="scores-overlap")
         st.markdown("**Jaccard overlap** of the kept sets")
         st.dataframe(viz.jaccard_table(scores, ratio).style.format("{:.2f}"), width="stretch")

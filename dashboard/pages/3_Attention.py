@@ -88,7 +88,8 @@ with grid_col:
                                                       f"mean arc attention {values[l_, h]:.3f}")
                        for h in range(n_heads)] for l_ in range(n_layers)], dtype=object)
     fig = viz.head_grid(values, hover, viz.ARC_SCALE, zmin=0, zmax=max(float(values.max()), 1e-6), pruned=pruned,
-                        selected=(layer, head), colorbar=dict(title="attention", thickness=12))
+                        selected=(layer, head), colorbar=dict(title="attention", thickness=12),
+                        layer_kinds=ws.adapter.layer_kinds)
     clickable_grid(fig, "att-grid", sd, pick)
     if ws.tied:
         st.caption("ALBERT: the same block runs in every layer, so a pruned head is gone from all rows.")
