@@ -127,3 +127,11 @@ def test_taylor_and_his_are_reported_as_one_criterion_when_both_are_chosen():
     his, taylor = (get(n)(ScoringContext(model, calib)) for n in ("his", "taylor"))
     np.testing.assert_allclose(taylor.scores, his.scores, rtol=1e-4, atol=1e-9)
     assert taylor.order() == his.order()
+
+
+def test_criteria_listing_tells_labels_and_equivalents_with_the_defaults(capsys):
+    code, out, _ = run(capsys, "criteria")
+    by_name = {c["name"]: c for c in out["criteria"]}
+    assert code == 0 and by_name["sap"]["needs_labels"] and not by_name["ae"]["needs_labels"]
+    assert by_name["his"]["equivalent_to"] == "taylor" and by_name["taylor"]["equivalent_to"] == "his"
+    assert by_name["kl"]["params"]["variant"]["default"] == "normalized"

@@ -37,7 +37,7 @@ def cmd_criteria(args) -> dict:
     return {"criteria": [
         {"name": c.name, "description": c.description, "reference": c.reference, "latex": c.latex,
          "dynamic": c.dynamic, "needs_labels": c.needs_labels, "needs_gradients": c.needs_gradients,
-         "needs_parser": c.needs_parser,
+         "needs_parser": c.needs_parser, "equivalent_to": c.equivalent_to or None,
          "params": {k: {"default": p.default, "doc": p.doc, "choices": p.choices} for k, p in c.params.items()}}
         for _, c in sorted(REGISTRY.items())]}
 
