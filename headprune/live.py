@@ -107,8 +107,9 @@ def first_changed_layer(old: HeadMask, new: HeadMask, layer_to_block: Sequence[i
 def parameters_left(model: nn.Module, mask: HeadMask) -> int:
     """Parameters of ``surgery.prune_model(model, mask)`` without cutting anything.
 
-    Removing head h of a block with head size d_h deletes d_h rows of W_Q, W_K, W_V (and their d_h bias entries)
-    and d_h columns of W_O (its bias stays), as surgery.py does; heads already cut are not counted twice.
+    Removing head h of a block with head size d_h deletes d_h rows of W_Q, W_K, W_V and of any further per-head
+    projection (``extra_rows``: DeBERTa's position projections), their d_h bias entries, and d_h columns of W_O
+    (its bias stays), as surgery.py does; heads already cut are not counted twice.
     Shared tensors count once, as in ``surgery.parameter_counts``.
     """
     adapter = adapt(model)
@@ -117,7 +118,8 @@ def parameters_left(model: nn.Module, mask: HeadMask) -> int:
     for block in adapter.blocks:
         d = block.head_size
         per_head = sum(d * lin.in_features + (d if lin.bias is not None else 0)
-                       for lin in (block.query, block.key, block.value)) + d * block.output.out_features
+                       for lin in (block.query, block.key, block.value, *(m for m, _ in block.extra_rows))) \
+            + d * block.output.out_features
         removed += per_head * sum(1 for h in block.kept if not keep[block.index, h])
     return sum(p.numel() for p in model.parameters()) - removed
 

@@ -407,3 +407,14 @@ def test_deberta_v1_and_other_unknown_families_get_the_supported_list(tmp_path, 
     assert main(["evaluate", "--model", str(folder), "--data", tiny_csv]) != 0
     err = capsys.readouterr().err
     assert "model type 'deberta'" in err and "deberta-v2 (DeBERTa-v2/v3" in err and "modernbert (ModernBERT" in err
+
+
+@pytest.mark.parametrize("arch", MODERN_ARCHS)
+def test_parameters_left_equals_surgery(arch):
+    """The live parameter count (trajectories, Prune page) counts DeBERTa's position projections and the fused
+    Wqkv like surgery does."""
+    from headprune.live import parameters_left
+
+    model = tiny_modern(arch)
+    mask = random_mask(adapt(model).grid_shape, seed=9)
+    assert parameters_left(model, mask) == parameter_counts(prune_model(model, mask))["total"]["params"]
