@@ -282,3 +282,16 @@ def test_sap_cf_takes_its_candidates_from_the_s_r_rule(setup):
     assert scores.meta["ratio_used"] == 0.5 and scores.params["sparsity"] == 0.0
     assert scores.meta["sap_selected"] == [list(h) for h in by_rule]
     assert len(by_rule) != 6       # a 50 % target (the old candidates) would have lowered R to reach 6 heads
+
+
+def test_sap_picks_k_per_sparsity_level_as_the_paper(setup):
+    """§4.1 / Fig. 7: every target sparsity gets its own best k, the one the criterion picks at that level."""
+    model, tokenizer, calib = setup
+    ctx = ScoringContext(model, calib, tokenizer=tokenizer, texts=TEXTS)
+    levels = get("sap").per_sparsity(ctx, (0.25, 0.75), {"k_max": 3})
+    for level, result in levels.items():
+        assert result.mask.n_pruned == round(level * 12) and result.sweep.keys() == {1, 2, 3}
+        assert result.k == min(k for k, v in result.sweep.items() if v == max(result.sweep.values()))
+        alone = get("sap")(ScoringContext(model, calib, tokenizer=tokenizer, texts=TEXTS),
+                           {"k_max": 3, "sparsity": level})
+        assert alone.meta["best_k"] == result.k and alone.meta["sap_selected"] == [list(h) for h in result.selected]

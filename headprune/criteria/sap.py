@@ -18,7 +18,8 @@
      nested pruning order, which a trajectory follows step by step, while the best-k selections of different
      sparsities need not be nested; so k is picked once, at ``sparsity`` (default 0.5, the paper's middle
      level), and the order is −cnt for that k. The paper's model at another level s is ``sparsity=s``
-     (``meta["sap_mask"]``, with that level's best k in ``meta["best_k"]``).
+     (``meta["sap_mask"]``, with that level's best k in ``meta["best_k"]``); ``SAP.per_sparsity`` gives the
+     paper's per-level selections for several levels at once.
 §3.4 Candidate Filtering. The candidates are the SAP selection of the best k by the S·R rule alone (R =
      ``ratio``, no target sparsity: the paper's CF replaces a sparsity by a tolerance; ``sparsity`` > 0 lowers R
      as for SAP). With m0 the metric of the model as
@@ -356,6 +357,16 @@ class SAP(_SapBase):
     reference = "sap-syntactic-attention-pruning.txt §3.2-3.3, eq. 1"
     latex = (r"cnt_{l,h}=\sum_{a}w(\ell_a)\big([\ell_a\in\mathrm{top}_k][A^{l,h}_a<\theta]+"
              r"[\ell_a\notin\mathrm{top}_k][A^{l,h}_a>\theta]\big),\ \text{prune if } cnt_{l,h}\ge S\cdot R")
+
+    def per_sparsity(self, ctx: ScoringContext, levels: Iterable[float], params: dict | None = None
+                     ) -> dict[float, SapResult]:
+        """The paper's protocol (§4.1, Fig. 7): at each target sparsity its own selection with its own best k
+        (one parse and one attention pass shared by all levels). These masks need not be nested, so they are
+        reported per level instead of as one pruning order (module doc)."""
+        resolved = self.prepare(ctx, params)
+        return {float(level): self._sap(ctx, {**resolved, "sparsity": self.params["sparsity"].parse("sparsity",
+                                                                                                     level)})[0]
+                for level in levels}
 
     def score(self, ctx: ScoringContext, **p) -> ScoreMap:
         result, stats, data = self._sap(ctx, p)
