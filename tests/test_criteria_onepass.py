@@ -283,8 +283,8 @@ def test_random_is_seeded():
     ("ae", {"eps": 0.0}, "must be > 0"),
     ("ae", {"eps": -1e-3}, "must be > 0"),
     ("ae", {"form": "D"}, "accepted values are A, B, C"),
-    ("hies", {"alpha": 1.5}, "must lie in [0, 1]"),
-    ("hies", {"alpha": -0.1}, "must lie in [0, 1]"),
+    ("hies", {"alpha": 1.5}, "or a number in [0, 1]"),
+    ("hies", {"alpha": -0.1}, "or a number in [0, 1]"),
     ("gnorm", {"objective": "kl"}, "accepted values are loss, logits_norm"),
 ])
 def test_bad_parameters_are_named(name, params, words):

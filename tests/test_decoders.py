@@ -231,3 +231,63 @@ def test_live_evaluation_of_a_language_model_equals_full_evaluation(arch, one_th
         assert metrics.next_token_accuracy == pytest.approx(reference.next_token_accuracy)
         assert seen[-1].exact and seen[-1].value == pytest.approx(metrics.perplexity, rel=1e-9)
     assert live.stats.partial_runs >= 1
+
+
+def _lm_batches(n: int = 2, batch_size: int = 3):
+    from headprune.task import lm_labels
+
+    out = []
+    for seed in range(n):
+        batch = random_decoder_batch(batch_size=batch_size, seed=seed)
+        batch["labels"] = lm_labels(batch["input_ids"], batch["attention_mask"])
+        out.append(batch)
+    return out
+
+
+def test_his_on_a_gqa_language_model_equals_finite_differences_of_the_gate(one_thread):
+    """HIS = mean over rows of |∂L_b/∂m_h|, L_b the row-mean next-token loss; checked by central differences."""
+    from headprune.criteria import ScoringContext, get
+    from headprune.task import Task
+
+    model = tiny_decoder("qwen3", "lm").double()
+    batches = _lm_batches()
+    result = get("his")(ScoringContext(model, batches))
+    # eps 1e-3: the rotary tables are float32 even in a float64 model, so smaller steps drown in rounding
+    eps, expected = 1e-3, torch.zeros(4, 8, dtype=torch.float64)
+    for layer, head in [(0, 1), (2, 5), (3, 7)]:
+        for batch in batches:
+            for b in range(len(batch["input_ids"])):
+                row = {k: v[b:b + 1] for k, v in batch.items()}
+                losses = []
+                for sign in (1, -1):
+                    gates = torch.ones(4, 8, dtype=torch.float64)
+                    gates[layer, head] += sign * eps
+                    with torch.no_grad(), gate_heads(model, gates):
+                        logits = model(input_ids=row["input_ids"], attention_mask=row["attention_mask"]).logits
+                    losses.append(Task("lm").per_example_loss(logits, row)[0])
+                expected[layer, head] += abs((losses[0] - losses[1]) / (2 * eps))
+        assert result.scores[layer, head] == pytest.approx(float(expected[layer, head]) / 6, rel=1e-3)
+
+
+def test_kl_on_a_language_model_equals_surgery_ablation(one_thread):
+    """Raw KL of head (l, h): mean over rows of the mean over real positions of D_KL(p ‖ p without the head)."""
+    import torch.nn.functional as F
+
+    from headprune.criteria.kl import kl_raw_importance
+
+    model = tiny_decoder("llama", "lm")
+    batches = _lm_batches()
+    raw = kl_raw_importance(model, batches)
+    for layer, head in [(0, 0), (1, 6), (3, 3)]:
+        cut = prune_model(model, HeadMask.from_pruned({layer: [head]}, (4, 8)))
+        total, rows = 0.0, 0
+        for batch in batches:
+            inputs = {k: batch[k] for k in ("input_ids", "attention_mask")}
+            with torch.no_grad():
+                log_p = F.log_softmax(model(**inputs).logits.double(), -1)
+                log_q = F.log_softmax(cut(**inputs).logits.double(), -1)
+            kl = (log_p.exp() * (log_p - log_q)).sum(-1)
+            real = batch["attention_mask"].bool()
+            total += float(((kl * real).sum(-1) / real.sum(-1)).sum())
+            rows += len(kl)
+        assert raw[layer, head] == pytest.approx(total / rows, rel=1e-4, abs=1e-7)

@@ -10,6 +10,10 @@ p is the model's output class distribution (softmax of the logits) under the cur
 gates that head to 0 (``headprune.gating``), which equals cutting it out. The mean over the calibration inputs
 (line 4 is written for one input x) is our reading of "importance over a dataset".
 
+Language models: p is the next-token distribution at every real position of a row (the last position included:
+a distribution needs no target); a row's D_KL is the mean over its real positions, and rows are averaged as
+above, so every row counts once whatever its length (as in the row loss of ``headprune.task``).
+
 Open choices, documented:
 * ``variant="normalized"`` (default) enters the current layer with its min-max normalised value:
   Imp(l, i) ← α Imp(l−1, i) + (1 − α) Imp_norm(l, i), which keeps every layer on the same [0, 1] scale.
@@ -103,7 +107,8 @@ def kl_raw_importance(model, batches: list[dict], mask: HeadMask | None = None, 
         if logits.shape[-1] < 2:
             raise CriterionError("KL importance needs a class distribution, but this model has a single output "
                                  "(regression). Use a gradient or entropy criterion for regression models.")
-        log_p = F.log_softmax(logits.double(), dim=-1)
+        log_p = _log_distribution(logits)
+        real = inputs["attention_mask"].bool() if logits.ndim == 3 else None
         for block, heads in chunks:
             gates = base.expand(len(heads), *base.shape).clone()
             gates[torch.arange(len(heads)), block, heads] = 0.0
@@ -115,8 +120,10 @@ def kl_raw_importance(model, batches: list[dict], mask: HeadMask | None = None, 
                         ablated = model(**_repeat(inputs, len(heads))).logits
                 else:
                     ablated = model(**_repeat(inputs, len(heads))).logits
-            log_q = F.log_softmax(ablated.double(), dim=-1).view(len(heads), rows, -1)
-            kl = (log_p.exp() * (log_p - log_q)).sum(-1)          # (ablations, rows)
+            log_q = _log_distribution(ablated).view(len(heads), *log_p.shape)
+            kl = (log_p.exp() * (log_p - log_q)).sum(-1)          # (ablations, rows) or (ablations, rows, T)
+            if real is not None:  # LM: mean over the row's real positions (module doc)
+                kl = (kl * real).sum(-1) / real.sum(-1).clamp(min=1)
             total[block, heads] += kl.sum(-1).cpu()
             done += 1
             if progress is not None:
@@ -125,6 +132,12 @@ def kl_raw_importance(model, batches: list[dict], mask: HeadMask | None = None, 
     raw = (total / max(n_rows, 1)).numpy()
     raw[~live.numpy()] = np.nan
     return raw
+
+
+def _log_distribution(logits: torch.Tensor) -> torch.Tensor:
+    """log p: class distributions (B, C) in float64; next-token distributions (B, T, V) in float32 (a float64
+    copy of a vocabulary-sized tensor per ablation would dominate the memory)."""
+    return F.log_softmax(logits.double() if logits.ndim == 2 else logits.float(), dim=-1)
 
 
 # -- Algorithm 1, lines 6-11 ----------------------------------------------------------------------------------

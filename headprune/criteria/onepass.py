@@ -20,6 +20,16 @@ projections, as in DeBERTa-v2, those are other weights and the token path is the
 For ALBERT one block runs in every layer, so a tied head's contributions are summed over layers before the
 absolute value or norm (its gate and weights are shared) and its entropies are averaged over layers.
 
+Decoders (causal attention, language-model heads):
+* entropy: row t of a causal map spreads over the t + 1 keys it may see. Rows are not rescaled to a common length:
+  eq. (3) sums every real row's entropy and divides by the sentence's n rows, so a head that spreads evenly over
+  its prefix scores higher (less important) than one that looks at a single token, whatever the row's length;
+  AD divides by n log n as written (log n is the entropy of the longest, last row spread evenly).
+* HIS, Taylor, Gnorm with the LM loss: per row, the mean next-token cross-entropy over the row's real targets
+  (``headprune.task``); rows are independent, so per-example gradients are exact as for encoders.
+* Gnorm on grouped-query attention: a K/V block shared by a group is credited in full to every query head of the
+  group (see ``_gnorm_stat``).
+
 Quantities are named by tuples, cached in ``ScoringContext.cache["onepass"]`` and computed together:
     ("entropy", form, eps)     mean over sentences of eq. (3) with form A, B or C (Greedy-Gnorm §3.3)
     ("deficit",)               mean over sentences of AD (HIES App. A.2.1)
@@ -42,6 +52,7 @@ from ..arch import PARTS, adapt
 from ..capture import record_attention
 from ..data import model_inputs
 from ..gating import gate_heads
+from ..task import Task
 from .base import Criterion, Param, ScoreMap, ScoringContext
 
 OBJECTIVES = ("loss", "logits_norm")
@@ -50,14 +61,28 @@ GRADIENT_KINDS = ("his", "taylor", "gnorm")
 
 # -- objectives ------------------------------------------------------------------------------------------------
 
-def objective_value(logits: torch.Tensor, labels: torch.Tensor | None, objective: str) -> torch.Tensor:
+def objective_value(logits: torch.Tensor, labels: torch.Tensor | None, objective: str,
+                    attention_mask: torch.Tensor | None = None) -> torch.Tensor:
     """The scalar backpropagated for ``objective``.
 
     "loss" and "logits_norm" are sums over examples of per-example terms (cross-entropy, or squared error for a
     one-output regression head; ‖z_b‖₂), so per-example gradients are those of the example's own term.
     "batch_logits_norm" is ‖Z‖_F of the whole batch, as in the Greedy-Gnorm reference code.
+
+    Language models (logits (B, T, V)): rows never interact in a causal decoder either, so the same holds with
+    per-row terms averaged over the row's real positions -- "loss" is the row-mean next-token cross-entropy
+    L_b of ``headprune.task`` (labels = the input ids), "logits_norm" is (1/n_b) Σ_t ‖z_bt‖₂ over the row's n_b
+    real positions, "batch_logits_norm" is ‖Z‖_F over the real positions of the batch.
     """
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    if logits.ndim == 3:
+        real = attention_mask.to(logits.device).bool()
+        if objective == "loss":
+            return Task("lm").per_example_loss(logits, {"labels": labels}).sum()
+        norms = logits.norm(dim=-1) * real
+        if objective == "logits_norm":
+            return (norms.sum(-1) / real.sum(-1).clamp(min=1)).sum()
+        return norms.square().sum().sqrt()
     if objective == "logits_norm":
         return logits.norm(dim=-1).sum()
     if objective == "batch_logits_norm":
@@ -187,7 +212,7 @@ def run_pass(model, batches: list[dict], keys, mask=None, device=None, progress=
             tensors = _differentiated(rec, mine)
             if not tensors:  # every head is gone
                 continue
-            grads = torch.autograd.grad(objective_value(logits, labels, objective), tensors,
+            grads = torch.autograd.grad(objective_value(logits, labels, objective, inputs["attention_mask"]), tensors,
                                         retain_graph=j < len(objectives) - 1, allow_unused=True)
             grad_of = {id(t): (torch.zeros_like(t) if g is None else g) for t, g in zip(tensors, grads)}
             for key in mine:
