@@ -1,24 +1,36 @@
 """Modern encoders: DeBERTa-v2/v3 (disentangled attention) and ModernBERT (fused Wqkv, rotary, local/global).
 
 DeBERTa-v2/v3 (``DebertaV2ForSequenceClassification``)
-    Besides content Q/K/V, every head projects the shared relative-position table (``encoder.rel_embeddings``)
-    through its own rows: with ``share_att_key`` (v3's default) through ``query_proj``/``key_proj`` themselves,
-    otherwise through ``pos_query_proj`` (position-to-content, "p2c") and ``pos_key_proj`` (content-to-position,
-    "c2p"). Head h's score is q_h k_hᵀ + q_h (P k)_hᵀ + k_h (P q)_hᵀ (DeBERTa eq. 4), so cutting head h must drop
-    its rows of all five projections: the position projections are listed as ``extra_rows`` of the block and
-    surgery slices each like the side it multiplies. The core reads ``num_attention_heads`` to split
-    heads, so surgery sets it. Only eager attention exists, and the core returns its probabilities only when the
-    forward is called with ``output_attentions=True`` (``needs_output_attentions``). Layers return
-    ``(hidden, attn)`` tuples, and a convolution over the embeddings is added to layer 0's output before layer 1
-    (``encoder.conv``): a replay from a layer above 0 must skip it, since the cached input already contains it.
+    Disentangled attention (He et al., DeBERTa, eq. 4; the paper is not in /work/shared/papers, the form below is
+    what transformers' ``DisentangledSelfAttention`` computes): per head, with relative distance δ bucketed,
+        A_ij = ( q_i k_jᵀ  +  q_i (k^r_δ(i,j))ᵀ  +  k_j (q^r_δ(j,i))ᵀ ) / sqrt(3 d_h)      (content, c2p, p2c)
+    where k^r, q^r project the shared relative-position table (``encoder.rel_embeddings``) through each head's own
+    rows: with ``share_att_key`` (v3's default) through ``query_proj``/``key_proj`` themselves, otherwise through
+    ``pos_key_proj`` (c2p) and ``pos_query_proj`` (p2c). Cutting head h must drop its rows of every one of these
+    projections: the position projections are the block's ``extra_rows``, each sliced like the side it is
+    multiplied with (c2p pairs query head h with position-key head h, p2c key head h with position-query head h).
+    The core splits heads by its ``num_attention_heads`` and ``all_head_size``, which surgery sets. There is only
+    an eager kernel, and the core returns its probabilities only when the forward is called with
+    ``output_attentions=True`` (``needs_output_attentions``: capture asks). O sits in the sibling
+    ``attention.output`` as in BERT, so gating is the usual pre-hook on it; the BERT live fast paths switch
+    themselves off (the layer has no ``feed_forward_chunk``). Layers return ``(hidden, attn)`` tuples
+    (``layer_output``), and a convolution over the embeddings is added to layer 0's output before layer 1
+    (``encoder.conv``): a replay from a layer above 0 skips it (``replay_bypass``), since the recorded input of
+    that layer already contains it. When SAP's whole-layer rule skips layer 0 the convolution branch stays: it
+    belongs to the encoder, and layer 0 skipped means "layer 0 is the identity".
+    Gnorm: with ``share_att_key`` the position table also goes through W_Q and W_K, once for the whole batch; that
+    term has no per-example split, so Gnorm counts the token path only (criteria/onepass.py).
     DeBERTa v1 (``DebertaForSequenceClassification``: fused ``in_proj``) is not covered and gets the supported list.
 
 ModernBERT (``ModernBertForSequenceClassification``)
     One fused ``Wqkv`` (Q heads, then K heads, then V heads) and ``Wo``, both without biases by default; the core
-    infers the head count from the tensor shape, so surgery needs no count attribute. Rotary position tables and
-    the attention mask are chosen per layer from ``layer.attention_type``: ``full_attention`` layers attend
+    infers its head count from the tensor shape, so surgery sets no attribute, and a core left with no heads runs
+    ``_empty_modernbert``. Rotary tables and the attention mask are chosen per layer from
+    ``layer.attention_type``, which the run-from-layer stand-ins read through: ``full_attention`` layers attend
     globally, ``sliding_attention`` layers within a local window. ``layer_kinds`` carries that split to the grid
-    (do local heads matter less than global ones?). Supports eager and sdpa attention.
+    (do local heads matter less than global ones?). Eager and sdpa attention (capture switches to eager).
+    In float64 the stock forward gives NaN logits for padded rows (a padded query whose local window holds only
+    padding gets an all -inf row); float32/bf16, what checkpoints run in, are unaffected.
 """
 
 from __future__ import annotations
