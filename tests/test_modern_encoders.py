@@ -201,8 +201,9 @@ def double(arch: str):
 
 def calib(arch: str, n: int = 2) -> list[dict]:
     """Padded batches, except for ModernBERT: in float64 its stock forward gives NaN logits for padded rows
-    (transformers 5.23: a padded query whose local window holds only padding gets an all -inf score row), so
-    its float64 references run on unpadded batches; padding on ModernBERT is covered in float32 above."""
+    (transformers 5.23: the eager softmax runs in float32, where float64's mask minimum is -inf, so a padded query
+    whose local window holds only padding gets an all -inf row), so its float64 references run on unpadded
+    batches; padding on ModernBERT is covered in float32 above."""
     batches = [random_batch(batch_size=3, seq_len=10, seed=10 + i) for i in range(n)]
     if arch == "modernbert":
         for batch in batches:

@@ -29,8 +29,9 @@ ModernBERT (``ModernBertForSequenceClassification``)
     ``layer.attention_type``, which the run-from-layer stand-ins read through: ``full_attention`` layers attend
     globally, ``sliding_attention`` layers within a local window. ``layer_kinds`` carries that split to the grid
     (do local heads matter less than global ones?). Eager and sdpa attention (capture switches to eager).
-    In float64 the stock forward gives NaN logits for padded rows (a padded query whose local window holds only
-    padding gets an all -inf row); float32/bf16, what checkpoints run in, are unaffected.
+    In float64 the stock eager forward gives NaN logits for padded rows: its softmax runs in float32, where the
+    float64 mask minimum becomes -inf, so a padded query whose local window holds only padding gets an all -inf
+    row (NaN), and later layers read that NaN as a key. float32/bf16, what checkpoints run in, are unaffected.
 """
 
 from __future__ import annotations
