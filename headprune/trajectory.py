@@ -8,7 +8,8 @@ Evaluation runs incrementally (``live.LiveEvaluator``: only the layers from the 
 recomputed), on the caller's model under the mask, which is never touched. After each step it records the
 heads removed, the metrics on the evaluation split, stability if asked (see ``stability``), the parameters
 left and the elapsed time. It stops at a budget (a ratio of the grid, or a head count), at a tolerance (after
-the first step whose metric falls below τ × the dense metric), or when every head is gone.
+the first step whose metric falls below τ × the dense metric -- or, for a lower-is-better metric such as
+perplexity, rises above the dense metric / τ), or when every head is gone.
 
 Summaries (``Trajectory.summary``):
     auc              (1/r_end) ∫_0^{r_end} m(r) dr, trapezoid over the recorded points (r = pruned ratio, m the
@@ -35,8 +36,14 @@ from .evaluate import HIGHER_IS_BETTER, headline_metric
 from .mask import HeadMask
 from .surgery import prune_model
 
-# metrics a tolerance (stop once metric < τ × dense) can read: those where higher is better
-TOLERANCE_METRICS = tuple(name for name, higher in HIGHER_IS_BETTER.items() if higher)
+# metrics a tolerance can read: any with a direction (higher-is-better: stop once m < τ × m(0); lower-is-better,
+# e.g. perplexity: stop once m > m(0) / τ -- the same factor of degradation read the other way)
+TOLERANCE_METRICS = tuple(HIGHER_IS_BETTER)
+
+
+def degraded(value: float, dense: float, tau: float, higher_is_better: bool) -> bool:
+    """Whether ``value`` is worse than the tolerance τ allows relative to the dense ``dense`` value."""
+    return value < tau * dense if higher_is_better else value > dense / tau
 
 
 class TrajectoryError(HeadpruneError):
@@ -86,8 +93,12 @@ class Trajectory:
         if tau is None:
             return None
         r, v = self.ratios(), self.values()
-        below = np.flatnonzero(v < tau * v[0])
+        below = np.flatnonzero([degraded(x, v[0], tau, self.higher_is_better) for x in v])
         return float(r[below[0] - 1] if below.size else r[-1])
+
+    @property
+    def higher_is_better(self) -> bool:
+        return HIGHER_IS_BETTER.get(self.metric, True)
 
     def summary(self) -> dict:
         return {"auc": self.auc(), "tolerance_ratio": self.tolerance_ratio(), "final_ratio": float(self.ratios()[-1]),
@@ -134,7 +145,8 @@ def _check(step, tolerance, metric, dense) -> str:
     if not (isinstance(step, int) and step >= 1):
         raise TrajectoryError(f"Step {step!r} must be a positive integer (heads removed per step).")
     if tolerance is not None and not 0 < tolerance <= 1:
-        raise TrajectoryError(f"Tolerance {tolerance!r} must lie in (0, 1]: stop once metric < τ × dense metric.")
+        raise TrajectoryError(f"Tolerance {tolerance!r} must lie in (0, 1]: stop once the metric is worse than "
+                              "τ × the dense metric (1/τ × for a lower-is-better metric such as perplexity).")
     metric = metric or headline_metric(dense)[0]
     if metric not in TOLERANCE_METRICS or metric not in dense:
         accepted = [m for m in TOLERANCE_METRICS if m in dense]
@@ -170,6 +182,9 @@ def run_trajectory(model, calib: list[dict], eval_batches: list[dict], criterion
     n_units = mask.values.numel()
     target = _target(n_units, mask.n_pruned, budget, count)
     clean = LiveEvaluator(model, eval_batches, mask)
+    if stability and clean.task.is_lm:
+        raise TrajectoryError("Stability compares the labels a classifier predicts before and after a word drop; a "
+                              "language model predicts no labels. Run the trajectory without stability.")
     if stability:
         perturbed = stability if isinstance(stability, list) else perturb_batches(eval_batches, tokenizer, seed=seed)
         noisy = LiveEvaluator(model, perturbed, mask)
@@ -206,7 +221,7 @@ def run_trajectory(model, calib: list[dict], eval_batches: list[dict], criterion
                            "params": parameters_left(model, mask), "seconds": time.perf_counter() - start})
         if progress is not None:
             progress(mask.n_pruned / target, f"{mask.n_pruned}/{n_units} pruned, {metric} {metrics[metric]:.4f}")
-        if tolerance is not None and metrics[metric] < tolerance * dense[metric]:
+        if tolerance is not None and degraded(metrics[metric], dense[metric], tolerance, HIGHER_IS_BETTER[metric]):
             traj.stop = "tolerance"
             return traj
     traj.stop = "end" if mask.n_pruned == n_units else "budget"

@@ -291,3 +291,18 @@ def test_kl_on_a_language_model_equals_surgery_ablation(one_thread):
             total += float(((kl * real).sum(-1) / real.sum(-1)).sum())
             rows += len(kl)
         assert raw[layer, head] == pytest.approx(total / rows, rel=1e-4, abs=1e-7)
+
+
+def test_trajectory_on_a_language_model_reads_perplexity_lower_is_better(one_thread):
+    from headprune.trajectory import run_trajectory
+
+    model = tiny_decoder("llama", "lm")
+    batches = _lm_batches(n=2)
+    traj = run_trajectory(model, batches, batches, "random", step=4, tolerance=0.9, seed=1)
+    values = traj.values()
+    assert traj.metric == "perplexity" and not traj.higher_is_better
+    if traj.stop == "tolerance":  # stopped at the first step whose perplexity exceeds dense / 0.9
+        assert values[-1] > values[0] / 0.9 and (values[:-1] <= values[0] / 0.9).all()
+    else:
+        assert (values <= values[0] / 0.9).all()
+    assert traj.tolerance_ratio() == traj.ratios()[len(values) - 2 if traj.stop == "tolerance" else -1]

@@ -145,8 +145,8 @@ def test_the_callers_model_is_untouched():
 @pytest.mark.parametrize("kwargs, words", [
     ({"budget": 0}, "not a ratio in (0, 1]"), ({"budget": 1.5}, "not a ratio in (0, 1]"),
     ({"step": 0}, "positive integer"), ({"tolerance": 1.2}, "(0, 1]"), ({"count": 0}, "positive integer"),
-    ({"metric": "loss"}, "accepted: accuracy, macro_f1, mcc"),
-    ({"params": {"alpha": 2}}, "must lie in [0, 1]"),
+    ({"metric": "perplexity"}, "accepted: accuracy, macro_f1, mcc"),
+    ({"params": {"alpha": 2}}, "or a number in [0, 1]"),
 ])
 def test_bad_trajectory_input(kwargs, words):
     from headprune.errors import HeadpruneError
