@@ -323,6 +323,27 @@ class LiveEvaluator:
         tensors = [t for rows in (self._inputs, self._contexts) for row in rows for t in row if t is not None]
         return sum(t.numel() * t.element_size() for t in tensors) / 2**20
 
+    def fork(self) -> LiveEvaluator:
+        """An evaluator at this one's mask sharing its cached tensors, without a pass over the data.
+
+        Runs replace cache entries and never write into a cached tensor, so the two read the same tensors until
+        one recomputes a layer: a fork costs memory only from its lowest changed layer up. Each fork gates its own
+        structural copy of the model. (The dashboard forks every browser session's evaluator from one per
+        workspace, so 16 sessions do not hold 16 full caches.)
+        """
+        twin = copy.copy(self)
+        twin.model = structural_copy(self.model)
+        twin.adapter = adapt(twin.model)
+        twin._layers = twin.adapter.layer_modules
+        if self._runners is not None:
+            twin._runners = [_LayerRunner(layer, twin.adapter.blocks[i], twin.model.config)
+                             for i, layer in enumerate(twin._layers)]
+        twin._inputs = [list(row) for row in self._inputs]
+        twin._contexts = [list(row) for row in self._contexts]
+        twin._logits = list(self._logits)
+        twin.stats = LiveStats()
+        return twin
+
     # -- internals ---------------------------------------------------------------------------------------
     def _inputs_of(self, batch: dict) -> dict:
         return {k: v.to(self.device) for k, v in model_inputs(batch).items()}

@@ -69,6 +69,25 @@ def test_structural_copy_drops_hooks_shares_weights_keeps_the_dispatch(shared):
     assert copy.classifier.weight is head.weight and copy.classifier is not head
 
 
+@pytest.mark.parametrize("arch", ["bert", "albert"])
+def test_forks_share_the_cache_below_their_change_and_stay_exact(arch):
+    model = tiny_model(arch, num_labels=3).eval()
+    batches = [random_batch(batch_size=5, num_labels=3, seed=10 + s) for s in range(2)]
+    base = LiveEvaluator(model, batches)
+    dense_logits = base.logits.clone()
+    first, second = base.fork(), base.fork()
+    top = base.adapter.grid_shape[0] - 1  # ALBERT: one tied block
+    first.toggle(min(2, top), 1)
+    second.toggle(0, 3)
+    first.toggle(min(1, top), 0)
+    for live in (first, second):
+        torch.testing.assert_close(live.logits, predict(model, batches, live.mask), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(base.logits, dense_logits)  # the source never moves
+    if base.incremental:  # below the lowest changed layer the fork reads the source's tensors, not copies
+        assert first._inputs[0][1] is base._inputs[0][1] and first._inputs[0][2] is not base._inputs[0][2]
+    assert call_hooks(model) == 0
+
+
 # -- concurrent dashboard sessions -----------------------------------------------------------------------------
 
 def test_four_concurrent_sessions_see_exactly_what_a_solo_session_sees(demo_model_path, monkeypatch):
