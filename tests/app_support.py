@@ -80,3 +80,24 @@ def save_tiny_classifier(folder: Path, arch: str = "bert") -> str:
     AutoModelForSequenceClassification.from_config(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return str(folder)
+
+
+def workspace(at):
+    """The Workspace (model, data, batches) the page's session is on."""
+    from dashboard.store import store
+
+    return store().get(f"ws|{at.session_state['hp_setup'].key}")
+
+
+def prune_lowest(at, percent: int) -> None:
+    """Prune page: 'prune the lowest x%' with the current criterion."""
+    at.slider(key="prune-ratio").set_value(percent).run()
+    at.button(key="prune-apply").click().run()
+
+
+def full_evaluation(at):
+    """An independent full evaluation of the session's model under its current mask (to check live numbers)."""
+    from headprune.evaluate import evaluate
+
+    ws = workspace(at)
+    return evaluate(ws.loaded.model, ws.eval_batches, at.session_state["hp_session"].mask)

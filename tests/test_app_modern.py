@@ -8,7 +8,7 @@ Unigram, ModernBERT: byte-level BPE), as headprune.testing.save_tiny_modern writ
 from __future__ import annotations
 
 import pytest
-from app_support import PAGES, figures, head_grids, metric, open_app, problems
+from app_support import PAGES, figures, full_evaluation, head_grids, metric, open_app, problems, prune_lowest, workspace
 
 from dashboard.config import Setup
 from headprune.testing import save_tiny_modern
@@ -34,16 +34,8 @@ def setup_for(folders, arch: str) -> Setup:
                  max_length=32)
 
 
-def workspace(at):
-    from dashboard.store import store
-
-    return store().get(f"ws|{at.session_state['hp_setup'].key}")
-
-
 @pytest.mark.parametrize("arch", ARCHS)
 def test_model_picker_scores_attention_prune_export(arch, folders):
-    from headprune.evaluate import evaluate
-
     other = ARCHS[1 - ARCHS.index(arch)]
     at = open_app("model", setup_for(folders, other))
     assert not problems(at)
@@ -70,14 +62,11 @@ def test_model_picker_scores_attention_prune_export(arch, folders):
 
     at.switch_page(PAGES["prune"]).run()
     assert metric(at, "heads left") == "12 / 12"
-    at.slider(key="prune-ratio").set_value(25).run()
-    at.button(key="prune-apply").click().run()
+    prune_lowest(at, 25)
     assert not problems(at)
     assert metric(at, "heads left") == "9 / 12"
-    ws, sd = workspace(at), at.session_state["hp_session"]
-    full = evaluate(ws.loaded.model, ws.eval_batches, sd.mask)
     live_accuracy = float(metric(at, "accuracy"))
-    assert live_accuracy == pytest.approx(full.accuracy, abs=1e-4)
+    assert live_accuracy == pytest.approx(full_evaluation(at).accuracy, abs=1e-4)
 
     at.switch_page(PAGES["export"]).run()
     assert not problems(at)

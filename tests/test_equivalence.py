@@ -8,9 +8,18 @@ from headprune.gating import gate_heads
 from headprune.mask import HeadMask
 from headprune.models import load_model, save_pruned
 from headprune.surgery import parameter_counts, prune_model
-from headprune.testing import ARCHS, random_batch, tiny_model
+from headprune.testing import ARCHS, MODERN_ARCHS, random_batch, tiny_model, tiny_modern
 
 ATOL = 1e-5
+# (family, attention implementation): every one each family supports on CPU (DeBERTa-v2: eager only)
+CASES = [(arch, attn) for arch in ARCHS for attn in ("sdpa", "eager")] + \
+    [(arch, attn) for arch in MODERN_ARCHS for attn in (("sdpa", "eager") if arch == "modernbert" else ("eager",))]
+
+
+def build(arch: str, attn: str | None = None):
+    """A tiny random classifier of ``arch`` (BERT family or modern encoder) under ``attn`` (its default if None)."""
+    make = tiny_modern if arch in MODERN_ARCHS else tiny_model
+    return make(arch) if attn is None else make(arch, attn_implementation=attn)
 
 
 def _logits(model, batch, mask=None):
@@ -24,10 +33,9 @@ def _random_mask(shape, seed, p=0.5):
     return HeadMask((torch.rand(shape, generator=g) > p).float())
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch,attn", CASES)
 def test_gating_equals_surgery_random_masks(arch, attn):
-    model = tiny_model(arch, attn_implementation=attn)
+    model = build(arch, attn)
     batch = random_batch()
     shape = adapt(model).grid_shape
     dense = _logits(model, batch)
@@ -41,9 +49,9 @@ def test_gating_equals_surgery_random_masks(arch, attn):
             assert not torch.allclose(gated, dense, atol=1e-6)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ARCHS + MODERN_ARCHS)
 def test_whole_layer_and_whole_model(arch):
-    model = tiny_model(arch)
+    model = build(arch)
     batch = random_batch(seed=3)
     shape = adapt(model).grid_shape
     values = torch.ones(shape)
@@ -55,9 +63,9 @@ def test_whole_layer_and_whole_model(arch):
                    and len(mask.pruned()[b.index]) == shape[1])
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ARCHS + MODERN_ARCHS)
 def test_original_untouched_and_repeat_surgery(arch):
-    model = tiny_model(arch)
+    model = build(arch)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     shape = adapt(model).grid_shape
     first, second = _random_mask(shape, 1, p=0.7), _random_mask(shape, 2, p=0.7)
@@ -71,7 +79,7 @@ def test_original_untouched_and_repeat_surgery(arch):
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ARCHS + MODERN_ARCHS)
 def test_save_load_roundtrip(arch, tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -81,7 +89,7 @@ def test_save_load_roundtrip(arch, tmp_path):
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0", pad_token="w1")
 
-    model = tiny_model(arch)
+    model = build(arch)
     mask = _random_mask(adapt(model).grid_shape, 7)
     values = mask.values.clone()
     values[-1] = 0  # an empty block must survive save/load too
