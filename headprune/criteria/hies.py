@@ -57,8 +57,13 @@ class HIES(OnePassCriterion):
     the paper's grid α ∈ {0, 0.1, ..., 0.9} ⊂ [0, 1), pruning in HIES order up to 50 % of the heads and keeping
     the α of the best wAUC; the chosen α and every α's wAUC are in the ScoreMap's params and meta. The sweep runs
     on the model as given (heads cut out of it excluded) even when a mask is passed: it is a property of the
-    model and task, as the paper fixes one α* per task. On the demo (128 calibration reviews) it picks α = 0.8,
-    where HIES matches HIS at 50 % pruning and beats it at 75 %; the old fixed α = 0.5 prunes worse than HIS.
+    model and task, as the paper fixes one α* per task.
+
+    Measured on the demo (128 calibration reviews; curves on 1,000 held-out reviews, 6 heads per step): the sweep
+    picks α = 0.7 (wAUC 0.823; 0.8: 0.821, 0.5: 0.798, 0.0: 0.718), with single-head steps as well. Accuracy at
+    25 / 50 / 75 % of heads pruned: HIES α = 0.7 0.826 / 0.813 / 0.737, HIS 0.818 / 0.813 / 0.764, HIES with the
+    former fixed α = 0.5 0.821 / 0.783 / 0.700. So auto matches HIS up to 50 % (the range it is selected on, the
+    paper's 10-50 %) and is well above α = 0.5; beyond it, at 75 %, HIS stays ahead on this model.
     """
 
     name = "hies"
