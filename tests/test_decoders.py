@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 
@@ -306,3 +307,20 @@ def test_trajectory_on_a_language_model_reads_perplexity_lower_is_better(one_thr
     else:
         assert (values <= values[0] / 0.9).all()
     assert traj.tolerance_ratio() == traj.ratios()[len(values) - 2 if traj.stop == "tolerance" else -1]
+
+
+def test_dependency_arcs_on_a_causal_model_keep_only_heads_that_precede(one_thread):
+    """Causal attention: an arc is attendable only when its grammatical head precedes its dependent."""
+    from headprune.syntax import build_arcs, load_parser
+    from headprune.syntax.parse import parse_texts
+    from headprune.testing import offline_tokenizer
+
+    text = "The quick brown fox jumps over the lazy dog."
+    tokenizer = offline_tokenizer("byte-level-bpe", [text] * 5)
+    model = tiny_decoder("llama", "lm", vocab_size=len(tokenizer))
+    arcs = build_arcs(model, tokenizer, text)
+    parse = next(iter(parse_texts([text], load_parser(None))))
+    all_arcs = [a for a in parse.arcs()]
+    assert arcs.causal and arcs.arcs and all(a.head < a.dependent for a in arcs.arcs)
+    assert arcs.dropped["future head"] == sum(a.head > a.dependent for a in all_arcs) > 0
+    assert np.abs(np.triu(arcs.attention[0, 0], 1)).max() == 0  # nothing attends forward

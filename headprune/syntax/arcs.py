@@ -8,6 +8,12 @@ Clark et al.'s dependency accuracy.
 
 A text pair (premise, hypothesis) is two parses; its words are the first segment's followed by the second's.
 Layers are forward layers (ALBERT: 12 layers sharing one block).
+
+Causal models (decoders, ``ModelAdapter.causal``): a query word sees only itself and the words before it, so an arc
+can carry attention only when its grammatical head *precedes* its dependent (the dependent, as query, attends back
+to its head). Arcs whose head follows the dependent are left out and counted in ``dropped["future head"]``, and
+the background mean attention (SAP's global threshold) is taken over the attendable pairs only (key word <= query
+word); ``causal`` records which rule applied.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ class DependencyArcs:
     dropped: dict = field(default_factory=dict)   # {"truncated": n, "unaligned": n} arcs left out
     n_sentences: int = 1
     query_reduce: str = "mean"
+    causal: bool = False             # decoder: only arcs whose head precedes the dependent are kept (module doc)
 
     @property
     def labels(self) -> list[str]:
@@ -66,6 +73,12 @@ class DependencyArcs:
     def _ends(self) -> tuple[np.ndarray, np.ndarray]:
         return (np.array([a.dependent for a in self.arcs], dtype=int), np.array([a.head for a in self.arcs], dtype=int))
 
+    def attendable(self) -> np.ndarray:
+        """(W, W) bool: word pairs (query, key) the model could attend -- all, or key <= query when causal."""
+        w = len(self.words)
+        pairs = np.ones((w, w), dtype=bool)
+        return np.tril(pairs) if self.causal else pairs
+
     def to_json(self) -> dict:
         return {"text": self.text, "words": self.words, "seen": self.seen.tolist(),
                 "arcs": [{"dependent": a.dependent, "head": a.head, "label": a.label} for a in self.arcs],
@@ -77,7 +90,7 @@ def _segments(item: Parse | tuple[Parse, Parse]) -> tuple[Parse, ...]:
 
 
 def _one(parses: tuple[Parse, ...], probs: torch.Tensor, live: np.ndarray, offsets: np.ndarray,
-         segments: np.ndarray, query_reduce: str) -> DependencyArcs:
+         segments: np.ndarray, query_reduce: str, causal: bool = False) -> DependencyArcs:
     """DependencyArcs of one row: ``probs`` (L, H, T, T) token attention of its real tokens."""
     words, spans, word_seg, arcs = [], [], [], []
     for seg, parse in enumerate(parses):
@@ -94,11 +107,16 @@ def _one(parses: tuple[Parse, ...], probs: torch.Tensor, live: np.ndarray, offse
     kept = [a for a in arcs if seen[a.dependent] and seen[a.head]]
     dropped = Counter("truncated" if "truncated" in (status[a.dependent], status[a.head]) else "unaligned"
                       for a in arcs if not (seen[a.dependent] and seen[a.head]))
+    if causal:
+        dropped["future head"] = sum(a.head > a.dependent for a in kept)
+        kept = [a for a in kept if a.head < a.dependent]
     attention = word_attention(probs, tw, len(words), query_reduce).numpy().astype(np.float32)
     text = parses[0].text if len(parses) == 1 else tuple(p.text for p in parses)
-    return DependencyArcs(text, words, kept, attention, live, seen,
-                          {"truncated": dropped["truncated"], "unaligned": dropped["unaligned"]},
-                          sum(p.n_sentences for p in parses), query_reduce)
+    counted = {"truncated": dropped["truncated"], "unaligned": dropped["unaligned"]}
+    if causal:
+        counted["future head"] = dropped["future head"]
+    return DependencyArcs(text, words, kept, attention, live, seen, counted, sum(p.n_sentences for p in parses),
+                          query_reduce, causal)
 
 
 def iter_arcs(model, tokenizer, parses: Sequence[Parse | tuple[Parse, Parse]], mask: HeadMask | None = None,
@@ -109,7 +127,10 @@ def iter_arcs(model, tokenizer, parses: Sequence[Parse | tuple[Parse, Parse]], m
     Texts are truncated to ``max_length`` tokens like the model's own batches; arcs beyond the cut are dropped and
     counted in ``dropped["truncated"]``.
     """
+    from ..arch import adapt
+
     device = next(model.parameters()).device
+    causal = adapt(model).causal
     accepted = set(getattr(tokenizer, "model_input_names", ("input_ids", "attention_mask")))
     for start in range(0, len(parses), batch_size):
         chunk = [_segments(p) for p in parses[start:start + batch_size]]
@@ -124,7 +145,7 @@ def iter_arcs(model, tokenizer, parses: Sequence[Parse | tuple[Parse, Parse]], m
             segments = np.array([-1 if s is None else s for s in enc.sequence_ids(row)])[real.numpy()]
             segments[enc["special_tokens_mask"][row, real].numpy().astype(bool)] = -1
             yield _one(parse_group, probs[:, row][:, :, real][:, :, :, real], live,
-                       enc["offset_mapping"][row, real].numpy(), segments, query_reduce)
+                       enc["offset_mapping"][row, real].numpy(), segments, query_reduce, causal)
         if progress is not None:
             progress(min(start + batch_size, len(parses)) / len(parses), "attention on dependency arcs")
 

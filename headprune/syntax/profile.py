@@ -63,7 +63,8 @@ def aggregate_arcs(texts: Iterable[DependencyArcs]) -> ArcData:
         labels += arcs.labels
         values.append(arcs.arc_values())
         hits.append(arcs.arc_hits())
-        seen = arcs.attention[live][:, arcs.seen][:, :, arcs.seen]
+        pairs = arcs.attendable()[arcs.seen][:, arcs.seen]
+        seen = arcs.attention[live][:, arcs.seen][:, :, arcs.seen][:, pairs]
         total += float(seen.sum(dtype=np.float64))
         count += seen.size
         dropped.update(arcs.dropped)
@@ -72,7 +73,7 @@ def aggregate_arcs(texts: Iterable[DependencyArcs]) -> ArcData:
     if n == 0:
         raise DataError("No texts to read dependency arcs from: the calibration set is empty.")
     return ArcData(labels, np.concatenate(values, axis=-1), np.concatenate(hits, axis=-1), total, count, live,
-                   {"truncated": dropped["truncated"], "unaligned": dropped["unaligned"]}, n, multi)
+                   dict(dropped) or {"truncated": 0, "unaligned": 0}, n, multi)
 
 
 @dataclass
