@@ -273,6 +273,37 @@ def test_gnorm_value_of_shared_key_deberta_matches_autograd():
     assert np.isfinite(result.scores).all() and (result.scores > 0).all()
 
 
+@pytest.mark.parametrize("arch", MODERN_ARCHS)
+def test_criteria_on_the_cut_model_equal_criteria_under_the_gate(arch):
+    """After surgery the fused Wqkv is sliced by the live counts and DeBERTa's core has fewer heads: every
+    one-pass quantity of a cut model equals the same quantity under the equivalent gate (NaN where cut)."""
+    from headprune.criteria import ScoringContext
+    from headprune.criteria.onepass import score_many
+
+    model, batches = double(arch), calib(arch)
+    mask = HeadMask.ones(adapt(model).grid_shape).prune(0, 1).prune(2, 0).prune(2, 3)
+    names = ["ae", "ad", "his", "gnorm"]
+    gated = score_many(names, ScoringContext(model, batches, mask))
+    cut = score_many(names, ScoringContext(prune_model(model, mask), batches))
+    for name in names:
+        assert np.isnan(gated[name].scores).sum() == 3
+        np.testing.assert_allclose(cut[name].scores, gated[name].scores, rtol=1e-7, err_msg=name)
+
+
+@pytest.mark.parametrize("arch", MODERN_ARCHS)
+def test_kl_from_layer_l_equals_full_passes(arch):
+    """KL ablation replays each layer from its recorded input (DeBERTa: past the layer-0 convolution); the
+    naive method runs one full pass per head."""
+    from headprune.criteria.kl import kl_raw_importance
+
+    model, batches = tiny_modern(arch), [random_batch(seed=30 + i) for i in range(2)]
+    mask = HeadMask.ones(adapt(model).grid_shape).prune(1, 2)
+    cached = kl_raw_importance(model, batches, mask)
+    naive = kl_raw_importance(model, batches, mask, cached=False, ablations_per_pass=1)
+    np.testing.assert_allclose(cached, naive, rtol=1e-4, atol=1e-7)
+    assert np.isnan(cached[1, 2]) and np.nanmin(cached) > 0
+
+
 # -- SAP on word pieces of both tokenizer kinds --------------------------------------------------------------------
 
 SAP_TEXT = "Beaked whales were washed up, unexpectedly!"   # unseen words: split into several pieces
@@ -375,8 +406,9 @@ def test_cli_scores_prunes_and_reloads(arch, saved_models, tiny_csv, tmp_path, c
     assert cut["loss"] == pytest.approx(masked["loss"], abs=1e-5)
     scored = run("score", "--model", folder, "--criterion", "his", *data)
     assert (scored["layers"], scored["heads"]) == (3, 4)
-    trajectory = run("trajectory", "--model", folder, "--criterion", "kl", "--count", 3, *data)
+    trajectory = run("trajectory", "--model", folder, "--criterion", "kl", "--count", 3, "--stability", *data)
     assert [s["n_pruned"] for s in trajectory["steps"]] == [1, 2, 3]
+    assert all(0 <= s["stability"] <= 100 for s in [trajectory["dense"], *trajectory["steps"]])
 
 
 def test_deberta_v1_and_other_unknown_families_get_the_supported_list(tmp_path, tiny_csv, capsys):
