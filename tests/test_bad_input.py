@@ -335,3 +335,33 @@ def test_dashboard_scoring_with_no_calibration_text_says_so(app_setup):
     at.button(key="scores-compute").click().run()
     assert re.search(r"[Ss]coring needs (at least one )?calibration example.*at least 1|1 or more", _errors(at))
     assert not at.session_state["hp_session"].scores      # no grid of zeros drawn
+
+
+RUN_FILES = {  # uploaded run file -> words of the error
+    "latin-1 bytes": ("run.json", "caf\u00e9".encode("latin-1"), "is not UTF-8 JSON"),
+    "no trajectories": ("run.json", b'{"criterion": "ae"}', "holds no trajectories"),
+    "a step without metrics": ("run.json", json.dumps({"steps": [{"ratio": 0.1}], "criterion": "ae"}).encode(),
+                               "is not a headprune run file"),
+}
+
+
+@pytest.mark.parametrize("case", list(RUN_FILES))
+def test_dashboard_refuses_a_bad_run_file_and_draws_nothing(app_setup, case):
+    name, data, words = RUN_FILES[case]
+    at = _open("trajectories", app_setup)
+    at.file_uploader(key="traj-files").set_value([(name, data, "application/json")]).run()
+    at.button(key="traj-add").click().run()
+    message = _errors(at)
+    assert words in message and "Accepted: a run file from" in message
+    assert not at.session_state["hp_session"].trajectories
+
+
+def test_dashboard_refuses_a_bad_uploaded_mask_file(app_setup):
+    from app_support import metric
+
+    at = _open("prune", app_setup)
+    before, version = metric(at, "heads left"), at.session_state["hp_session"].grid_version
+    upload = at.file_uploader(key=f"prune-mask-upload-{version}")
+    upload.set_value(("mask.json", b'{"pruned": {"9": [0]}}', "application/json")).run()
+    assert "Mask names layer 9, but this model has layers 0..1" in _errors(at)
+    assert metric(at, "heads left") == before
