@@ -3,6 +3,7 @@ and measure), ``select-alpha`` (HIES α by wAUC on the calibration split)."""
 
 from __future__ import annotations
 
+import sys
 import time
 
 from ..criteria import REGISTRY, ScoringContext, get
@@ -50,6 +51,8 @@ def cmd_score(args) -> dict:
     ctx = ScoringContext(loaded.model, calib, load_mask(args, loaded), loaded.device, loaded.tokenizer, texts,
                          seed=args.seed, progress=tqdm_progress(f"scoring {crit.name}"))
     scores = crit(ctx, params)
+    for warning in scores.meta.get("warnings", []):   # in the JSON too; stderr so a reader of the terminal sees it
+        print(f"warning: {warning}", file=sys.stderr)
     result = {**scores.to_json(), "model": args.model, "data": summary(info),
               "seconds": time.perf_counter() - start}
     return write_json(result, args.out)
