@@ -8,7 +8,7 @@ For 25%, 50% and 75% of the demo's 72 heads removed, in two layouts,
              heads chosen by a seeded permutation per layer,
 
 it cuts the heads out (``surgery.prune_model``), counts FLOPs (``speed.count_flops``) and times the dense and the
-pruned model interleaved at batch 32 (``speed.time_forwards``: median of ``--repeats`` after ``--warmup``; by
+pruned model interleaved at batch 32 (``speed.time_rounds``: ``--repeats`` paired rounds after ``--warmup``; by
 default one torch thread and CPU seconds, because wall time on a 2-core machine shared with other jobs swung by
 ±30% between identical runs while CPU seconds stayed within ~5%), then prints the realised share of the ideal
 time saving
@@ -42,7 +42,7 @@ from headprune.speed import (
     ideal_speedup,
     realised_share,
     round_kept_heads,
-    time_forwards,
+    time_rounds,
 )
 from headprune.surgery import prune_model
 
@@ -71,13 +71,18 @@ def spread_mask(shape: tuple[int, int], n_remove: int, seed: int) -> HeadMask:
 
 
 def measure(dense, mask: HeadMask, length: int, batch_size: int, repeats: int, warmup: int, clock: str) -> dict:
+    """Paired rounds: r_i = t_pruned / t_dense of round i (both timed back to back under the same load); the
+    saving is 1 − median(r_i), its spread the interquartile range of the r_i, both divided by ΔF / F."""
     pruned = prune_model(dense, mask)
     flops = ideal_speedup(count_flops(dense, length), count_flops(pruned, length))
-    t_dense, t_pruned = time_forwards([dense, pruned], dummy_batch(dense, batch_size, length), repeats, warmup,
-                                      clock)
-    return {"removed_heads": mask.n_pruned, "removed_flops_share": flops["removed_flops_share"],
-            "t_dense_s": t_dense, "t_pruned_s": t_pruned, "time_saving": 1 - t_pruned / t_dense,
-            "realised_share": realised_share(t_dense, t_pruned, flops["removed_flops_share"])}
+    t_dense, t_pruned = time_rounds([dense, pruned], dummy_batch(dense, batch_size, length), repeats, warmup, clock)
+    ratios = np.array(t_pruned) / np.array(t_dense)
+    removed = flops["removed_flops_share"]
+    q1, median, q3 = np.quantile(ratios, [0.25, 0.5, 0.75])
+    return {"removed_heads": mask.n_pruned, "removed_flops_share": removed,
+            "t_dense_s": float(np.median(t_dense)), "t_pruned_s": float(np.median(t_pruned)),
+            "time_saving": 1 - median, "realised_share": realised_share(1.0, median, removed),
+            "realised_share_iqr": [realised_share(1.0, q3, removed), realised_share(1.0, q1, removed)]}
 
 
 def main() -> None:
@@ -103,7 +108,7 @@ def main() -> None:
           "dense/pruned interleaved")
     rows = []
     header = f"{'len':>4} {'layout':<14} {'removed':>8} {'ΔF/F':>7} {'t_dense':>8} {'t_pruned':>8} {'saving':>7} " \
-             f"{'share':>6}"
+             f"{'share':>6} {'share IQR':>11}"
     print(header)
     for length in args.lengths:
         for fraction in FRACTIONS:
@@ -120,7 +125,8 @@ def main() -> None:
                     rows.append(row)
                     print(f"{length:>4} {name:<14} {row['removed_heads']:>4}/{mask.n_pruned + mask.n_kept:<3} "
                           f"{row['removed_flops_share']:>7.3f} {row['t_dense_s']:>8.3f} {row['t_pruned_s']:>8.3f} "
-                          f"{row['time_saving']:>7.3f} {row['realised_share']:>6.2f}", flush=True)
+                          f"{row['time_saving']:>7.3f} {row['realised_share']:>6.2f} "
+                          f"{row['realised_share_iqr'][0]:>5.2f}-{row['realised_share_iqr'][1]:<5.2f}", flush=True)
     if args.head_counts:
         print("\none attention block of the demo's shape (Q/K/V/O + SDPA), batch "
               f"{args.batch_size}, length {args.lengths[0]}: ms per call, and per head")

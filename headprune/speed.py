@@ -190,9 +190,10 @@ def _threads(n: int | None):
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
-def time_forwards(models: Sequence[nn.Module], batch: dict, repeats: int = 5, warmup: int = 1,
-                  clock: str = "wall") -> list[float]:
-    """Median seconds of one forward of ``batch`` for each model, the models called in turn (A B A B ...).
+def time_rounds(models: Sequence[nn.Module], batch: dict, repeats: int = 5, warmup: int = 1,
+                clock: str = "wall") -> list[list[float]]:
+    """Seconds of one forward of ``batch`` per model and round: ``[model][round]``, the models called in turn
+    (A B A B ...), so round r of every model saw the same machine load.
 
     ``clock="wall"`` times elapsed time (what a user waits for). ``clock="cpu"`` times this process's CPU
     seconds (``time.process_time``), which a busy shared machine cannot inflate by descheduling us; with one
@@ -214,7 +215,13 @@ def time_forwards(models: Sequence[nn.Module], batch: dict, repeats: int = 5, wa
                 _synchronise(device)
                 if round_ >= warmup:
                     times[i].append(now() - start)
-    return [statistics.median(t) for t in times]
+    return times
+
+
+def time_forwards(models: Sequence[nn.Module], batch: dict, repeats: int = 5, warmup: int = 1,
+                  clock: str = "wall") -> list[float]:
+    """Median seconds of one forward of ``batch`` for each model (``time_rounds``)."""
+    return [statistics.median(t) for t in time_rounds(models, batch, repeats, warmup, clock)]
 
 
 def _runnable_on(model: nn.Module, device: torch.device) -> nn.Module:
