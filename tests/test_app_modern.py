@@ -59,6 +59,8 @@ def test_model_picker_scores_attention_prune_export(arch, folders):
 
     at.switch_page(PAGES["attention"]).run()
     assert not problems(at)
+    assert [g.shape for g in head_grids(at)] == [(3, 4)]   # attention along the parsed arcs, per head
+    assert float(head_grids(at)[0].astype(float).max()) > 0
 
     at.switch_page(PAGES["prune"]).run()
     assert metric(at, "heads left") == "12 / 12"
