@@ -115,12 +115,24 @@ def profile_for(ws: DashboardWorkspace, mask: HeadMask, progress: Progress | Non
 
 # -- live evaluation ----------------------------------------------------------------------------------------------
 
-def live_evaluator(ws: DashboardWorkspace, batches: list[dict], mask: HeadMask, progress: Progress | None = None):
-    """A LiveEvaluator on ``batches`` at ``mask`` (it runs its own hook-free structural copy of the model)."""
+def live_evaluator(ws: DashboardWorkspace, batches: list[dict], mask: HeadMask, progress: Progress | None = None,
+                   name: str = "evaluation"):
+    """A session's LiveEvaluator on ``batches`` (called ``name``), at ``mask``.
+
+    It is a fork of one evaluator per workspace and ``name`` at the model as loaded (built once, kept in the
+    store): a session costs no pass over the data to start, and memory only for the layers from its lowest
+    changed layer up. Each fork gates its own hook-free structural copy of the model.
+    """
     from headprune.live import LiveEvaluator
 
-    with compute_slot():
-        return LiveEvaluator(ws.loaded.model, batches, mask=mask, progress=progress)
+    def source() -> LiveEvaluator:
+        with compute_slot():
+            return LiveEvaluator(ws.loaded.model, batches, mask=ws.cut_mask, progress=progress)
+
+    live = store().memo(f"live|{ws.key}|{name}", source).fork()
+    if live.mask != mask:
+        move_live(live, mask, progress)
+    return live
 
 
 def move_live(live, mask: HeadMask, progress: Progress | None = None):

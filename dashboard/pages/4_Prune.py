@@ -63,7 +63,7 @@ def enable_stability(ws: Workspace, sd: SessionData) -> None:
     with st.status("Preparing stability: the evaluation texts with 10% of their words dropped …") as status:
         perturbed = perturb_batches(ws.eval_batches, ws.loaded.tokenizer, seed=ws.setup.seed)
         bar = progress_bar("caching layer inputs (perturbed texts)")
-        sd.live_stable = live_evaluator(ws, perturbed, sd.mask, bar)
+        sd.live_stable = live_evaluator(ws, perturbed, sd.mask, bar, name="stability")
         bar.done()
         status.update(label="Stability ready", state="complete", expanded=False)
 
