@@ -52,6 +52,17 @@ def test_sap_in_the_cli_parses_both_texts_of_a_pair(capsys, tmp_path, tiny_model
     assert sum(row["count"] for row in out["dependency_stats"]["labels"]) == 8 * arcs_per_row
 
 
+def test_the_dashboards_scoring_context_carries_both_texts_of_a_pair(tmp_path, tiny_model_dir):
+    from headprune.workspace import Workspace
+
+    rows = [[f"{PREMISE} {i}", HYPOTHESIS, "pos" if i % 2 else "neg"] for i in range(16)]
+    data = write_csv(tmp_path / "pairs.csv", ["premise", "hypothesis", "label"], rows)
+    ws = Workspace.build(str(tiny_model_dir), data, calib_size=6, eval_size=6, max_length=32)
+    texts = ws.scoring_context(None).texts
+    assert len(texts) == 6 and all(isinstance(t, tuple) and t[1] == HYPOTHESIS for t in texts)
+    assert sorted(t[0] for t in texts) == sorted(ws.calib.texts)
+
+
 # -- labels: asked with the actual parameters -----------------------------------------------------------------------
 
 def test_label_free_asks_each_criterion_with_its_parameters():
