@@ -20,7 +20,7 @@ ROWS = [("A three-hour cinema master class.", "fresh"), ("Dull, lifeless and far
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """Folders and files for the bad-input cases, plus a good tiny model and CSV."""
-    from transformers import AutoTokenizer, GPT2Config, GPT2ForSequenceClassification
+    from transformers import AutoTokenizer, MambaConfig, MambaForCausalLM
 
     from headprune.demo import encoder_path
 
@@ -29,10 +29,11 @@ def tiny(tmp_path_factory):
     tokenizer = AutoTokenizer.from_pretrained(encoder_path())
     (root / "no-weights").mkdir()
     (root / "no-weights" / "config.json").write_text((root / "model" / "config.json").read_text())
-    gpt2 = GPT2Config(vocab_size=tokenizer.vocab_size, n_embd=32, n_layer=1, n_head=2, n_positions=64, num_labels=2,
-                      pad_token_id=0)
-    GPT2ForSequenceClassification(gpt2).save_pretrained(root / "gpt2")
-    tokenizer.save_pretrained(root / "gpt2")
+    # a model whose heads cannot be found: a tiny Mamba (state-space) language model
+    mamba = MambaConfig(vocab_size=tokenizer.vocab_size, hidden_size=16, num_hidden_layers=2, state_size=4, expand=2,
+                        conv_kernel=2)
+    MambaForCausalLM(mamba).save_pretrained(root / "mamba")
+    tokenizer.save_pretrained(root / "mamba")
 
     def csv(name, header, rows):
         path = root / name
@@ -52,7 +53,7 @@ def tiny(tmp_path_factory):
     (root / "notes.txt").write_text("text,label\nhello,fresh\n", encoding="utf-8")
     files["wrong-format"] = str(root / "notes.txt")
     return {"root": root, "model": str(root / "model"), "no-weights": str(root / "no-weights"),
-            "gpt2": str(root / "gpt2"), **files}
+            "mamba": str(root / "mamba"), **files}
 
 
 def setup_for(tiny, **kw) -> Setup:
@@ -65,7 +66,7 @@ CASES = {  # case -> (Setup changes, words the error must contain)
     "unknown model path": (dict(model="/no/such/model-folder"), "not found"),
     "hub unreachable": (dict(model="acme/no-such-model"), "hub"),
     "folder without weights": (dict(model="no-weights"), "weights"),
-    "unsupported architecture": (dict(model="gpt2"), "supports"),
+    "unsupported architecture": (dict(model="mamba"), "Supported families"),
     "missing text/label column": (dict(data="no-columns"), "column"),
     "unknown labels": (dict(data="unknown-labels"), "maybe"),
     "empty data": (dict(data="empty"), "no rows"),
