@@ -104,7 +104,7 @@ def main() -> None:
     dense = load_model("demo", "cpu").model
     shape = (dense.config.num_hidden_layers, dense.config.num_attention_heads)
     print(f"demo model {shape[0]} layers x {shape[1]} heads, CPU, {torch.get_num_threads()} torch threads, "
-          f"batch {args.batch_size}, {args.clock} clock, median of {args.repeats} after {args.warmup} warm-up, "
+          f"batch {args.batch_size}, {args.clock} clock, {args.repeats} paired rounds after {args.warmup} warm-up, "
           "dense/pruned interleaved")
     rows = []
     header = f"{'len':>4} {'layout':<14} {'removed':>8} {'ΔF/F':>7} {'t_dense':>8} {'t_pruned':>8} {'saving':>7} " \

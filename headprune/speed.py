@@ -359,6 +359,13 @@ def round_kept_heads(mask: HeadMask, multiple: int, scores=None) -> tuple[HeadMa
     lowest ids when no scores are given. Blocks with no heads stay empty (they skip attention altogether). Rounding
     up never removes a head the user kept, so accuracy can only be judged again, not lost by surprise.
     Returns (new mask, report): the report lists the restored heads per block, for the user to see.
+
+    Measured on the demo's shape (d = 384, d_h = 32; 4096 tokens, one CPU thread, CPU seconds): odd head counts
+    cost nothing extra -- a Q/K/V projection costs 862 µs per head at 5 heads, 855 at 6, 756 at 9, 741 at 10 --
+    and rounding to a multiple of 2 did not raise the realised share in ``benchmarks/bench_pruned_speed.py``.
+    What does cost is narrowness: 739 µs per head at 12 heads, 855 at 6, 1210 at 3, because every projection
+    re-reads its whole (tokens x d) input whatever its width. So this is offered for hardware where alignment
+    matters (GPUs with tensor cores prefer multiples of 8 in h·d_h), not needed on this CPU.
     """
     import numpy as np
 
