@@ -208,7 +208,9 @@ def run_trajectory(model, calib: list[dict], eval_batches: list[dict], criterion
     while mask.n_pruned < target:
         if queue is None or crit.dynamic:
             ctx = ScoringContext(work, calib, mask, device, tokenizer, texts, seed=seed)
-            queue = (scores if scores is not None else crit.score(ctx, **resolved)).order(inverse)
+            scored = scores if scores is not None else crit.score(ctx, **resolved)
+            traj.params = {**traj.params, **scored.params}   # what scoring chose, e.g. HIES's α under alpha=auto
+            queue = scored.order(inverse)
         removed = [h for h in queue if mask.values[h] != 0][:min(step, target - mask.n_pruned)]
         queue = [h for h in queue if h not in removed]
         for layer, head in removed:
