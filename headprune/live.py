@@ -107,21 +107,36 @@ def first_changed_layer(old: HeadMask, new: HeadMask, layer_to_block: Sequence[i
 def parameters_left(model: nn.Module, mask: HeadMask) -> int:
     """Parameters of ``surgery.prune_model(model, mask)`` without cutting anything.
 
-    Removing head h of a block with head size d_h deletes d_h rows of W_Q, W_K, W_V and of any further per-head
-    projection (``extra_rows``: DeBERTa's position projections), their d_h bias entries, and d_h columns of W_O
-    (its bias stays), as surgery.py does; heads already cut are not counted twice.
-    Shared tensors count once, as in ``surgery.parameter_counts``.
+    Per block, surgery's own plan (``surgery.plan_block``) gives the query heads and key/value heads it would
+    keep; every query head removed deletes d_h rows of W_Q (and of per-head projections on the query side, e.g.
+    DeBERTa's ``pos_key_proj``) with their bias entries and d_h columns of W_O, every key/value head removed d_h
+    rows of W_K and W_V -- and under grouped-query attention an uneven cut may *add* key/value rows (a group held
+    more than once), which counts as negative removal. Shared tensors count once, as in
+    ``surgery.parameter_counts``.
     """
+    from .arch import out_features
+    from .surgery import plan_block
+
     adapter = adapt(model)
     keep = mask.keep_bool()
     removed = 0
     for block in adapter.blocks:
         d = block.head_size
-        per_head = sum(d * lin.in_features + (d if lin.bias is not None else 0)
-                       for lin in (block.query, block.key, block.value, *(m for m, _ in block.extra_rows))) \
-            + d * block.output.out_features
-        removed += per_head * sum(1 for h in block.kept if not keep[block.index, h])
+        new_query, new_kv = plan_block(block, [h for h in block.kept if keep[block.index, h]])
+        fewer_query, fewer_kv = block.n_live - len(new_query), block.n_kv_live - len(new_kv)
+
+        removed += fewer_query * (_head_rows(block.query, d) + d * out_features(block.output))
+        removed += fewer_kv * (_head_rows(block.key, d) + _head_rows(block.value, d))
+        removed += sum((fewer_query if side == "query" else fewer_kv) * _head_rows(module, d)
+                       for module, side in block.extra_rows)
     return sum(p.numel() for p in model.parameters()) - removed
+
+
+def _head_rows(module: nn.Module, d: int) -> int:
+    """Parameters in d output rows of ``module`` (one head's rows), bias entries included."""
+    from .arch import in_features
+
+    return d * (in_features(module) + (1 if getattr(module, "bias", None) is not None else 0))
 
 
 def _eager_default(core: nn.Module):

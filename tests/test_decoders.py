@@ -324,3 +324,16 @@ def test_dependency_arcs_on_a_causal_model_keep_only_heads_that_precede(one_thre
     assert arcs.causal and arcs.arcs and all(a.head < a.dependent for a in arcs.arcs)
     assert arcs.dropped["future head"] == sum(a.head > a.dependent for a in all_arcs) > 0
     assert np.abs(np.triu(arcs.attention[0, 0], 1)).max() == 0  # nothing attends forward
+
+
+@pytest.mark.parametrize("arch", ["llama", "phi3", "gpt2", "qwen2"])
+def test_parameters_left_equals_the_cut_model(arch):
+    """The live count (no cutting) equals the parameters of the surgically pruned model, for every GQA case."""
+    from headprune.live import parameters_left
+
+    model = tiny_decoder(arch, "cls")
+    for name, mask in _mask_cases(arch).items():
+        cut = prune_model(model, mask)
+        assert parameters_left(model, mask) == sum(p.numel() for p in cut.parameters()), name
+        again = HeadMask.from_pruned({0: [1, 2]}, mask.shape) & mask
+        assert parameters_left(cut, again) == sum(p.numel() for p in prune_model(cut, again).parameters()), name
