@@ -133,6 +133,13 @@ def cli_cases(root, model, data) -> dict[str, tuple[list, str]]:
                                                     r"needs at least one calibration example"),
         "no evaluation example": (["evaluate", *m, *d, "--eval-size", "0"], r"needs at least one example.*--eval-size"),
         "max length 1": (["evaluate", *md, "--max-length", "1"], r"max_length >= 2"),
+        # devices
+        "device map not json": (["evaluate", *md, "--device-map", "nonsense"],
+                                r"--device-map must be 'auto', a JSON object or a JSON file; got 'nonsense'"),
+        "device map to a missing device": (["evaluate", *md, "--device-map", '{"bert": 7}'],
+                                           r"sends 'bert' to '7', which this machine does not have. Available: "),
+        "gpu asked for scoring without one": (["score", *md, "--criterion", "ae", "--device", "cuda"],
+                                              r"no CUDA GPU is available here. Use --device auto or --device cpu"),
         # model folders
         "pickle-only weights": (["evaluate", "--model", root / "pickle-only", *d],
                                 r"pytorch_model.bin .* is a pickle holding more than tensors.*"
@@ -163,6 +170,7 @@ ARGPARSE_CASES = {  # refused by the argument parser itself: usage line + messag
     "calibration size a word": (["score", "--criterion", "ae", "--calib-size", "many"],
                                 r"--calib-size: expected a non-negative integer"),
     "unknown device": (["evaluate", "--device", "tpu"], r"--device: invalid choice: 'tpu' \(choose from 'auto'"),
+    "unknown dtype": (["evaluate", "--dtype", "fp8"], r"--dtype: invalid choice: 'fp8' \(choose from 'fp32'"),
     "syntax top-k 0": (["syntax", "--k", "0"], r"--k: expected a positive integer"),
 }
 
@@ -176,6 +184,7 @@ CLI_NAMES = ["data file missing", "data file empty", "jsonl line not an object",
              "select-alpha budget above 1", "select-alpha alpha above 1", "select-alpha step 0",
              "syntax parser not installed", "calibration larger than the data",
              "no calibration example for a trajectory", "no evaluation example", "max length 1",
+             "device map not json", "device map to a missing device", "gpu asked for scoring without one",
              "pickle-only weights", "broken safetensors", "config not json", "config without model type",
              "model path is a file", "no tokenizer files", "score into a missing folder", "score onto a folder",
              "score under a file", "trajectory into a missing folder", "select-alpha into a missing folder",
@@ -193,6 +202,8 @@ def _refused(argv, capsys) -> tuple[int, str, str]:
 
 @pytest.mark.parametrize("case", CLI_NAMES)
 def test_cli_refuses_bad_input_with_a_message(case, inputs, tiny_model_dir, tiny_csv, capsys, monkeypatch):
+    if case == "gpu asked for scoring without one" and torch.cuda.is_available():
+        pytest.skip("a GPU is present, so asking for one is not an error")
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)   # no network: fail at once
     cases = cli_cases(inputs, str(tiny_model_dir), tiny_csv)
     assert sorted(cases) == sorted(CLI_NAMES)
