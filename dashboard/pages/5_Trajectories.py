@@ -9,9 +9,11 @@ from dashboard.ui import criterion_picker, criterion_settings, guard, page, prog
 from headprune import viz
 from headprune.trajectory import read_run_file
 
-ws, sd = page("Trajectories", "Each curve prunes heads in one criterion's order (least important first) "
-                              "and measures the model after every step. Higher and flatter is better.")
-n_units = ws.shape[0] * ws.shape[1]
+ws, sd = page("Trajectories")
+st.caption("Each curve prunes heads in one criterion's order (least important first) and measures the model after "
+           "every step, starting from the model as loaded. "
+           + ("Higher" if ws.higher_is_better else "Lower") + " and flatter is better.")
+n_units = ws.n_units
 
 with st.expander("Run trajectories", expanded=not sd.trajectories):
     chosen = criterion_picker("Criteria", "traj-criteria", ["ae", "his"], exclude=("random",))
