@@ -256,6 +256,9 @@ def load_data(spec: str, text_col: str | None = None, pair_col: str | None = Non
         header, columns, class_names = _read_hf(spec)
     else:
         path = Path(spec).expanduser()
+        if path.is_dir():
+            raise DataError(f"{spec} is a folder, not a data file. Accepted: {ACCEPTED} (a dataset folder written "
+                            f"by save_to_disk is read as hf:{spec}).")
         if not path.is_file():
             raise DataError(f"Data file not found: {spec}. Accepted: {ACCEPTED}.")
         header, columns = _read_file(path)

@@ -103,6 +103,9 @@ class HeadMask:
     @classmethod
     def load(cls, path: str | Path, shape: tuple[int, int], groups: torch.Tensor | None = None) -> HeadMask:
         path = Path(path)
+        if path.is_dir():
+            raise MaskError(f"Mask file {path} is a folder; give the JSON file, e.g. {path / 'mask.json'}, holding "
+                            '{"pruned": {"<layer>": [head, ...]}}.')
         if not path.is_file():
             raise MaskError(f"Mask file not found: {path}")
         try:

@@ -74,6 +74,8 @@ def cli_cases(root, model, data) -> dict[str, tuple[list, str]]:
     return {
         # data files
         "data file missing": (["evaluate", *m, "--data", root / "none.csv"], r"Data file not found.*Accepted: 'demo'"),
+        "data path is a folder": (["evaluate", *m, "--data", root / "outputs"],
+                                  r"outputs is a folder, not a data file. Accepted: 'demo'.*hf:"),
         "data file empty": (["evaluate", *m, "--data", root / "empty.csv"], r"is empty: expected a header row"),
         "jsonl line not an object": (["evaluate", *m, "--data", root / "list.jsonl"],
                                      r"line 1: expected a JSON object per line"),
@@ -88,6 +90,8 @@ def cli_cases(root, model, data) -> dict[str, tuple[list, str]]:
         # masks
         "mask not json": (["evaluate", *md, "--mask", mask["bad-json"]], r"not valid UTF-8 JSON"),
         "mask empty file": (["evaluate", *md, "--mask", mask["empty"]], r"not valid UTF-8 JSON"),
+        "mask path is a folder": (["evaluate", *md, "--mask", root / "outputs"],
+                                  r"Mask file .*outputs is a folder; give the JSON file"),
         "mask is a list": (["evaluate", *md, "--mask", mask["list"]], r"A mask file is a JSON object \{\"pruned\""),
         "mask 'pruned' is a list": (["evaluate", *md, "--mask", mask["pruned-list"]], r"\"pruned\" must be an object"),
         "mask negative head": (["evaluate", *md, "--mask", mask["negative-head"]], r"head -1 in layer 0.*heads 0\.\.3"),
@@ -174,7 +178,8 @@ ARGPARSE_CASES = {  # refused by the argument parser itself: usage line + messag
     "syntax top-k 0": (["syntax", "--k", "0"], r"--k: expected a positive integer"),
 }
 
-CLI_NAMES = ["data file missing", "data file empty", "jsonl line not an object", "jsonl line not json",
+CLI_NAMES = ["data file missing", "data path is a folder", "mask path is a folder",
+             "data file empty", "jsonl line not an object", "jsonl line not json",
              "text column named but absent", "label column named but absent", "pair column named but absent",
              "hub dataset offline", "mask not json", "mask empty file", "mask is a list", "mask 'pruned' is a list",
              "mask negative head", "mask head not a number", "mask layer not a number", "sap negative k",
