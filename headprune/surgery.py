@@ -159,6 +159,36 @@ def prune_model(model: nn.Module, mask: HeadMask | dict, inplace: bool = False, 
     return target
 
 
+def cut_summary(model: nn.Module, mask: HeadMask) -> list[dict]:
+    """How ``prune_model(model, mask)`` would cut each changed block, without cutting (for the Prune page / CLI).
+
+    Per block whose kept heads change: ``kind`` is "whole groups" (only entire key/value groups removed),
+    "equal per group" (every kept group loses the same number of query heads), "uneven" (key/value rows will be
+    held more than once, ``kv_copies`` extra copies), or "heads" (multi-head attention: any set cuts cleanly);
+    ``query_heads`` and ``kv_heads`` after the cut.
+    """
+    adapter = adapt(model)
+    keep = mask.keep_bool()
+    out = []
+    for block in adapter.blocks:
+        kept = [h for h in block.kept if keep[block.index, h]]
+        if kept == block.kept:
+            continue
+        new_query, sources = plan_block(block, kept)
+        groups = Counter(block.group_of(h) for h in new_query)
+        if block.n_kv_heads == block.n_heads:
+            kind = "heads"
+        elif all(count == block.group_size for count in groups.values()):
+            kind = "whole groups"
+        elif len(set(groups.values())) <= 1:
+            kind = "equal per group"
+        else:
+            kind = "uneven"
+        out.append({"block": block.index, "kind": kind, "query_heads": len(new_query), "kv_heads": len(sources),
+                    "kv_copies": len(sources) - len(set(sources))})
+    return out
+
+
 def layout_report(model: nn.Module) -> list[dict]:
     """Per block: query heads, key/value heads held, distinct groups, and whether key/value rows repeat."""
     out = []

@@ -337,3 +337,17 @@ def test_parameters_left_equals_the_cut_model(arch):
         assert parameters_left(model, mask) == sum(p.numel() for p in cut.parameters()), name
         again = HeadMask.from_pruned({0: [1, 2]}, mask.shape) & mask
         assert parameters_left(cut, again) == sum(p.numel() for p in prune_model(cut, again).parameters()), name
+
+
+def test_cut_summary_names_each_gqa_case():
+    from headprune.surgery import cut_summary
+
+    model = tiny_decoder("llama")
+    cases = _mask_cases("llama")
+    assert [r["kind"] for r in cut_summary(model, cases["whole groups"])] == ["whole groups", "whole groups"]
+    assert [r["kind"] for r in cut_summary(model, cases["equal per group"])] == ["equal per group", "equal per group"]
+    uneven = {r["block"]: r for r in cut_summary(model, cases["uneven"])}
+    # layer 0 keeps 3 + 4 heads (gcd 1: 7 K/V heads), layer 1 1 + 3 (4), layer 3 4 + 2 (gcd 2: 3 K/V heads)
+    assert [(uneven[b]["kind"], uneven[b]["kv_copies"]) for b in (0, 1, 3)] == [("uneven", 5), ("uneven", 2),
+                                                                                 ("uneven", 1)]
+    assert [r["kind"] for r in cut_summary(tiny_decoder("gpt2"), cases["uneven"])] == ["heads"] * 3
