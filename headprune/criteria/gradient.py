@@ -51,7 +51,8 @@ class Taylor(OnePassCriterion):
     """
 
     name = "taylor"
-    description = "Taylor importance (TIS): mean |Σ A ⊙ dL/dA| per head over its attention probabilities."
+    description = ("Taylor importance (TIS): mean |Σ A ⊙ dL/dA| per head over its attention probabilities; "
+                   "equals HIS with the task loss.")
     reference = "Greedy-Gnorm paper (greedy-gnorm.txt), eq. (8)"
     latex = (r"\mathrm{TIS}^{(\ell,h)} = \mathbb{E}_x\left|\sum_{i,j} A^{(\ell,h)}_{ij}(x)\,"
              r"\frac{\partial \mathcal{L}(x)}{\partial A^{(\ell,h)}_{ij}(x)}\right|")

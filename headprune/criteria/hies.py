@@ -67,7 +67,8 @@ class HIES(OnePassCriterion):
     """
 
     name = "hies"
-    description = "HIES: α·HIS + (1−α)·(1 − entropy), both min-max normalised; keeps important, focused heads."
+    description = ("HIES: α·HIS + (1−α)·(1 − entropy), both min-max normalised; α chosen by wAUC on the "
+                   "calibration split unless given.")
     reference = "HIES paper (hies.txt), eq. (1), §3.1; α by wAUC, App. C.3"
     latex = (r"\mathrm{HIES}_h = \alpha\,\widehat{\mathrm{HIS}}_h + (1-\alpha)\,(1-\widehat{\mathrm{AE}}_h),"
              r"\quad \hat v = \frac{v-\min v}{\max v-\min v}")

@@ -194,7 +194,8 @@ def _unit_interval(value) -> str | None:
 @register
 class KLAblation(Criterion):
     name = "kl"
-    description = "KL divergence of the output distribution when a head is ablated, smoothed across layers."
+    description = ("KL divergence of the output distribution when a head is ablated, smoothed across layers; "
+                   "reports how far each layer's order is its own.")
     reference = "kl-recursive-head-importance.txt, Algorithm 1 (lines 4, 6, 9)"
     latex = (r"\mathrm{Imp}_{raw}(l,i)=\tfrac1N\sum_x D_{KL}\big(p(x;\theta)\,\|\,p(x;\theta\setminus h_i^l)\big),\quad"
              r"\mathrm{Imp}(l,i)\leftarrow\alpha\,\mathrm{Imp}(l-1,i)+(1-\alpha)\,\mathrm{Imp}_{raw}(l,i)")
