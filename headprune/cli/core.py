@@ -15,6 +15,15 @@ from .common import add_data_args, add_mask_arg, add_model_args, load_mask, load
 def cmd_demo(args) -> dict:
     from ..demo import demo_info, ensure_demo_model
 
+    if args.lm:
+        from ..demo_lm import demo_lm_info, ensure_demo_lm_model
+
+        path = ensure_demo_lm_model(progress=tqdm_progress("LM demo training"))
+        info = demo_lm_info()
+        return {"model_path": str(path), **{k: info[k] for k in (
+            "perplexity", "unigram_perplexity", "perplexity_ratio", "next_token_accuracy", "heldout_size",
+            "train_size", "train_tokens", "build_seconds")}}
+
     path = ensure_demo_model(progress=tqdm_progress("demo fine-tuning"))
     info = demo_info()
     return {"model_path": str(path), "accuracy": info["accuracy"], "heldout_size": info["heldout_size"],
@@ -52,6 +61,9 @@ def cmd_prune(args) -> dict:
 
 def add_commands(sub) -> None:
     p = sub.add_parser("demo", help="build (once, offline) or locate the demo sentiment model")
+    p.add_argument("--lm", action="store_true",
+                   help="the decoder demo instead: a small Llama-style causal LM with grouped-query attention, "
+                        "trained offline on the demo reviews (model 'demo-lm', data 'demo-lm')")
     p.set_defaults(handler=cmd_demo)
 
     p = sub.add_parser("evaluate", help="accuracy, macro-F1, MCC and loss of a model, optionally under a mask")

@@ -1,0 +1,64 @@
+"""The offline decoder demo: its tokenizer, its unigram baseline by hand, and (building it once, cached) held-out
+perplexity <= 0.5 x the add-one unigram's, loading through load_model / load_data / the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from headprune import demo, demo_lm
+from headprune.task import IGNORE_INDEX
+
+
+def test_unigram_perplexity_by_hand():
+    train = [{"labels": torch.tensor([[1, 5, 5, 2], [1, 6, 2, IGNORE_INDEX]])}]
+    held = [{"labels": torch.tensor([[1, 5, 7, 2]])}]
+    # training targets (first token of each row skipped): 5, 5, 2, 6, 2 -> N = 5; vocabulary V = 10
+    p = {5: 3 / 15, 7: 1 / 15, 2: 3 / 15}
+    expected = math.exp(-(math.log(p[5]) + math.log(p[7]) + math.log(p[2])) / 3)
+    assert demo_lm.unigram_perplexity(train, held, 10) == pytest.approx(expected)
+
+
+def test_tokenizer_reads_bos_text_eos():
+    tokenizer = demo_lm.train_tokenizer(["a good film", "a bad film", "the film is good"] * 5)
+    ids = tokenizer("a good film")["input_ids"]
+    assert ids[0] == tokenizer.bos_token_id == 1 and ids[-1] == tokenizer.eos_token_id == 2
+    assert tokenizer.pad_token_id == 0 and tokenizer.decode(ids[1:-1]).strip() == "a good film"
+    assert tokenizer("ünïcode 🎬")["input_ids"][1:-1]  # byte-level: every string is encodable
+
+
+def test_heldout_rows_are_the_classifier_demos_heldout_rows():
+    ds = demo_lm.demo_lm_dataset()
+    assert ds.task == "lm" and ds.labels is None and ds.source == "demo-lm"
+    assert ds.texts == demo.demo_dataset().texts
+    assert len(ds) == len(demo.reviews()) - demo.FINETUNE_SIZE
+
+
+@pytest.fixture(scope="module")
+def lm_demo_info():
+    return demo_lm.demo_lm_info()  # builds once per machine (a few CPU minutes), then cached
+
+
+def test_lm_demo_beats_half_the_unigram_perplexity(lm_demo_info):
+    info = lm_demo_info
+    assert info["perplexity"] <= 0.5 * info["unigram_perplexity"]
+    assert info["perplexity_ratio"] == pytest.approx(info["perplexity"] / info["unigram_perplexity"])
+    assert (info["layers"], info["heads"], info["kv_heads"]) == (6, 8, 2)
+    assert info["train_size"] == demo.FINETUNE_SIZE and info["heldout_metrics"]["n"] == info["heldout_size"]
+
+
+def test_lm_demo_loads_and_evaluates_from_the_cli(lm_demo_info, capsys):
+    from headprune.cli import main
+    from headprune.models import load_model
+
+    loaded = load_model("demo-lm", "cpu")
+    assert loaded.adapter.grid_shape == (6, 8) and loaded.adapter.n_kv_heads == 2
+    rc = main(["evaluate", "--model", "demo-lm", "--data", "demo-lm", "--calib-size", "0", "--eval-size", "64"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["task"] == "lm" and out["n"] == 64
+    assert out["perplexity"] == pytest.approx(math.exp(out["loss"]))
+    # a sample of the held-out rows lands near the recorded held-out perplexity, far below the unigram's
+    assert out["perplexity"] < 0.75 * lm_demo_info["unigram_perplexity"]
