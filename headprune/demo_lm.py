@@ -46,7 +46,7 @@ from .demo import (
 )
 from .task import IGNORE_INDEX, Task
 
-RECIPE = "demo-lm-llama-rt-v1"   # bump when anything below changes: the cache folder is named after it
+RECIPE = "demo-lm-llama-rt-v2"   # bump when anything below changes: the cache folder is named after it
 VOCAB_SIZE = 4096
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")   # ids 0, 1, 2
 HIDDEN = 256

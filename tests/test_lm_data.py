@@ -118,3 +118,11 @@ def test_the_classifier_demo_text_as_lm_data():
     ds = load_data("demo", task="lm")
     assert ds.task == "lm" and ds.labels is None and len(ds) > 1000
     assert torch.is_tensor(make_batches(word_tokenizer(), ds.subset(range(4)), batch_size=4)[0]["labels"])
+
+
+def test_hf_dataset_folder_as_lm_text(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_dict({"sentence": ["the film is good", "a bad plot"], "label": [1, 0]}).save_to_disk(
+        str(tmp_path / "saved"))
+    ds = load_data(f"hf:{tmp_path / 'saved'}", task="lm")
+    assert (ds.texts, ds.labels, ds.task) == (["the film is good", "a bad plot"], None, "lm")

@@ -186,3 +186,14 @@ def test_cli_task_mismatches_exit_2_with_the_reason(tiny_lm_dir, tiny_model_dir,
     txt.write_text("the film is good\nbad plot\n", encoding="utf-8")
     rc, _, err = _cli(["evaluate", "--model", tiny_model_dir, "--data", txt], capsys)
     assert rc == 2 and "unlabelled text" in err
+
+
+def test_cli_warns_when_rows_exceed_the_model_context(tiny_lm_dir, tmp_path, capsys):
+    from headprune.data import TruncationWarning
+
+    path = tmp_path / "long.txt"
+    path.write_text(" ".join(["the film is very good"] * 10) + "\nbad plot\n", encoding="utf-8")  # 51 > 32 tokens
+    with pytest.warns(TruncationWarning, match="1 of 2 rows are longer than the model's context of 32 tokens"):
+        rc, out, _ = _cli(["evaluate", "--model", tiny_lm_dir, "--data", path, "--eval-size", "all",
+                           "--calib-size", 0, "--max-length", 128], capsys)
+    assert rc == 0 and out["tokens"] == 31 + 2
