@@ -14,9 +14,12 @@ model cache and result store exactly as browser tabs share one ``streamlit run``
    timing each click from the button press to the new metric on the page,
 4. runs a short trajectory of its criterion (12 heads per step to 50 %) on the Trajectories page.
 
-Printed per N: p50 / p95 / max click → number (s), errors shown on any page, server RSS before the sessions
-(workspace loaded) and after, and the RSS added per session. ``--check`` also replays every session alone
-afterwards and compares its numbers with the concurrent run (tests/test_sessions.py does this at N = 4).
+Printed per N: p50 / p95 / max click → number (s), errors shown on any page, server RSS with the workspace loaded
+(RSS0) and after the sessions (both after ``malloc_trim``: memory in use), the peak RSS during the run, the RSS
+added per session, and the live-evaluation caches of all sessions: distinct tensors (cache MB, forks share the
+layers below their change) against what separate per-session caches would hold (unshared). ``--check`` also
+replays every session alone afterwards and compares its numbers with the concurrent run (tests/test_sessions.py
+does this at N = 4).
 
 Measured (2-core shared box, demo model, 500 evaluation rows, max length 128): see the closing table in the
 issue-10 report; the command above prints the same table.
@@ -40,6 +43,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 CRITERIA = ("ae", "ad", "gnorm", "his")  # rotated over sessions: sessions with the same criterion share results
+LIVE: dict[int, object] = {}  # session index -> its LiveEvaluator after its clicks (for the cache accounting)
 
 
 @dataclass
@@ -149,6 +153,7 @@ def drive_session(index: int, clicks: int, timeout: float = 900) -> SessionResul
     check("trajectories")
     sd = at.session_state["hp_session"]
     result.trajectory = [float(v) for t in sd.trajectories for v in t.values()]
+    LIVE[index] = sd.live
     result.seconds = time.perf_counter() - start
     return result
 
@@ -187,21 +192,66 @@ def rss_mb() -> float:
     return psutil.Process().memory_info().rss / 2**20
 
 
+def trimmed_rss_mb() -> float:
+    """RSS after a garbage collection and glibc's ``malloc_trim``: memory still in use, not freed-but-kept."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:  # not glibc: RSS as it is
+        pass
+    return rss_mb()
+
+
+class PeakSampler(threading.Thread):
+    """Highest RSS seen while the sessions run (sampled every ``interval`` seconds)."""
+
+    def __init__(self, interval: float = 0.25):
+        super().__init__(daemon=True)
+        self.interval, self.peak, self.running = interval, rss_mb(), True
+
+    def run(self) -> None:
+        while self.running:
+            self.peak = max(self.peak, rss_mb())
+            time.sleep(self.interval)
+
+
+def live_cache_mb(evaluators) -> float:
+    """Megabytes of the distinct cached tensors held by ``evaluators`` (a tensor shared by forks counts once)."""
+    seen: dict[int, int] = {}
+    for live in evaluators:
+        for rows in (live._inputs, live._contexts):
+            for row in rows:
+                for t in row:
+                    if t is not None:
+                        seen[t.data_ptr()] = t.numel() * t.element_size()
+    return sum(seen.values()) / 2**20
+
+
 def one_n(n: int, clicks: int, check: bool) -> dict:
     """Measure ``n`` concurrent sessions in this process (called in a fresh process per N)."""
     warm_up()
-    before = rss_mb()
+    before = trimmed_rss_mb()
+    sampler = PeakSampler()
+    sampler.start()
     began = time.perf_counter()
     results = run_sessions(n, clicks)
     wall = time.perf_counter() - began
-    after = rss_mb()
+    sampler.running = False
+    after = trimmed_rss_mb()
+    sessions_cache = live_cache_mb(LIVE.values())
+    unshared_cache = sum(live_cache_mb([live]) for live in LIVE.values())
     seconds = sorted(s for r in results for s in r.click_seconds)
     report = {"sessions": n, "clicks": len(seconds), "wall_s": wall,
               "p50_s": statistics.median(seconds) if seconds else float("nan"),
               "p95_s": seconds[min(len(seconds) - 1, int(round(0.95 * (len(seconds) - 1))))] if seconds else None,
               "max_s": seconds[-1] if seconds else None,
               "errors": [e for r in results for e in r.errors], "rss_before_mb": before, "rss_after_mb": after,
-              "rss_per_session_mb": (after - before) / n, "results": [asdict(r) for r in results]}
+              "rss_peak_mb": max(sampler.peak, after), "rss_per_session_mb": (after - before) / n,
+              "live_cache_mb": sessions_cache, "live_cache_unshared_mb": unshared_cache,
+              "results": [asdict(r) for r in results]}
     if check:
         solo = [drive_session(r.index, clicks) for r in results]
         report["mismatches"] = [r.index for r, s in zip(results, solo)
@@ -223,14 +273,16 @@ def main(argv: list[str] | None = None) -> None:
     if args.one is not None:
         print(json.dumps(one_n(args.one, args.clicks, args.check)))
         return
-    env = {**os.environ, "HEADPRUNE_EVAL_SIZE": str(args.eval_size), "HEADPRUNE_CALIB_SIZE": str(args.calib_size),
-           "HEADPRUNE_MAX_LENGTH": str(args.max_length)}
+    # MALLOC_ARENA_MAX: glibc gives every thread its own arena that keeps freed memory; a server whose sessions
+    # are threads should cap them (the recommended setting for `streamlit run` too)
+    env = {"MALLOC_ARENA_MAX": "2", **os.environ, "HEADPRUNE_EVAL_SIZE": str(args.eval_size),
+           "HEADPRUNE_CALIB_SIZE": str(args.calib_size), "HEADPRUNE_MAX_LENGTH": str(args.max_length)}
     rows = []
     print(f"demo model, {args.eval_size} evaluation rows, {args.calib_size} calibration rows, max length "
           f"{args.max_length}, {args.clicks} clicks per session, {os.cpu_count()} CPUs", flush=True)
-    print(f"{'sessions':>8} {'clicks':>6} {'p50 s':>7} {'p95 s':>7} {'max s':>7} {'errors':>6} {'RSS before MB':>13} "
-          f"{'RSS after MB':>12} {'MB/session':>10} {'wall s':>7}" + ("  mismatches" if args.check else ""),
-          flush=True)
+    print(f"{'sessions':>8} {'clicks':>6} {'p50 s':>7} {'p95 s':>7} {'max s':>7} {'errors':>6} {'RSS0 MB':>8} "
+          f"{'RSS MB':>7} {'peak MB':>8} {'MB/session':>10} {'cache MB':>8} {'unshared':>8} {'wall s':>7}"
+          + ("  mismatches" if args.check else ""), flush=True)
     for n in args.sessions:
         cmd = [sys.executable, __file__, "--one", str(n), "--clicks", str(args.clicks)] + (["--check"] * args.check)
         done = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -240,8 +292,9 @@ def main(argv: list[str] | None = None) -> None:
         row = json.loads(done.stdout.strip().splitlines()[-1])
         rows.append(row)
         print(f"{n:>8} {row['clicks']:>6} {row['p50_s']:>7.2f} {row['p95_s']:>7.2f} {row['max_s']:>7.2f} "
-              f"{len(row['errors']):>6} {row['rss_before_mb']:>13.0f} {row['rss_after_mb']:>12.0f} "
-              f"{row['rss_per_session_mb']:>10.0f} {row['wall_s']:>7.1f}"
+              f"{len(row['errors']):>6} {row['rss_before_mb']:>8.0f} {row['rss_after_mb']:>7.0f} "
+              f"{row['rss_peak_mb']:>8.0f} {row['rss_per_session_mb']:>10.0f} {row['live_cache_mb']:>8.0f} "
+              f"{row['live_cache_unshared_mb']:>8.0f} {row['wall_s']:>7.1f}"
               + (f"  {row.get('mismatches')}" if args.check else ""), flush=True)
         for error in row["errors"][:5]:
             print(f"         error: {error[:300]}", flush=True)
