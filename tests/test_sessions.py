@@ -88,6 +88,25 @@ def test_forks_share_the_cache_below_their_change_and_stay_exact(arch):
     assert call_hooks(model) == 0
 
 
+def test_thread_policy_divides_the_cores_between_running_computations(monkeypatch):
+    from dashboard.compute import active_computations, compute_slot
+
+    monkeypatch.setenv("HEADPRUNE_CPU_THREADS", "8")
+    before = torch.get_num_threads()
+    seen = []
+    try:
+        with compute_slot():
+            seen.append(torch.get_num_threads())
+            with compute_slot():
+                seen.append(torch.get_num_threads())
+                with compute_slot():
+                    seen.append((torch.get_num_threads(), active_computations()))
+            seen.append(torch.get_num_threads())
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [8, 4, (2, 3), 8]
+
+
 # -- concurrent dashboard sessions -----------------------------------------------------------------------------
 
 def test_four_concurrent_sessions_see_exactly_what_a_solo_session_sees(demo_model_path, monkeypatch):
