@@ -122,6 +122,24 @@ def _linear_warmup_decay(step: int, total: int) -> float:
     return step / warmup if step < warmup else max(0.0, (total - step) / max(1, total - warmup))
 
 
+def train_steps(model, batches: list[dict], optimizer, loss_of, progress, what: str) -> None:
+    """One optimizer step per batch, in order: ``loss_of(logits, batch)`` backpropagated, the gradient norm of the
+    optimizer's parameters clipped at 1, the learning rate scaled by ``_linear_warmup_decay``; eval mode after."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _linear_warmup_decay(s, len(batches)))
+    model.train()
+    for step, batch in enumerate(batches):
+        loss = loss_of(model(**model_inputs(batch)).logits, batch)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad()
+        if step % 20 == 0 or step == len(batches) - 1:
+            progress(0.9 * (step + 1) / len(batches), f"{what} step {step + 1}/{len(batches)}, loss {loss:.3f}")
+    model.eval()
+
+
 def fine_tune(progress=_stderr_progress) -> tuple[torch.nn.Module, object, dict]:
     """Fine-tune the encoder on the fine-tuning split; return (model in eval mode, tokenizer, info)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -149,19 +167,9 @@ def fine_tune(progress=_stderr_progress) -> tuple[torch.nn.Module, object, dict]
     trainable = [p for p in model.parameters() if p.requires_grad]
 
     optimizer = torch.optim.AdamW(trainable, lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _linear_warmup_decay(s, len(batches)))
-    model.train()
     start = time.time()
-    for step, batch in enumerate(batches):
-        loss = F.cross_entropy(model(**model_inputs(batch)).logits, batch["labels"])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad()
-        if step % 20 == 0 or step == len(batches) - 1:
-            progress(0.9 * (step + 1) / len(batches), f"fine-tuning step {step + 1}/{len(batches)}, loss {loss:.3f}")
-    model.eval()
+    train_steps(model, batches, optimizer, lambda logits, batch: F.cross_entropy(logits, batch["labels"]), progress,
+                "fine-tuning")
 
     held = align_labels(reviews().subset(held_rows), ID2LABEL)
     metrics = evaluate(model, make_batches(tokenizer, held, 64, MAX_LENGTH))

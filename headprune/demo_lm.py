@@ -32,17 +32,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .data import TextDataset, as_lm_data, make_batches, model_inputs
+from .data import TextDataset, as_lm_data, make_batches
 from .demo import (
     INFO_FILE,
     SEED,
-    _linear_warmup_decay,
     _stderr_progress,
     _versions,
     build_cached,
     cache_dir,
     demo_split,
     reviews,
+    train_steps,
 )
 from .task import IGNORE_INDEX, Task
 
@@ -147,18 +147,7 @@ def train(progress=_stderr_progress) -> tuple[torch.nn.Module, object, dict]:
         optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY},
                                        {"params": no_decay, "weight_decay": 0.0}],
                                       lr=LEARNING_RATE, betas=(0.9, 0.98))
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _linear_warmup_decay(s, len(order)))
-        model.train()
-        for step, batch in enumerate(order):
-            loss = task.loss(model(**model_inputs(batch)).logits, batch)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            schedule.step()
-            optimizer.zero_grad()
-            if step % 20 == 0 or step == len(order) - 1:
-                progress(0.9 * (step + 1) / len(order), f"training step {step + 1}/{len(order)}, loss {loss:.3f}")
-        model.eval()
+        train_steps(model, order, optimizer, task.loss, progress, "training")
         train_seconds, train_cpu = time.time() - start, time.process_time() - cpu_start
         metrics = evaluate(model, held_batches, task=task)
         unigram = unigram_perplexity(batches, held_batches, len(tokenizer))
