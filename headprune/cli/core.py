@@ -55,7 +55,7 @@ def cmd_prune(args) -> dict:
         from ..speed import compare_speed
 
         result["speed"] = compare_speed(loaded.model, pruned, repeats=args.benchmark_repeats,
-                                        progress=tqdm_progress("benchmark"))
+                                        threads=args.benchmark_threads, progress=tqdm_progress("benchmark"))
     return result
 
 
@@ -80,4 +80,6 @@ def add_commands(sub) -> None:
                    help="also time the dense and the pruned model (latency at batch 1, throughput at batch 32, "
                         "lengths 64 and 256, on the auto device) next to the ideal speed-up from FLOPs")
     p.add_argument("--benchmark-repeats", type=int, default=5, help="timed forwards per measurement (default: 5)")
+    p.add_argument("--benchmark-threads", type=int, default=None,
+                   help="torch CPU threads while timing (default: torch's; 1 gives steadier numbers on a busy machine)")
     p.set_defaults(handler=cmd_prune)
