@@ -147,16 +147,18 @@ def test_prune_benchmark_adds_measured_and_ideal_speedup(tiny_model_dir, tmp_pat
 
     mask_file = tmp_path / "mask.json"
     mask_file.write_text(json.dumps({"pruned": {"0": [1, 3], "2": [0]}}))
-    argv = ["prune", "--model", str(tiny_model_dir), "--mask", str(mask_file), "--out", str(tmp_path / "cut")]
-    assert main(argv + ["--benchmark", "--benchmark-repeats", "1", "--benchmark-threads", "1"]) == 0
+    def argv(out: str) -> list[str]:  # prune wants a new or empty folder each time
+        return ["prune", "--model", str(tiny_model_dir), "--mask", str(mask_file), "--out", str(tmp_path / out)]
+
+    assert main(argv("a") + ["--benchmark", "--benchmark-repeats", "1", "--benchmark-threads", "1"]) == 0
     report = json.loads(capsys.readouterr().out)["speed"]
     assert report["torch_threads"] == 1 and report["repeats"] == 1
     assert set(report["lengths"]) == {"64"}  # the tiny model has 64 positions: 256 is skipped and said so
     assert report["skipped_lengths"] == {"256": "longer than the model's 64 positions"}
     entry = report["lengths"]["64"]
     assert entry["ideal_speedup"] > 1 and entry["latency_ms_pruned"] > 0 and entry["throughput_pruned"] > 0
-    assert main(argv) == 0 and "speed" not in json.loads(capsys.readouterr().out)  # opt-in
-    assert main(argv + ["--benchmark", "--benchmark-repeats", "0"]) == 2
+    assert main(argv("b")) == 0 and "speed" not in json.loads(capsys.readouterr().out)  # opt-in
+    assert main(argv("c") + ["--benchmark", "--benchmark-repeats", "0"]) == 2
     assert "repeats must be >= 1" in capsys.readouterr().err
 
 
