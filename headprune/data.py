@@ -240,8 +240,9 @@ def load_data(spec: str, text_col: str | None = None, pair_col: str | None = Non
     """
     unlabelled = spec == "demo-lm" or (not spec.startswith("hf:") and Path(spec).suffix.lower() == ".txt")
     if unlabelled and task not in (None, "lm"):
-        raise DataError(f"{spec} is unlabelled text (language-model data); --task {task} needs labels. Use "
-                        "--task lm, or a .csv/.tsv/.jsonl/hf: dataset with a label column.")
+        raise DataError(f"{spec} is unlabelled text (language-model data), but the task is {task}, which needs "
+                        "labels. Use a language model (--task lm), or a .csv/.tsv/.jsonl/hf: dataset with a label "
+                        "column.")
     lm = task == "lm" or unlabelled
     if spec == "demo-lm":
         from .demo_lm import demo_lm_dataset

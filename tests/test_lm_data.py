@@ -45,7 +45,7 @@ def test_txt_is_one_document_per_line(tmp_path):
     path.write_text("the film is good\n\n  a very bad plot  \n", encoding="utf-8")
     ds = load_data(str(path))
     assert (ds.texts, ds.labels, ds.task) == (["the film is good", "a very bad plot"], None, "lm")
-    with pytest.raises(DataError, match="unlabelled text.*--task classification needs labels"):
+    with pytest.raises(DataError, match="unlabelled text.*the task is classification, which needs labels"):
         load_data(str(path), task="classification")
 
 
