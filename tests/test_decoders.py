@@ -351,3 +351,20 @@ def test_cut_summary_names_each_gqa_case():
     assert [(uneven[b]["kind"], uneven[b]["kv_copies"]) for b in (0, 1, 3)] == [("uneven", 5), ("uneven", 2),
                                                                                  ("uneven", 1)]
     assert [r["kind"] for r in cut_summary(tiny_decoder("gpt2"), cases["uneven"])] == ["heads"] * 3
+
+
+def test_save_pruned_leaves_nothing_half_written(tmp_path):
+    from headprune.errors import ModelLoadError
+    from headprune.models import save_pruned
+
+    class BrokenTokenizer:
+        def save_pretrained(self, folder):
+            raise OSError("disk full")
+
+    out = tmp_path / "pruned"
+    with pytest.raises(OSError, match="disk full"):
+        save_pruned(tiny_decoder("gpt2"), BrokenTokenizer(), out)
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+    (out / "old").mkdir(parents=True)
+    with pytest.raises(ModelLoadError, match="not an empty folder"):
+        save_pruned(tiny_decoder("gpt2"), None, out)
