@@ -6,7 +6,7 @@
 Each N runs in a fresh Python process (so one N's memory does not inflate the next) that plays N browser sessions
 at once: N Streamlit ``AppTest`` sessions of ``app.py``, each driven by its own thread, sharing the process-wide
 model cache and result store exactly as browser tabs share one ``streamlit run`` server
-(``concurrent_apptests`` explains the one harness patch that needs). Every session
+(``concurrent_apptests`` explains the harness patch that needs, undone afterwards). Every session
 
 1. opens the app (the first loads the demo model and data, the others find the workspace in the store),
 2. scores the heads on the Head scores page (criterion ``CRITERIA[i % 4]``),
@@ -35,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -64,46 +65,42 @@ def session_clicks(index: int, clicks: int, shape: tuple[int, int] = (6, 12)) ->
     return [((index + k) % n_layers, (5 * index + 7 * k) % n_heads) for k in range(clicks)]
 
 
-_HARNESS_LOCK = threading.Lock()
-_HARNESS_READY = False
-
-
-def concurrent_apptests() -> None:
-    """Let AppTest sessions run in parallel threads of one process, as browser sessions do in a server.
+@contextmanager
+def concurrent_apptests():
+    """Within the block, AppTest sessions may run in parallel threads of one process, as browser sessions do.
 
     ``AppTest.run`` installs a fresh mock ``Runtime`` singleton and the ``global.appTest`` option for the length of
     a run and removes both at its end, so a session finishing would pull them from under a session still running.
-    Here one shared mock runtime and the option are installed once for the process, and AppTest's per-run
-    install/remove is pointed at a stand-in. Nothing of headprune or the dashboard is changed.
+    Here one shared mock runtime and the option are installed for the block and AppTest's per-run install/remove
+    is pointed at a stand-in; everything is put back on exit. Nothing of headprune or the dashboard is changed.
     """
-    global _HARNESS_READY
-    with _HARNESS_LOCK:
-        if _HARNESS_READY:
-            return
-        from contextlib import nullcontext
-        from unittest.mock import MagicMock
+    from unittest.mock import MagicMock
 
-        import streamlit.testing.v1.app_test as app_test
-        from streamlit import config
-        from streamlit.runtime import Runtime
-        from streamlit.runtime.caching.storage.dummy_cache_storage import MemoryCacheStorageManager
-        from streamlit.runtime.dataframe_source_manager import DataframeSourceManager
-        from streamlit.runtime.media_file_manager import MediaFileManager
-        from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
+    import streamlit.testing.v1.app_test as app_test
+    from streamlit import config
+    from streamlit.runtime import Runtime
+    from streamlit.runtime.caching.storage.dummy_cache_storage import MemoryCacheStorageManager
+    from streamlit.runtime.dataframe_source_manager import DataframeSourceManager
+    from streamlit.runtime.media_file_manager import MediaFileManager
+    from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
 
-        shared = MagicMock(spec=Runtime)
-        shared.media_file_mgr = MediaFileManager(MemoryMediaFileStorage("/mock/media"))
-        shared.cache_storage_manager = MemoryCacheStorageManager()
-        shared.dataframe_source_mgr = DataframeSourceManager()
-        Runtime._instance = shared
+    shared = MagicMock(spec=Runtime)
+    shared.media_file_mgr = MediaFileManager(MemoryMediaFileStorage("/mock/media"))
+    shared.cache_storage_manager = MemoryCacheStorageManager()
+    shared.dataframe_source_mgr = DataframeSourceManager()
 
-        class RuntimeStandIn:  # what AppTest sets and clears per run; the real singleton stays `shared`
-            _instance = None
+    class RuntimeStandIn:  # what AppTest sets and clears per run; the real singleton stays `shared`
+        _instance = None
 
-        app_test.Runtime = RuntimeStandIn
-        config.set_option("global.appTest", True)
-        app_test.patch_config_options = lambda options: nullcontext()
-        _HARNESS_READY = True
+    saved = (Runtime._instance, app_test.Runtime, app_test.patch_config_options, config.get_option("global.appTest"))
+    Runtime._instance, app_test.Runtime = shared, RuntimeStandIn
+    app_test.patch_config_options = lambda options: nullcontext()
+    config.set_option("global.appTest", True)
+    try:
+        yield
+    finally:
+        Runtime._instance, app_test.Runtime, app_test.patch_config_options = saved[:3]
+        config.set_option("global.appTest", saved[3])
 
 
 def _problems(at) -> list[str]:
@@ -118,7 +115,6 @@ def drive_session(index: int, clicks: int, timeout: float = 900) -> SessionResul
     """Play one browser session (see the module docstring) and record what it saw."""
     from streamlit.testing.v1 import AppTest
 
-    concurrent_apptests()
     criterion = CRITERIA[index % len(CRITERIA)]
     result = SessionResult(index, criterion, session_clicks(index, clicks))
     start = time.perf_counter()
@@ -171,10 +167,11 @@ def run_sessions(n: int, clicks: int, timeout: float = 900) -> list[SessionResul
             results[i] = SessionResult(i, CRITERIA[i % len(CRITERIA)], [], errors=[failures[-1]])
 
     threads = [threading.Thread(target=work, args=(i,), name=f"session-{i}") for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with concurrent_apptests():
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
     return results
 
 
