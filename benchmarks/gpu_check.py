@@ -13,6 +13,7 @@ What is compared (reference = the model on CPU in float32; target = a copy on ``
 * a trajectory (``headprune.trajectory.run_trajectory``, criterion ``random`` with a fixed seed, so both devices
   remove heads in the same order and only evaluation differs) to half the heads, |Δ accuracy| ≤ 0.5 points at
   every step;
+* device auto-selection (``device.resolve_device("auto")``) picks the target's device type;
 * surgery on the target device: logits of the model gated by a mask (``evaluate.predict`` with ``mask``, autocast
   as the library runs it) against the logits of the cut copy (``surgery.prune_model``), max |Δ logit| ≤ 1e-2 ×
   max |logit| (bf16 tolerance; float32 on CPU agrees to ~1e-6).
@@ -46,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from headprune import criteria  # noqa: E402
 from headprune.arch import adapt  # noqa: E402
+from headprune.device import resolve_device  # noqa: E402
 from headprune.errors import UnsupportedArchitecture  # noqa: E402
 from headprune.evaluate import predict, spearman  # noqa: E402
 from headprune.live import LiveEvaluator  # noqa: E402
@@ -75,7 +77,7 @@ class Side:
 
 def side(name: str, device: str, model, calib: list[dict], evals: list[dict]) -> Side:
     def moved(batches):
-        return [{k: v.to(device) for k, v in b.items()} for b in batches]
+        return [{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in b.items()} for b in batches]
 
     return Side(name, device, model, moved(calib), moved(evals))
 
@@ -302,6 +304,9 @@ def run(args: argparse.Namespace) -> Report:
                      "bf16": bool(target.startswith("cuda") and torch.cuda.is_bf16_supported()),
                      "cpu_threads": torch.get_num_threads(), "python": platform.python_version(),
                      "model": "tiny bert" if args.tiny else "demo"})
+    auto = resolve_device("auto").type
+    report.check(f"device auto-selection picks {torch.device(target).type} (got {auto})", float(auto ==
+                 torch.device(target).type), 1, auto == torch.device(target).type)
     model, tokenizer, calib, evals, texts = (tiny_setup if args.tiny else demo_setup)(args)
     # dry run: the same device twice, under two names so that every timing keeps both rows
     target_name = "cpu (target)" if target == "cpu" else target
