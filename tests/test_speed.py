@@ -169,3 +169,25 @@ def test_head_count_timings_cover_every_count(one_thread):
     assert list(timings) == [1, 2, 3] and all(t >= 0 for t in timings.values())
     with pytest.raises(SpeedError, match="accepted: wall, cpu"):
         head_count_timings(16, 4, 3, seq_len=4, clock="sundial")
+
+
+def test_fused_qkv_is_counted_once_per_call(one_thread):
+    """GPT-2: one Conv1D ``c_attn`` (d -> 3d) makes Q|K|V; its MLP and O are Conv1D too (weights in x out)."""
+    transformers = pytest.importorskip("transformers")
+    from headprune.errors import UnsupportedArchitecture
+
+    config = transformers.GPT2Config(vocab_size=120, n_embd=32, n_layer=2, n_head=4, n_positions=64, num_labels=2,
+                                     pad_token_id=0, bos_token_id=0, eos_token_id=0)
+    model = transformers.AutoModelForSequenceClassification.from_config(config).eval()
+    try:
+        assert adapt(model).blocks[0].query is adapt(model).blocks[0].key
+    except UnsupportedArchitecture:
+        pytest.skip("this checkout's adapter does not support GPT-2 yet")
+    counted = count_flops(model, T)
+    d, d_h = 32, 8
+    assert counted.attention_projections == 2 * (2 * T * d * 3 * d + 2 * T * d * d)
+    assert counted.attention_scores == 2 * 4 * 4 * T * T * d_h
+    assert counted.other == 2 * (2 * 2 * T * d * 4 * d) + 2 * T * d * 2  # MLP d -> 4d -> d; score head per token
+    mask = HeadMask.from_pruned({0: [0, 1]}, adapt(model).grid_shape)
+    assert count_flops(prune_model(model, mask), T).attention_projections == \
+        counted.attention_projections - (2 * T * d * 3 * 2 * d_h + 2 * T * 2 * d_h * d)
