@@ -29,7 +29,7 @@ from .errors import DataError
 from .gating import gate_heads
 from .mask import HeadMask
 from .task import HIGHER_IS_BETTER as TASK_HIGHER_IS_BETTER
-from .task import Task, lm_metrics, lm_row_stats, task_of
+from .task import IGNORE_INDEX, Task, lm_metrics, lm_row_stats, task_of
 
 
 @dataclass
@@ -181,9 +181,14 @@ def _require_labels(batches: list[dict]) -> None:
 
 
 def gather_labels(batches: list[dict]) -> torch.Tensor:
-    """Labels of ``batches`` in dataset order (the order ``predict`` returns)."""
+    """Labels of ``batches`` in dataset order (the order ``predict`` returns): (n,) for a classifier; (n, T) for
+    language-model batches, each row right-padded with IGNORE_INDEX to the widest batch's T."""
     _require_labels(batches)
-    return torch.cat([b["labels"] for b in batches])[_dataset_order(batches)]
+    labels = [b["labels"] for b in batches]
+    if labels[0].dim() == 2:
+        width = max(y.shape[1] for y in labels)
+        labels = [F.pad(y, (0, width - y.shape[1]), value=IGNORE_INDEX) for y in labels]
+    return torch.cat(labels)[_dataset_order(batches)]
 
 
 def metrics_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> Metrics:

@@ -11,7 +11,7 @@ import torch
 from test_lm_data import WORDS, word_tokenizer
 
 from headprune.cli import main
-from headprune.evaluate import Metrics, evaluate, headline_metric
+from headprune.evaluate import Metrics, evaluate, gather_labels, headline_metric
 from headprune.task import IGNORE_INDEX, Task, TaskError, lm_labels, task_of
 
 VOCAB = 50
@@ -197,3 +197,11 @@ def test_cli_warns_when_rows_exceed_the_model_context(tiny_lm_dir, tmp_path, cap
         rc, out, _ = _cli(["evaluate", "--model", tiny_lm_dir, "--data", path, "--eval-size", "all",
                            "--calib-size", 0, "--max-length", 128], capsys)
     assert rc == 0 and out["tokens"] == 31 + 2
+
+
+def test_gather_labels_of_lm_batches_of_different_widths():
+    batches = [_lm_batch([2, 3], 3, seed=5, start=1), _lm_batch([4], 4, seed=6, start=0)]
+    labels = gather_labels(batches)
+    assert labels.shape == (3, 4)
+    assert labels[0].tolist() == batches[1]["labels"][0].tolist()  # dataset order, by "index"
+    assert labels[1].tolist() == batches[0]["labels"][0].tolist() + [IGNORE_INDEX]
