@@ -135,10 +135,28 @@ def live_evaluator(ws: DashboardWorkspace, batches: list[dict], mask: HeadMask, 
     return live
 
 
-def move_live(live, mask: HeadMask, progress: Progress | None = None):
-    """``live.set_mask(mask)`` inside a compute slot; metrics under ``mask``."""
+def move_live(live, mask: HeadMask, progress: Progress | None = None, on_estimate=None):
+    """``live.set_mask(mask)`` inside a compute slot; metrics under ``mask``.
+
+    ``on_estimate(Estimate)`` gets the running headline metric after every batch (``LiveEvaluator.set_mask``);
+    a page draws it there, and a click that interrupts the drawing leaves the run for the next call to finish.
+    """
     with compute_slot():
-        return live.set_mask(mask, progress)
+        return live.set_mask(mask, progress, on_estimate)
+
+
+def measure_speed(ws: DashboardWorkspace, mask: HeadMask, progress: Progress | None = None) -> dict:
+    """Measured and ideal speed-up of cutting ``mask`` out of the loaded model (``speed.compare_speed``; stored
+    per mask). Three timed repeats per setting keep it to seconds; the page shows the conditions with the result."""
+    from headprune.speed import compare_speed
+    from headprune.surgery import prune_model
+
+    def compute() -> dict:
+        with compute_slot():
+            pruned = prune_model(ws.loaded.model, mask)
+            return compare_speed(ws.loaded.model, pruned, repeats=3, device=ws.loaded.device, progress=progress)
+
+    return store().memo(f"speed|{ws.key}|{mask_key(mask)}", compute)
 
 
 # -- trajectories -------------------------------------------------------------------------------------------------

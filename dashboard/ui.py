@@ -71,10 +71,12 @@ def page_path(file: str) -> str:
     return str(PAGES_DIR / file)
 
 
-def page(title: str, caption: str | None = None) -> tuple[Workspace, SessionData]:
+def page(title: str, caption: str | None = None, live_counts: bool = False) -> tuple[Workspace, SessionData]:
     """Title the page, make sure a workspace is loaded (the demo by default), draw the sidebar.
 
-    Stops the script with an explanation when nothing can be loaded.
+    ``live_counts``: the page changes the mask inside a fragment, which writes the sidebar's counts itself
+    (``sidebar_counts``) so they follow a click that reruns only the fragment. Stops the script with an
+    explanation when nothing can be loaded.
     """
     st.title(title)
     if caption:
@@ -83,7 +85,7 @@ def page(title: str, caption: str | None = None) -> tuple[Workspace, SessionData
     if ws is None:
         st.stop()
     sd = session(ws)
-    sidebar(ws, sd)
+    sidebar(ws, sd, counts=not live_counts)
     return ws, sd
 
 
@@ -129,7 +131,7 @@ def cut_note(ws: Workspace) -> str:
             "(drawn ✕, they cannot be restored). \"As loaded\" is this model, not the original dense one.")
 
 
-def sidebar(ws: Workspace, sd: SessionData) -> None:
+def sidebar(ws: Workspace, sd: SessionData, counts: bool = True) -> None:
     counts, (n_blocks, n_heads) = ws.counts, ws.shape
     grid = f"{n_heads} tied heads × {ws.adapter.n_layers} layers" if ws.tied else f"{n_blocks} × {n_heads}"
     dense = ws.metric_of(ws.dense())
@@ -145,11 +147,32 @@ def sidebar(ws: Workspace, sd: SessionData) -> None:
             "data": ws.setup.data_label,
             "evaluation / calibration": f"{len(ws.eval)} / {len(ws.calib)}",
             baseline_label(ws): f"{dense:.4f}",
-            "heads left": heads_left(ws, sd) + (f" ({ws.n_cut} cut in the loaded model)" if ws.n_cut else ""),
         }
         st.markdown("\n".join(f"- {k}: **{v}**" for k, v in rows.items()))
+        if counts:
+            sidebar_counts(ws, sd)
         if ws.setup.model != "demo" or ws.setup.data != "demo":
             st.button("Use the demo", on_click=use_setup, args=(demo_setup(ws.setup),), key="sidebar-demo")
+
+
+def sidebar_counts(ws: Workspace, sd: SessionData) -> None:
+    """The sidebar's mask counts (called from a page's fragment, they are redrawn on each of its reruns)."""
+    text = heads_left(ws, sd) + (f" ({ws.n_cut} cut in the loaded model)" if ws.n_cut else "")
+    st.sidebar.markdown(f"- heads left: **{text}**")
+
+
+# -- live evaluation --------------------------------------------------------------------------------------------
+
+def estimate_value(estimate) -> str:
+    """A running ``progressive.Estimate`` as a metric value: "0.812 ± 0.031", "≈ 263.1 (250.2–280.4)" when the
+    interval is lopsided (perplexity: exp of a symmetric interval), "≈ 0.812" before an interval exists."""
+    digits = 3 if estimate.value < 10 else 1
+    if estimate.low is None:
+        return f"≈ {estimate.value:.{digits}f}"
+    above, below = estimate.high - estimate.value, estimate.value - estimate.low
+    if abs(above - below) <= 0.1 * max(above, below, 1e-12):
+        return f"{estimate.value:.{digits}f} ± {max(above, below):.{digits}f}"
+    return f"≈ {estimate.value:.{digits}f} ({estimate.low:.{digits}f}–{estimate.high:.{digits}f})"
 
 
 # -- criteria -------------------------------------------------------------------------------------------------------
@@ -227,3 +250,51 @@ def head_options(ws: Workspace) -> list[tuple[int, int]]:
 def head_name(ws: Workspace, head: tuple[int, int]) -> str:
     block, h = head
     return f"head {h} (all layers, tied)" if ws.tied else f"layer {block} · head {h}"
+
+
+# -- what a cut would give ---------------------------------------------------------------------------------------
+
+CUT_KINDS = {"whole groups": "whole key/value groups — cuts cleanly",
+             "equal per group": "the same number of heads from every group — cuts cleanly",
+             "heads": "cuts cleanly"}
+
+
+def cut_lines(ws: Workspace, mask) -> list[str]:
+    """One line per changed layer of a grouped-query model on how surgery would cut ``mask`` (``cut_summary``):
+    "layer 3: whole key/value groups — cuts cleanly", "layer 1: uneven — K/V of group 1 held 3×, +49,152
+    parameters". Empty for multi-head attention, where every set of heads cuts cleanly."""
+    if not ws.adapter.grouped:
+        return []
+    from headprune.surgery import cut_summary
+
+    lines = []
+    for row in cut_summary(ws.loaded.model, mask):
+        if row["kind"] == "uneven":
+            held = ", ".join(f"K/V of group {g} held {n}×" for g, n in row["kv_held"].items())
+            text = f"uneven — {held}, +{row['kv_copy_parameters']:,} parameters"
+        else:
+            text = CUT_KINDS[row["kind"]]
+        lines.append(f"layer {row['block']}: {text} ({row['query_heads']} query / {row['kv_heads']} key-value "
+                     "heads left)")
+    return lines
+
+
+def speed_report(report: dict) -> None:
+    """A ``speed.compare_speed`` report: the headline (ideal vs measured speed-up) and the per-length table."""
+    from headprune.speed import speed_headline, speed_table
+
+    head = speed_headline(report)
+    if "ideal_speedup" not in head:
+        st.warning(head.get("note", "Nothing could be timed."))
+        return
+    c1, c2, c3 = st.columns(3)
+    c1.metric("ideal speed-up (FLOPs)", f"{head['ideal_speedup']:.2f}×")
+    c2.metric("measured, throughput", f"{head['throughput_speedup']:.2f}×",
+              help=f"batch {report['throughput_batch']}, length {head['length']}")
+    c3.metric("measured, latency", f"{head['latency_speedup']:.2f}×",
+              help=f"batch {report['latency_batch']}, length {head['length']}")
+    share = "" if head["realised_share"] is None else \
+        f" The clock realises {head['realised_share']:.0%} of the time saving FLOPs predict."
+    st.caption(f"Length {head['length']} on {head['device']}, {head['torch_threads']} torch threads, median of "
+               f"{report['repeats']} runs.{share}")
+    st.dataframe(speed_table(report), hide_index=True, width="stretch")

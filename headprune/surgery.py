@@ -165,8 +165,12 @@ def cut_summary(model: nn.Module, mask: HeadMask) -> list[dict]:
     Per block whose kept heads change: ``kind`` is "whole groups" (only entire key/value groups removed),
     "equal per group" (every kept group loses the same number of query heads), "uneven" (key/value rows will be
     held more than once, ``kv_copies`` extra copies), or "heads" (multi-head attention: any set cuts cleanly);
-    ``query_heads`` and ``kv_heads`` after the cut.
+    ``query_heads`` and ``kv_heads`` after the cut; ``kv_held``: {group: times its K/V rows are held} for the
+    groups held more than once, and ``kv_copy_parameters``: what those extra copies add (W_K and W_V rows with
+    their biases, d_h rows each per copy).
     """
+    from .live import _head_rows
+
     adapter = adapt(model)
     keep = mask.keep_bool()
     out = []
@@ -184,8 +188,12 @@ def cut_summary(model: nn.Module, mask: HeadMask) -> list[dict]:
             kind = "equal per group"
         else:
             kind = "uneven"
+        copies = len(sources) - len(set(sources))
         out.append({"block": block.index, "kind": kind, "query_heads": len(new_query), "kv_heads": len(sources),
-                    "kv_copies": len(sources) - len(set(sources))})
+                    "kv_copies": copies,
+                    "kv_held": {g: n for g, n in sorted(Counter(sources).items()) if n > 1},
+                    "kv_copy_parameters": copies * (_head_rows(block.key, block.head_size)
+                                                    + _head_rows(block.value, block.head_size))})
     return out
 
 

@@ -3,27 +3,32 @@
 import numpy as np
 import streamlit as st
 
-from dashboard.compute import compute_scores, live_evaluator, move_live
+from dashboard.compute import compute_scores, live_evaluator, measure_speed, move_live
 from dashboard.session import SessionData
 from dashboard.store import DashboardWorkspace as Workspace
 from dashboard.ui import (
     baseline_label,
     clickable_grid,
     criterion_picker,
+    cut_lines,
     cut_note,
+    estimate_value,
     guard,
     head_name,
     head_options,
     heads_left,
     page,
     progress_bar,
+    sidebar_counts,
+    speed_report,
 )
 from headprune import viz
 from headprune.live import parameters_left
 from headprune.mask import HeadMask
 
 ws, sd = page("Prune", "Click a head to prune it (click again to restore). Only the layers from the changed "
-                       "one upwards are re-run, so the numbers follow your clicks.")
+                       "one upwards are re-run, and the number is estimated as batches arrive (with its 95% "
+                       "interval) until the exact value is in.", live_counts=True)
 
 
 def toggle(head: tuple[int, int]) -> None:
@@ -36,24 +41,25 @@ def toggle_button(head: tuple[int, int]) -> None:
         toggle(head)
 
 
-def live_metrics(ws: Workspace, sd: SessionData):
-    """Metrics (and stability) under the session's mask, through the session's LiveEvaluator."""
+def live_metrics(ws: Workspace, sd: SessionData, show_estimate):
+    """Metrics (and stability) under the session's mask, through the session's LiveEvaluator.
+
+    ``show_estimate(Estimate)`` is called after every re-evaluated batch: the page shows a number long before the
+    last batch is in (a click in a low layer re-runs most of the model on every evaluation row).
+    """
     if sd.live is None:
         with st.status("Preparing live evaluation: one pass over the evaluation set …", expanded=True) as status:
             bar = progress_bar("caching layer inputs")
             sd.live = live_evaluator(ws, ws.eval_batches, sd.mask, bar)
             bar.done()
             status.update(label="Live evaluation ready", state="complete", expanded=False)
-    bar = progress_bar("re-evaluating") if sd.live.mask != sd.mask else None
-    metrics = move_live(sd.live, sd.mask, bar)
+    metrics = move_live(sd.live, sd.mask, on_estimate=show_estimate)
     stability = None
     if sd.live_stable is not None:
         from headprune.stability import agreement
 
-        move_live(sd.live_stable, sd.mask, bar)
+        move_live(sd.live_stable, sd.mask)
         stability = agreement(sd.live.logits, sd.live_stable.logits)
-    if bar is not None:
-        bar.done()
     return metrics, stability
 
 
@@ -69,32 +75,45 @@ def enable_stability(ws: Workspace, sd: SessionData) -> None:
 
 
 # -- numbers ---------------------------------------------------------------------------------------------
-dense_value, baseline = ws.metric_of(ws.dense()), baseline_label(ws)
-short = "as loaded" if ws.n_cut else "dense"
-if ws.n_cut:
-    st.info(cut_note(ws))
-with guard("Could not evaluate this mask"):
-    metrics, stability = live_metrics(ws, sd)
-    value = ws.metric_of(metrics)
+def numbers(ws: Workspace, sd: SessionData) -> None:
+    """The metric row: counts at once, the headline metric as a running estimate, then exact."""
+    dense_value, baseline = ws.metric_of(ws.dense()), baseline_label(ws)
+    short = "as loaded" if ws.n_cut else "dense"
     params = parameters_left(ws.loaded.model, sd.mask)
     total = ws.counts["total"]["params"]
     c1, c2, c3, c4 = st.columns(4)
-    c1.metric(ws.metric, f"{value:.4f}", f"{value - dense_value:+.4f} vs {short}",
-              delta_color="normal" if ws.higher_is_better else "inverse", help=f"{baseline}: {dense_value:.4f}")
     c2.metric("heads left", heads_left(ws, sd), f"-{sd.n_gated}" if sd.n_gated else None, delta_color="off",
               help=f"{ws.n_cut} cut out of the loaded model, {sd.n_gated} pruned here" if ws.n_cut else None)
-    c3.metric("parameters left", f"{params / 1e6:.2f} M", f"{100 * (params - total) / total:+.1f}%", delta_color="off")
-    if stability is not None:
-        c4.metric("stability", f"{stability:.1f}%", help="Predictions unchanged when 10% of the words are dropped.")
-    else:
-        c4.metric(baseline, f"{dense_value:.4f}")
-    if sd.last_change:
-        st.caption(f"Last change: {sd.last_change}. Loss {metrics.loss:.4f}.")
+    c3.metric("parameters left", f"{params / 1e6:.2f} M", f"{100 * (params - total) / total:+.1f}%",
+              delta_color="off", help="The pruned model's size once the heads are cut (key/value rows a "
+                                      "grouped-query layer must hold twice included).")
+    headline, side_metric = c1.empty(), c4.empty()
+    side_metric.metric(baseline, f"{dense_value:.4f}")
 
-grid_col, side = st.columns([3, 2], gap="large")
+    def show_estimate(estimate) -> None:
+        if estimate.exact:  # the exact value is drawn below, with its change against the dense model
+            return
+        with headline.container():
+            st.metric(ws.metric, estimate_value(estimate), f"{estimate.done}/{estimate.total} batches",
+                      delta_color="off", delta_arrow="off",
+                      help="Running estimate over the batches evaluated so far (random order) with its 95% "
+                           "interval; replaced by the exact value when the last batch is in.")
 
-# -- controls --------------------------------------------------------------------------------------------
-with side:
+    with guard("Could not evaluate this mask"):
+        metrics, stability = live_metrics(ws, sd, show_estimate)
+        value = ws.metric_of(metrics)
+        headline.metric(ws.metric, f"{value:.4f}", f"{value - dense_value:+.4f} vs {short}",
+                        delta_color="normal" if ws.higher_is_better else "inverse",
+                        help=f"{baseline}: {dense_value:.4f}" + ("" if ws.higher_is_better else
+                                                                 " (lower is better)"))
+        if stability is not None:
+            side_metric.metric("stability", f"{stability:.1f}%",
+                               help="Predictions unchanged when 10% of the words are dropped.")
+        if sd.last_change:
+            st.caption(f"Last change: {sd.last_change}. Loss {metrics.loss:.4f}.")
+
+
+def one_head_controls(ws: Workspace, sd: SessionData) -> None:
     st.markdown("**Prune or restore one head**")
     options = head_options(ws)
     default = options.index(sd.head) if sd.head in options else 0
@@ -107,6 +126,8 @@ with side:
     b2.button("Undo", on_click=sd.undo, disabled=not sd.history, key="prune-undo", width="stretch")
     b3.button("Reset", on_click=sd.reset, disabled=sd.n_gated == 0, key="prune-reset", width="stretch")
 
+
+def criterion_controls(ws: Workspace, sd: SessionData) -> None:
     st.markdown("**Prune the lowest x% by a criterion**")
     crit = criterion_picker("Criterion", "prune-crit", ["ae"], multi=False)[0]
     ratio = st.slider("Heads pruned in total (%)", 0, 100, 25, step=5, key="prune-ratio") / 100
@@ -120,6 +141,8 @@ with side:
                         f"pruned the lowest {ratio:.0%} by {crit}")
             st.rerun()
 
+
+def options(ws: Workspace, sd: SessionData) -> None:
     st.markdown("**Options**")
     if ws.dataset.task == "classification":
         want = st.toggle("Track stability", value=sd.live_stable is not None, key="prune-stability",
@@ -142,8 +165,8 @@ with side:
             sd.set_mask(HeadMask.from_bytes(raw, name, ws.shape), f"loaded {name}")
             st.rerun()
 
-# -- grid ------------------------------------------------------------------------------------------------
-with grid_col:
+
+def grid(ws: Workspace, sd: SessionData) -> None:
     colour_by = st.selectbox("Colour kept heads by", ["(none)"] + list(sd.scores), index=1 if sd.scores else 0,
                              key="prune-colour",
                              help="Scores computed on the Head scores page: darker = kept longer by that criterion.")
@@ -159,3 +182,45 @@ with grid_col:
         note = sd.live.fallback_reason or (f"Live cache {sd.live.cache_megabytes():.0f} MB; a change in layer l "
                                            "re-runs layers l and up.")
         st.caption(note)
+
+
+def cuttable(ws: Workspace, sd: SessionData) -> None:
+    """Which pruned sets surgery can cut cleanly (grouped-query attention), and how fast the cut model runs."""
+    lines = cut_lines(ws, sd.mask)
+    if lines:
+        st.markdown("**Cutting these heads out of the weights**")
+        st.markdown("\n".join(f"- {line}" for line in lines))
+    with st.expander("How much faster is the pruned model?"):
+        st.caption("Times the model as loaded and the pruned model (heads cut out) on random token ids: latency "
+                   "at batch 1 and throughput at batch 32, sequence lengths 64 and 256, next to the ideal speed-up "
+                   "from FLOPs. Takes several seconds.")
+        if st.button("Measure the speed-up", key="prune-speed", disabled=sd.n_gated == 0):
+            with guard("Could not time the pruned model"):
+                bar = progress_bar("timing the dense and the pruned model")
+                report = measure_speed(ws, sd.mask, bar)
+                bar.done()
+                speed_report(report)
+
+
+# The metrics, the grid and every control that changes the mask: a click here reruns only this fragment (the
+# title, the sidebar's fixed rows and other pages' state are not redrawn), and the sidebar's counts are written
+# from here so they follow the click.
+@st.fragment
+def live_view() -> None:
+    sidebar_counts(ws, sd)
+    metric_row = st.container()
+    grid_col, side = st.columns([3, 2], gap="large")
+    with side:
+        one_head_controls(ws, sd)
+        criterion_controls(ws, sd)
+        options(ws, sd)
+    with grid_col:
+        grid(ws, sd)
+        cuttable(ws, sd)
+    with metric_row:  # last: the grid and the counts are on screen before the evaluation starts
+        numbers(ws, sd)
+
+
+if ws.n_cut:
+    st.info(cut_note(ws))
+live_view()
