@@ -390,7 +390,8 @@ def prepare_tokenizer(tokenizer, model) -> None:
     nothing safe to pad with and batching several rows is refused (a DataError). Padding is masked by the
     attention mask, so reusing EOS for it does not hide real EOS tokens from the loss. A classifier whose config
     has no ``pad_token_id`` gets the tokenizer's, since decoder classifiers (``*ForSequenceClassification``)
-    pool the last token that is not padding and find it by that id.
+    pool the last token that is not padding and find it by that id (with EOS as pad, a trailing real EOS counts as
+    padding there, so such a classifier pools the token before it, as transformers does for GPT-2).
     ``tokenizer.model_max_length`` is capped at ``model_context(model)``, so ``make_batches`` truncates (and
     warns) at the model's context.
     """
