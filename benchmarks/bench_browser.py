@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,13 +144,14 @@ def click_cell(page, layer: int, head: int, n_heads: int) -> None:
     page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
 
 
-def run(model: str, eval_size: int, clicks_per_layer: int, root: Path, log: Path) -> list[dict]:
+def run(model: str, eval_size: int, clicks_per_layer: int, root: Path, log: Path, url: str | None = None) -> list[dict]:
     from playwright.sync_api import sync_playwright
 
     env = {"HEADPRUNE_MODEL": model, "HEADPRUNE_DATA": model, "HEADPRUNE_EVAL_SIZE": str(eval_size),
            "HEADPRUNE_CALIB_SIZE": "64"}
     clicks = []
-    with streamlit_server(root, env, log) as url, sync_playwright() as p:
+    server = nullcontext(url) if url else streamlit_server(root, env, log)
+    with server as url, sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1500, "height": 1100})
@@ -158,6 +159,7 @@ def run(model: str, eval_size: int, clicks_per_layer: int, root: Path, log: Path
             page.goto(f"{url}/prune")
             page.get_by_text("heads left").first.wait_for()
             wait_settled(page)
+            print("Prune page ready", file=sys.stderr)
             n_layers, n_heads = grid_size(page)
             metric = headline_name(page.evaluate(READ_METRICS))
             total = n_layers * n_heads
@@ -205,10 +207,11 @@ def main() -> None:
     parser.add_argument("--root", type=Path, default=ROOT, help="checkout whose app.py is served")
     parser.add_argument("--log", type=Path, default=Path("/tmp/bench_browser_server.log"))
     parser.add_argument("--json", type=Path, help="write every click here")
+    parser.add_argument("--url", help="use this running server (started with the same model) instead of starting one")
     args = parser.parse_args()
     if not Path(CHROMIUM).exists():
         sys.exit(f"{CHROMIUM} not found: install Debian's chromium")
-    clicks = run(args.model, args.eval_size, args.clicks_per_layer, args.root.resolve(), args.log)
+    clicks = run(args.model, args.eval_size, args.clicks_per_layer, args.root.resolve(), args.log, args.url)
     s = summary(clicks)
     print(f"Prune page, {args.model}, {args.eval_size} evaluation rows, {len(clicks)} clicks "
           f"({os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f})")

@@ -80,7 +80,11 @@ def test_lm_demo_shows_perplexity_live_with_lower_is_better():
     full = evaluate(ws.loaded.model, ws.eval_batches, sd.mask, task=ws.task)
     shown = next(m for m in at.metric if m.label == "perplexity")
     assert float(shown.value) == pytest.approx(full.perplexity, rel=1e-4)
-    assert shown.proto.color == "inverse" or "lower is better" in shown.proto.help
+    from streamlit.proto.Metric_pb2 import Metric
+
+    worse = full.perplexity > ws.dense().perplexity                   # a higher perplexity is drawn red
+    assert shown.proto.color == (Metric.MetricColor.RED if worse else Metric.MetricColor.GREEN)
+    assert "lower is better" in shown.proto.help
     # the LM demo has 8 query / 2 key-value heads: one head of layer 0 is an uneven cut
     assert any(m.value.startswith("- layer 0: uneven") for m in at.markdown)
 

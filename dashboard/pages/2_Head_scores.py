@@ -5,13 +5,17 @@ import streamlit as st
 from dashboard.compute import compute_scores
 from dashboard.ui import clickable_grid, criterion_picker, criterion_settings, guard, head_name, page, progress_bar
 from headprune import viz
-from headprune.criteria import get
+from headprune.criteria import ScoreMap, get, redundant_pairs
 
 ws, sd = page("Head scores", "Each criterion ranks the heads; darker = more important = kept longer. "
                              "Click a head to select it for the Attention and Prune pages.")
 
 chosen = criterion_picker("Criteria", "scores-criteria", list(sd.scores) or ["ae", "his", "gnorm"])
 params = {name: criterion_settings(name, sd, "scores") for name in chosen}
+for first, second in redundant_pairs(chosen, params):
+    st.info(f"**{first}** and **{second}** give identical scores with these settings (Σ A ⊙ ∂L/∂A over a head's "
+            f"attention is ∂L/∂gate): their maps and pruning orders are the same, so one of them is enough.",
+            icon="🟰")
 under_mask = False
 if sd.n_gated:
     under_mask = st.checkbox(f"Score the pruned model ({sd.n_gated} heads pruned on the Prune page)",
@@ -33,17 +37,42 @@ def select(head: tuple[int, int]) -> None:
     sd.head = head
 
 
-if sd.head is not None:
-    st.caption(f"Selected: **{head_name(ws, sd.head)}** — see it on the Attention page, prune it on the Prune page.")
-per_row = 3 if len(scores) > 2 else len(scores)
-names = list(scores)
-for start in range(0, len(names), per_row):
-    for col, name in zip(st.columns(per_row), names[start:start + per_row]):
-        with col:
-            st.markdown(f"**{name}**" + (" · re-scored after each removal" if get(name).dynamic else ""))
-            fig = viz.score_heatmap(scores[name], tied=ws.tied, selected=sd.head,
-                                     layer_kinds=ws.adapter.layer_kinds)
-            clickable_grid(fig, f"scores-map-{name}", sd, select)
+def criterion_report(score: ScoreMap) -> None:
+    """What a criterion reports about its own scores (``ScoreMap.meta``): KL, how far each layer's order is that
+    layer's own KL (warnings where it is not); HIES with α = auto, the α chosen by wAUC and the wAUC of each α."""
+    own = score.meta.get("own_kl_spearman")
+    if own is not None:
+        st.caption("Rank correlation of each layer's final score with its own KL: "
+                   + " · ".join(f"L{layer} {'—' if rho is None else f'{rho:.2f}'}" for layer, rho in enumerate(own)))
+    if score.meta.get("warnings"):
+        st.warning("\n".join(f"- {text}" for text in score.meta["warnings"]), icon="⚠️")
+    selection = score.meta.get("alpha_selection")
+    if selection:
+        st.caption(f"α = {selection['best_alpha']:g}, chosen by the wAUC of the pruning curve on the calibration "
+                   f"split (up to {selection['budget']:.0%} pruned).")
+        with st.expander("wAUC per α"):
+            st.dataframe({"α": list(selection["wauc"]), "wAUC": list(selection["wauc"].values())},
+                         hide_index=True, width="stretch")
+
+
+# A head click only moves the selection outline: it reruns just the heatmaps, not the agreement figures below.
+@st.fragment
+def heatmaps() -> None:
+    if sd.head is not None:
+        st.caption(f"Selected: **{head_name(ws, sd.head)}** — see it on the Attention page, prune it on the "
+                   "Prune page.")
+    per_row = 3 if len(scores) > 2 else len(scores)
+    names = list(scores)
+    for start in range(0, len(names), per_row):
+        for col, name in zip(st.columns(per_row), names[start:start + per_row]):
+            with col:
+                st.markdown(f"**{name}**" + (" · re-scored after each removal" if get(name).dynamic else ""))
+                fig = viz.score_heatmap(scores[name], selected=sd.head, **viz.grid_options(ws.adapter))
+                clickable_grid(fig, f"scores-map-{name}", sd, select)
+                criterion_report(scores[name])
+
+
+heatmaps()
 
 if len(scores) >= 2:
     st.subheader("Do the criteria agree?")
@@ -55,7 +84,7 @@ if len(scores) >= 2:
     with right:
         ratio = st.slider("Prune ratio r (%)", 5, 95, 50, step=5, key="scores-ratio") / 100
         st.markdown(f"**Which heads each criterion keeps at r = {ratio:.0%}**: cell = how many criteria keep it")
-        st.plotly_chart(viz.overlap_figure(scores, ratio, tied=ws.tied, layer_kinds=ws.adapter.layer_kinds),
+        st.plotly_chart(viz.overlap_figure(scores, ratio, **viz.grid_options(ws.adapter)),
                         width="stretch", key="scores-overlap")
         st.markdown("**Jaccard overlap** of the kept sets")
         st.dataframe(viz.jaccard_table(scores, ratio).style.format("{:.2f}"), width="stretch")

@@ -51,65 +51,76 @@ if "att-layer" not in st.session_state:  # entering the page: the head selected 
     else:
         layer0, head0 = 0, 0
     st.session_state["att-layer"], st.session_state["att-head"] = int(min(layer0, n_layers - 1)), int(head0)
-c1, c2 = st.columns(2)
-layer = c1.selectbox("Layer", list(range(n_layers)), key="att-layer")
-head = c2.selectbox("Head", list(range(n_heads)), key="att-head")
-st.session_state["att-layer-value"] = layer
-sd.head = (ws.adapter.layer_to_block[layer], head)
 
 
-def pick(cell: tuple[int, int]) -> None:
-    st.session_state["att-layer"], st.session_state["att-head"] = cell
-    st.session_state["att-layer-value"] = cell[0]
-    sd.head = (ws.adapter.layer_to_block[cell[0]], cell[1])
+# A head click (grid or pickers) reruns only this part: the sentence is not parsed or run again.
+@st.fragment
+def head_view() -> None:
+    c1, c2 = st.columns(2)
+    layer = c1.selectbox("Layer", list(range(n_layers)), key="att-layer")
+    head = c2.selectbox("Head", list(range(n_heads)), key="att-head")
+    st.session_state["att-layer-value"] = layer
+    sd.head = (ws.adapter.layer_to_block[layer], head)
 
+    def pick(cell: tuple[int, int]) -> None:
+        st.session_state["att-layer"], st.session_state["att-head"] = cell
+        st.session_state["att-layer-value"] = cell[0]
+        sd.head = (ws.adapter.layer_to_block[cell[0]], cell[1])
 
-title = f"layer {layer}, head {head}"
-if not arcs.live[layer, head]:
-    if sd.is_cut((ws.adapter.layer_to_block[layer], head)):
-        st.warning(f"Head {head} of layer {layer} was cut out of the loaded model: it attends to nothing.")
+    title = f"layer {layer}, head {head}"
+    if not arcs.live[layer, head]:
+        if sd.is_cut((ws.adapter.layer_to_block[layer], head)):
+            st.warning(f"Head {head} of layer {layer} was cut out of the loaded model: it attends to nothing.")
+        else:
+            st.warning(f"Head {head} of layer {layer} is pruned: it attends to nothing. Restore it on the Prune page.")
+    if arcs.arcs:
+        st.plotly_chart(viz.arc_figure(arcs.words, arcs.arcs, arcs.arc_weights(layer, head), title=title,
+                                       seen=arcs.seen), width="stretch", key="att-arcs")
     else:
-        st.warning(f"Head {head} of layer {layer} is pruned: it attends to nothing. Restore it on the Prune page.")
-if arcs.arcs:
-    st.plotly_chart(viz.arc_figure(arcs.words, arcs.arcs, arcs.arc_weights(layer, head), title=title,
-                                   seen=arcs.seen), width="stretch", key="att-arcs")
-else:
-    st.info("The parser found no dependency arcs in this text.")
-dropped = sum(arcs.dropped.values())
-if dropped:
-    st.caption(f"{dropped} arcs not drawn (words cut by the max length, or not aligned to tokens).")
+        st.info("The parser found no dependency arcs in this text.")
+    future = arcs.dropped.get("future head", 0)
+    unreadable = sum(arcs.dropped.values()) - future
+    if arcs.causal:
+        st.caption(f"This model's attention is causal: a word sees only itself and the words before it, so only "
+                   f"arcs whose grammatical head comes first are drawn ({future} with the head later in the "
+                   "sentence left out as \"future head\").")
+    if unreadable:
+        st.caption(f"{unreadable} arcs not drawn (words cut by the max length, or not aligned to tokens).")
 
-grid_col, map_col = st.columns([2, 3], gap="large")
-with grid_col:
-    st.markdown("**Attention along the arcs, per head** (mean over this sentence's arcs) — click a head")
-    values = arcs.arc_values().mean(axis=-1) if arcs.arcs else np.zeros((n_layers, n_heads))
-    pruned = ~arcs.live
-    hover = np.array([[f"layer {l_}, head {h}<br>" + ("pruned" if pruned[l_, h] else
-                                                      f"mean arc attention {values[l_, h]:.3f}")
-                       for h in range(n_heads)] for l_ in range(n_layers)], dtype=object)
-    fig = viz.head_grid(values, hover, viz.ARC_SCALE, zmin=0, zmax=max(float(values.max()), 1e-6), pruned=pruned,
-                        selected=(layer, head), colorbar=dict(title="attention", thickness=12),
-                        layer_kinds=ws.adapter.layer_kinds)
-    clickable_grid(fig, "att-grid", sd, pick)
-    if ws.tied:
-        st.caption("ALBERT: the same block runs in every layer, so a pruned head is gone from all rows.")
-with map_col:
-    st.plotly_chart(viz.attention_figure(arcs.words, arcs.word_attention(layer, head),
-                                         title=f"word attention, {title}"), width="stretch", key="att-map")
+    grid_col, map_col = st.columns([2, 3], gap="large")
+    with grid_col:
+        st.markdown("**Attention along the arcs, per head** (mean over this sentence's arcs) — click a head")
+        values = arcs.arc_values().mean(axis=-1) if arcs.arcs else np.zeros((n_layers, n_heads))
+        pruned = ~arcs.live
+        hover = np.array([[f"layer {l_}, head {h}<br>" + ("pruned" if pruned[l_, h] else
+                                                          f"mean arc attention {values[l_, h]:.3f}")
+                           for h in range(n_heads)] for l_ in range(n_layers)], dtype=object)
+        fig = viz.head_grid(values, hover, viz.ARC_SCALE, zmin=0, zmax=max(float(values.max()), 1e-6), pruned=pruned,
+                            selected=(layer, head), colorbar=dict(title="attention", thickness=12),
+                            **viz.grid_options(ws.adapter))
+        clickable_grid(fig, "att-grid", sd, pick)
+        if ws.tied:
+            st.caption("ALBERT: the same block runs in every layer, so a pruned head is gone from all rows.")
+    with map_col:
+        st.plotly_chart(viz.attention_figure(arcs.words, arcs.word_attention(layer, head),
+                                             title=f"word attention, {title}"), width="stretch", key="att-map")
 
-# -- syntactic profile ----------------------------------------------------------------------------------------------
-st.subheader("Syntactic profile of this head")
-st.caption("Over the calibration texts: for each relation, how often a word's strongest attention in this head "
-           "goes to its grammatical head (Clark et al. 2019), beside the best head for that relation.")
-profile_key = f"profile|{ws.key}|{mask_key(sd.mask)}"
-profile = store().get(profile_key)
-if profile is None and st.button("Compute the profile", key="att-profile"):
-    with guard("Could not build the syntactic profile"):
-        bar = progress_bar(f"parsing {len(ws.calib)} calibration texts and reading their attention")
-        profile = profile_for(ws, sd.mask, bar)
-        bar.done()
-if profile is not None:
-    if profile.relations:
-        st.plotly_chart(viz.profile_figure(profile, layer, head), width="stretch", key="att-profile-fig")
-    else:
-        st.info("No dependency arcs in the calibration texts.")
+    # -- syntactic profile ------------------------------------------------------------------------------------------
+    st.subheader("Syntactic profile of this head")
+    st.caption("Over the calibration texts: for each relation, how often a word's strongest attention in this head "
+               "goes to its grammatical head (Clark et al. 2019), beside the best head for that relation.")
+    profile_key = f"profile|{ws.key}|{mask_key(sd.mask)}"
+    profile = store().get(profile_key)
+    if profile is None and st.button("Compute the profile", key="att-profile"):
+        with guard("Could not build the syntactic profile"):
+            bar = progress_bar(f"parsing {len(ws.calib)} calibration texts and reading their attention")
+            profile = profile_for(ws, sd.mask, bar)
+            bar.done()
+    if profile is not None:
+        if profile.relations:
+            st.plotly_chart(viz.profile_figure(profile, layer, head), width="stretch", key="att-profile-fig")
+        else:
+            st.info("No dependency arcs in the calibration texts.")
+
+
+head_view()
