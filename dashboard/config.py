@@ -42,6 +42,10 @@ class Setup:
     batch_size: int = 32
     seed: int = 0
     device: str = "auto"
+    # accelerate placement ("auto" or a JSON map {module: device}; None: all on ``device``) and weight dtype
+    # ("fp32" | "bf16" | "fp16"; None: the checkpoint's own), as ``headprune.models.load_model`` takes them
+    device_map: str | None = None
+    dtype: str | None = None
 
     @property
     def key(self) -> str:

@@ -94,8 +94,8 @@ def store() -> ResultStore:
 
 
 @st.cache_resource(show_spinner=False, max_entries=3)
-def cached_model(spec: str, device: str) -> LoadedModel:
-    return load_model(spec, device)
+def cached_model(spec: str, device: str, device_map: str | None = None, dtype: str | None = None) -> LoadedModel:
+    return load_model(spec, device, device_map=device_map, dtype=dtype)
 
 
 def mask_key(mask: HeadMask | None) -> str:
@@ -116,13 +116,15 @@ def build_workspace(setup: Setup, progress: Progress | None = None) -> Dashboard
     report = progress or (lambda f, m: None)
 
     def build() -> DashboardWorkspace:
-        if setup.model == "demo":
+        if setup.model in ("demo", "demo-lm"):
             from headprune.demo import ensure_demo_model
+            from headprune.demo_lm import ensure_demo_lm_model
 
-            report(0.02, "demo model (built once, a few minutes the very first time)")
-            ensure_demo_model(progress=lambda f, m: report(0.02 + 0.5 * f, f"building the demo model: {m}"))
+            ensure_demo = ensure_demo_model if setup.model == "demo" else ensure_demo_lm_model
+            report(0.02, f"{setup.model} model (built once, a few minutes the very first time)")
+            ensure_demo(progress=lambda f, m: report(0.02 + 0.5 * f, f"building the {setup.model} model: {m}"))
         report(0.55, f"loading model {setup.model}")
-        loaded = cached_model(setup.model, setup.device)
+        loaded = cached_model(setup.model, setup.device, setup.device_map, setup.dtype)
         ws = DashboardWorkspace.build(
             setup.model, setup.data, text_col=setup.text_col, pair_col=setup.pair_col, label_col=setup.label_col,
             calib_size=setup.calib_size, eval_size=setup.eval_size, max_length=setup.max_length,

@@ -109,8 +109,12 @@ def ensure_workspace() -> Workspace | None:
     return ws
 
 
+DEMO_TITLES = {"demo": "demo · MiniLM-L6 sentiment (Rotten Tomatoes)",
+               "demo-lm": "demo-lm · 6-layer Llama language model (Rotten Tomatoes)"}
+
+
 def model_title(ws: Workspace) -> str:
-    return "demo · MiniLM-L6 sentiment (Rotten Tomatoes)" if ws.setup.model == "demo" else ws.setup.model
+    return DEMO_TITLES.get(ws.setup.model, ws.setup.model)
 
 
 def baseline_label(ws: Workspace) -> str:
@@ -141,6 +145,9 @@ def sidebar(ws: Workspace, sd: SessionData, counts: bool = True) -> None:
         rows = {
             "architecture": ws.adapter.arch,
             "heads (L × H)": grid,
+            **({"key/value heads": f"{ws.adapter.n_kv_heads} per layer, {n_heads // ws.adapter.n_kv_heads} query "
+                                   "heads each"} if ws.adapter.grouped else {}),
+            **({"attention": "causal (a token sees only earlier ones)"} if ws.adapter.causal else {}),
             "parameters": f"{counts['total']['params'] / 1e6:.1f} M",
             "size": f"{counts['total']['mb']:.1f} MB",
             "device": str(ws.loaded.device),
@@ -203,6 +210,15 @@ def _param_widget(crit: Criterion, name: str, value, key: str):
     return st.text_input(name, value=str(value), key=key, help=help_text)
 
 
+def _needs_labels(crit: Criterion, params: dict) -> bool:
+    """Whether ``crit`` needs labels with ``params`` (SAP does only when k is chosen on the metric); a parameter
+    not accepted yet is reported when scoring, so the badge falls back to the criterion's default."""
+    try:
+        return crit.needs_labels_for(params)
+    except HeadpruneError:
+        return crit.needs_labels
+
+
 def criterion_settings(name: str, sd: SessionData, key_prefix: str, expanded: bool = False) -> dict:
     """Expander: what the criterion computes (formula + paper) and its parameters. Returns the parameters."""
     crit = get(name)
@@ -211,15 +227,16 @@ def criterion_settings(name: str, sd: SessionData, key_prefix: str, expanded: bo
         if crit.latex:
             st.latex(crit.latex)
         st.caption(f"Source: {crit.reference}")
-        flags = [f for f, on in (("re-scored after every removal", crit.dynamic), ("needs labels", crit.needs_labels),
+        for pname, param in crit.params.items():
+            chosen[pname] = _param_widget(crit, pname, chosen.get(pname, param.default),
+                                          key=f"{key_prefix}-{name}-{pname}")
+        changed = {k: v for k, v in chosen.items() if v != crit.params[k].default}
+        flags = [f for f, on in (("re-scored after every removal", crit.dynamic),
+                                 ("needs labels", _needs_labels(crit, changed)),
                                  ("uses gradients", crit.needs_gradients),
                                  ("parses the texts (spaCy)", crit.needs_parser)) if on]
         if flags:
             st.caption(" · ".join(flags))
-        for pname, param in crit.params.items():
-            chosen[pname] = _param_widget(crit, pname, chosen.get(pname, param.default),
-                                          key=f"{key_prefix}-{name}-{pname}")
-    changed = {k: v for k, v in chosen.items() if v != crit.params[k].default}
     sd.params[name] = changed
     return changed
 

@@ -10,7 +10,9 @@ Colour conventions, the same on every figure:
     * pruned heads are neutral grey cells marked with a cross, on every grid.
 
 Grids are drawn blocks x heads with layer 0 at the top. ALBERT's grid has one row: a tied head is one unit shared
-by all layers (``tied=True`` labels it so).
+by all layers (``tied=True`` labels it so). With grouped-query attention (``groups``: each query head's key/value
+group) a thick line separates the groups in every row and the hover names a head's group; ``grid_options(adapter)``
+gives every grid the same rows, layer kinds and groups.
 
 Comparisons between criteria (beyond the papers; the dashboard's "do criteria agree?" view):
     rank correlation   Spearman's rho between two score maps over the heads live in both
@@ -32,6 +34,7 @@ import plotly.graph_objects as go
 from .criteria import ScoreMap, available
 from .evaluate import spearman
 from .mask import HeadMask
+from .task import HIGHER_IS_BETTER
 
 # Okabe-Ito and Tableau hues: distinguishable with colour-blindness and on light and dark backgrounds.
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#D55E00", "#56B4E9", "#8C6D31", "#7F3C8D",
@@ -41,6 +44,9 @@ PRUNED_COLOR = "#9e9e9e"
 KEPT_COLOR = "#2a9d8f"
 DENSE_COLOR = "#6c757d"
 TOLERANCE_COLOR = "#d1495b"
+GROUP_BORDER_COLOR = "#1f1f1f"
+WORD_COLOR = "#31333f"          # streamlit's default text colour
+UNSEEN_WORD_COLOR = "#bbbbbb"   # words the model did not read (cut by the max length)
 CELL_PX = 30          # grid cell height in pixels
 FONT = dict(size=13)
 
@@ -95,16 +101,50 @@ def _where(layer: int, tied: bool, kinds: Sequence[str] | None = None) -> str:
     return f"layer {layer} ({kinds[layer]} attention)" if kinds else f"layer {layer}"
 
 
+def grid_options(adapter) -> dict:
+    """Keyword arguments drawing a model's head grid: tied rows, per-layer attention kinds and, only under
+    grouped-query attention, each query head's key/value group (``ModelAdapter.group_grid``)."""
+    return {"tied": adapter.tied, "layer_kinds": adapter.layer_kinds,
+            "groups": adapter.group_grid().numpy() if adapter.grouped else None}
+
+
+def group_borders(groups: np.ndarray) -> list[tuple[float, float, float]]:
+    """Vertical segments ``(x, y_top, y_bottom)`` between neighbouring query heads of different key/value groups.
+
+    Consecutive rows with the same border are one segment, so a model whose layers share one layout gets one line
+    per border; a layer laid out differently gets its own pieces.
+    """
+    n_rows, n_heads = groups.shape
+    segments = []
+    for head in range(1, n_heads):
+        differs = groups[:, head] != groups[:, head - 1]
+        row = 0
+        while row < n_rows:
+            if differs[row]:
+                end = row
+                while end + 1 < n_rows and differs[end + 1]:
+                    end += 1
+                segments.append((head - 0.5, row - 0.5, end + 0.5))
+                row = end + 1
+            else:
+                row += 1
+    return segments
+
+
 def head_grid(z: np.ndarray, hover: np.ndarray, colorscale, *, tied: bool = False, zmin=None, zmax=None,
               colorbar: dict | None = None, pruned: np.ndarray | None = None, selected: tuple[int, int] | None = None,
               title: str | None = None, showscale: bool = True,
-              layer_kinds: Sequence[str] | None = None) -> go.Figure:
-    """An (L x H) grid of cells with ``hover`` text; pruned cells grey with a cross; ``selected`` outlined.
+              layer_kinds: Sequence[str] | None = None, groups: np.ndarray | None = None) -> go.Figure:
+    """An (L x H) grid of cells with ``hover`` text; pruned cells grey with a cross; ``selected`` outlined;
+    ``groups`` (L x H key/value group of each query head, GQA): thick lines between groups, the group in the hover.
 
     Heatmap traces do not report clicks to Streamlit's selection events, so a transparent square-marker scatter
     lies over the cells: clicking a cell selects its point, whose ``customdata`` is ``[layer, head]``.
     """
     n_rows, n_heads = z.shape
+    if groups is not None:
+        hover = np.array([[f"{text}<br>key/value group {int(g)}" for text, g in zip(texts, row)]
+                          for texts, row in zip(hover, groups)], dtype=object)
     pruned = np.zeros(z.shape, bool) if pruned is None else pruned
     shown = np.where(pruned, np.nan, z)
     fig = go.Figure()
@@ -127,7 +167,11 @@ def head_grid(z: np.ndarray, hover: np.ndarray, colorscale, *, tied: bool = Fals
         layer, head = selected
         fig.add_shape(type="rect", x0=head - 0.5, x1=head + 0.5, y0=layer - 0.5, y1=layer + 0.5,
                       line=dict(color="#ff006e", width=3))
-    fig.update_xaxes(title_text="head", tickmode="array", tickvals=list(range(n_heads)), showgrid=False,
+    for x, top, bottom in group_borders(groups) if groups is not None else ():
+        fig.add_shape(type="line", x0=x, x1=x, y0=top, y1=bottom, line=dict(color=GROUP_BORDER_COLOR, width=4),
+                      layer="above", name="key/value group border")
+    axis_title = "query head (thick lines: key/value groups)" if groups is not None else "head"
+    fig.update_xaxes(title_text=axis_title, tickmode="array", tickvals=list(range(n_heads)), showgrid=False,
                      zeroline=False, range=[-0.5, n_heads - 0.5], constrain="domain")
     fig.update_yaxes(tickmode="array", tickvals=list(range(n_rows)), ticktext=_layer_labels(n_rows, tied, layer_kinds),
                      autorange="reversed", showgrid=False, zeroline=False, title_text=None)
@@ -146,7 +190,7 @@ def importance_ranks(score: ScoreMap) -> np.ndarray:
 
 def score_heatmap(score: ScoreMap, *, tied: bool = False, selected: tuple[int, int] | None = None,
                   title: str | None = None, showscale: bool = True,
-                  layer_kinds: Sequence[str] | None = None) -> go.Figure:
+                  layer_kinds: Sequence[str] | None = None, groups: np.ndarray | None = None) -> go.Figure:
     """Score map as a grid coloured by importance rank (module doc); hover: layer, head, value, rank."""
     ranks = score.ranks()
     n_live = int(np.sum(~np.isnan(ranks)))
@@ -158,14 +202,14 @@ def score_heatmap(score: ScoreMap, *, tied: bool = False, selected: tuple[int, i
                               f"rank {int(ranks[layer, head])} of {n_live} (1 = most important)")
     return head_grid(importance_ranks(score), hover, criterion_colorscale(score.criterion), tied=tied, zmin=0,
                      zmax=1, pruned=np.isnan(score.scores), selected=selected, title=title, showscale=showscale,
-                     layer_kinds=layer_kinds,
+                     layer_kinds=layer_kinds, groups=groups,
                      colorbar=dict(tickvals=[0, 1], ticktext=["pruned<br>first", "kept<br>longest"], thickness=12,
                                    len=0.9))
 
 
 def mask_figure(mask: HeadMask, *, tied: bool = False, selected: tuple[int, int] | None = None,
                 score: ScoreMap | None = None, title: str | None = None, cut: HeadMask | None = None,
-                layer_kinds: Sequence[str] | None = None) -> go.Figure:
+                layer_kinds: Sequence[str] | None = None, groups: np.ndarray | None = None) -> go.Figure:
     """The head mask as a grid: kept heads coloured (by ``score``'s rank when given), pruned heads grey with ✕.
 
     ``cut``: heads absent from the loaded weights (0 in ``cut``; a model saved by ``prune``); they are drawn
@@ -187,9 +231,9 @@ def mask_figure(mask: HeadMask, *, tied: bool = False, selected: tuple[int, int]
         z = importance_ranks(score)
         z = np.where(np.isnan(z), 0.5, z)
         return head_grid(z, hover, criterion_colorscale(score.criterion), tied=tied, zmin=0, zmax=1, pruned=pruned,
-                         selected=selected, title=title, showscale=False, layer_kinds=layer_kinds)
+                         selected=selected, title=title, showscale=False, layer_kinds=layer_kinds, groups=groups)
     return head_grid(np.ones(mask.shape), hover, [[0, KEPT_COLOR], [1, KEPT_COLOR]], tied=tied, pruned=pruned,
-                     selected=selected, title=title, showscale=False, layer_kinds=layer_kinds)
+                     selected=selected, title=title, showscale=False, layer_kinds=layer_kinds, groups=groups)
 
 
 def clicked_head(selection: Mapping | None) -> tuple[int, int] | None:
@@ -260,7 +304,7 @@ def jaccard_table(scores: Mapping[str, ScoreMap], ratio: float) -> pd.DataFrame:
 
 
 def overlap_figure(scores: Mapping[str, ScoreMap], ratio: float, *, tied: bool = False,
-                   layer_kinds: Sequence[str] | None = None) -> go.Figure:
+                   layer_kinds: Sequence[str] | None = None, groups: np.ndarray | None = None) -> go.Figure:
     """Per head, how many criteria keep it at ``ratio``; hover lists which."""
     kept = {name: kept_at_ratio(s, ratio) for name, s in scores.items()}
     first = next(iter(scores.values()))
@@ -274,6 +318,7 @@ def overlap_figure(scores: Mapping[str, ScoreMap], ratio: float, *, tied: bool =
     n = len(kept)
     scale = [[0.0, "#f1f1f1"], [0.5, "#7fb8d8"], [1.0, "#08306b"]]
     return head_grid(count, hover, scale, tied=tied, zmin=0, zmax=n, pruned=pruned, layer_kinds=layer_kinds,
+                     groups=groups,
                      colorbar=dict(title="kept by", tickvals=list(range(n + 1)), thickness=12, len=0.9))
 
 
@@ -354,9 +399,11 @@ def arc_figure(words: Sequence[str], arcs: Sequence, weights: np.ndarray | None,
         fig.add_annotation(x=(x[arc.dependent] + x[arc.head]) / 2, y=heights[i], text=arc.label, showarrow=False,
                            yshift=7, font=dict(size=10))
     font_size = int(min(14, max(8, 1.7 * width_px / span)))
-    colors = ["#bbbbbb" if seen is not None and not seen[i] else None for i in range(len(words))]
+    unseen = [seen is not None and not seen[i] for i in range(len(words))]
+    # plotly takes one colour per word or none at all (a None inside the list is refused)
+    colors = [UNSEEN_WORD_COLOR if gone else WORD_COLOR for gone in unseen] if any(unseen) else None
     fig.add_trace(go.Scatter(x=x, y=[-unit * 0.8] * len(words), mode="text", text=list(words), hoverinfo="skip",
-                             textfont=dict(size=font_size, color=colors if any(colors) else None), showlegend=False))
+                             textfont=dict(size=font_size, color=colors), showlegend=False))
     if weights is not None:  # colour bar for the arc scale
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", showlegend=False, hoverinfo="skip",
                                  marker=dict(colorscale=ARC_SCALE, cmin=0, cmax=1, color=[0],
@@ -396,12 +443,29 @@ def trajectory_label(traj) -> str:
     return label if traj.criterion != "random" else f"random (seed {traj.seed})"
 
 
+def tolerance_bound(dense: float, tau: float, higher_is_better: bool) -> float:
+    """The worst value tolerance τ allows (``trajectory.degraded``'s boundary): τ × dense when higher is better,
+    dense / τ when lower is better (perplexity 279 at τ = 0.9 allows up to 310)."""
+    return tau * dense if higher_is_better else dense / tau
+
+
+def tolerance_rule(tau: float | str, higher_is_better: bool) -> str:
+    """When a metric is past tolerance ``tau`` (a number, or a symbol such as "τ"), in words for its direction:
+    "below 0.9 × dense" or "above dense / 0.9"."""
+    tau = f"{tau:g}" if isinstance(tau, (int, float)) else tau
+    return f"below {tau} × dense" if higher_is_better else f"above dense / {tau}"
+
+
 def trajectory_figure(trajectories: Sequence, spreads: Sequence[dict] = (), tolerance: float | None = None,
                       metric: str | None = None) -> go.Figure:
     """Metric vs pruning ratio: a line per trajectory (criterion colour, inverse dashed), random seeds as a box
-    per ratio (``trajectory.spread`` dicts), the dense metric and the tolerance line, stop points as stars."""
+    per ratio (``trajectory.spread`` dicts), the dense metric and the tolerance line, stop points as stars.
+
+    The tolerance line follows the metric's direction (``tolerance_bound``): τ × dense for accuracy, dense / τ
+    for perplexity or loss; the y-axis title says which way is better."""
     fig = go.Figure()
     metric = metric or (trajectories[0].metric if trajectories else spreads[0]["metric"] if spreads else "metric")
+    higher = HIGHER_IS_BETTER.get(metric, True)
     dense = None
     for traj in trajectories:
         ratios, values = traj.ratios() * 100, traj.values(metric)
@@ -431,10 +495,11 @@ def trajectory_figure(trajectories: Sequence, spreads: Sequence[dict] = (), tole
         fig.add_hline(y=dense, line=dict(color=DENSE_COLOR, dash="dot"), annotation_text=f"dense {dense:.4f}",
                       annotation_position="bottom left")
         if tolerance is not None:
-            fig.add_hline(y=tolerance * dense, line=dict(color=TOLERANCE_COLOR, dash="dash"),
-                          annotation_text=f"tolerance {tolerance:g} × dense", annotation_position="bottom right")
+            fig.add_hline(y=tolerance_bound(dense, tolerance, higher), line=dict(color=TOLERANCE_COLOR, dash="dash"),
+                          annotation_text=f"past tolerance: {tolerance_rule(tolerance, higher)}",
+                          annotation_position="bottom right" if higher else "top right")
     fig.update_xaxes(title_text="heads pruned (%)", ticksuffix="%")
-    fig.update_yaxes(title_text=metric)
+    fig.update_yaxes(title_text=f"{metric} ({'higher' if higher else 'lower'} is better)")
     fig.update_layout(height=460, margin=dict(l=10, r=10, t=10, b=10), font=FONT, hovermode="closest",
                       legend=dict(orientation="h", y=1.02, yanchor="bottom"))
     return fig

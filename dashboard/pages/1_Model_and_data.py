@@ -1,4 +1,4 @@
-"""Model & data: choose the classifier and the texts it is scored and evaluated on."""
+"""Model & data: choose the model (classifier or language model) and the texts it is scored and evaluated on."""
 
 import csv
 import io
@@ -11,14 +11,21 @@ import streamlit as st
 from dashboard.config import Setup, size_choice, use_setup
 from dashboard.store import build_workspace, save_upload
 from dashboard.ui import guard, page, progress_bar
+from headprune.device import DTYPES, parse_device_map
 
 ws, sd = page("Model & data", "Everything runs locally. The demo needs no network; a Hugging Face id or "
                               "dataset is fetched only when the hub is reachable.")
 setup = ws.setup
-MODEL_SOURCES = {"demo": "Demo (MiniLM-L6, Rotten Tomatoes)", "folder": "Local folder", "hub": "Hugging Face model id"}
-DATA_SOURCES = {"demo": "Demo (held-out Rotten Tomatoes reviews)", "upload": "Upload CSV / TSV / JSONL",
+MODEL_SOURCES = {"demo": "Demo classifier (MiniLM-L6, Rotten Tomatoes)",
+                 "demo-lm": "Demo language model (6-layer Llama, 8 query / 2 key-value heads)",
+                 "folder": "Local folder", "hub": "Hugging Face model id"}
+DEMO_MODELS = ("demo", "demo-lm")   # model specs that are also data specs: each demo's own held-out reviews
+DATA_SOURCES = {"demo": "Demo (held-out Rotten Tomatoes reviews)", "upload": "Upload CSV / TSV / JSONL / TXT",
                 "hub": "Hugging Face dataset"}
 DEVICES = {"auto": "auto (GPU if present)", "cpu": "CPU", "cuda": "GPU (CUDA)"}
+PLACEMENTS = {"device": "all on the device above", "auto": "auto (accelerate: every GPU, then CPU, then disk)",
+              "json": "a JSON device map"}
+DTYPE_CHOICES = {"saved": "as saved"} | {name: name for name in DTYPES}
 
 
 def header_of(path: str) -> list[str]:
@@ -47,10 +54,11 @@ def column_picker(label: str, columns: list[str], current: str | None, key: str,
 
 
 st.subheader("Model")
-kind = "demo" if setup.model == "demo" else ("folder" if setup.model.startswith(("/", ".", "~")) else "hub")
+kind = setup.model if setup.model in DEMO_MODELS else ("folder" if setup.model.startswith(("/", ".", "~"))
+                                                      else "hub")
 model_kind = st.radio("Model source", list(MODEL_SOURCES), format_func=MODEL_SOURCES.get, horizontal=True,
                       index=list(MODEL_SOURCES).index(kind), key="md-model-kind")
-model_spec = "demo"
+model_spec = model_kind if model_kind in DEMO_MODELS else ""
 if model_kind == "folder":
     model_spec = st.text_input("Folder with config.json and model.safetensors (e.g. one written by Export)",
                                value=setup.model if kind == "folder" else "", key="md-model-folder").strip()
@@ -59,13 +67,16 @@ elif model_kind == "hub":
                                value=setup.model if kind == "hub" else "", key="md-model-hub").strip()
 
 st.subheader("Data")
-dkind = "demo" if setup.data == "demo" else ("hub" if setup.data.startswith("hf:") else "upload")
+dkind = "demo" if setup.data in DEMO_MODELS else ("hub" if setup.data.startswith("hf:") else "upload")
 data_kind = st.radio("Data source", list(DATA_SOURCES), format_func=DATA_SOURCES.get, horizontal=True,
                      index=list(DATA_SOURCES).index(dkind), key="md-data-kind")
-data_spec, data_label, columns = "demo", "demo", []
+# the LM demo reads the reviews as unlabelled text ("demo-lm"); any other model the labelled demo rows
+demo_data = "demo-lm" if model_spec == "demo-lm" else "demo"
+data_spec, data_label, columns = demo_data, demo_data, []
 if data_kind == "upload":
     upload = st.file_uploader("A UTF-8 file with a text column (and optionally a second text column for pairs) "
-                              "and a label column", type=["csv", "tsv", "jsonl"], key="md-upload")
+                              "and a label column; for a language model the text alone (TXT: one document per "
+                              "line)", type=["csv", "tsv", "jsonl", "txt"], key="md-upload")
     if upload is not None:
         data_spec, data_label = save_upload(upload.name, upload.getvalue()), upload.name
         columns = header_of(data_spec)
@@ -105,18 +116,36 @@ seed = c4.number_input("Seed", value=setup.seed, step=1, key="md-seed",
                        help="Seed of the calibration/evaluation split.")
 device = c5.radio("Device", list(DEVICES), format_func=DEVICES.get, index=list(DEVICES).index(setup.device),
                   key="md-device")
+c6, c7 = st.columns([3, 2])
+placed = "device" if setup.device_map is None else ("auto" if setup.device_map == "auto" else "json")
+placement = c6.radio("Placement (models bigger than one device)", list(PLACEMENTS), format_func=PLACEMENTS.get,
+                     index=list(PLACEMENTS).index(placed), horizontal=True, key="md-placement",
+                     help="A device map places the layers through accelerate; the device choice is then ignored.")
+device_map = None if placement == "device" else "auto"
+if placement == "json":
+    device_map = c6.text_area('Device map: {"module.name": device}, device = a GPU index, "cuda:N", "cpu" or '
+                              '"disk"', value=setup.device_map if placed == "json" else "", key="md-device-map",
+                              placeholder='{"model.embed_tokens": "cpu", "model.layers": "cpu", "lm_head": "cpu"}')
+dtype = c7.radio("Weights", list(DTYPE_CHOICES), format_func=DTYPE_CHOICES.get, horizontal=True,
+                 index=list(DTYPE_CHOICES).index(setup.dtype or "saved"), key="md-dtype",
+                 help="bf16 / fp16 halve the memory of the weights; metrics are computed in float32 at least.")
 
 wanted = replace(setup, model=model_spec or "", data=data_spec, data_label=data_label, text_col=text_col,
                  pair_col=pair_col, label_col=label_col, calib_size=size_choice(calib_size, setup.calib_size),
                  eval_size=size_choice(eval_size, setup.eval_size),
-                 max_length=int(max_length), seed=int(seed), device=device)
+                 max_length=int(max_length), seed=int(seed), device=device,
+                 device_map=device_map.strip() if device_map else None, dtype=None if dtype == "saved" else dtype)
 if st.button("Load", type="primary", disabled=wanted == setup, key="md-load"):
     if not wanted.model:
-        st.error("Give a model folder or a Hugging Face model id (or choose the demo).", icon="⚠️")
+        st.error("Give a model folder or a Hugging Face model id (or choose a demo).", icon="⚠️")
     elif not wanted.data:
         st.error("Upload a data file or name a dataset (or choose the demo data).", icon="⚠️")
+    elif placement == "json" and not wanted.device_map:
+        st.error('Write the device map as a JSON object, e.g. {"model.layers": "cpu", "lm_head": "disk"}, or '
+                 "choose another placement.", icon="⚠️")
     else:
         with guard("Could not load that model and data — the previous ones stay loaded"):
+            parse_device_map(wanted.device_map)  # a map naming an absent device is refused before any loading
             bar = progress_bar("loading")
             build_workspace(wanted, bar)
             bar.done()
@@ -134,8 +163,9 @@ names = ws.dataset.label_names or []
 preview = pd.DataFrame({"text": ws.eval.texts[:20]})
 if ws.eval.pairs is not None:
     preview["pair"] = ws.eval.pairs[:20]
-preview["label"] = [names[y] if ws.dataset.task == "classification" and y < len(names) else y
-                    for y in ws.eval.labels[:20]]
+if ws.eval.labels is not None:  # language-model text has none
+    preview["label"] = [names[y] if ws.dataset.task == "classification" and y < len(names) else y
+                        for y in ws.eval.labels[:20]]
 left, right = st.columns([3, 1])
 with left:
     st.dataframe(preview, width="stretch", hide_index=True, height=300)

@@ -173,8 +173,7 @@ def grid(ws: Workspace, sd: SessionData) -> None:
     score = sd.scores.get(colour_by)
     if score is not None and score.shape != ws.shape:
         score = None
-    fig = viz.mask_figure(sd.mask, tied=ws.tied, selected=sd.head, score=score, cut=sd.base,
-                          layer_kinds=ws.adapter.layer_kinds)
+    fig = viz.mask_figure(sd.mask, selected=sd.head, score=score, cut=sd.base, **viz.grid_options(ws.adapter))
     clickable_grid(fig, "prune-grid", sd, toggle)
     if ws.tied:
         st.caption("ALBERT shares one attention block across all layers: each column is one head in every layer.")

@@ -14,6 +14,8 @@ st.caption("Each curve prunes heads in one criterion's order (least important fi
            "every step, starting from the model as loaded. "
            + ("Higher" if ws.higher_is_better else "Lower") + " and flatter is better.")
 n_units = ws.n_units
+# perplexity and loss get worse upwards: the tolerance bound is dense / τ there, τ × dense for accuracy
+past_tolerance = viz.tolerance_rule("τ", ws.higher_is_better)
 
 with st.expander("Run trajectories", expanded=not sd.trajectories):
     chosen = criterion_picker("Criteria", "traj-criteria", ["ae", "his"], exclude=("random",))
@@ -27,8 +29,8 @@ with st.expander("Run trajectories", expanded=not sd.trajectories):
                                key="traj-step"))
     budget = c4.slider("Prune up to (%)", 5, 100, 100, step=5, key="traj-budget") / 100
     c5, c6 = st.columns(2)
-    tolerance = c5.slider("Tolerance τ (stop point: first metric below τ × dense)", 0.5, 1.0, 0.9, step=0.01,
-                          key="traj-tolerance")
+    tolerance = c5.slider(f"Tolerance τ (stop point: first {ws.metric} {past_tolerance})", 0.5, 1.0, 0.9,
+                          step=0.01, key="traj-tolerance")
     stability = c6.checkbox("Record stability", value=False, key="traj-stability",
                             disabled=ws.dataset.task != "classification")
     n_runs = len(chosen) * (2 if inverse else 1) + seeds
@@ -57,8 +59,12 @@ shown = [t for t in sd.trajectories if t.criterion != "random" or not sd.spreads
 tau = st.slider("Tolerance line τ", 0.5, 1.0, sd.tolerance or 0.9, step=0.01, key="traj-tau")
 fig = viz.trajectory_figure(shown, sd.spreads, tolerance=tau)
 st.plotly_chart(fig, width="stretch", key="traj-fig")
-st.markdown("**Area under the curve and stop points** (AUC = mean metric over the pruned range; stop point = last "
-            f"ratio before the metric falls below {tau:g} × dense)")
+# opened run files may hold another model's runs: their own metric decides the direction
+charted = shown[0] if shown else sd.trajectories[0] if sd.trajectories else None
+higher = charted.higher_is_better if charted is not None else ws.higher_is_better
+st.markdown(f"**Area under the curve and stop points** (AUC = mean metric over the pruned range, "
+            f"{'higher' if higher else 'lower'} is better; stop point = last ratio before the metric is "
+            f"{viz.tolerance_rule(tau, higher)})")
 st.dataframe(viz.trajectory_table(sd.trajectories, tolerance=tau).style.format(precision=4), hide_index=True,
              width="stretch")
 st.download_button("Download these runs (JSON)", key="traj-download", mime="application/json",

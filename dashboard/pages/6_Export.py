@@ -28,10 +28,10 @@ c3.download_button("Run file (JSON)", json.dumps(run_file(ws, sd), indent=1), fi
 c3.caption("Model, data, mask, metrics, scores and trajectories; reopen it on the Trajectories page.")
 
 st.subheader("Figures")
-figures = {"Head mask": lambda: viz.mask_figure(sd.mask, tied=ws.tied, layer_kinds=ws.adapter.layer_kinds)}
+figures = {"Head mask": lambda: viz.mask_figure(sd.mask, **viz.grid_options(ws.adapter))}
 for name, score in sd.scores.items():
-    figures[f"Scores: {name}"] = lambda score=score: viz.score_heatmap(score, tied=ws.tied, title=score.criterion,
-                                                                          layer_kinds=ws.adapter.layer_kinds)
+    figures[f"Scores: {name}"] = lambda score=score: viz.score_heatmap(score, title=score.criterion,
+                                                                          **viz.grid_options(ws.adapter))
 if len(sd.scores) >= 2:
     figures["Rank correlation"] = lambda: viz.correlation_figure(viz.rank_correlation(sd.scores))
 if sd.trajectories or sd.spreads:
