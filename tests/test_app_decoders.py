@@ -185,3 +185,74 @@ def test_lm_demo_picker_scores_attention_prune_trajectories_export(folders):
     assert not problems(at)
     assert float(metric(at, "perplexity of the pruned model")) == pytest.approx(live, rel=1e-3)
     print("timings (s):", TIMINGS)
+
+
+# -- a saved GQA classifier: what the Head scores page says about the criteria ---------------------------------------
+
+def expander_captions(at, name: str) -> str:
+    """The captions inside criterion ``name``'s settings expander."""
+    box = next(e for e in at.expander if e.label.startswith(f"**{name}**"))
+    return " ".join(c.value for c in box.caption)
+
+
+def test_head_scores_report_kl_correlation_hies_alpha_and_his_taylor(folders):
+    at = open_app("scores", classifier_setup(folders))
+    assert not problems(at)
+    at.multiselect(key="scores-criteria").set_value(["his", "taylor", "kl", "hies", "sap"]).run()
+    assert [i.value for i in at.info if "identical scores" in i.value] == [
+        "**his** and **taylor** give identical scores with these settings (Σ A ⊙ ∂L/∂A over a head's attention is "
+        "∂L/∂gate): their maps and pruning orders are the same, so one of them is enough."]
+    # the badge asks each criterion with its parameters: SAP needs labels only while k is chosen on the metric
+    assert "needs labels" in expander_captions(at, "sap")
+    at.number_input(key="scores-sap-k").set_value(3).run()
+    assert "needs labels" not in expander_captions(at, "sap")
+    assert "needs labels" in expander_captions(at, "his")
+    # HIS with per-layer normalisation is no longer Taylor: the note goes
+    at.checkbox(key="scores-his-layer_norm").check().run()
+    assert not [i for i in at.info if "identical scores" in i.value]
+    at.checkbox(key="scores-his-layer_norm").uncheck().run()
+    at.multiselect(key="scores-criteria").set_value(["his", "taylor", "kl", "hies"]).run()
+    timed("score his, taylor, kl, hies (auto α) on the tiny Llama classifier",
+          lambda: at.button(key="scores-compute").click().run())
+    assert not problems(at)
+    scores = at.session_state["hp_session"].scores
+    np.testing.assert_allclose(scores["his"].scores, scores["taylor"].scores, rtol=1e-4, atol=1e-8)
+    grids = grid_figures(at)
+    assert len(grids) == 5 and all(borders(g) == expected_borders(3, 8, 2) for g in grids)
+
+    kl = scores["kl"].meta
+    own = next(c.value for c in at.caption if c.value.startswith("Rank correlation of each layer"))
+    assert own.endswith(" · ".join(f"L{layer} {'—' if rho is None else f'{rho:.2f}'}"
+                                   for layer, rho in enumerate(kl["own_kl_spearman"])))
+    shown = [w.value for w in at.warning if "own KL" in w.value]
+    assert shown == ([("\n".join(f"- {text}" for text in kl["warnings"]))] if kl["warnings"] else [])
+
+    selection = scores["hies"].meta["alpha_selection"]
+    alpha = next(c.value for c in at.caption if c.value.startswith("α = "))
+    assert alpha.startswith(f"α = {selection['best_alpha']:g}, chosen by the wAUC")
+    wauc = next(d.value for d in at.dataframe if "wAUC" in d.value.columns)
+    assert list(wauc["α"]) == list(selection["wauc"]) and float(wauc["wAUC"].max()) == pytest.approx(
+        selection["wauc"][str(selection["best_alpha"])])
+
+
+def test_placement_and_dtype_choices(folders):
+    at = open_app("model", classifier_setup(folders))
+    at.radio(key="md-placement").set_value("json").run()
+    at.text_area(key="md-device-map").set_value("model.layers: cpu").run()
+    at.button(key="md-load").click().run()
+    assert "must be 'auto', a JSON object" in at.error[0].value and not at.exception
+    at.text_area(key="md-device-map").set_value('{"model": "cuda:7"}').run()
+    at.button(key="md-load").click().run()
+    assert "'cuda:7', which this machine does not have. Available: cpu, disk" in at.error[0].value
+    assert at.session_state["hp_setup"] == classifier_setup(folders)      # the previous model stays loaded
+
+    at.radio(key="md-placement").set_value("auto").run()
+    at.radio(key="md-dtype").set_value("bf16").run()
+    timed("load the tiny Llama classifier with device_map auto, bf16",
+          lambda: at.button(key="md-load").click().run())
+    assert not problems(at)
+    setup = at.session_state["hp_setup"]
+    assert (setup.device_map, setup.dtype) == ("auto", "bf16")
+    import torch
+
+    assert next(workspace(at).loaded.model.parameters()).dtype == torch.bfloat16
