@@ -71,8 +71,9 @@ def concurrent_apptests():
 
     ``AppTest.run`` installs a fresh mock ``Runtime`` singleton and the ``global.appTest`` option for the length of
     a run and removes both at its end, so a session finishing would pull them from under a session still running.
-    Here one shared mock runtime and the option are installed for the block and AppTest's per-run install/remove
-    is pointed at a stand-in; everything is put back on exit. Nothing of headprune or the dashboard is changed.
+    Here one shared mock runtime, the option and one script cache are installed for the block and AppTest's
+    per-run install/remove is pointed at a stand-in; everything is put back on exit. Nothing of headprune or the
+    dashboard is changed.
     """
     from unittest.mock import MagicMock
 
@@ -92,15 +93,21 @@ def concurrent_apptests():
     class RuntimeStandIn:  # what AppTest sets and clears per run; the real singleton stays `shared`
         _instance = None
 
-    saved = (Runtime._instance, app_test.Runtime, app_test.patch_config_options, config.get_option("global.appTest"))
+    # A server compiles each page script once into a shared ScriptCache; AppTest makes a new cache per run, so
+    # parallel runs would compile at once, which CPython 3.11's ast module does not survive ("AST constructor
+    # recursion depth mismatch"). One cache for all sessions, as in a server.
+    script_cache = app_test.ScriptCache()
+    saved = (Runtime._instance, app_test.Runtime, app_test.patch_config_options, app_test.ScriptCache,
+             config.get_option("global.appTest"))
     Runtime._instance, app_test.Runtime = shared, RuntimeStandIn
     app_test.patch_config_options = lambda options: nullcontext()
+    app_test.ScriptCache = lambda: script_cache
     config.set_option("global.appTest", True)
     try:
         yield
     finally:
-        Runtime._instance, app_test.Runtime, app_test.patch_config_options = saved[:3]
-        config.set_option("global.appTest", saved[3])
+        Runtime._instance, app_test.Runtime, app_test.patch_config_options, app_test.ScriptCache = saved[:4]
+        config.set_option("global.appTest", saved[4])
 
 
 def _problems(at) -> list[str]:
@@ -112,17 +119,28 @@ def _metric(at, label: str) -> str:
 
 
 def drive_session(index: int, clicks: int, timeout: float = 900) -> SessionResult:
-    """Play one browser session (see the module docstring) and record what it saw."""
+    """Play one browser session (see the module docstring) and record what it saw.
+
+    A widget the session expected but did not find raises KeyError with the page it was on attached.
+    """
     from streamlit.testing.v1 import AppTest
 
-    criterion = CRITERIA[index % len(CRITERIA)]
-    result = SessionResult(index, criterion, session_clicks(index, clicks))
+    result = SessionResult(index, CRITERIA[index % len(CRITERIA)], session_clicks(index, clicks))
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=timeout)
+    try:
+        return _drive(at, result)
+    except KeyError as exc:
+        raise KeyError(f"{exc} missing on the page titled {[t.value for t in at.title]} "
+                       f"(problems: {_problems(at)[:2]})") from None
+
+
+def _drive(at, result: SessionResult) -> SessionResult:
     start = time.perf_counter()
+    criterion = result.criterion
 
     def check(where: str) -> None:
         result.errors += [f"{where}: {p}" for p in _problems(at)]
 
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=timeout)
     at.run()
     check("home")
     at.switch_page("dashboard/pages/2_Head_scores.py").run()
@@ -149,7 +167,7 @@ def drive_session(index: int, clicks: int, timeout: float = 900) -> SessionResul
     check("trajectories")
     sd = at.session_state["hp_session"]
     result.trajectory = [float(v) for t in sd.trajectories for v in t.values()]
-    LIVE[index] = sd.live
+    LIVE[result.index] = sd.live
     result.seconds = time.perf_counter() - start
     return result
 
