@@ -156,8 +156,11 @@ def run(model: str, eval_size: int, clicks_per_layer: int, root: Path, log: Path
         try:
             page = browser.new_page(viewport={"width": 1500, "height": 1100})
             page.set_default_timeout(600_000)
-            page.goto(f"{url}/prune")
+            page.goto(url)  # home first: a first visit straight to /prune also runs the main page once
             page.get_by_text("heads left").first.wait_for()
+            wait_settled(page)
+            page.get_by_role("link", name="Prune").first.click()
+            page.get_by_text("parameters left").first.wait_for()
             wait_settled(page)
             print("Prune page ready", file=sys.stderr)
             n_layers, n_heads = grid_size(page)

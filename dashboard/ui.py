@@ -156,6 +156,8 @@ def sidebar(ws: Workspace, sd: SessionData, counts: bool = True) -> None:
             baseline_label(ws): f"{dense:.4f}",
         }
         st.markdown("\n".join(f"- {k}: **{v}**" for k, v in rows.items()))
+        # the counts' own slot: a page's fragment rewrites it in place on each of its reruns (sidebar_counts)
+        st.session_state["hp_counts_slot"] = st.empty()
         if counts:
             sidebar_counts(ws, sd)
         if ws.setup.model != "demo" or ws.setup.data != "demo":
@@ -163,9 +165,9 @@ def sidebar(ws: Workspace, sd: SessionData, counts: bool = True) -> None:
 
 
 def sidebar_counts(ws: Workspace, sd: SessionData) -> None:
-    """The sidebar's mask counts (called from a page's fragment, they are redrawn on each of its reruns)."""
+    """The sidebar's mask counts, in their slot (called from a page's fragment: redrawn on each of its reruns)."""
     text = heads_left(ws, sd) + (f" ({ws.n_cut} cut in the loaded model)" if ws.n_cut else "")
-    st.sidebar.markdown(f"- heads left: **{text}**")
+    st.session_state["hp_counts_slot"].markdown(f"- heads left: **{text}**")
 
 
 # -- live evaluation --------------------------------------------------------------------------------------------
