@@ -145,3 +145,48 @@ def test_demo_heatmap_then_prune_by_clicking(server, browser, tmp_path):
     if os.environ.get("HEADPRUNE_SCREENSHOT"):
         page.screenshot(path=os.environ["HEADPRUNE_SCREENSHOT"], full_page=False)
     print(f"screenshots in {tmp_path}: accuracy dense {dense:.4f}, one head {before}, 25% pruned {after}")
+
+
+def test_lm_demo_picked_scored_and_a_click_moves_perplexity(server, browser, tmp_path):
+    """The decoder demo in the browser: pick it on Model & data, draw its heatmaps (key/value-group borders), click
+    a head on the Prune page and see the perplexity change."""
+    page = browser.new_page(viewport={"width": 1500, "height": 1000})
+    page.set_default_timeout(300_000)
+    page.goto(server)   # a deep link to a page opens with a "page not found" dialog before the pages register
+    page.get_by_text("heads left").first.wait_for()
+    wait_idle(page)
+    page.get_by_role("link", name="Model & data").first.click()
+    page.get_by_text("Demo language model", exact=False).first.click()
+    wait_idle(page)
+    page.get_by_role("button", name="Load").click()
+    page.wait_for_function("() => document.body.innerText.includes('demo-lm · 6-layer Llama')")
+    wait_idle(page)
+
+    page.get_by_role("link", name="Head scores").first.click()
+    page.get_by_role("button", name="Compute scores").click()
+    page.get_by_text("Do the criteria agree?").wait_for()
+    wait_idle(page)
+    page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot').length >= 5", timeout=60_000)
+    # one thick line between the two key/value groups of every grid (three heatmaps and the overlap grid)
+    n_borders = page.evaluate("() => [...document.querySelectorAll('.js-plotly-plot')].map(p => (p.layout.shapes"
+                              " || []).filter(s => s.name === 'key/value group border').length)")
+    assert sorted(n_borders)[-4:] == [1, 1, 1, 1]
+    page.screenshot(path=str(tmp_path / "lm-head-scores.png"), full_page=True)
+
+    page.get_by_role("link", name="Prune").first.click()
+    page.get_by_text("heads left").first.wait_for()
+    wait_idle(page)
+    assert metric_value(page, "heads left") == "48 / 48"
+    before = metric_value(page, "perplexity")
+    page.wait_for_function("() => document.querySelector('.js-plotly-plot .scatterlayer .point')", timeout=60_000)
+    box = page.locator(".js-plotly-plot .scatterlayer .point").first.bounding_box()
+    start = time.perf_counter()
+    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.wait_for_function("() => document.body.innerText.includes('47 / 48') && "
+                           "document.body.innerText.includes('vs dense')")
+    seconds = time.perf_counter() - start
+    wait_idle(page)
+    after = metric_value(page, "perplexity")
+    page.screenshot(path=str(tmp_path / "lm-prune-one.png"), full_page=True)
+    print(f"LM demo: perplexity dense {before}, layer 0 head 0 pruned {after}; click -> exact number {seconds:.2f} s")
+    assert float(after) != float(before)
