@@ -145,6 +145,15 @@ def move_live(live, mask: HeadMask, progress: Progress | None = None, on_estimat
         return live.set_mask(mask, progress, on_estimate)
 
 
+def _speed_key(ws: DashboardWorkspace, mask: HeadMask) -> str:
+    return f"speed|{ws.key}|{mask_key(mask)}"
+
+
+def measured_speed(ws: DashboardWorkspace, mask: HeadMask) -> dict | None:
+    """The speed report of ``mask`` if it was measured already (any page, any session)."""
+    return store().get(_speed_key(ws, mask))
+
+
 def measure_speed(ws: DashboardWorkspace, mask: HeadMask, progress: Progress | None = None) -> dict:
     """Measured and ideal speed-up of cutting ``mask`` out of the loaded model (``speed.compare_speed``; stored
     per mask). Three timed repeats per setting keep it to seconds; the page shows the conditions with the result."""
@@ -156,7 +165,7 @@ def measure_speed(ws: DashboardWorkspace, mask: HeadMask, progress: Progress | N
             pruned = prune_model(ws.loaded.model, mask)
             return compare_speed(ws.loaded.model, pruned, repeats=3, device=ws.loaded.device, progress=progress)
 
-    return store().memo(f"speed|{ws.key}|{mask_key(mask)}", compute)
+    return store().memo(_speed_key(ws, mask), compute)
 
 
 # -- trajectories -------------------------------------------------------------------------------------------------

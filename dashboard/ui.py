@@ -298,6 +298,24 @@ def cut_lines(ws: Workspace, mask) -> list[str]:
     return lines
 
 
+def speed_section(ws: Workspace, sd: SessionData, key: str) -> None:
+    """Expander: measured vs ideal speed-up of the session's pruned model, timed on request (it takes seconds)."""
+    from .compute import measure_speed, measured_speed
+
+    with st.expander("How much faster is the pruned model?"):
+        st.caption("Times the model as loaded and the pruned model (heads cut out) on random token ids: latency "
+                   "at batch 1 and throughput at batch 32, sequence lengths 64 and 256, next to the ideal speed-up "
+                   "from FLOPs. Takes several seconds.")
+        report = measured_speed(ws, sd.mask)
+        if report is None and st.button("Measure the speed-up", key=key, disabled=sd.n_gated == 0):
+            with guard("Could not time the pruned model"):
+                bar = progress_bar("timing the dense and the pruned model")
+                report = measure_speed(ws, sd.mask, bar)
+                bar.done()
+        if report is not None:
+            speed_report(report)
+
+
 def speed_report(report: dict) -> None:
     """A ``speed.compare_speed`` report: the headline (ideal vs measured speed-up) and the per-length table."""
     from headprune.speed import speed_headline, speed_table

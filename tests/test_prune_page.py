@@ -125,3 +125,20 @@ def test_cut_summary_names_clean_and_uneven_cuts_of_a_gqa_model(tiny_gqa_setup):
     assert rows[0] == (f"- layer 1: uneven — K/V of group 1 held 4×, +{3 * per_copy:,} parameters "
                        "(5 query / 5 key-value heads left)")
     assert rows[1] == "- layer 3: whole key/value groups — cuts cleanly (4 query / 1 key-value heads left)"
+
+
+def test_speed_up_is_measured_on_request_next_to_the_ideal(tiny_gqa_setup):
+    from headprune.speed import mask_flops
+
+    setup, model = tiny_gqa_setup
+    at = open_app("prune", setup=setup)
+    sd = at.session_state["hp_session"]
+    mask = HeadMask.from_pruned({0: [4, 5, 6, 7], 2: [0, 1, 2, 3]}, sd.mask.shape)
+    sd.set_mask(mask, "test")
+    at.run()
+    assert "ideal speed-up (FLOPs)" not in [m.label for m in at.metric]   # nothing is timed unasked
+    at.button(key="prune-speed").click().run()
+    assert not problems(at)
+    length = max(n for n in (64, 256) if n <= model.config.max_position_embeddings)   # longer ones are skipped
+    assert metric(at, "ideal speed-up (FLOPs)") == f"{mask_flops(model, mask, length)['ideal_speedup']:.2f}×"
+    assert re.fullmatch(r"\d+\.\d\d×", metric(at, "measured, throughput"))

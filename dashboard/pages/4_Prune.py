@@ -3,7 +3,7 @@
 import numpy as np
 import streamlit as st
 
-from dashboard.compute import compute_scores, live_evaluator, measure_speed, move_live
+from dashboard.compute import compute_scores, live_evaluator, move_live
 from dashboard.session import SessionData
 from dashboard.store import DashboardWorkspace as Workspace
 from dashboard.ui import (
@@ -20,7 +20,7 @@ from dashboard.ui import (
     page,
     progress_bar,
     sidebar_counts,
-    speed_report,
+    speed_section,
 )
 from headprune import viz
 from headprune.live import parameters_left
@@ -189,16 +189,7 @@ def cuttable(ws: Workspace, sd: SessionData) -> None:
     if lines:
         st.markdown("**Cutting these heads out of the weights**")
         st.markdown("\n".join(f"- {line}" for line in lines))
-    with st.expander("How much faster is the pruned model?"):
-        st.caption("Times the model as loaded and the pruned model (heads cut out) on random token ids: latency "
-                   "at batch 1 and throughput at batch 32, sequence lengths 64 and 256, next to the ideal speed-up "
-                   "from FLOPs. Takes several seconds.")
-        if st.button("Measure the speed-up", key="prune-speed", disabled=sd.n_gated == 0):
-            with guard("Could not time the pruned model"):
-                bar = progress_bar("timing the dense and the pruned model")
-                report = measure_speed(ws, sd.mask, bar)
-                bar.done()
-                speed_report(report)
+    speed_section(ws, sd, "prune-speed")
 
 
 # The metrics, the grid and every control that changes the mask: a click here reruns only this fragment (the

@@ -6,7 +6,7 @@ import streamlit as st
 
 from dashboard.export import build_pruned_model, run_file
 from dashboard.store import mask_key
-from dashboard.ui import guard, page, progress_bar
+from dashboard.ui import guard, page, progress_bar, speed_section
 from headprune import viz
 
 ws, sd = page("Export")
@@ -79,3 +79,4 @@ if built is not None:
     c2.dataframe(viz.size_table(built["size"]).style.format({"removed (%)": "{:.1f}", "MB before": "{:.2f}",
                                                              "MB after": "{:.2f}"}),
                  hide_index=True, width="stretch")
+speed_section(ws, sd, "export-speed")
