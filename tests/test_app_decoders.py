@@ -137,13 +137,17 @@ def test_lm_demo_picker_scores_attention_prune_trajectories_export(folders):
     assert not problems(at)
     causal = next(c.value for c in at.caption if "causal" in c.value)
     sentence = at.selectbox(key="att-pick").value
-    from dashboard.compute import arcs_for
+    from dashboard.compute import arcs_for, profile_for
 
     arcs = arcs_for(ws, sentence, at.session_state["hp_session"].mask)
     assert arcs.causal and all(a.head < a.dependent for a in arcs.arcs)
     assert f"({arcs.dropped.get('future head', 0)} with the head later" in causal
     [grid] = grid_figures(at)
     assert borders(grid) == expected_borders(n_layers, n_heads, 2)
+    timed("syntactic profile on the LM demo", lambda: at.button(key="att-profile").click().run())
+    assert not problems(at)
+    profile = profile_for(ws, at.session_state["hp_session"].mask)  # the stored one the page drew
+    assert profile.relations and any(f["data"][0].get("type") == "bar" for f in figures(at))
 
     at.switch_page(PAGES["prune"]).run()
     assert not problems(at)
@@ -256,3 +260,34 @@ def test_placement_and_dtype_choices(folders):
     import torch
 
     assert next(workspace(at).loaded.model.parameters()).dtype == torch.bfloat16
+
+
+def test_gqa_classifier_attention_trajectories_export(folders):
+    """The saved GQA Llama classifier on the pages after Head scores: causal arcs, accuracy trajectories (higher
+    is better: the tolerance line at τ × dense), and the exported pruned model."""
+    at = open_app("attention", classifier_setup(folders))
+    assert not problems(at)
+    assert any("causal" in c.value for c in at.caption)
+    assert [borders(g) for g in grid_figures(at)] == [expected_borders(3, 8, 2)]
+
+    at.switch_page(PAGES["trajectories"]).run()
+    assert "below τ × dense" in at.slider(key="traj-tolerance").label
+    at.multiselect(key="traj-criteria").set_value(["his"]).run()
+    at.number_input(key="traj-seeds").set_value(0).run()
+    at.number_input(key="traj-step").set_value(6).run()
+    timed("one his trajectory on the tiny Llama classifier", lambda: at.button(key="traj-run").click().run())
+    assert not problems(at)
+    [traj] = at.session_state["hp_session"].trajectories
+    dense = float(traj.values()[0])
+    [fig] = [f for f in figures(at) if "accuracy" in f["layout"].get("yaxis", {}).get("title", {}).get("text", "")]
+    assert fig["layout"]["yaxis"]["title"]["text"] == "accuracy (higher is better)"
+    assert sorted(s["y0"] for s in fig["layout"]["shapes"]) == pytest.approx(sorted([dense, 0.9 * dense]))
+
+    at.switch_page(PAGES["prune"]).run()
+    prune_lowest(at, 25)
+    live = float(metric(at, "accuracy"))
+    assert live == pytest.approx(live_evaluation(at).accuracy, abs=1e-4)
+    at.switch_page(PAGES["export"]).run()
+    at.button(key="export-build").click().run()
+    assert not problems(at)
+    assert float(metric(at, "accuracy of the pruned model")) == pytest.approx(live, abs=1e-4)
