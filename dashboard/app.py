@@ -19,20 +19,20 @@ from dashboard.config import demo_setup, use_setup
 from dashboard.ui import ABOUT, PAGES, baseline_label, cut_note, heads_left, model_title, page, page_path
 
 LINKS = {"2_Head_scores.py": "See which heads matter (heatmaps)",
-         "4_Prune.py": "Prune heads and watch the accuracy move",
+         "4_Prune.py": "Prune heads and watch the metric move",
          "3_Attention.py": "What does a head look at?",
-         "5_Trajectories.py": "Prune step by step: accuracy vs heads removed",
+         "5_Trajectories.py": "Prune step by step: the metric vs heads removed",
          "6_Export.py": "Download the mask, scores, figures and the pruned model",
          "1_Model_and_data.py": "Use your own model or data"}
 
 
 def home() -> None:
-    ws, sd = page("headprune", "Find the attention heads a classifier can do without.")
+    ws, sd = page("headprune", "Find the attention heads a model can do without.")
     st.markdown(ABOUT)
     st.markdown(
         "1. **Score** every head with criteria from the pruning literature and see them side by side.\n"
         "2. **Look** at what a head attends to, over the sentence's grammar.\n"
-        "3. **Prune** heads by clicking them and watch the accuracy change live; export the smaller model."
+        "3. **Prune** heads by clicking them and watch accuracy or perplexity change live; export the smaller model."
     )
     left, right = st.columns([3, 2], gap="large")
     with left:

@@ -19,8 +19,9 @@ from .session import SessionData, session
 from .store import DashboardWorkspace as Workspace
 from .store import build_workspace, workspace_of
 
-ABOUT = ("**headprune** scores every attention head of a transformer classifier, shows what each head looks at, "
-         "and lets you prune heads and watch the accuracy move — then exports the smaller model.")
+ABOUT = ("**headprune** scores every attention head of a transformer (a classifier or a language model), shows what "
+         "each head looks at, and lets you prune heads and watch accuracy or perplexity move — then exports the "
+         "smaller model.")
 
 
 # -- errors and progress -----------------------------------------------------------------------------------------
