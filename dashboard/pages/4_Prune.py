@@ -200,15 +200,17 @@ def live_view() -> None:
     sidebar_counts(ws, sd)
     metric_row = st.container()
     grid_col, side = st.columns([3, 2], gap="large")
+    # drawing order (not layout order): the clicked grid first, then the numbers as they arrive, then the rest
+    with grid_col:
+        grid(ws, sd)
+    with metric_row:
+        numbers(ws, sd)
+    with grid_col:
+        cuttable(ws, sd)
     with side:
         one_head_controls(ws, sd)
         criterion_controls(ws, sd)
         options(ws, sd)
-    with grid_col:
-        grid(ws, sd)
-        cuttable(ws, sd)
-    with metric_row:  # last: the grid and the counts are on screen before the evaluation starts
-        numbers(ws, sd)
 
 
 if ws.n_cut:
