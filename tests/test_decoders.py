@@ -4,6 +4,7 @@ every layer and family, capture == eager attention, save -> load, honest paramet
 from __future__ import annotations
 
 import copy
+import math
 
 import numpy as np
 import pytest
@@ -368,3 +369,26 @@ def test_save_pruned_leaves_nothing_half_written(tmp_path):
     (out / "old").mkdir(parents=True)
     with pytest.raises(ModelLoadError, match="not an empty folder"):
         save_pruned(tiny_decoder("gpt2"), None, out)
+
+
+def test_entropy_deficit_and_taylor_on_a_gqa_language_model(one_thread):
+    """AE (form A) and AD against hand formulas over each row's causal maps (eager capture, padding cut);
+    Taylor equals HIS with the LM loss."""
+    from headprune.criteria import ScoringContext, get
+
+    model = tiny_decoder("mistral", "lm", attn_implementation="eager")
+    batches = _lm_batches()
+    entropy, deficit, n = np.zeros((4, 8)), np.zeros((4, 8)), 0
+    for batch in batches:
+        maps = capture_attention(model, batch)
+        for b, length in enumerate(batch["attention_mask"].sum(1).tolist()):
+            for layer, probs in enumerate(maps.probs):
+                a = probs[b, :, :length, :length].double()
+                rows = -torch.special.xlogy(a, a).sum(-1)            # (H, t): entropy of each causal row
+                entropy[layer] += (rows.sum(-1) / length).numpy()
+                deficit[layer] += (1 - rows.sum(-1) / (length * math.log(max(length, 2)))).numpy()
+            n += 1
+    ctx = ScoringContext(model, batches)
+    np.testing.assert_allclose(get("ae")(ctx, {"form": "A"}).scores, -entropy / n, rtol=1e-5)
+    np.testing.assert_allclose(get("ad")(ctx).scores, -deficit / n, rtol=1e-5)
+    np.testing.assert_allclose(get("taylor")(ctx).scores, get("his")(ctx).scores, rtol=1e-4)
