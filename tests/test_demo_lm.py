@@ -62,3 +62,33 @@ def test_lm_demo_loads_and_evaluates_from_the_cli(lm_demo_info, capsys):
     assert out["perplexity"] == pytest.approx(math.exp(out["loss"]))
     # a sample of the held-out rows lands near the recorded held-out perplexity, far below the unigram's
     assert out["perplexity"] < 0.75 * lm_demo_info["unigram_perplexity"]
+
+
+def test_every_cli_command_runs_on_the_lm_demo(lm_demo_info, tmp_path, capsys):
+    """score, trajectory, syntax, prune and evaluate on the decoder demo; the cut model's perplexity equals the
+    gated one's, and a group mask cuts whole key/value groups."""
+    from headprune.cli import main
+
+    def run(*argv):
+        rc = main([*argv])
+        captured = capsys.readouterr()
+        assert rc == 0, captured.err
+        return json.loads(captured.out)
+
+    data = ["--model", "demo-lm", "--data", "demo-lm", "--calib-size", "8", "--eval-size", "32", "--max-length", "48"]
+    scores = run("score", *data, "--criterion", "gnorm", "--out", str(tmp_path / "s.json"))
+    assert json.loads((tmp_path / "s.json").read_text())["criterion"] == "gnorm" and scores
+    traj = run("trajectory", *data, "--criterion", "random", "--step", "12", "--budget", "0.25")
+    assert traj["metric"] == "perplexity"
+    profile = run("syntax", *data, "--out", str(tmp_path / "p.json"))
+    assert profile
+    mask = tmp_path / "mask.json"
+    mask.write_text(json.dumps({"pruned_groups": {"2": [1]}, "pruned": {"4": [0]}}))
+    gated = run("evaluate", *data, "--mask", str(mask))
+    run("prune", "--model", "demo-lm", "--mask", str(mask), "--out", str(tmp_path / "cut"))
+    cut = run("evaluate", "--model", str(tmp_path / "cut"), *data[2:])
+    assert cut["perplexity"] == pytest.approx(gated["perplexity"], rel=1e-5)
+    from headprune.models import load_model
+
+    layers = load_model(str(tmp_path / "cut"), "cpu").adapter.blocks
+    assert (layers[2].n_live, layers[2].n_kv_live) == (4, 1) and (layers[4].n_live, layers[4].n_kv_live) == (7, 7)
