@@ -2,9 +2,11 @@
 
     python benchmarks/bench_browser.py --model demo [--eval-size 500] [--clicks-per-layer 2] [--root DIR]
     python benchmarks/bench_browser.py --model demo-lm
+    git archive <commit> | tar -x -C /tmp/before && python benchmarks/bench_browser.py --baseline /tmp/before
 
-Starts ``streamlit run app.py`` (from ``--root``, the repository by default: point it at an exported older
-checkout to measure "before") on 127.0.0.1 at a free port with HEADPRUNE_MODEL / HEADPRUNE_DATA = ``--model``,
+``--baseline`` serves an older checkout at the same time and clicks both in turn (same heads), so a change in a
+shared machine's load hits before and after alike. Starts ``streamlit run app.py`` (from ``--root``, the
+repository by default) on 127.0.0.1 at a free port with HEADPRUNE_MODEL / HEADPRUNE_DATA = ``--model``,
 drives headless Chromium through Playwright to the Prune page, waits until the page is idle, then clicks head cells
 of the mask grid: ``--clicks-per-layer`` passes over the layers, each pass pruning a different head per layer. Per
 click, timed in Python from just before the mouse click:
@@ -14,7 +16,7 @@ click, timed in Python from just before the mouse click:
 * **exact number**: the headline metric shows the exact full-set value (no "±" / "≈" of a running estimate).
 
 Before a progressive page both are the same moment. The page is left idle between clicks (the next click starts
-from a settled page, as a person's would). The server is stopped at the end. Prints per layer the median and the
+from a settled page, as a person's would). The servers are stopped at the end. Prints per layer the median and the
 maximum of both, then the overall p50 and the worst layer (highest median); ``--json`` writes every click.
 """
 
@@ -30,7 +32,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,48 +146,63 @@ def click_cell(page, layer: int, head: int, n_heads: int) -> None:
     page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
 
 
-def run(model: str, eval_size: int, clicks_per_layer: int, root: Path, log: Path, url: str | None = None) -> list[dict]:
+def open_prune(browser, url: str):
+    """A page on the Prune page of the server at ``url``, settled; (page, layers, heads, headline metric)."""
+    page = browser.new_page(viewport={"width": 1500, "height": 1100})
+    page.set_default_timeout(600_000)
+    page.goto(url)  # home first: a first visit straight to /prune also runs the main page once
+    page.get_by_text("heads left").first.wait_for()
+    wait_settled(page)
+    page.get_by_role("link", name="Prune").first.click()
+    page.get_by_text("parameters left").first.wait_for()
+    wait_settled(page)
+    n_layers, n_heads = grid_size(page)
+    return page, n_layers, n_heads, headline_name(page.evaluate(READ_METRICS))
+
+
+def timed_click(page, layer: int, head: int, n_heads: int, left: str, metric: str) -> dict:
+    """Click (layer, head) and time the first and the exact number (see the module docstring)."""
+    start = time.perf_counter()
+    click_cell(page, layer, head, n_heads)
+    first = poll(page, lambda: shown(page, left, metric, exact=False)) - start
+    exact = poll(page, lambda: shown(page, left, metric, exact=True)) - start
+    value = page.evaluate(READ_METRICS)[metric]["value"]
+    wait_settled(page)
+    if not page.get_by_text(f"toggled layer {layer} · head {head}").count():
+        raise RuntimeError(f"the click on layer {layer}, head {head} toggled another head")
+    return {"layer": layer, "head": head, "first_s": first, "exact_s": exact, "metric": metric, "value": value}
+
+
+def run(model: str, eval_size: int, clicks_per_layer: int, roots: dict[str, Path], log: Path,
+        url: str | None = None) -> dict[str, list[dict]]:
+    """Clicks on the Prune page of one server per entry of ``roots`` (name -> checkout), all up at once and
+    clicked in turn, the same head on each: a change in the machine's load hits every checkout alike."""
     from playwright.sync_api import sync_playwright
 
     env = {"HEADPRUNE_MODEL": model, "HEADPRUNE_DATA": model, "HEADPRUNE_EVAL_SIZE": str(eval_size),
            "HEADPRUNE_CALIB_SIZE": "64"}
-    clicks = []
-    server = nullcontext(url) if url else streamlit_server(root, env, log)
-    with server as url, sync_playwright() as p:
+    clicks: dict[str, list[dict]] = {name: [] for name in roots}
+    with ExitStack() as stack:
+        urls = {name: stack.enter_context(nullcontext(url) if url else
+                                          streamlit_server(root, env, log.with_suffix(f".{name}.log")))
+                for name, root in roots.items()}
+        p = stack.enter_context(sync_playwright())
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1500, "height": 1100})
-            page.set_default_timeout(600_000)
-            page.goto(url)  # home first: a first visit straight to /prune also runs the main page once
-            page.get_by_text("heads left").first.wait_for()
-            wait_settled(page)
-            page.get_by_role("link", name="Prune").first.click()
-            page.get_by_text("parameters left").first.wait_for()
-            wait_settled(page)
-            print("Prune page ready", file=sys.stderr)
-            n_layers, n_heads = grid_size(page)
-            metric = headline_name(page.evaluate(READ_METRICS))
-            total = n_layers * n_heads
-            pruned = 0
-            for round_ in range(clicks_per_layer):
-                for layer in range(n_layers):
-                    head = (3 * round_ + layer) % n_heads
-                    pruned += 1
-                    left = f"{total - pruned} / {total}"
-                    start = time.perf_counter()
-                    click_cell(page, layer, head, n_heads)
-                    first = poll(page, lambda left=left: shown(page, left, metric, exact=False)) - start
-                    exact = poll(page, lambda left=left: shown(page, left, metric, exact=True)) - start
-                    value = page.evaluate(READ_METRICS)[metric]["value"]
-                    wait_settled(page)
-                    if not page.get_by_text(f"toggled layer {layer} · head {head}").count():
-                        raise RuntimeError(f"the click on layer {layer}, head {head} toggled another head")
-                    clicks.append({"layer": layer, "head": head, "first_s": first, "exact_s": exact,
-                                   "metric": metric, "value": value})
-                    print(f"  layer {layer} head {head}: first {first:.2f} s, exact {exact:.2f} s ({metric} {value})",
-                          file=sys.stderr)
-        finally:
-            browser.close()
+        stack.callback(browser.close)
+        pages = {name: open_prune(browser, u) for name, u in urls.items()}
+        print("Prune pages ready", file=sys.stderr)
+        _, n_layers, n_heads, metric = next(iter(pages.values()))
+        total = n_layers * n_heads
+        pruned = 0
+        for round_ in range(clicks_per_layer):
+            for layer in range(n_layers):
+                head = (3 * round_ + layer) % n_heads
+                pruned += 1
+                for name, (page, *_rest) in pages.items():
+                    c = timed_click(page, layer, head, n_heads, f"{total - pruned} / {total}", metric)
+                    clicks[name].append(c)
+                    print(f"  {name}: layer {layer} head {head}: first {c['first_s']:.2f} s, exact "
+                          f"{c['exact_s']:.2f} s ({metric} {c['value']})", file=sys.stderr)
     return clicks
 
 
@@ -208,26 +225,33 @@ def main() -> None:
     parser.add_argument("--eval-size", type=int, default=500)
     parser.add_argument("--clicks-per-layer", type=int, default=2)
     parser.add_argument("--root", type=Path, default=ROOT, help="checkout whose app.py is served")
+    parser.add_argument("--baseline", type=Path, help="an older checkout (e.g. git archive of a commit) served at "
+                                                      "the same time and clicked in turn, for a fair before/after")
     parser.add_argument("--log", type=Path, default=Path("/tmp/bench_browser_server.log"))
     parser.add_argument("--json", type=Path, help="write every click here")
-    parser.add_argument("--url", help="use this running server (started with the same model) instead of starting one")
+    parser.add_argument("--url", help="use this running server (same model; not with --baseline)")
     args = parser.parse_args()
     if not Path(CHROMIUM).exists():
         sys.exit(f"{CHROMIUM} not found: install Debian's chromium")
-    clicks = run(args.model, args.eval_size, args.clicks_per_layer, args.root.resolve(), args.log, args.url)
-    s = summary(clicks)
-    print(f"Prune page, {args.model}, {args.eval_size} evaluation rows, {len(clicks)} clicks "
-          f"({os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f})")
-    print("layer | click → first number p50 / max (s) | click → exact number p50 / max (s)")
-    for layer, row in s["layers"].items():
-        print(f"{layer:5d} | {row['first'][0]:6.2f} / {row['first'][1]:5.2f}"
-              f"                   | {row['exact'][0]:6.2f} / {row['exact'][1]:5.2f}")
-    print(f"all   | first p50 {s['first_p50']:.2f} s (max {s['first_max']:.2f}), worst layer {s['worst_layer']} "
-          f"p50 {s['worst_first_p50']:.2f} s | exact p50 {s['exact_p50']:.2f} s (max {s['exact_max']:.2f})")
+    roots = {"this": args.root.resolve()}
+    if args.baseline:
+        roots = {"baseline": args.baseline.resolve(), **roots}
+    clicks = run(args.model, args.eval_size, args.clicks_per_layer, roots, args.log, args.url)
+    print(f"Prune page, {args.model}, {args.eval_size} evaluation rows, {args.clicks_per_layer} click(s) per layer"
+          f" ({os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end)")
+    for name, root in roots.items():
+        s = summary(clicks[name])
+        print(f"\n{name} ({root})")
+        print("layer | click → first number p50 / max (s) | click → exact number p50 / max (s)")
+        for layer, row in s["layers"].items():
+            print(f"{layer:5d} | {row['first'][0]:6.2f} / {row['first'][1]:5.2f}"
+                  f"                   | {row['exact'][0]:6.2f} / {row['exact'][1]:5.2f}")
+        print(f"all   | first p50 {s['first_p50']:.2f} s (max {s['first_max']:.2f}), worst layer {s['worst_layer']} "
+              f"p50 {s['worst_first_p50']:.2f} s | exact p50 {s['exact_p50']:.2f} s (max {s['exact_max']:.2f})")
     if args.json:
         args.json.write_text(json.dumps({"model": args.model, "eval_size": args.eval_size, "clicks": clicks,
-                                         "summary": s}, indent=1, default=str))
-
+                                         "summaries": {n: summary(c) for n, c in clicks.items()}},
+                                        indent=1, default=str))
 
 if __name__ == "__main__":
     main()

@@ -53,9 +53,10 @@ def test_a_click_shows_an_estimate_then_the_exact_value_of_a_full_evaluation(sho
     full = evaluate(ws.loaded.model, ws.eval_batches, sd.mask)
     running = [e for e in shown_estimates if not e.exact]
     assert running, "no running estimate was shown before the exact value"
-    assert [e.done for e in running] == list(range(1, len(ws.eval_batches)))  # one per batch, in order
+    done = [e.done for e in running]           # the first batch's at once, later ones at most every 0.3 s
+    assert done[0] == 1 and done == sorted(set(done)) and done[-1] < len(ws.eval_batches)
     assert all(e.metric == "accuracy" and e.total == len(ws.eval_batches) for e in running)
-    assert running[-1].low is not None and running[-1].low <= running[-1].value <= running[-1].high
+    assert all(e.low <= e.value <= e.high for e in running if e.low is not None)
     assert float(metric(at, "accuracy")) == pytest.approx(full.accuracy, abs=1e-4)   # then exact
     assert metric(at, "heads left") == "71 / 72" and sidebar_heads_left(at) == "71 / 72"
 

@@ -1,5 +1,7 @@
 """Prune: click heads to prune or restore them and watch the evaluation metric move live."""
 
+import time
+
 import numpy as np
 import streamlit as st
 
@@ -75,6 +77,9 @@ def enable_stability(ws: Workspace, sd: SessionData) -> None:
 
 
 # -- numbers ---------------------------------------------------------------------------------------------
+ESTIMATE_INTERVAL = 0.3  # seconds between two redraws of the running estimate
+
+
 def numbers(ws: Workspace, sd: SessionData) -> None:
     """The metric row: counts at once, the headline metric as a running estimate, then exact."""
     dense_value, baseline = ws.metric_of(ws.dense()), baseline_label(ws)
@@ -90,14 +95,18 @@ def numbers(ws: Workspace, sd: SessionData) -> None:
     headline, side_metric = c1.empty(), c4.empty()
     side_metric.metric(baseline, f"{dense_value:.4f}")
 
+    shown_at = [0.0]
+
     def show_estimate(estimate) -> None:
-        if estimate.exact:  # the exact value is drawn below, with its change against the dense model
+        # the exact value is drawn below, with its change against the dense model; the browser shares the CPU
+        # with the evaluation, so running values are redrawn at most every ESTIMATE_INTERVAL seconds
+        if estimate.exact or time.monotonic() - shown_at[0] < ESTIMATE_INTERVAL:
             return
-        with headline.container():
-            st.metric(ws.metric, estimate_value(estimate), f"{estimate.done}/{estimate.total} batches",
-                      delta_color="off", delta_arrow="off",
-                      help="Running estimate over the batches evaluated so far (random order) with its 95% "
-                           "interval; replaced by the exact value when the last batch is in.")
+        shown_at[0] = time.monotonic()
+        headline.metric(ws.metric, estimate_value(estimate), f"{estimate.done}/{estimate.total} batches",
+                        delta_color="off", delta_arrow="off",
+                        help="Running estimate over the batches evaluated so far (random order) with its 95% "
+                             "interval; replaced by the exact value when the last batch is in.")
 
     with guard("Could not evaluate this mask"):
         metrics, stability = live_metrics(ws, sd, show_estimate)
