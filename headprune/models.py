@@ -19,7 +19,7 @@ from torch import nn
 from .arch import ModelAdapter, adapt
 from .data import prepare_tokenizer
 from .device import OFFLOAD_HELP, parse_device_map, parse_dtype, resolve_device
-from .errors import ModelLoadError
+from .errors import DeviceError, ModelLoadError
 from .surgery import record_kept_heads
 
 
@@ -207,10 +207,24 @@ def load_model(spec: str, device: str | torch.device = "auto", attn_implementati
     if placement is None:
         model.to(dev)
     else:  # inputs go where the embeddings are; accelerate's hooks move activations between devices
+        _check_map_names(model, placement)
         dev = model.get_input_embeddings().weight.device
         dev = torch.device("cpu") if dev.type == "meta" else dev
     model.eval()
     return LoadedModel(model, tokenizer, spec, source, adapter, dev)
+
+
+def _check_map_names(model: nn.Module, placement: str | dict) -> None:
+    """A device map naming a module the model does not have is a mistake (a typo places nothing); name it."""
+    if not isinstance(placement, dict):
+        return
+    names = {name for name, _ in model.named_modules()}
+    unknown = [key for key in placement if key and key not in names]
+    if unknown:
+        top = sorted({name.split(".")[0] for name in names if name})
+        raise DeviceError(f"The device map names {', '.join(repr(k) for k in unknown[:3])}, which this model does "
+                          f"not have. Module names start with: {', '.join(top)} (e.g. "
+                          f"'{next(n for n, _ in model.named_modules() if n.count('.') == 2)}').")
 
 
 def _dispatch(model: nn.Module, placement: str | dict, offload_folder: str | None) -> nn.Module:

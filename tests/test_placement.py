@@ -92,3 +92,8 @@ def test_dtype_choices():
 def test_bf16_load_converts_the_weights(llama_dir):
     loaded = load_model(str(llama_dir), "cpu", dtype="bf16")
     assert {p.dtype for p in loaded.model.parameters()} == {torch.bfloat16}
+
+
+def test_a_device_map_naming_a_missing_module_is_named(llama_dir):
+    with pytest.raises(DeviceError, match="names 'model.layerz.0', which this model does not have"):
+        load_model(str(llama_dir), device_map={**OFFLOADED, "model.layerz.0": "cpu"})
