@@ -90,8 +90,8 @@ def numbers(ws: Workspace, sd: SessionData) -> None:
     c2.metric("heads left", heads_left(ws, sd), f"-{sd.n_gated}" if sd.n_gated else None, delta_color="off",
               help=f"{ws.n_cut} cut out of the loaded model, {sd.n_gated} pruned here" if ws.n_cut else None)
     c3.metric("parameters left", f"{params / 1e6:.2f} M", f"{100 * (params - total) / total:+.1f}%",
-              delta_color="off", help="The pruned model's size once the heads are cut (key/value rows a "
-                                      "grouped-query layer must hold twice included).")
+              delta_color="off", help="The pruned model's size once the heads are cut, counting the key/value "
+                                      "rows an uneven grouped-query cut holds more than once.")
     headline, side_metric = c1.empty(), c4.empty()
     side_metric.metric(baseline, f"{dense_value:.4f}")
 
