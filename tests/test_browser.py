@@ -10,11 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -33,10 +29,14 @@ def _skip_reason() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _bench_browser():
+    """benchmarks/bench_browser.py, whose ``streamlit_server`` both it and this test start the app with."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_browser", ROOT / "benchmarks" / "bench_browser.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="module")
@@ -45,32 +45,9 @@ def server(tmp_path_factory):
     if reason:
         print(f"skipping the browser test: {reason}")
         pytest.skip(reason)
-    port = _free_port()
     log = tmp_path_factory.mktemp("streamlit") / "server.log"
-    env = {**os.environ, **SMALL}
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
-                                 "--server.port", str(port), "--server.address", "127.0.0.1",
-                                 "--browser.gatherUsageStats", "false"],
-                                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read()
-                break
-            except OSError:
-                if proc.poll() is not None or time.time() > deadline:
-                    raise RuntimeError(f"streamlit did not start:\n{log.read_text()}") from None
-                time.sleep(0.5)
+    with _bench_browser().streamlit_server(ROOT, dict(SMALL), log, start_timeout=120) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 @pytest.fixture(scope="module")
