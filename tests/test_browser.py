@@ -68,13 +68,8 @@ def metric_value(page, label: str) -> str:
 
 
 def wait_idle(page, timeout: float = 300_000) -> None:
-    """Wait until Streamlit finished the current run (its status widget shows no running script)."""
-    page.wait_for_timeout(500)
-    page.wait_for_function(
-        "() => !document.querySelector('[data-stale=\"true\"]') && (!document.querySelector("
-        "'[data-testid=\"stStatusWidget\"]') || !document.querySelector('[data-testid=\"stStatusWidget\"]')"
-        ".innerText.includes('Running'))", timeout=timeout)
-    page.wait_for_timeout(500)  # plotly draws after the rerun ends
+    """Wait until Streamlit finished the current run (no stale element, no running script) and plotly drew."""
+    _bench_browser().wait_settled(page, timeout)
 
 
 def score_heatmaps(page) -> None:
