@@ -392,3 +392,18 @@ def test_entropy_deficit_and_taylor_on_a_gqa_language_model(one_thread):
     np.testing.assert_allclose(get("ae")(ctx, {"form": "A"}).scores, -entropy / n, rtol=1e-5)
     np.testing.assert_allclose(get("ad")(ctx).scores, -deficit / n, rtol=1e-5)
     np.testing.assert_allclose(get("taylor")(ctx).scores, get("his")(ctx).scores, rtol=1e-4)
+
+
+def test_gnorm_on_a_language_model_defaults_to_the_lm_loss(one_thread):
+    from headprune.criteria import ScoringContext, get
+
+    model, batches = tiny_decoder("llama", "lm"), _lm_batches()
+    default = get("gnorm")(ScoringContext(model, batches))
+    explicit = get("gnorm")(ScoringContext(model, batches), {"objective": "loss"})
+    assert default.params["objective"] == "loss"
+    np.testing.assert_allclose(default.scores, explicit.scores)
+    norm = get("gnorm")(ScoringContext(model, batches), {"objective": "logits_norm"})
+    assert not np.allclose(norm.scores, default.scores)
+    classifier = tiny_decoder("llama", "cls")
+    batch = dict(random_decoder_batch(), labels=torch.tensor([0, 1, 2, 0]))
+    assert get("gnorm")(ScoringContext(classifier, [batch])).params["objective"] == "logits_norm"
