@@ -15,8 +15,9 @@ toggles spread evenly over the 6 layers a live update runs on average 3.5 of 6 l
 6 / 3.5 = 1.71x before the fixed cost of the output layer (about 1.3 layers here), which lowers it to about 1.5x.
 
 Measured 2026-11-22, 2 threads, quiet 2-core box: one-pass x5 0.93 s vs plain 0.97 s = 0.96x (Gnorm on the LM
-loss, its default for language models; 1.52x when Gnorm differentiates ||logits|| in a second backward); live
-toggle 1.35-1.45x over three runs, per layer 1.0x (layer 0) to 2.2x (layer 5).
+loss, its default for language models; 1.12x in a second run; 1.52x when Gnorm differentiates ||logits|| in a second
+backward); live toggle 1.57x with core replay (the toggled layer restarts at O of its cached context), per layer
+0.99x (layer 0) to 2.49x (layer 5); 1.35-1.45x over three runs before core replay.
 """
 
 from __future__ import annotations

@@ -22,6 +22,10 @@ Two further savings, both exact up to float rounding and both checked against th
   projection O do not depend on layer l's gates (gating scales that context just before O, see gating.py), so
   they are cached per layer and layer l restarts at O instead of recomputing Q/K/V and the attention.
 
+* **core replay** (decoders, ModernBERT: families whose attention core applies O itself, where the split layers
+  above do not apply) -- the same cached context, used by standing in for the toggled layer's core with O of
+  that context (``modwrap.wrapped_forward``); the rest of the layer is its own code.
+
 Cost: a toggle in layer l costs roughly (L - l - 1) layers + one O/feed-forward pass + one cheap last layer,
 versus L layers for a full evaluation. Memory: two (tokens x hidden) float tensors per layer and evaluation row.
 
@@ -52,7 +56,7 @@ from .evaluate import Metrics, _dataset_order, gather_labels, metrics_from_lm_st
 from .gating import gate_heads
 from .layers import _input_of, layer_stand_ins, replay_stand_ins
 from .mask import HeadMask
-from .modwrap import StandIn
+from .modwrap import StandIn, wrapped_forward
 from .progressive import Estimate, ratio_estimate, visit_order
 from .task import IGNORE_INDEX, lm_row_stats, task_of
 
@@ -263,6 +267,10 @@ class LiveEvaluator:
                                  for i, layer in enumerate(self._layers)]
             except TypeError as exc:
                 self.fast_path_note = f"fast paths off: {exc}"
+        # decoders (and any family whose attention core applies O itself): the toggled layer's core is stood in
+        # for by O of its cached context, so the layer restarts at O; checked at start-up like the split layers
+        self._core_replay = self.incremental and fast_paths and self._runners is None and \
+            self.adapter.core_applies_output
         self.first_token = False  # the first pass is the model's plain forward: the reference for the checks
         # _inputs[b][l]: input of layer l on batch b under self.mask; _contexts[b][l]: context entering O.
         self._inputs: list[list[torch.Tensor | None]] = []
@@ -432,11 +440,16 @@ class LiveEvaluator:
                 handles.append(module.register_forward_pre_hook(
                     lambda _m, args, kwargs, _l=layer: self._stash(self._inputs, b, _l, _input_of(args, kwargs)),
                     with_kwargs=True))
-            if self._runners is not None:  # prepend: see the context before gate_heads' own hook scales it
+            if self._runners is not None or self._core_replay:  # prepend: before gate_heads' hook scales it
                 handles.append(self.adapter.blocks[layer].output.register_forward_pre_hook(
                     lambda _m, args, _l=layer: self._stash(self._contexts, b, _l, args[0]), prepend=True))
+        replayed_core = {}
+        if self._core_replay and self._contexts[b][start] is not None:
+            block = self.adapter.blocks[start]
+            context = self._contexts[b][start].to(self.device)
+            replayed_core = {block.core: lambda core, _inner, *a, **k: (block.output(context), None)}
         try:
-            with layer_stand_ins(self.adapter, stand_ins, bypass=start > 0):
+            with layer_stand_ins(self.adapter, stand_ins, bypass=start > 0), wrapped_forward(replayed_core):
                 return self._logits_of(self.model(**inputs))
         finally:
             for h in handles:
@@ -447,6 +460,10 @@ class LiveEvaluator:
 
         The plain forward's logits for batch 0 are in the cache (the first run used the model's own layers).
         """
+        if self._core_replay:
+            self._check_core_replay()
+            if self._core_replay:
+                self.fast_path_note = "the toggled layer restarts at O from its cached context (core replay)"
         if self._runners is None:
             return
         last = self.adapter.n_layers - 1
@@ -470,3 +487,27 @@ class LiveEvaluator:
         self.first_token = False
         self._runners = None
         self.fast_path_note = "fast paths off: the split layer forward disagrees with the model's own forward"
+
+    def _check_core_replay(self) -> None:
+        """Re-run batch 0 from its last layer with that layer's core replayed from its cached context; keep the
+        shortcut only if it reproduces the plain forward (e.g. a core that applies more than O after the
+        attention would not)."""
+        last = self.adapter.n_layers - 1
+        saved = ([t for t in self._inputs[0]], [t for t in self._contexts[0]])
+        batch = self.batches[0]
+        try:
+            with torch.no_grad(), gate_heads(self.model, self.mask, self.adapter), autocast(self.device):
+                fast = self._kept_output(self._forward_from(0, last, self._inputs_of(batch)).detach(), batch)
+        except Exception:  # noqa: BLE001 - a core whose callers expect another return shape: no shortcut
+            fast = None
+        self._inputs[0], self._contexts[0] = list(saved[0]), list(saved[1])
+        reference = self._logits[0]
+        if fast is None:
+            self._core_replay = False
+            self.fast_path_note = "core replay off: the attention core's callers expect another output"
+            return
+        tol = 5e-2 if self.device.type == "cuda" else 1e-4
+        if not (fast.shape == reference.shape and torch.allclose(fast.double(), reference.double(), atol=tol,
+                                                                 rtol=tol)):
+            self._core_replay = False
+            self.fast_path_note = "core replay off: O of the cached context disagrees with the model's own forward"

@@ -407,3 +407,18 @@ def test_gnorm_on_a_language_model_defaults_to_the_lm_loss(one_thread):
     classifier = tiny_decoder("llama", "cls")
     batch = dict(random_decoder_batch(), labels=torch.tensor([0, 1, 2, 0]))
     assert get("gnorm")(ScoringContext(classifier, [batch])).params["objective"] == "logits_norm"
+
+
+def test_core_replay_is_on_for_decoders_and_exact(one_thread):
+    """The toggled layer restarts at O of its cached context; toggles still equal a full evaluation."""
+    from headprune.evaluate import evaluate
+    from headprune.live import LiveEvaluator
+
+    model, batches = tiny_decoder("phi3", "lm"), _lm_batches()
+    live = LiveEvaluator(model, batches)
+    assert live._core_replay and "core replay" in live.fast_path_note
+    for layer, head in [(2, 1), (2, 6), (0, 3), (2, 1)]:  # repeated toggles in one layer reuse its cached context
+        got = live.toggle(layer, head)
+        assert got.perplexity == pytest.approx(evaluate(model, batches, live.mask).perplexity, rel=1e-5)
+    off = LiveEvaluator(model, batches, fast_paths=False)
+    assert not off._core_replay
