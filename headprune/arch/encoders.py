@@ -68,36 +68,44 @@ def albert(model: nn.Module) -> ModelAdapter | None:
                         core_applies_output=True)
 
 
-@family("bert", "BERT, RoBERTa, XLM-RoBERTa, ELECTRA")
-def bert_like(model: nn.Module) -> ModelAdapter | None:
+def _per_layer(model: nn.Module, arch: str, heads_attr: str, parts, empty, core_applies_output: bool):
+    """Adapter for an encoder with one block per layer; ``parts(layer)`` gives (core, Q, K, V, O) or None when
+    the layer does not have this family's shape (then the model is not of this family)."""
     layers = _encoder_layers(model)
-    n_heads = getattr(model.config, "num_attention_heads", None)
+    n_heads = getattr(model.config, heads_attr, None)
     if layers is None or not n_heads:
         return None
     blocks = []
     for i, layer in enumerate(layers):
-        core = getattr(layer.attention, "self", None)
-        out = getattr(getattr(layer.attention, "output", None), "dense", None)
-        if core is None or out is None or not all(hasattr(core, a) for a in ("query", "key", "value")):
+        found = parts(layer)
+        if found is None:
             return None
-        blocks.append(_block(model, i, core, core.query, core.key, core.value, out, n_heads, _empty_sibling_output))
-    arch = str(model.config.model_type)
+        blocks.append(_block(model, i, *found, n_heads, empty))
     return ModelAdapter(arch, model, blocks, n_heads, len(blocks), False, list(range(len(blocks))), layers,
-                        core_applies_output=False)
+                        core_applies_output=core_applies_output)
+
+
+def _bert_parts(layer: nn.Module):
+    core = getattr(layer.attention, "self", None)
+    out = getattr(getattr(layer.attention, "output", None), "dense", None)
+    if core is None or out is None or not all(hasattr(core, a) for a in ("query", "key", "value")):
+        return None
+    return core, core.query, core.key, core.value, out
+
+
+def _distilbert_parts(layer: nn.Module):
+    core = layer.attention
+    if not all(hasattr(core, a) for a in ("q_lin", "k_lin", "v_lin", "out_lin")):
+        return None
+    return core, core.q_lin, core.k_lin, core.v_lin, core.out_lin
+
+
+@family("bert", "BERT, RoBERTa, XLM-RoBERTa, ELECTRA")
+def bert_like(model: nn.Module) -> ModelAdapter | None:
+    return _per_layer(model, str(model.config.model_type), "num_attention_heads", _bert_parts,
+                      _empty_sibling_output, core_applies_output=False)
 
 
 @family("distilbert", "DistilBERT")
 def distilbert(model: nn.Module) -> ModelAdapter | None:
-    layers = _encoder_layers(model)
-    n_heads = getattr(model.config, "n_heads", None)
-    if layers is None or not n_heads:
-        return None
-    blocks = []
-    for i, layer in enumerate(layers):
-        core = layer.attention
-        if not all(hasattr(core, a) for a in ("q_lin", "k_lin", "v_lin", "out_lin")):
-            return None
-        blocks.append(_block(model, i, core, core.q_lin, core.k_lin, core.v_lin, core.out_lin, n_heads,
-                             _empty_distilbert))
-    return ModelAdapter("distilbert", model, blocks, n_heads, len(blocks), False, list(range(len(blocks))), layers,
-                        core_applies_output=True)
+    return _per_layer(model, "distilbert", "n_heads", _distilbert_parts, _empty_distilbert, core_applies_output=True)
