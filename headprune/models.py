@@ -20,7 +20,7 @@ from .arch import ModelAdapter, adapt
 from .data import prepare_tokenizer
 from .device import OFFLOAD_HELP, parse_device_map, parse_dtype, resolve_device
 from .errors import DeviceError, ModelLoadError
-from .surgery import record_kept_heads
+from .surgery import apply_layout, plan_block, record_kept_heads
 
 
 @dataclass
@@ -74,8 +74,6 @@ def _load_pruned_folder(folder: Path, config, attn_implementation: str) -> nn.Mo
     allocated), cut to the recorded layout, then the saved tensors assigned in place."""
     from accelerate import init_empty_weights
 
-    from .surgery import apply_layout, record_kept_heads
-
     kept = config.headprune_kept_heads
     sources = getattr(config, "headprune_kv_sources", None) or {}
     config.headprune_kept_heads, config.headprune_kv_sources = None, None  # build at full size first
@@ -87,8 +85,6 @@ def _load_pruned_folder(folder: Path, config, attn_implementation: str) -> nn.Mo
         keep = [int(h) for h in kept.get(str(block.index), block.kept)]
         src = sources.get(str(block.index))
         if src is None:
-            from .surgery import plan_block
-
             keep, src = plan_block(block, keep)
         if (keep, [int(g) for g in src]) != (block.kept, block.kv_sources):
             apply_layout(block, keep, [int(g) for g in src])
