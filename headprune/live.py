@@ -40,6 +40,7 @@ dashboard shares one cached model between sessions).
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import sys
 from collections.abc import Callable, Sequence
@@ -333,14 +334,21 @@ class LiveEvaluator:
         headline metric is not a ratio of batch totals (regression's Pearson r) or there are no labels."""
         if not self.has_labels or self.task.kind == "regression":
             return None
+        sizes = self._units_per_batch
         if self.task.is_lm:  # token-weighted loss, shown as perplexity (progressive.py)
-            targets = [int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in self.batches]
             totals = [float(self._logits[b][:, 0].sum()) for b in batches_done]
-            return ratio_estimate(totals, [targets[b] for b in batches_done], targets, "perplexity",
+            return ratio_estimate(totals, [sizes[b] for b in batches_done], sizes, "perplexity",
                                   bounds=(0.0, math.inf), transform=math.exp)
         totals = [int((self._logits[b].argmax(-1) == self.batches[b]["labels"]).sum()) for b in batches_done]
-        sizes = [len(self.batches[b]["labels"]) for b in batches_done]
-        return ratio_estimate(totals, sizes, [len(b["labels"]) for b in self.batches], "accuracy")
+        return ratio_estimate(totals, [sizes[b] for b in batches_done], sizes, "accuracy")
+
+    @functools.cached_property
+    def _units_per_batch(self) -> list[int]:
+        """What each batch's headline metric averages over -- rows, or an LM's next-token targets; fixed by the
+        data, so counted once and not again after every batch of every run."""
+        if self.task.is_lm:
+            return [int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in self.batches]
+        return [len(b["labels"]) for b in self.batches]
 
     def cache_megabytes(self) -> float:
         tensors = [t for rows in (self._inputs, self._contexts) for row in rows for t in row if t is not None]
