@@ -46,7 +46,6 @@ from contextlib import contextmanager, nullcontext
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ..arch import PARTS, adapt
 from ..capture import record_attention
@@ -75,21 +74,18 @@ def objective_value(logits: torch.Tensor, labels: torch.Tensor | None, objective
     real positions, "batch_logits_norm" is ‖Z‖_F over the real positions of the batch.
     """
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    if objective == "loss":  # the task's own per-example loss (headprune.task), summed over the batch
+        kind = "lm" if logits.ndim == 3 else "regression" if logits.shape[-1] == 1 else "classification"
+        return Task(kind).per_example_loss(logits, {"labels": labels}).sum()
     if logits.ndim == 3:
         real = attention_mask.to(logits.device).bool()
-        if objective == "loss":
-            return Task("lm").per_example_loss(logits, {"labels": labels}).sum()
         norms = logits.norm(dim=-1) * real
         if objective == "logits_norm":
             return (norms.sum(-1) / real.sum(-1).clamp(min=1)).sum()
         return norms.square().sum().sqrt()
     if objective == "logits_norm":
         return logits.norm(dim=-1).sum()
-    if objective == "batch_logits_norm":
-        return logits.norm()
-    if logits.shape[-1] == 1:
-        return F.mse_loss(logits[:, 0], labels.float(), reduction="sum")
-    return F.cross_entropy(logits, labels, reduction="sum")
+    return logits.norm()  # batch_logits_norm
 
 
 def backward_objective(key: tuple) -> str | None:
