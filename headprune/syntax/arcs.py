@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ..model.arch import adapt
-from ..model.capture import capture_attention
+from ..model.capture import AttentionMaps, capture_attention
 from ..model.mask import HeadMask
 from .align import encode, token_words, word_attention, word_status
 from .parse import Arc, Parse, load_parser, parse_texts
@@ -61,6 +61,11 @@ class DependencyArcs:
         """(n_layers, H, n_arcs): ``arc_weights`` of every head at once."""
         dep, head = self._ends()
         return self.attention[:, :, dep, head]
+
+    def arc_offsets(self) -> np.ndarray:
+        """(n_arcs,) int: head word index minus dependent word index (what a fixed-offset baseline predicts)."""
+        dep, head = self._ends()
+        return head - dep
 
     def arc_hits(self) -> np.ndarray:
         """(n_layers, H, n_arcs) bool: the dependent's strongest attention (over the seen words) is its head.
@@ -122,11 +127,14 @@ def _one(parses: tuple[Parse, ...], probs: torch.Tensor, live: np.ndarray, offse
 
 def iter_arcs(model, tokenizer, parses: Sequence[Parse | tuple[Parse, Parse]], mask: HeadMask | None = None,
               max_length: int = 128, query_reduce: str = "mean", batch_size: int = 16,
-              progress: Callable[[float, str], None] | None = None) -> Iterator[DependencyArcs]:
+              progress: Callable[[float, str], None] | None = None,
+              on_capture: Callable[[dict, AttentionMaps], None] | None = None) -> Iterator[DependencyArcs]:
     """DependencyArcs of every parsed text (or text pair), one batched attention capture per ``batch_size`` texts.
 
     Texts are truncated to ``max_length`` tokens like the model's own batches; arcs beyond the cut are dropped and
-    counted in ``dropped["truncated"]``.
+    counted in ``dropped["truncated"]``. ``on_capture(batch, maps)`` sees each chunk's token-level capture (the
+    encoded batch with its ``special_tokens_mask``, and the AttentionMaps) before it is reduced to words, so a
+    caller that needs token-level statistics of the same texts (head roles) captures them once, not twice.
     """
     device = next(model.parameters()).device
     causal = adapt(model).causal
@@ -137,6 +145,8 @@ def iter_arcs(model, tokenizer, parses: Sequence[Parse | tuple[Parse, Parse]], m
         enc = encode(tokenizer, [c[0].text for c in chunk], pairs, max_length)
         batch = {k: v.to(device) for k, v in enc.items() if k in accepted | {"input_ids", "attention_mask"}}
         maps = capture_attention(model, batch, mask)
+        if on_capture is not None:
+            on_capture({**batch, "special_tokens_mask": enc["special_tokens_mask"]}, maps)
         probs = maps.stacked                                   # (L, B, H, T, T)
         live = maps.live.numpy()
         for row, parse_group in enumerate(chunk):

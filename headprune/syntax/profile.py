@@ -12,6 +12,8 @@ r and head (l, h),
 
 over the calibration texts (argmax over the words the model saw, the dependent itself included), an L x H map per
 relation, and the best head per relation (highest accuracy; ties: lowest layer, then head). Pruned heads get NaN.
+Beside it, each relation's fixed-offset baseline (Clark et al. §4.2, Voita et al. 2019): the best accuracy of
+"the head is k words away" for one k, max_k |{a of r : head(a) − dep(a) = k}| / |{a of r}|.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class ArcData:
     labels: list[str]                # relation of every kept arc, over the dataset
     values: np.ndarray               # (n_layers, H, n_arcs) word attention dependent -> head
     hits: np.ndarray                 # (n_layers, H, n_arcs) bool: that attention is the dependent's strongest
+    offsets: np.ndarray              # (n_arcs,) int: head word index minus dependent word index
     attention_sum: float             # Σ of every word-level attention value of the live heads
     attention_count: int             # how many values that sum has
     live: np.ndarray                 # (n_layers, H) bool
@@ -56,13 +59,14 @@ def collect_arc_attention(model, tokenizer, parses: Sequence[Parse | tuple[Parse
 
 def aggregate_arcs(texts: Iterable[DependencyArcs]) -> ArcData:
     """ArcData of DependencyArcs objects (one per text): arcs concatenated in order, attention summed."""
-    labels, values, hits = [], [], []
+    labels, values, hits, offsets = [], [], [], []
     total, count, dropped, multi, n, live = 0.0, 0, Counter(), 0, 0, None
     for arcs in texts:
         live = arcs.live
         labels += arcs.labels
         values.append(arcs.arc_values())
         hits.append(arcs.arc_hits())
+        offsets.append(arcs.arc_offsets())
         pairs = arcs.attendable()[arcs.seen][:, arcs.seen]
         seen = arcs.attention[live][:, arcs.seen][:, :, arcs.seen][:, pairs]
         total += float(seen.sum(dtype=np.float64))
@@ -72,7 +76,8 @@ def aggregate_arcs(texts: Iterable[DependencyArcs]) -> ArcData:
         n += 1
     if n == 0:
         raise DataError("No texts to read dependency arcs from: the calibration set is empty.")
-    return ArcData(labels, np.concatenate(values, axis=-1), np.concatenate(hits, axis=-1), total, count, live,
+    return ArcData(labels, np.concatenate(values, axis=-1), np.concatenate(hits, axis=-1),
+                   np.concatenate(offsets).astype(int), total, count, live,
                    dict(dropped) or {"truncated": 0, "unaligned": 0}, n, multi)
 
 
@@ -81,6 +86,7 @@ class SyntacticProfile:
     relations: list[str]                 # by descending arc count (ties: alphabetical)
     counts: dict[str, int]
     accuracy: dict[str, np.ndarray]      # relation -> (n_layers, H), NaN for pruned heads
+    baseline: dict[str, float] = field(default_factory=dict)   # relation -> best fixed-offset accuracy
     dropped: dict = field(default_factory=dict)
     n_texts: int = 0
     n_multi_sentence: int = 0
@@ -91,11 +97,14 @@ class SyntacticProfile:
         labels = np.array(data.labels)
         counts = Counter(data.labels)
         relations = sorted(counts, key=lambda r: (-counts[r], r))
-        accuracy = {}
+        accuracy, baseline = {}, {}
         for r in relations:
             acc = data.hits[:, :, labels == r].mean(axis=-1)
             accuracy[r] = np.where(data.live, acc, np.nan)
-        return cls(relations, dict(counts), accuracy, data.dropped, data.n_texts, data.n_multi_sentence, query_reduce)
+            offsets = data.offsets[labels == r]
+            baseline[r] = float(np.unique(offsets, return_counts=True)[1].max() / len(offsets))
+        return cls(relations, dict(counts), accuracy, baseline, data.dropped, data.n_texts, data.n_multi_sentence,
+                   query_reduce)
 
     def best_head(self, relation: str) -> dict:
         acc = self.accuracy[relation]
@@ -110,7 +119,7 @@ class SyntacticProfile:
 
         return {"relations": self.relations, "counts": self.counts, "query_reduce": self.query_reduce,
                 "best_heads": {r: self.best_head(r) for r in self.relations},
-                "accuracy": {r: grid(self.accuracy[r]) for r in self.relations},
+                "accuracy": {r: grid(self.accuracy[r]) for r in self.relations}, "offset_baseline": self.baseline,
                 "dropped_arcs": self.dropped, "texts": self.n_texts, "multi_sentence_texts": self.n_multi_sentence}
 
 
