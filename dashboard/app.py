@@ -16,9 +16,10 @@ if str(Path(__file__).resolve().parents[1]) not in sys.path:  # `streamlit run d
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dashboard.config import demo_setup, use_setup
-from dashboard.ui import ABOUT, PAGES, baseline_label, cut_note, heads_left, model_title, page, page_path
+from dashboard.ui import ABOUT, PAGES, baseline_label, cut_note, follow_link, heads_left, model_title, page, page_path
 
 LINKS = {"2_Head_scores.py": "See which heads matter (heatmaps)",
+         "7_Roles.py": "What do the heads do? (previous-token, induction, sink, syntactic …)",
          "4_Prune.py": "Prune heads and watch the metric move",
          "3_Attention.py": "What does a head look at?",
          "5_Trajectories.py": "Prune step by step: the metric vs heads removed",
@@ -64,6 +65,9 @@ def main() -> None:
                                   for file, title, icon, url in PAGES])
     st.set_page_config(page_title=f"{navigation.title} · headprune", page_icon=":material/content_cut:",
                        layout="wide")
+    linked_page = follow_link()          # a shared link: ?model=demo&page=prune&mask=0.3,2.5 (docs: README)
+    if linked_page is not None:
+        st.switch_page(page_path(linked_page))
     navigation.run()
 
 

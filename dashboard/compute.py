@@ -18,6 +18,7 @@ from headprune.evaluation.speed import compare_speed
 from headprune.evaluation.stability import agreement, perturb_batches
 from headprune.model.mask import HeadMask
 from headprune.model.surgery import prune_model
+from headprune.roles import RoleReport, RoleSpec, head_roles, kept_by_role, kept_curve, role_ablation
 from headprune.syntax import build_arcs, syntactic_profile
 from headprune.trajectory import Trajectory, TrajectorySpec, run_trajectory, spread
 
@@ -74,6 +75,53 @@ def profile_for(ws: DashboardWorkspace, mask: HeadMask, progress: Progress | Non
                                      max_length=ws.setup.max_length, progress=progress)
 
     return store().memo(_profile_key(ws, mask), compute)
+
+
+# -- head roles ---------------------------------------------------------------------------------------------------
+
+def _roles_key(ws: DashboardWorkspace, mask: HeadMask | None) -> str:
+    return f"roles|{ws.key}|{mask_key(mask)}"
+
+
+def stored_roles(ws: DashboardWorkspace, mask: HeadMask | None = None) -> RoleReport | None:
+    """The head roles under ``mask`` if some session computed them already, else None."""
+    return store().get(_roles_key(ws, mask))
+
+
+def roles_for(ws: DashboardWorkspace, mask: HeadMask | None = None, progress: Progress | None = None) -> RoleReport:
+    """Every head's role scores and labels (``roles.head_roles``) on the calibration texts (stored per mask)."""
+    def compute():
+        with compute_slot():
+            return head_roles(ws.loaded.model, ws.loaded.tokenizer, ws.calib_batches,
+                              RoleSpec(seed=ws.setup.seed, max_length=ws.setup.max_length),
+                              texts=ws.calib_texts(), mask=mask, progress=progress)
+
+    return store().memo(_roles_key(ws, mask), compute)
+
+
+def role_table(scores: dict[str, ScoreMap], report: RoleReport, ratio: float) -> dict:
+    """Which roles each criterion keeps at ``ratio`` (``roles.kept_by_role``)."""
+    return kept_by_role(scores, report, ratio)
+
+
+def role_curves(scores: dict[str, ScoreMap], report: RoleReport, ratios: list[float]) -> dict:
+    """Share of each role kept by each criterion over ``ratios`` (``roles.kept_curve``)."""
+    return kept_curve(scores, report, ratios)
+
+
+def ablate_role(ws: DashboardWorkspace, sd: SessionData, report: RoleReport, role: str, mode: str,
+                progress: Progress | None = None) -> dict:
+    """The metric with ``role`` pruned / alone kept vs 10 equal-sized random sets, from the session's mask, on a
+    fork of the session's evaluator (``roles.role_ablation``; stored per mask, role and mode)."""
+    if sd.live is None:
+        sd.live = live_evaluator(ws, ws.eval_batches, sd.mask, progress)
+
+    def compute():
+        move_live(sd.live, sd.mask)
+        with compute_slot():
+            return role_ablation(sd.live, report, role, mode, seeds=10, seed=ws.setup.seed, progress=progress)
+
+    return store().memo(f"ablation|{ws.key}|{mask_key(sd.mask)}|{role}|{mode}", compute)
 
 
 # -- live evaluation ----------------------------------------------------------------------------------------------

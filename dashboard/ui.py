@@ -5,6 +5,7 @@ from __future__ import annotations
 import traceback
 from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import plotly.graph_objects as go
@@ -14,10 +15,11 @@ from headprune import viz
 from headprune.criteria import Criterion, available, get
 from headprune.errors import HeadpruneError
 from headprune.evaluation.speed import speed_headline, speed_table
+from headprune.model.mask import HeadMask
 from headprune.model.sizes import cut_summary
 
-from .compute import measure_speed, measured_speed
-from .config import current_setup, demo_setup, use_setup
+from .compute import measure_speed, measured_speed, stored_roles
+from .config import LINK_KEYS, Link, current_setup, demo_setup, link_data, link_models, parse_link, use_setup
 from .session import SessionData, session
 from .store import DashboardWorkspace as Workspace
 from .store import build_workspace, workspace_of
@@ -62,6 +64,7 @@ PAGES_DIR = Path(__file__).resolve().parent / "pages"
 PAGES = (  # (file in dashboard/pages, title, icon, url path); dashboard/app.py builds the navigation from this
     ("1_Model_and_data.py", "Model & data", ":material/folder_open:", "model-and-data"),
     ("2_Head_scores.py", "Head scores", ":material/grid_on:", "head-scores"),
+    ("7_Roles.py", "Roles", ":material/psychology:", "roles"),
     ("3_Attention.py", "Attention", ":material/visibility:", "attention"),
     ("4_Prune.py", "Prune", ":material/content_cut:", "prune"),
     ("5_Trajectories.py", "Trajectories", ":material/trending_down:", "trajectories"),
@@ -89,8 +92,84 @@ def page(title: str, caption: str | None = None, live_counts: bool = False) -> t
     if ws is None:
         st.stop()
     sd = session(ws)
+    link = st.session_state.pop(LINK_STATE, None)
+    if link is not None:
+        apply_link(ws, sd, link)
     sidebar(ws, sd, counts=not live_counts)
+    share_view(ws, sd, title)
     return ws, sd
+
+
+# -- shareable views (the URL query string; config.parse_link checks it) -------------------------------------------
+
+LINK_STATE = "hp_link"
+LINK_READ = "hp_link_read"
+PAGE_URLS = {title: url for _, title, _, url in PAGES}
+
+
+def follow_link() -> str | None:
+    """On a session's first run, read the query string: load the model and data it names, keep the rest for the
+    page (``apply_link``); the page file to open, if the link names one. Refused values are shown on the page."""
+    if st.session_state.get(LINK_READ):
+        return None
+    st.session_state[LINK_READ] = True
+    params = {k: st.query_params[k] for k in LINK_KEYS if k in st.query_params}
+    if not params:
+        return None
+    link = parse_link(params, link_models(), link_data(), list(PAGE_URLS.values()), available())
+    setup = current_setup()
+    if link.model or link.data:
+        model = link.model or setup.model
+        data = link.data or (model if model in link_data() and link.model else setup.data)
+        use_setup(replace(setup, model=model, data=data, data_label=Path(data).name, text_col=None, pair_col=None,
+                          label_col=None))
+    st.session_state[LINK_STATE] = link
+    return next((file for file, _, _, url in PAGES if url == link.page), None)
+
+
+def apply_link(ws: Workspace, sd: SessionData, link: Link) -> None:
+    """Select the linked head, prune the linked mask and preset the linked criteria and ratio on this workspace."""
+    for problem in link.problems:
+        st.error(f"This link has a value that cannot be used: {problem}", icon="🔗")
+    try:
+        if link.pruned is not None:
+            pruned: dict[int, list[int]] = {}
+            for layer, head in link.pruned:
+                pruned.setdefault(layer, []).append(head)
+            sd.set_mask(HeadMask.from_pruned(pruned, ws.shape) & sd.base, "opened from a link")
+        if link.head is not None:
+            HeadMask.ones(ws.shape).prune(*link.head)      # MaskError names the valid range
+            sd.head = link.head
+    except HeadpruneError as exc:
+        st.error(f"This link's heads do not fit {ws.setup.model}: {exc}", icon="🔗")
+    if link.criteria:
+        st.session_state["scores-criteria"] = link.criteria
+        st.session_state["prune-crit"] = link.criteria[0]
+    if link.ratio is not None:
+        percent = int(round(link.ratio * 20)) * 5      # the sliders move in steps of 5%
+        st.session_state["scores-ratio"] = st.session_state["prune-ratio"] = min(max(percent, 5), 95)
+
+
+def share_view(ws: Workspace, sd: SessionData, title: str) -> None:
+    """Keep the browser's URL on this view (so copying it shares it) and show it in the sidebar."""
+    params = {}
+    if ws.setup.model in link_models() and ws.setup.data in link_data():
+        params = {"model": ws.setup.model, "data": ws.setup.data}
+    if title in PAGE_URLS:
+        params["page"] = PAGE_URLS[title]
+    if sd.scores:
+        params["criteria"] = ",".join(sd.scores)
+    gated = (sd.mask.values == 0) & (sd.base.values != 0)
+    if gated.any():
+        params["mask"] = ",".join(f"{layer}.{head}" for layer, head in gated.nonzero().tolist())
+    if sd.head is not None:
+        params["head"] = f"{sd.head[0]}.{sd.head[1]}"
+    if dict(st.query_params) != params:
+        st.query_params.from_dict(params)
+    with st.sidebar:
+        st.caption("Share this view: copy the address bar (model, data, page, criteria, pruned heads and the "
+                   "selected head are in it)." if "model" in params else
+                   "This model or data set is not a demo, so links do not carry it (a link never names a file).")
 
 
 def ensure_workspace() -> Workspace | None:
@@ -114,10 +193,12 @@ def ensure_workspace() -> Workspace | None:
 
 
 DEMO_TITLES = {"demo": "demo · MiniLM-L6 sentiment (Rotten Tomatoes)",
-               "demo-lm": "demo-lm · 6-layer Llama language model (Rotten Tomatoes)"}
+               "demo-lm": "demo-lm · 6-layer Llama language model (Rotten Tomatoes)",
+               "demo-circuit": "demo-circuit · 2-layer Llama with an induction circuit (repeated word blocks)"}
 # how the model picker names each demo (a registered demo not listed here shows its name)
 DEMO_CHOICES = {"demo": "Demo classifier (MiniLM-L6, Rotten Tomatoes)",
-                "demo-lm": "Demo language model (6-layer Llama, 8 query / 2 key-value heads)"}
+                "demo-lm": "Demo language model (6-layer Llama, 8 query / 2 key-value heads)",
+                "demo-circuit": "Circuit demo (2-layer Llama whose induction heads are known)"}
 
 
 def model_title(ws: Workspace) -> str:
@@ -167,8 +248,23 @@ def sidebar(ws: Workspace, sd: SessionData, counts: bool = True) -> None:
         st.session_state["hp_counts_slot"] = st.empty()
         if counts:
             sidebar_counts(ws, sd)
+        if stored_roles(ws) is not None:
+            st.toggle("Head roles on the grids", value=True, key=ROLE_MARKS_KEY,
+                      help="Letters in the cells: P previous-token, D duplicate-token, I induction, S sink, "
+                           "@k positional at offset k, Y syntactic, B broad (Roles page).")
         if ws.setup.model != "demo" or ws.setup.data != "demo":
             st.button("Use the demo", on_click=use_setup, args=(demo_setup(ws.setup),), key="sidebar-demo")
+
+
+ROLE_MARKS_KEY = "show-role-marks"
+
+
+def role_marks(ws: Workspace) -> dict:
+    """``marks``/``roles`` arguments for a head grid once the head roles are known and shown, else {}."""
+    report = stored_roles(ws)
+    if report is None or not st.session_state.get(ROLE_MARKS_KEY, True):
+        return {}
+    return {"marks": report.marks(), "roles": report.names()}
 
 
 def sidebar_counts(ws: Workspace, sd: SessionData) -> None:
@@ -196,11 +292,13 @@ def estimate_value(estimate) -> str:
 def criterion_picker(label: str, key: str, default: list[str], multi: bool = True,
                      exclude: tuple[str, ...] = ()) -> list[str]:
     names = [n for n in available() if n not in exclude]
+    preset = key in st.session_state     # set by a shared link (apply_link): the widget reads it, no default
     if multi:  # chips show names only; what each computes is in its settings expander and in the help
-        return st.multiselect(label, names, default=[d for d in default if d in names], key=key,
+        return st.multiselect(label, names, default=None if preset else [d for d in default if d in names], key=key,
                               help="\n".join(f"- **{n}**: {get(n).description}" for n in names))
     index = names.index(default[0]) if default and default[0] in names else 0
-    return [st.selectbox(label, names, index=index, key=key, help=get(names[index]).description)]
+    return [st.selectbox(label, names, index=None if preset else index, key=key,
+                         help=get(names[index]).description)]
 
 
 def _param_widget(crit: Criterion, name: str, value, key: str):

@@ -44,6 +44,7 @@ TOLERANCE_COLOR = "#d1495b"
 GROUP_BORDER_COLOR = "#1f1f1f"
 WORD_COLOR = "#31333f"          # streamlit's default text colour
 UNSEEN_WORD_COLOR = "#bbbbbb"   # words the model did not read (cut by the max length)
+MARK_COLOR = "#111111"       # role marks written in grid cells
 CELL_PX = 30          # grid cell height in pixels
 FONT = dict(size=13)
 
@@ -131,9 +132,12 @@ def group_borders(groups: np.ndarray) -> list[tuple[float, float, float]]:
 def head_grid(z: np.ndarray, hover: np.ndarray, colorscale, *, tied: bool = False, zmin=None, zmax=None,
               colorbar: dict | None = None, pruned: np.ndarray | None = None, selected: tuple[int, int] | None = None,
               title: str | None = None, showscale: bool = True,
-              layer_kinds: Sequence[str] | None = None, groups: np.ndarray | None = None) -> go.Figure:
+              layer_kinds: Sequence[str] | None = None, groups: np.ndarray | None = None,
+              marks: np.ndarray | None = None, roles: np.ndarray | None = None) -> go.Figure:
     """An (L x H) grid of cells with ``hover`` text; pruned cells grey with a cross; ``selected`` outlined;
-    ``groups`` (L x H key/value group of each query head, GQA): thick lines between groups, the group in the hover.
+    ``groups`` (L x H key/value group of each query head, GQA): thick lines between groups, the group in the hover;
+    ``marks`` (L x H short role marks, ``RoleReport.marks``) written in the cells, ``roles`` (L x H role names) in
+    the hover.
 
     Heatmap traces do not report clicks to Streamlit's selection events, so a transparent square-marker scatter
     lies over the cells: clicking a cell selects its point, whose ``customdata`` is ``[layer, head]``.
@@ -142,7 +146,11 @@ def head_grid(z: np.ndarray, hover: np.ndarray, colorscale, *, tied: bool = Fals
     if groups is not None:
         hover = np.array([[f"{text}<br>key/value group {int(g)}" for text, g in zip(texts, row)]
                           for texts, row in zip(hover, groups)], dtype=object)
+    if roles is not None:
+        hover = np.array([[f"{text}<br>roles: {names or 'no clear role'}" for text, names in zip(texts, row)]
+                          for texts, row in zip(hover, roles)], dtype=object)
     pruned = np.zeros(z.shape, bool) if pruned is None else pruned
+    cell_text = np.where(pruned, "✕", "" if marks is None else marks)
     shown = np.where(pruned, np.nan, z)
     fig = go.Figure()
     fig.add_trace(go.Heatmap(z=np.where(pruned, 0.0, np.nan), x=list(range(n_heads)), y=list(range(n_rows)),
@@ -154,7 +162,8 @@ def head_grid(z: np.ndarray, hover: np.ndarray, colorscale, *, tied: bool = Fals
     rows, cols = np.meshgrid(range(n_rows), range(n_heads), indexing="ij")
     fig.add_trace(go.Scatter(
         x=cols.ravel(), y=rows.ravel(), mode="markers+text",
-        text=np.where(pruned, "✕", "").ravel(), textfont=dict(color="#ffffff", size=12),
+        text=cell_text.ravel(), textfont=dict(color=np.where(pruned, "#ffffff", MARK_COLOR).ravel().tolist(),
+                                              size=np.where(pruned, 12, 10).ravel().tolist()),
         customdata=np.stack([rows.ravel(), cols.ravel()], axis=1),
         hovertext=hover.ravel(), hoverinfo="text",
         marker=dict(symbol="square", size=CELL_PX - 4, color="rgba(0,0,0,0)"),
@@ -180,7 +189,8 @@ def head_grid(z: np.ndarray, hover: np.ndarray, colorscale, *, tied: bool = Fals
 
 def score_heatmap(score: ScoreMap, *, tied: bool = False, selected: tuple[int, int] | None = None,
                   title: str | None = None, showscale: bool = True,
-                  layer_kinds: Sequence[str] | None = None, groups: np.ndarray | None = None) -> go.Figure:
+                  layer_kinds: Sequence[str] | None = None, groups: np.ndarray | None = None,
+                  marks: np.ndarray | None = None, roles: np.ndarray | None = None) -> go.Figure:
     """Score map as a grid coloured by importance rank (module doc); hover: layer, head, value, rank."""
     ranks = score.ranks()
     n_live = int(np.sum(~np.isnan(ranks)))
@@ -192,14 +202,15 @@ def score_heatmap(score: ScoreMap, *, tied: bool = False, selected: tuple[int, i
                               f"rank {int(ranks[layer, head])} of {n_live} (1 = most important)")
     return head_grid(score.importance(), hover, criterion_colorscale(score.criterion), tied=tied, zmin=0,
                      zmax=1, pruned=np.isnan(score.scores), selected=selected, title=title, showscale=showscale,
-                     layer_kinds=layer_kinds, groups=groups,
+                     layer_kinds=layer_kinds, groups=groups, marks=marks, roles=roles,
                      colorbar=dict(tickvals=[0, 1], ticktext=["pruned<br>first", "kept<br>longest"], thickness=12,
                                    len=0.9))
 
 
 def mask_figure(mask: HeadMask, *, tied: bool = False, selected: tuple[int, int] | None = None,
                 score: ScoreMap | None = None, title: str | None = None, cut: HeadMask | None = None,
-                layer_kinds: Sequence[str] | None = None, groups: np.ndarray | None = None) -> go.Figure:
+                layer_kinds: Sequence[str] | None = None, groups: np.ndarray | None = None,
+                marks: np.ndarray | None = None, roles: np.ndarray | None = None) -> go.Figure:
     """The head mask as a grid: kept heads coloured (by ``score``'s rank when given), pruned heads grey with ✕.
 
     ``cut``: heads absent from the loaded weights (0 in ``cut``; a model saved by ``prune``); they are drawn
@@ -221,9 +232,51 @@ def mask_figure(mask: HeadMask, *, tied: bool = False, selected: tuple[int, int]
         z = score.importance()
         z = np.where(np.isnan(z), 0.5, z)
         return head_grid(z, hover, criterion_colorscale(score.criterion), tied=tied, zmin=0, zmax=1, pruned=pruned,
-                         selected=selected, title=title, showscale=False, layer_kinds=layer_kinds, groups=groups)
+                         selected=selected, title=title, showscale=False, layer_kinds=layer_kinds, groups=groups,
+                         marks=marks, roles=roles)
     return head_grid(np.ones(mask.shape), hover, [[0, KEPT_COLOR], [1, KEPT_COLOR]], tied=tied, pruned=pruned,
-                     selected=selected, title=title, showscale=False, layer_kinds=layer_kinds, groups=groups)
+                     selected=selected, title=title, showscale=False, layer_kinds=layer_kinds, groups=groups,
+                     marks=marks, roles=roles)
+
+
+def role_grid(score: ScoreMap, threshold: float, *, tied: bool = False, selected: tuple[int, int] | None = None,
+              layer_kinds: Sequence[str] | None = None, groups: np.ndarray | None = None,
+              marks: np.ndarray | None = None) -> go.Figure:
+    """A role's scores as a grid on an absolute scale (cells at or above ``threshold`` carry the role)."""
+    values = score.scores
+    hover = np.empty(score.shape, dtype=object)
+    for (layer, head), value in np.ndenumerate(values):
+        where = _where(layer, tied, layer_kinds)
+        hover[layer, head] = (f"{where}, head {head}<br>pruned" if np.isnan(value) else
+                              f"{where}, head {head}<br>{score.criterion} = {value:.3f} "
+                              f"({'≥' if value >= threshold else '<'} {threshold:g})")
+    low = float(min(0.0, np.nanmin(values))) if np.isfinite(values).any() else 0.0
+    return head_grid(np.nan_to_num(values, nan=0.0), hover, criterion_colorscale(score.criterion), tied=tied,
+                     zmin=low, zmax=1.0, pruned=np.isnan(values), selected=selected, layer_kinds=layer_kinds,
+                     groups=groups, marks=marks, colorbar=dict(thickness=12, len=0.9))
+
+
+def kept_share_figure(curve: Mapping[str, Sequence[float | None]], ratios: Sequence[float],
+                      title: str | None = None) -> go.Figure:
+    """Share of each role's heads a criterion keeps (y) against the pruning ratio (x); ``kept_curve`` output."""
+    fig = go.Figure()
+    for i, (role, shares) in enumerate(curve.items()):
+        if all(v is None for v in shares):
+            continue
+        fig.add_trace(go.Scatter(x=[100 * r for r in ratios], y=[None if v is None else 100 * v for v in shares],
+                                 mode="lines+markers", name=role, line=dict(color=PALETTE[i % len(PALETTE)])))
+    fig.add_trace(go.Scatter(x=[0, 100], y=[100, 0], mode="lines", name="share kept by chance",
+                             line=dict(color=RANDOM_COLOR, dash="dot")))
+    fig.update_xaxes(title_text="heads pruned (%)", range=[0, 100])
+    fig.update_yaxes(title_text="heads of the role kept (%)", range=[0, 102])
+    fig.update_layout(height=340, margin=dict(l=10, r=10, t=40 if title else 10, b=40), title=title, font=FONT)
+    return fig
+
+
+def kept_share_table(table: Mapping[str, Mapping]) -> pd.DataFrame:
+    """Criterion x role: the share (%) of each role's heads kept (``kept_by_role`` output); NaN: no such head."""
+    return pd.DataFrame({name: {role: (np.nan if v is None else round(100 * v, 1))
+                                for role, v in row["kept_share"].items()} for name, row in table.items()}).T
 
 
 def clicked_head(selection: Mapping | None) -> tuple[int, int] | None:

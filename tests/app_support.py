@@ -15,7 +15,7 @@ SMALL = {"HEADPRUNE_EVAL_SIZE": "64", "HEADPRUNE_CALIB_SIZE": "32", "HEADPRUNE_M
 PAGES = {"home": None, "model": "dashboard/pages/1_Model_and_data.py", "scores": "dashboard/pages/2_Head_scores.py",
          "attention": "dashboard/pages/3_Attention.py", "prune": "dashboard/pages/4_Prune.py",
          "trajectories": "dashboard/pages/5_Trajectories.py",
-         "export": "dashboard/pages/6_Export.py"}
+         "export": "dashboard/pages/6_Export.py", "roles": "dashboard/pages/7_Roles.py"}
 
 
 def open_app(page: str = "home", setup=None, timeout: float = 600):

@@ -2,8 +2,17 @@
 
 import streamlit as st
 
-from dashboard.compute import compute_scores
-from dashboard.ui import clickable_grid, criterion_picker, criterion_settings, guard, head_name, page, progress_bar
+from dashboard.compute import compute_scores, role_curves, role_table, stored_roles
+from dashboard.ui import (
+    clickable_grid,
+    criterion_picker,
+    criterion_settings,
+    guard,
+    head_name,
+    page,
+    progress_bar,
+    role_marks,
+)
 from headprune import viz
 from headprune.criteria import ScoreMap, get, redundant_pairs
 
@@ -67,7 +76,8 @@ def heatmaps() -> None:
         for col, name in zip(st.columns(per_row), names[start:start + per_row]):
             with col:
                 st.markdown(f"**{name}**" + (" · re-scored after each removal" if get(name).dynamic else ""))
-                fig = viz.score_heatmap(scores[name], selected=sd.head, **viz.grid_options(ws.adapter))
+                fig = viz.score_heatmap(scores[name], selected=sd.head, **viz.grid_options(ws.adapter),
+                                        **role_marks(ws))
                 clickable_grid(fig, f"scores-map-{name}", sd, select)
                 criterion_report(scores[name])
 
@@ -88,3 +98,18 @@ if len(scores) >= 2:
                         width="stretch", key="scores-overlap")
         st.markdown("**Jaccard overlap** of the kept sets")
         st.dataframe(viz.jaccard_table(scores, ratio).style.format("{:.2f}"), width="stretch")
+
+st.subheader("Which head roles does each criterion keep?")
+roles = stored_roles(ws)
+if roles is None:
+    st.info("Find the head roles on the **Roles** page to see which kinds of heads each criterion keeps.")
+else:
+    role_ratio = st.slider("Prune ratio r (%)", 5, 95, 50, step=5, key="scores-role-ratio") / 100
+    table = role_table(scores, roles, role_ratio)
+    st.markdown(f"**Share of each role's heads kept at r = {role_ratio:.0%}** (empty: no head has the role)")
+    st.dataframe(viz.kept_share_table(table), width="stretch")
+    ratios = [i / 20 for i in range(21)]
+    curves = role_curves(scores, roles, ratios)
+    pick = st.selectbox("Curve of", list(scores), key="scores-role-curve")
+    st.plotly_chart(viz.kept_share_figure(curves[pick], ratios, title=f"{pick}: share of each role kept"),
+                    width="stretch", key="scores-role-fig")

@@ -4,7 +4,7 @@ import numpy as np
 import streamlit as st
 
 from dashboard.compute import arcs_for, profile_for, stored_profile
-from dashboard.ui import clickable_grid, guard, page, progress_bar
+from dashboard.ui import clickable_grid, guard, page, progress_bar, role_marks
 from headprune import viz
 
 ws, sd = page("Attention", "Pick a sentence and a head. Arcs go from a word to its grammatical head; "
@@ -96,7 +96,7 @@ def head_view() -> None:
                            for h in range(n_heads)] for l_ in range(n_layers)], dtype=object)
         fig = viz.head_grid(values, hover, viz.ARC_SCALE, zmin=0, zmax=max(float(values.max()), 1e-6), pruned=pruned,
                             selected=(layer, head), colorbar=dict(title="attention", thickness=12),
-                            **viz.grid_options(ws.adapter))
+                            **viz.grid_options(ws.adapter), **({} if ws.tied else role_marks(ws)))
         clickable_grid(fig, "att-grid", sd, pick)
         if ws.tied:
             st.caption("ALBERT: the same block runs in every layer, so a pruned head is gone from all rows.")

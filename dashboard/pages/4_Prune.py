@@ -5,7 +5,7 @@ import time
 import numpy as np
 import streamlit as st
 
-from dashboard.compute import compute_scores, enable_stability, session_metrics
+from dashboard.compute import compute_scores, enable_stability, session_metrics, stored_roles
 from dashboard.session import SessionData
 from dashboard.store import DashboardWorkspace as Workspace
 from dashboard.ui import (
@@ -21,6 +21,7 @@ from dashboard.ui import (
     heads_left,
     page,
     progress_bar,
+    role_marks,
     sidebar_counts,
     speed_section,
 )
@@ -125,6 +126,25 @@ def criterion_controls(ws: Workspace, sd: SessionData) -> None:
             st.rerun()
 
 
+def role_controls(ws: Workspace, sd: SessionData) -> None:
+    """Prune every head of a role, or keep only them (the Roles page finds the roles)."""
+    report = stored_roles(ws)
+    if report is None:
+        return
+    st.markdown("**Prune by head role**")
+    present = [r for r, n in report.counts().items() if n]
+    role = st.selectbox("Role", present, key="prune-role",
+                        format_func=lambda r: f"{r} ({int(report.heads_with(r).sum())} heads)")
+    heads = report.heads_with(role)
+    pruned = HeadMask(np.where(heads, 0.0, sd.mask.values.numpy()))
+    alone = HeadMask(np.where(heads, sd.mask.values.numpy(), 0.0))
+    c1, c2 = st.columns(2)
+    c1.button("Prune this role", key="prune-role-prune", width="stretch", on_click=sd.set_mask,
+              args=(pruned, f"pruned the {role} heads"))
+    c2.button("Keep only this role", key="prune-role-keep", width="stretch", on_click=sd.set_mask,
+              args=(alone, f"kept only the {role} heads"))
+
+
 def options(ws: Workspace, sd: SessionData) -> None:
     st.markdown("**Options**")
     if ws.dataset.task == "classification":
@@ -160,7 +180,8 @@ def grid(ws: Workspace, sd: SessionData) -> None:
     score = sd.scores.get(colour_by)
     if score is not None and score.shape != ws.shape:
         score = None
-    fig = viz.mask_figure(sd.mask, selected=sd.head, score=score, cut=sd.base, **viz.grid_options(ws.adapter))
+    fig = viz.mask_figure(sd.mask, selected=sd.head, score=score, cut=sd.base, **viz.grid_options(ws.adapter),
+                          **role_marks(ws))
     clickable_grid(fig, "prune-grid", sd, toggle)
     if ws.tied:
         st.caption("ALBERT shares one attention block across all layers: each column is one head in every layer.")
@@ -197,6 +218,7 @@ def live_view() -> None:
     with side:
         one_head_controls(ws, sd)
         criterion_controls(ws, sd)
+        role_controls(ws, sd)
         options(ws, sd)
 
 

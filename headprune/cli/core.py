@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..demos.circuit import demo_circuit_info, ensure_demo_circuit_model
 from ..demos.classifier import demo_info, ensure_demo_model
 from ..demos.lm import demo_lm_info, ensure_demo_lm_model
 from ..errors import HeadpruneError
@@ -17,6 +18,13 @@ from .common import add_data_args, add_mask_arg, add_model_args, load_mask, load
 
 
 def cmd_demo(args) -> dict:
+    if args.lm and args.circuit:
+        raise HeadpruneError("Choose one demo: --lm or --circuit, not both.")
+    if args.circuit:
+        path = ensure_demo_circuit_model(progress=tqdm_progress("circuit demo training"))
+        info = demo_circuit_info()
+        return {"model_path": str(path), **{k: info[k] for k in (
+            "next_token_accuracy", "chance", "eval_rows", "steps", "parameters", "build_seconds")}}
     if args.lm:
         path = ensure_demo_lm_model(progress=tqdm_progress("LM demo training"))
         info = demo_lm_info()
@@ -62,6 +70,9 @@ def add_commands(sub) -> None:
     p.add_argument("--lm", action="store_true",
                    help="the decoder demo instead: a small Llama-style causal LM with grouped-query attention, "
                         "trained offline on the demo reviews (model 'demo-lm', data 'demo-lm')")
+    p.add_argument("--circuit", action="store_true",
+                   help="the circuit demo: a 2-layer Llama LM trained to copy repeated word blocks, whose induction "
+                        "circuit is known (model 'demo-circuit', data 'demo-circuit')")
     p.set_defaults(handler=cmd_demo)
 
     p = sub.add_parser("evaluate", help="accuracy, macro-F1, MCC and loss of a model, optionally under a mask")

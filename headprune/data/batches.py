@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..errors import DataError
-from ..model.task import lm_labels
+from ..model.task import IGNORE_INDEX, lm_labels
 from ..model.tokenizer import context_of, pad_token_of
 from .dataset import NON_INPUT_KEYS, TextDataset
 
@@ -93,6 +93,11 @@ def make_batches(tokenizer, ds: TextDataset, batch_size: int = 32, max_length: i
     if ds.labels is not None and any(not isinstance(v, (int, float)) for v in ds.labels):
         raise DataError(f"{ds.source}: labels are names, not ids; call align_labels(ds, model.config.id2label).")
     enc = _encode(tokenizer, ds, max_length)
+    # character offset of every token, to leave the context of ``ds.targets_from`` out of the targets; special
+    # tokens have offset (0, 0) and so are context (a row's <bos> is never a target anyway)
+    starts = None if ds.targets_from is None else tokenizer(
+        ds.texts, truncation=True, max_length=len(max(enc["input_ids"], key=len)),
+        return_offsets_mapping=True)["offset_mapping"]
     lengths = [len(ids) for ids in enc["input_ids"]]
     order = sorted(range(len(ds)), key=lambda i: lengths[i]) if sort_by_length else list(range(len(ds)))
     pad_id = tokenizer.pad_token_id
@@ -106,6 +111,9 @@ def make_batches(tokenizer, ds: TextDataset, batch_size: int = 32, max_length: i
         batch = {k: _pad([enc[k][i] for i in index], v) for k, v in pad_values.items() if k in enc}
         if ds.task == "lm":
             batch["labels"] = lm_labels(batch["input_ids"], batch["attention_mask"])
+            if ds.targets_from is not None:
+                context = _pad([[int(start < ds.targets_from[i]) for start, _ in starts[i]] for i in index], 1)
+                batch["labels"] = batch["labels"].masked_fill(context.bool(), IGNORE_INDEX)
         elif ds.labels is not None:
             batch["labels"] = torch.tensor([ds.labels[i] for i in index], dtype=label_dtype)
         batch["index"] = index

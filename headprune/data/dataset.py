@@ -23,6 +23,9 @@ class TextDataset:
     source: str = ""
     task: str = "classification"          # "classification" | "regression" | "lm" (headprune.task.KINDS)
     columns: dict = field(default_factory=dict)   # {"text": ..., "pair": ..., "label": ...} as found
+    # language-model data: per row, the character offset where scored text starts; tokens starting before it are
+    # context, not next-token targets (the circuit demo scores the repeated half only). None: every token counts.
+    targets_from: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -31,7 +34,8 @@ class TextDataset:
         pick = [int(i) for i in indices]
         return replace(self, texts=[self.texts[i] for i in pick],
                        pairs=None if self.pairs is None else [self.pairs[i] for i in pick],
-                       labels=None if self.labels is None else [self.labels[i] for i in pick])
+                       labels=None if self.labels is None else [self.labels[i] for i in pick],
+                       targets_from=None if self.targets_from is None else [self.targets_from[i] for i in pick])
 
 
 def as_lm_data(ds: TextDataset) -> TextDataset:

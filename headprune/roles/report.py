@@ -33,9 +33,9 @@ from .probes import Probes, make_probes
 from .stats import RoleStats, normalised_entropy, offset_histogram, previous_token, repeat_stripes, sink_mass
 
 NO_ROLE = "no clear role"
-# short marks drawn on head grids (``viz``); positional marks carry their offset, syntactic ones their relation
-MARKS = {"previous-token": "prev", "duplicate-token": "dup", "induction": "ind", "sink": "sink",
-         "positional": "pos", "syntactic": "syn", "broad": "broad"}
+# one-letter marks written in head-grid cells (``viz.head_grid``); a positional mark carries its offset ("@+1")
+MARKS = {"previous-token": "P", "duplicate-token": "D", "induction": "I", "sink": "S", "positional": "@",
+         "syntactic": "Y", "broad": "B"}
 
 
 @dataclass
@@ -78,18 +78,26 @@ class RoleReport:
         return out
 
     def marks(self) -> np.ndarray:
-        """(L, H) str: short marks of each head's labels for drawing on grids ("prev", "pos+1", "syn:nsubj")."""
+        """(L, H) str: one-letter marks of each head's labels for grid cells ("P", "S I", "@+1"; ``MARKS``)."""
+        out = np.full(self.shape, "", dtype=object)
+        for (layer, head), roles in np.ndenumerate(self.labels):
+            out[layer, head] = " ".join(MARKS[r] + (f"{int(self.positional_offset[layer, head]):+d}"
+                                                    if r == "positional" else "") for r in roles)
+        return out
+
+    def names(self) -> np.ndarray:
+        """(L, H) str: each head's labels in words, with the positional offset and the syntactic relation
+        ("previous-token, syntactic (nsubj)"); "" for none."""
         out = np.full(self.shape, "", dtype=object)
         for (layer, head), roles in np.ndenumerate(self.labels):
             words = []
             for role in roles:
-                mark = MARKS[role]
                 if role == "positional":
-                    mark += f"{int(self.positional_offset[layer, head]):+d}"
+                    role += f" ({int(self.positional_offset[layer, head]):+d})"
                 elif role == "syntactic" and self.syntactic_relation[layer, head]:
-                    mark += f":{self.syntactic_relation[layer, head]}"
-                words.append(mark)
-            out[layer, head] = " ".join(words)
+                    role += f" ({self.syntactic_relation[layer, head]})"
+                words.append(role)
+            out[layer, head] = ", ".join(words)
         return out
 
     def counts(self) -> dict[str, int]:

@@ -1,0 +1,88 @@
+"""``roles``: every head's role scores and labels (previous-token, duplicate-token, induction, sink, positional,
+syntactic, broad) as one JSON file, and with ``--criterion``/``--ratio`` which roles each criterion keeps."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from ..data import calibration_texts
+from ..limits import UNIT, Interval
+from ..roles import RoleError, RoleSpec, head_roles, kept_by_role
+from ..scoring import ScoringContext, get
+from ..syntax import DEFAULT_PIPELINE
+from .common import add_data_args, add_mask_arg, add_model_args, load_mask, load_model_and_data, summary, tqdm_progress
+from .output import checked_out_file, write_json
+
+
+def checked(limit, what: str):
+    """An argparse type: the value parsed as ``limit`` says (int or float) and inside it, else a message naming
+    the accepted range."""
+    def parse(text: str):
+        try:
+            value = int(text) if getattr(limit, "integer", False) else float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got '{text}'") from None
+        problem = limit(value)
+        if problem:
+            raise argparse.ArgumentTypeError(f"{what} {value!r} {problem}")
+        return value
+    return parse
+
+
+def role_params(pairs: list[str] | None) -> dict:
+    """``--role-param ROLE.KEY=VALUE`` pairs as {role: {key: value}} (checked by RoleSpec)."""
+    out: dict[str, dict] = {}
+    for pair in pairs or []:
+        name, sep, value = pair.partition("=")
+        role, dot, key = name.partition(".")
+        if not sep or not dot or not role or not key:
+            raise RoleError(f"--role-param {pair!r}: expected ROLE.KEY=VALUE, e.g. --role-param sink.threshold=0.5.")
+        out.setdefault(role.strip(), {})[key.strip()] = value.strip()
+    return out
+
+
+def cmd_roles(args) -> dict:
+    checked_out_file(args.out)
+    criteria = [get(name) for name in args.criterion or []]        # unknown names fail before any loading
+    spec = RoleSpec(probe_length=args.probe_length, probe_rows=args.probe_rows, seed=args.seed,
+                    params=role_params(args.role_param),
+                    parser=None if args.no_syntax else args.parser, max_length=args.max_length)
+    start = time.perf_counter()
+    loaded, calib, _, info = load_model_and_data(args)
+    mask = load_mask(args, loaded)
+    texts = calibration_texts(info["calib_data"], calib)
+    report = head_roles(loaded.model, loaded.tokenizer, calib, spec, texts=texts, mask=mask,
+                        progress=tqdm_progress("head roles"))
+    result = {**report.to_json(), "model": args.model, "data": summary(info), "seed": args.seed}
+    if criteria:
+        ctx = ScoringContext(loaded.model, calib, mask, loaded.device, loaded.tokenizer, texts, seed=args.seed)
+        maps = {c.name: c(ctx, {}) for c in criteria}
+        # dynamic criteria (greedy-gnorm, hies) re-score while pruning; here they are read in their one-shot order
+        result["kept_by_role"] = {str(r): kept_by_role(maps, report, r) for r in args.ratio or [0.5]}
+        result["criteria_order"] = {c.name: "re-scored while pruning; one-shot scores used" if c.dynamic
+                                    else "one-shot scores" for c in criteria}
+    result["seconds"] = time.perf_counter() - start
+    return write_json(result, args.out)
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser("roles", help="what every head does: role scores and labels (and which roles criteria keep)")
+    add_model_args(p)
+    add_data_args(p, eval_size=0)
+    add_mask_arg(p)
+    p.add_argument("--probe-length", type=checked(Interval(2, None, integer=True), "a block length"), default=20,
+                   help="n, the random block of the [BOS] + r + r probes (default: 20, cut to the context)")
+    p.add_argument("--probe-rows", type=checked(Interval(1, None, integer=True), "a probe count"), default=8,
+                   help="how many probes, each its own block (default: 8)")
+    p.add_argument("--role-param", action="append", metavar="ROLE.KEY=VALUE",
+                   help="a role parameter, e.g. sink.threshold=0.5 (repeatable)")
+    p.add_argument("--parser", default=DEFAULT_PIPELINE,
+                   help=f"spaCy pipeline for the syntactic role (default: {DEFAULT_PIPELINE})")
+    p.add_argument("--no-syntax", action="store_true", help="skip the syntactic role (no parser; its scores are null)")
+    p.add_argument("--criterion", action="append", metavar="NAME",
+                   help="also report which roles this criterion keeps (repeatable)")
+    p.add_argument("--ratio", action="append", type=checked(UNIT, "a pruning ratio"), metavar="R",
+                   help="pruning ratio in [0, 1] for --criterion (repeatable; default 0.5)")
+    p.add_argument("--out", help="also write the JSON result to this file (ROLES.json)")
+    p.set_defaults(handler=cmd_roles)

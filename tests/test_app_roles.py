@@ -1,0 +1,109 @@
+"""Dashboard: the Roles page on the three demos, role marks on the grids, role pruning, and shareable links."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from app_support import PAGES, ROOT, SMALL, figures, open_app, problems, workspace
+from streamlit.testing.v1 import AppTest
+
+from dashboard.compute import stored_roles
+from dashboard.config import Setup, parse_link
+
+
+@pytest.fixture(scope="module", autouse=True)
+def small_splits():
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in SMALL.items():
+            mp.setenv(key, value)
+        yield
+
+
+def session_data(at):
+    return at.session_state["hp_session"]
+
+
+def find_roles(at):
+    """Press "Find head roles" (absent when another session of the same workspace found them already)."""
+    button = next((b for b in at.button if b.key == "roles-compute"), None)
+    if button is not None:
+        button.click().run()
+    assert not problems(at), problems(at)
+    assert stored_roles(workspace(at)) is not None
+
+
+@pytest.mark.parametrize("model", ["demo", "demo-lm", "demo-circuit"])
+def test_roles_page_on_every_demo(model):
+    at = open_app("roles", Setup(model=model, data=model, data_label=model))
+    assert not problems(at), problems(at)
+    find_roles(at)
+    table = at.dataframe[0].value
+    assert list(table["role"])[:3] == ["previous-token", "duplicate-token", "induction"]
+    report = stored_roles(workspace(at))
+    assert table["heads"].tolist() == list(report.counts().values())
+    # the label grid writes each head's marks in its cells
+    grids = [f for f in figures(at) if any(t.get("name") == "heads" for t in f["data"])]
+    texts = next(t for t in grids[0]["data"] if t.get("name") == "heads")["text"]
+    assert np.array_equal(np.array(texts, dtype=object), report.marks().ravel())
+    # a selected head shows its attention on the probe
+    session_data(at).head = (report.shape[0] - 1, 0)
+    at.run()
+    probe = next(f for f in figures(at) if "probe" in (f["layout"].get("title", {}).get("text") or ""))
+    assert len(probe["data"][0]["x"]) == len(report.probe_ids)
+    if model == "demo-circuit":
+        assert report.counts()["induction"] >= 1
+
+
+def test_marks_on_prune_and_prune_a_role():
+    at = open_app("roles")
+    find_roles(at)
+    at.switch_page(PAGES["prune"]).run()
+    assert not problems(at), problems(at)
+    report = stored_roles(workspace(at))
+    role = next(r for r, n in report.counts().items() if n)
+    at.selectbox(key="prune-role").set_value(role).run()
+    next(b for b in at.button if b.key == "prune-role-prune").click().run()
+    assert not problems(at), problems(at)
+    pruned = (session_data(at).mask.values == 0).numpy()
+    assert np.array_equal(pruned, report.heads_with(role))
+    # hiding the marks leaves the cells empty
+    at.toggle(key="show-role-marks").set_value(False).run()
+    grid = next(f for f in figures(at) if any(t.get("name") == "heads" for t in f["data"]))
+    texts = next(t for t in grid["data"] if t.get("name") == "heads")["text"]
+    assert set(texts) <= {"", "✕"}
+
+
+def open_link(**params) -> AppTest:
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=600)
+    for key, value in params.items():
+        at.query_params[key] = value
+    return at.run()
+
+
+def test_a_link_with_a_mask_opens_prune_with_that_mask():
+    at = open_link(model="demo", data="demo", page="prune", mask="0.3,2.5", head="1.4", criteria="ae,his")
+    assert not problems(at), problems(at)
+    assert at.title[0].value == "Prune"
+    sd = session_data(at)
+    assert sorted(map(tuple, (sd.mask.values == 0).nonzero().tolist())) == [(0, 3), (2, 5)]
+    assert sd.head == (1, 4)
+    assert at.session_state["scores-criteria"] == ["ae", "his"]
+    # the page's address carries the same view back
+    assert at.query_params["mask"] == ["0.3,2.5"] or at.query_params["mask"] == "0.3,2.5"
+
+
+def test_a_bad_link_says_what_is_accepted_and_loads_nothing_else():
+    at = open_link(model="/etc/passwd", mask="7.99", page="nowhere")
+    messages = " ".join(e.value for e in at.error)
+    assert "model='/etc/passwd' is not one of" in messages and "demo" in messages
+    assert "page='nowhere'" in messages
+    assert "do not fit" in messages                       # head 99 of a 12-head model
+    assert at.session_state["hp_setup"].model == "demo"
+    assert session_data(at).mask.n_pruned == 0
+
+
+def test_parse_link_by_hand():
+    link = parse_link({"ratio": "1.5", "mask": "1-2", "criteria": "ae,nope", "head": "0.1"},
+                      ["demo"], ["demo"], ["prune"], ["ae", "his"])
+    assert link.ratio is None and link.pruned is None and link.criteria == ["ae"] and link.head == (0, 1)
+    assert len(link.problems) == 3
