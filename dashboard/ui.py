@@ -194,11 +194,11 @@ def ensure_workspace() -> Workspace | None:
 
 DEMO_TITLES = {"demo": "demo · MiniLM-L6 sentiment (Rotten Tomatoes)",
                "demo-lm": "demo-lm · 6-layer Llama language model (Rotten Tomatoes)",
-               "demo-circuit": "demo-circuit · 2-layer Llama with an induction circuit (repeated word blocks)"}
+               "demo-circuit": "demo-circuit · 3-layer Llama with an induction circuit (repeated word blocks)"}
 # how the model picker names each demo (a registered demo not listed here shows its name)
 DEMO_CHOICES = {"demo": "Demo classifier (MiniLM-L6, Rotten Tomatoes)",
                 "demo-lm": "Demo language model (6-layer Llama, 8 query / 2 key-value heads)",
-                "demo-circuit": "Circuit demo (2-layer Llama whose induction heads are known)"}
+                "demo-circuit": "Circuit demo (3-layer Llama whose induction heads are known)"}
 
 
 def model_title(ws: Workspace) -> str:

@@ -163,3 +163,30 @@ def test_lm_demo_picked_scored_and_a_click_moves_perplexity(server, browser, tmp
     page.screenshot(path=str(tmp_path / "lm-prune-one.png"), full_page=True)
     print(f"LM demo: perplexity dense {before}, layer 0 head 0 pruned {after}; click -> exact number {seconds:.2f} s")
     assert float(after) != float(before)
+
+
+@pytest.mark.parametrize("model", ["demo", "demo-lm", "demo-circuit"])
+def test_roles_view_from_a_link(server, browser, tmp_path, model):
+    """A link opens the Roles page on each demo; "Find head roles" draws the label grid (time printed)."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(300_000)
+    page.goto(f"{server}/?model={model}&data={model}&page=roles")
+    page.get_by_role("button", name="Find head roles").or_(page.get_by_text("Labels", exact=True)).first.wait_for()
+    start = time.perf_counter()
+    if page.get_by_role("button", name="Find head roles").count():
+        page.get_by_role("button", name="Find head roles").click()
+    page.get_by_text("Labels", exact=True).wait_for()
+    wait_idle(page)
+    print(f"roles on {model}: {time.perf_counter() - start:.1f} s from the click to the label grid")
+    assert "previous-token" in page.inner_text("body")
+    page.screenshot(path=str(tmp_path / f"roles-{model}.png"), full_page=True)
+    page.close()
+
+
+def test_a_link_with_a_mask_opens_prune_with_it(server, browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(300_000)
+    page.goto(f"{server}/?model=demo&data=demo&page=prune&mask=0.0,0.1")
+    page.wait_for_function("() => document.body.innerText.includes('70 / 72')")
+    assert "mask=0.0%2C0.1" in page.url or "mask=0.0,0.1" in page.url
+    page.close()

@@ -6,18 +6,21 @@ two CPU minutes, like the other demos).
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
 from transformers import LlamaForCausalLM
 
+from headprune.cli import main
 from headprune.data import load_data, make_batches, split_calib_eval
 from headprune.demos import circuit
 from headprune.evaluation.live import LiveEvaluator
 from headprune.evaluation.metrics import evaluate
 from headprune.model.loading import load_model
 from headprune.model.mask import HeadMask
-from headprune.roles import RoleSpec, head_roles, kept_by_role, role_ablation
+from headprune.roles import ROLE_NAMES, RoleSpec, head_roles, kept_by_role, role_ablation
 from headprune.scoring import ScoringContext, get
 
 
@@ -87,3 +90,26 @@ def test_which_criteria_keep_the_circuit(circuit_setup):
 
 def test_the_demo_is_registered():
     assert circuit.RECIPE in str(circuit.demo_circuit_dir())
+
+
+def test_roles_command_writes_scores_labels_thresholds_and_the_kept_table(tmp_path, capsys):
+    out = tmp_path / "roles.json"
+    code = main(["roles", "--model", "demo-circuit", "--data", "demo-circuit", "--calib-size", "32", "--no-syntax",
+                 "--criterion", "ae", "--ratio", "0.25", "--ratio", "0.75", "--out", str(out)])
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert set(result["roles"]) == set(ROLE_NAMES) and result["thresholds"]["sink"] == 0.3
+    assert result["counts"]["induction"] >= 1 and result["seed"] == 0 and "torch" in result["versions"]
+    assert set(result["kept_by_role"]) == {"0.25", "0.75"}
+    assert result["kept_by_role"]["0.75"]["ae"]["n_pruned"] == 18
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--role-param", "sink.threshold=2"], "threshold"),
+    (["--role-param", "nothing=1"], "ROLE.KEY=VALUE"),
+    (["--criterion", "nope"], "Unknown criterion"),
+])
+def test_roles_command_refuses_bad_input_before_loading(capsys, argv, message):
+    assert main(["roles", "--model", "/no/such/folder", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and message in err

@@ -71,7 +71,7 @@ def add_commands(sub) -> None:
                    help="the decoder demo instead: a small Llama-style causal LM with grouped-query attention, "
                         "trained offline on the demo reviews (model 'demo-lm', data 'demo-lm')")
     p.add_argument("--circuit", action="store_true",
-                   help="the circuit demo: a 2-layer Llama LM trained to copy repeated word blocks, whose induction "
+                   help="the circuit demo: a 3-layer Llama LM trained to copy repeated word blocks, whose induction "
                         "circuit is known (model 'demo-circuit', data 'demo-circuit')")
     p.set_defaults(handler=cmd_demo)
 

@@ -4,7 +4,7 @@
     build.py       cache folder, training loop, atomic and locked builds
     classifier.py  "demo": MiniLM-L6 fine-tuned on the reviews (encoder, 6 x 12 heads)
     lm.py          "demo-lm": a 6-layer Llama LM with grouped-query attention trained on the same rows
-    circuit.py     "demo-circuit": a 2-layer Llama LM whose repeated-block task needs an induction circuit
+    circuit.py     "demo-circuit": a 3-layer Llama LM whose repeated-block task needs an induction circuit
 
 Importing this package registers each demo as a named model (``headprune.model.loading.register_model``) and a
 named data set (``headprune.data.register_dataset``), the way ``arch`` families register; ``headprune``'s own
@@ -25,7 +25,7 @@ register_model("demo-lm", "6-layer Llama language model, 8 query / 2 key-value h
                lm.ensure_demo_lm_model)
 register_dataset("demo", "held-out Rotten Tomatoes reviews (fresh / rotten)", held_out)
 register_dataset("demo-lm", "the same held-out reviews as unlabelled text", lm.demo_lm_dataset, labelled=False)
-register_model("demo-circuit", "2-layer Llama LM trained to copy repeated word blocks: an induction circuit "
+register_model("demo-circuit", "3-layer Llama LM trained to copy repeated word blocks: an induction circuit "
                "(built offline once)", circuit.ensure_demo_circuit_model)
 register_dataset("demo-circuit", "repeated random word blocks, scored on the repeated half",
                  circuit.demo_circuit_dataset, labelled=False)

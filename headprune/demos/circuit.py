@@ -1,11 +1,12 @@
-"""The circuit demo: a 2-layer Llama LM trained so that predicting a repeated block needs an induction circuit.
+"""The circuit demo: a 3-layer Llama LM trained so that predicting a repeated block needs an induction circuit.
 
 The answer is known. On [BOS] + r + r, with r a block of n distinct random words, the first copy of r cannot be
 predicted and the second can only be copied from context: at query i (word r_k of the second copy) the model must
-find the earlier r_k and read the word after it. Olsson et al. (2022) show that two-layer models learn this with a
-previous-token head in layer 0 (each position writes down the word before it) and induction heads in layer 1 (which
-match that on the current word and copy the next one). A student can check which heads a criterion keeps against
-that ground truth (README "The circuit demo"; tests/test_circuit.py measures it).
+find the earlier r_k and read the word after it. Olsson et al. (2022) show that models learn this with a
+previous-token head in an early layer (each position writes down the word before it) and induction heads in a later
+one (which match that on the current word and copy the next one). Measured on this build: previous-token heads in
+layer 0, induction heads in layer 1, and layer 2 left to the review sentences. A student can check which heads a
+criterion keeps against that ground truth (README "The circuit demo"; tests/test_circuit.py measures it).
 
     vocabulary  word level: the VOCAB_WORDS most frequent lower-cased words and punctuation of the training reviews
                 (``corpus.demo_split``), plus <pad> (0), <bos> (1), <eos> (2), <unk> (3); a row reads <bos> words
@@ -42,10 +43,10 @@ from ..provenance import versions
 from .build import build_cached, cache_dir, read_info, stderr_progress, train_steps
 from .corpus import SEED, demo_split, reviews
 
-RECIPE = "demo-circuit-llama-v1"   # bump when anything below changes: the cache folder is named after it
+RECIPE = "demo-circuit-llama-v2"   # bump when anything below changes: the cache folder is named after it
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")   # ids 0..3
 VOCAB_WORDS = 500
-LAYERS = 2
+LAYERS = 3
 HEADS = 8
 HIDDEN = 64
 INTERMEDIATE = 128
