@@ -13,7 +13,17 @@ from ..evaluation.speed import compare_speed
 from ..model.loading import load_model, save_pruned
 from ..model.sizes import size_report
 from ..model.surgery import prune_model
-from .common import add_data_args, add_mask_arg, add_model_args, load_mask, load_model_and_data, summary, tqdm_progress
+from .common import (
+    add_data_args,
+    add_mask_arg,
+    add_model_args,
+    check_args,
+    check_positive,
+    load_mask,
+    load_model_and_data,
+    summary,
+    tqdm_progress,
+)
 
 
 def cmd_demo(args) -> dict:
@@ -31,6 +41,7 @@ def cmd_demo(args) -> dict:
 
 
 def cmd_evaluate(args) -> dict:
+    check_args(args, evaluation="evaluation")
     loaded, _, evals, info = load_model_and_data(args, calib_size=0)
     mask = load_mask(args, loaded)
     metrics = evaluate(loaded.model, evals, mask, progress=tqdm_progress("evaluate"))
@@ -45,6 +56,9 @@ def cmd_prune(args) -> dict:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise HeadpruneError(f"--out {out} is a file; give a folder (created if missing) for the pruned model.")
+    check_args(args)
+    check_positive(args.benchmark_repeats, "--benchmark-repeats", "timed forwards per measurement")
+    check_positive(args.benchmark_threads, "--benchmark-threads", "torch CPU threads while timing")
     loaded = load_model(args.model, "cpu")  # surgery is cheap anywhere; the saved weights are device-free
     mask = load_mask(args, loaded)
     pruned = prune_model(loaded.model, mask)
