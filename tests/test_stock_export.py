@@ -15,6 +15,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from headprune.cli import main
 from headprune.model.arch import adapt
 from headprune.model.export import ExportError, export_model, nearest_uniform, uniform_shape
 from headprune.model.gating import gate_heads
@@ -213,3 +214,33 @@ def test_nearest_uniform_keeps_the_higher_scored_heads():
     rounded = nearest_uniform(model, mask, scores)   # either 1 per layer or 2 per layer: one change each
     assert rounded.changed == 1 and rounded.query_heads == 2     # ties: more heads kept
     assert rounded.added == [(1, 2)] and rounded.removed == []   # head 2 outscores head 1
+
+
+def test_cli_prune_formats(tmp_path, tiny_model_dir, capsys):
+    """``prune --format``: uniform rounds the mask and says so, writes a stock config; masked says it saves no
+    compute; uniform on BERT is refused with exit 2 and the way out."""
+    mask = tmp_path / "mask.json"
+    mask.write_text(json.dumps({"pruned": {"0": [0, 1, 2], "1": [3], "2": [4, 5]}}))
+    assert main(["prune", "--model", "demo-lm", "--mask", str(mask), "--out", str(tmp_path / "u"),
+                 "--format", "uniform"]) == 0
+    out, err = capsys.readouterr()
+    result = json.loads(out)
+    rounding = result["uniform_rounding"]
+    assert "note: Rounded to" in err and rounding["changed"] == len(rounding["added"]) + len(rounding["removed"]) > 0
+    config = json.loads((tmp_path / "u" / "config.json").read_text())
+    assert not [k for k in config if k.startswith("headprune")] and not (tmp_path / "u" / "headprune.json").exists()
+    assert config["num_attention_heads"] == rounding["query_heads_per_layer"]
+    assert config["num_key_value_heads"] == rounding["kv_heads_per_layer"]
+
+    assert main(["prune", "--model", "demo-lm", "--mask", str(mask), "--out", str(tmp_path / "m"),
+                 "--format", "masked"]) == 0
+    out, err = capsys.readouterr()
+    assert "saves no compute" in err and json.loads(out)["sizes"]["total"]["removed_params"] == 0
+
+    bert_mask = tmp_path / "bert-mask.json"
+    bert_mask.write_text(json.dumps({"pruned": {"0": [0]}}))
+    assert main(["prune", "--model", str(tiny_model_dir), "--mask", str(bert_mask), "--out", str(tmp_path / "b"),
+                 "--format", "uniform"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: A uniform cut with a stock config") and "'masked'" in err
+    assert not (tmp_path / "b").exists()

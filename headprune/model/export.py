@@ -186,18 +186,37 @@ def config_refuses(model: nn.Module, query_heads: int, kv_heads: int) -> str | N
     return None
 
 
-def uniform_problem(model: nn.Module, mask: HeadMask) -> str | None:
-    """Why ``model`` cannot be cut by ``mask`` to a stock config (a message naming what is accepted), or None."""
-    adapter = adapt(model)
-    config = _text_config(model)
-    if config.model_type not in UNIFORM_TYPES:
-        return (f"A uniform cut with a stock config needs a family whose config takes head_dim explicitly "
-                f"({', '.join(UNIFORM_TYPES.values())}); '{config.model_type}' ties the head size to hidden size / "
-                "heads, so fewer heads would change every head's size. Export it with format 'masked' (original "
-                "architecture, pruned heads zeroed, loads anywhere) or 'headprune' (smaller, loads in headprune).")
-    if any(b.kept != list(range(b.n_heads)) for b in adapter.blocks):
+def type_problem(model_type: str) -> str | None:
+    """Why a model of ``model_type`` (its config's, or its text config's) cannot be cut to a stock config, or None.
+
+    Needs no model: the CLI asks before loading one, from the folder's config.json.
+    """
+    if model_type in UNIFORM_TYPES:
+        return None
+    return (f"A uniform cut with a stock config needs a family whose config takes head_dim explicitly "
+            f"({', '.join(UNIFORM_TYPES.values())}); '{model_type}' ties the head size to hidden size / heads, so "
+            "fewer heads would change every head's size. Export it with format 'masked' (original architecture, "
+            "pruned heads zeroed, loads anywhere) or 'headprune' (smaller, loads in headprune).")
+
+
+def family_problem(model: nn.Module) -> str | None:
+    """Why no mask at all can cut ``model`` to a stock config (its family, or heads already cut), or None."""
+    problem = type_problem(_text_config(model).model_type)
+    if problem:
+        return problem
+    if any(b.kept != list(range(b.n_heads)) for b in adapt(model).blocks):
         return ("A uniform export starts from the original model, but this one already has heads cut out. Load the "
                 "uncut model and give the whole mask.")
+    return None
+
+
+def uniform_problem(model: nn.Module, mask: HeadMask) -> str | None:
+    """Why ``model`` cannot be cut by ``mask`` to a stock config (a message naming what is accepted), or None."""
+    problem = family_problem(model)
+    if problem:
+        return problem
+    adapter = adapt(model)
+    config = _text_config(model)
     if uniform_shape(model, mask) is None:
         per_layer = [int(row.sum()) for row in _binary(mask, adapter)]
         return (f"This mask keeps {per_layer} query heads per layer; a stock config needs the same number in every "
@@ -306,6 +325,15 @@ def nearest_uniform(model: nn.Module, mask: HeadMask, scores: torch.Tensor | Non
     added = [tuple(x) for x in (new & ~keep).nonzero().tolist()]
     removed = [tuple(x) for x in (keep & ~new).nonzero().tolist()]
     return UniformRounding(HeadMask(values), c * n, n, added, removed)
+
+
+def round_to_uniform(model: nn.Module, mask: HeadMask, scores: torch.Tensor | None = None) -> UniformRounding:
+    """:func:`nearest_uniform` for a model that can be cut to a stock config (no change when ``mask`` already
+    fits); raises ExportError naming why not (:func:`family_problem`) otherwise."""
+    problem = family_problem(model)
+    if problem:
+        raise ExportError(problem)
+    return nearest_uniform(model, mask, scores)
 
 
 # -- writing ----------------------------------------------------------------------------------------------------
