@@ -292,7 +292,8 @@ def nearest_uniform(model: nn.Module, mask: HeadMask, scores: torch.Tensor | Non
     """
     adapter = adapt(model)
     keep = _binary(mask, adapter)
-    score = torch.zeros(adapter.grid_shape) if scores is None else torch.as_tensor(scores, dtype=torch.float32)
+    score = torch.zeros(adapter.grid_shape) if scores is None else \
+        torch.nan_to_num(torch.as_tensor(scores, dtype=torch.float32), nan=0.0)
     size = adapter.blocks[0].group_size
     n_groups = adapter.blocks[0].n_kv_heads
     if any(b.group_size != size or b.n_kv_heads != n_groups for b in adapter.blocks):
