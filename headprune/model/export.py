@@ -32,8 +32,6 @@ it -- none of the families headprune supports -- so a non-uniform cut stays a he
 from __future__ import annotations
 
 import copy
-import shutil
-import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,9 +41,9 @@ from torch import nn
 
 from ..errors import HeadpruneError
 from .arch import AttentionBlock, adapt, out_axis
-from .loading import save_pruned
+from .loading import save_pruned, write_staged
 from .mask import HeadMask
-from .surgery import prune_model
+from .surgery import head_features, prune_model
 
 # model_type values whose config and attention read an explicit head_dim (transformers 5.23:
 # ``getattr(config, "head_dim", hidden_size // num_attention_heads)`` in each attention's __init__)
@@ -109,10 +107,6 @@ def _zero(module: nn.Module, index: list[int], output_side: bool) -> None:
             module.bias.index_fill_(0, idx.to(module.bias.device), 0.0)
 
 
-def _spans(positions: list[int], d: int, offset: int = 0) -> list[int]:
-    return [offset + p * d + i for p in positions for i in range(d)]
-
-
 def _mask_block(block: AttentionBlock, pruned: list[int]) -> None:
     d = block.head_size
     q_pos = [block.kept.index(h) for h in pruned]
@@ -121,15 +115,15 @@ def _mask_block(block: AttentionBlock, pruned: list[int]) -> None:
     q_off = block.fused_span("query")[0] if block.fused else 0
     k_off = block.fused_span("key")[0] if block.fused else 0
     v_off = block.fused_span("value")[0] if block.fused else 0
-    _zero(block.output, _spans(q_pos, d), output_side=False)
-    _zero(block.query, _spans(q_pos, d, q_off), output_side=True)
+    _zero(block.output, head_features(q_pos, d), output_side=False)
+    _zero(block.query, head_features(q_pos, d, q_off), output_side=True)
     if dead_kv:
-        _zero(block.key, _spans(dead_kv, d, k_off), output_side=True)
-        _zero(block.value, _spans(dead_kv, d, v_off), output_side=True)
+        _zero(block.key, head_features(dead_kv, d, k_off), output_side=True)
+        _zero(block.value, head_features(dead_kv, d, v_off), output_side=True)
     for module, side in block.extra_rows:
         rows = q_pos if side == "query" else dead_kv
         if rows:
-            _zero(module, _spans(rows, d), output_side=True)
+            _zero(module, head_features(rows, d), output_side=True)
 
 
 def masked_model(model: nn.Module, mask: HeadMask) -> nn.Module:
@@ -340,22 +334,13 @@ def round_to_uniform(model: nn.Module, mask: HeadMask, scores: torch.Tensor | No
 # -- writing ----------------------------------------------------------------------------------------------------
 
 def _write_stock(model: nn.Module, tokenizer, out: Path) -> Path:
-    """Save ``model`` (stock config) and ``tokenizer`` as safetensors into ``out``, via a temporary folder."""
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ExportError(f"{out} exists and is not an empty folder; give a new or empty folder for the model.")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
-        model.save_pretrained(staging, safe_serialization=True)
+    """Save ``model`` (stock config) and ``tokenizer`` as safetensors into ``out`` (``loading.write_staged``)."""
+    def write(folder: Path) -> None:
+        model.save_pretrained(folder, safe_serialization=True)
         if tokenizer is not None:
-            tokenizer.save_pretrained(staging)
-        if out.exists():
-            out.rmdir()
-        staging.rename(out)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
-    return out
+            tokenizer.save_pretrained(folder)
+
+    return write_staged(out, write)
 
 
 def export_model(model: nn.Module, tokenizer, mask: HeadMask, out: str | Path, format: str = "headprune",
