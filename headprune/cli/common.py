@@ -105,10 +105,11 @@ def check_args(args, *, calib: str | None = None, evaluation: str | None = None)
         HeadMask.read_file(args.mask)
 
 
-def check_positive(value: int | None, option: str, what: str) -> None:
+def check_positive(value: int | None, option: str, what: str, doc: str) -> None:
     """Refuse ``option`` = ``value`` unless it is None or an integer >= 1 (``limits.POSITIVE_INT``)."""
     if value is not None and POSITIVE_INT(value):
-        raise HeadpruneError(f"{option} {value}: {what} must be a positive integer ({POSITIVE_INT.describe()}).")
+        raise HeadpruneError(f"{option} {value}: {what} must be {POSITIVE_INT.describe().removeprefix('an integer ')} "
+                             f"({doc}).")
 
 
 def load_mask(args, loaded: LoadedModel) -> HeadMask | None:

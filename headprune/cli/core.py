@@ -59,8 +59,8 @@ def cmd_prune(args) -> dict:
     if out.exists() and not out.is_dir():
         raise HeadpruneError(f"--out {out} is a file; give a folder (created if missing) for the pruned model.")
     check_args(args)
-    check_positive(args.benchmark_repeats, "--benchmark-repeats", "timed forwards per measurement")
-    check_positive(args.benchmark_threads, "--benchmark-threads", "torch CPU threads while timing")
+    check_positive(args.benchmark_repeats, "--benchmark-repeats", "repeats", "timed forwards per measurement")
+    check_positive(args.benchmark_threads, "--benchmark-threads", "threads", "torch CPU threads while timing")
     if args.format == "uniform":
         _check_uniform_family(args.model)
     loaded = load_model(args.model, "cpu")  # surgery is cheap anywhere; the saved weights are device-free

@@ -39,7 +39,7 @@ def _params(pairs: list[str] | None) -> dict:
 
 def _checked(args, evaluation: str | None = None) -> tuple:
     """Criterion and parameters, sizes, mask file and the ``--out`` path, validated before any model is loaded."""
-    check_args(args, calib="scoring heads", evaluation=evaluation)
+    check_args(args, calib="scoring", evaluation=evaluation)
     checked_out_file(args.out)
     crit = get(args.criterion)
     params = _params(args.param)
