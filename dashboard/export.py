@@ -1,4 +1,5 @@
-"""What the Export page hands out: the session's run file, figures as PNG, and the surgically pruned model (zipped).
+"""What the Export page hands out: the session's run file, figures as PNG, and the pruned model (zipped) in one of
+``headprune.model.export.FORMATS``: a headprune checkpoint, a masked stock checkpoint or a uniform stock cut.
 
 Built downloads are kept in the session (``SessionData.exports``), keyed by what they depend on, so a page rerun
 hands out the same bytes without building them again.
@@ -15,10 +16,8 @@ from pathlib import Path
 
 from headprune import viz
 from headprune.evaluation.metrics import evaluate
-from headprune.model.loading import save_pruned
-from headprune.model.mask import HeadMask
+from headprune.model.export import FORMATS, UNIFORM_TYPES, export_model, family_problem, round_to_uniform
 from headprune.model.sizes import size_report
-from headprune.model.surgery import prune_model
 
 from .session import SessionData
 from .store import DashboardWorkspace, mask_key
@@ -52,38 +51,93 @@ def render_png(sd: SessionData, figure: str, fig) -> bytes:
     return png
 
 
-def built_model(sd: SessionData) -> dict | None:
-    """The pruned model this session built for its current mask, if any (``build_pruned_model``'s result)."""
-    return sd.exports.get(f"model|{mask_key(sd.mask)}")
+def export_formats(ws: DashboardWorkspace) -> dict[str, dict]:
+    """Per format: {"label", "what", "loads_in", "saves_compute", "problem"} -- ``problem`` (None when the format
+    fits this model) says why the loaded model cannot be exported that way (a cut model, a tied-head-size family)."""
+    cut = (f"The loaded model already has {ws.n_cut} heads cut out, so it is not the original architecture any "
+           "more; load the original model to export a stock checkpoint.") if ws.n_cut else None
+    problems = {"headprune": None, "masked": cut, "uniform": cut or family_problem(ws.loaded.model)}
+    labels = {"headprune": "headprune checkpoint (smaller, any mask)",
+              "masked": "masked stock checkpoint (original size, loads anywhere)",
+              "uniform": "uniform stock cut (smaller, loads anywhere)"}
+    return {name: {"label": labels[name], **info, "problem": problems[name]} for name, info in FORMATS.items()}
 
 
-def build_pruned_model(ws: DashboardWorkspace, sd: SessionData, progress: Progress | None = None) -> dict:
-    """Cut the session mask's heads from a copy of the model, save it HF-style, zip it, and evaluate the cut model;
-    kept for ``built_model``.
+def runtime_rows() -> list[dict]:
+    """Which runtime loads which export (the README's table)."""
+    return [{"format": name, "what it is": info["what"], "saves compute": "yes" if info["saves_compute"] else "no",
+             "loads in": info["loads_in"]} for name, info in FORMATS.items()] + [
+        {"format": "(non-uniform mask)", "what it is": "different head counts per layer",
+         "saves compute": "yes", "loads in": "headprune only: transformers 5.23's per_layer_config is read by none "
+                                            f"of {', '.join(UNIFORM_TYPES.values())}"}]
 
-    Returns {"zip": bytes, "size": sizes.size_report, "metric": headline metric of the cut model}.
+
+def uniform_preview(ws: DashboardWorkspace, sd: SessionData) -> dict:
+    """The nearest uniform mask to the session mask (``export.round_to_uniform``, head scores of the first
+    criterion computed, if any, break ties) as {"rounding": UniformRounding, "text": what changed}."""
+    scores = next(iter(sd.scores.values())).scores if sd.scores else None
+    rounding = round_to_uniform(ws.loaded.model, sd.mask, scores)
+    return {"rounding": rounding, "text": rounding.describe()}
+
+
+def compared_metrics(sd: SessionData) -> dict | None:
+    """``compare_uniform``'s result for the current mask, if this session computed it."""
+    return sd.exports.get(f"uniform-metrics|{mask_key(sd.mask)}")
+
+
+def compare_uniform(ws: DashboardWorkspace, sd: SessionData, progress: Progress | None = None) -> dict:
+    """Headline metric on the evaluation split under the session mask and under its nearest uniform mask
+    ({"mask": m, "uniform": m_u}); kept for ``compared_metrics``."""
+    report = progress or (lambda f, m: None)
+    rounding = uniform_preview(ws, sd)["rounding"]
+    with compute_slot():
+        mine = evaluate(ws.loaded.model, ws.eval_batches, sd.mask, progress=lambda f, m: report(0.5 * f, m))
+        uniform = evaluate(ws.loaded.model, ws.eval_batches, rounding.mask,
+                           progress=lambda f, m: report(0.5 + 0.5 * f, m))
+    report(1.0, "done")
+    result = sd.exports[f"uniform-metrics|{mask_key(sd.mask)}"] = {"mask": ws.metric_of(mine),
+                                                                   "uniform": ws.metric_of(uniform)}
+    return result
+
+
+def built_model(sd: SessionData, format: str = "headprune") -> dict | None:
+    """The pruned model this session built for its current mask in ``format``, if any (``build_pruned_model``)."""
+    return sd.exports.get(f"model|{format}|{mask_key(sd.mask)}")
+
+
+def build_pruned_model(ws: DashboardWorkspace, sd: SessionData, progress: Progress | None = None,
+                       format: str = "headprune") -> dict:
+    """Export the session mask's model in ``format`` (a copy; the shared model is untouched), zip it and evaluate
+    the exported model; kept for ``built_model``. A uniform export first rounds the mask (``uniform_preview``).
+
+    Returns {"zip": bytes, "size": sizes.size_report, "metric": headline metric of the exported model,
+    "note": what the format is and saves, "loads_in": which runtimes load it, "rounding": text or None}.
     """
-    built = sd.exports[f"model|{mask_key(sd.mask)}"] = _pruned_model_zip(ws, sd.mask, progress)
+    built = sd.exports[f"model|{format}|{mask_key(sd.mask)}"] = _exported_zip(ws, sd, format, progress)
     return built
 
 
-def _pruned_model_zip(ws: DashboardWorkspace, mask: HeadMask, progress: Progress | None = None) -> dict:
+def _exported_zip(ws: DashboardWorkspace, sd: SessionData, format: str, progress: Progress | None = None) -> dict:
     report = progress or (lambda f, m: None)
-    report(0.05, "cutting heads")
-    with compute_slot():
-        pruned = prune_model(ws.loaded.model, mask)  # a deep copy: the shared model is untouched
-        report(0.3, "evaluating the cut model")
-        metrics = evaluate(pruned, ws.eval_batches, progress=lambda f, m: report(0.3 + 0.5 * f, m))
-    report(0.85, "saving")
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = save_pruned(pruned, ws.loaded.tokenizer, Path(tmp) / "pruned",
-                             extra={"mask": mask.to_json(), "source_model": ws.setup.model,
-                                    "dense": ws.dense().to_dict(), "pruned": metrics.to_dict(),
-                                    "data": ws.setup.data_label})
+    mask, rounding = sd.mask, None
+    if format == "uniform":
+        preview = uniform_preview(ws, sd)
+        mask, rounding = preview["rounding"].mask, preview["text"]
+    report(0.05, "writing the model")
+    with tempfile.TemporaryDirectory() as tmp, compute_slot():
+        written = export_model(ws.loaded.model, ws.loaded.tokenizer, mask, Path(tmp) / "pruned", format,
+                               extra={"mask": mask.to_json(), "source_model": ws.setup.model,
+                                      "dense": ws.dense().to_dict(), "data": ws.setup.data_label})
+        report(0.3, "evaluating the exported model")
+        metrics = evaluate(written["model"], ws.eval_batches, progress=lambda f, m: report(0.3 + 0.5 * f, m))
+        report(0.85, "zipping")
+        folder = Path(written["out"])
         buffer = io.BytesIO()
         with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as zf:
             for f in sorted(folder.rglob("*")):
                 if f.is_file():
-                    zf.write(f, Path("headprune-pruned-model") / f.relative_to(folder))
+                    zf.write(f, Path(f"headprune-{format}-model") / f.relative_to(folder))
     report(1.0, "done")
-    return {"zip": buffer.getvalue(), "size": size_report(ws.loaded.model, pruned), "metric": ws.metric_of(metrics)}
+    return {"zip": buffer.getvalue(), "size": size_report(ws.loaded.model, written["model"]),
+            "metric": ws.metric_of(metrics), "note": written["note"], "loads_in": written["loads_in"],
+            "rounding": rounding}

@@ -188,6 +188,22 @@ def test_lm_demo_picker_scores_attention_prune_trajectories_export(folders):
     timed("build the pruned LM demo", lambda: at.button(key="export-build").click().run())
     assert not problems(at)
     assert float(metric(at, "perplexity of the pruned model")) == pytest.approx(live, rel=1e-3)
+    # stock exports (issue 16): masked equals the mask; uniform says how it rounds and compares both masks first
+    at.radio(key="export-format").set_value("masked").run()
+    assert "saves no compute" in " ".join(c.value for c in at.caption)
+    at.button(key="export-build").click().run()
+    assert not problems(at)
+    assert float(metric(at, "perplexity of the pruned model")) == pytest.approx(live, rel=1e-3)
+    assert "Pruned model (zip)" in [b.proto.label for b in at.get("download_button")]
+    at.radio(key="export-format").set_value("uniform").run()
+    assert any("query heads" in m.value and "per layer" in m.value for m in at.markdown)
+    at.button(key="export-compare").click().run()
+    assert not problems(at)
+    uniform = float(metric(at, "perplexity under the uniform mask"))
+    assert float(metric(at, "perplexity under the mask")) == pytest.approx(live, rel=1e-3)
+    at.button(key="export-build").click().run()
+    assert not problems(at)
+    assert float(metric(at, "perplexity of the pruned model")) == pytest.approx(uniform, rel=1e-3)
     print("timings (s):", TIMINGS)
 
 

@@ -1,10 +1,21 @@
-"""Export: the mask, the scores, figures, a run file and the surgically pruned model."""
+"""Export: the mask, the scores, figures, a run file and the pruned model (headprune, masked or uniform stock)."""
 
 import json
 
 import streamlit as st
 
-from dashboard.export import build_pruned_model, built_model, render_png, rendered_png, run_file
+from dashboard.export import (
+    build_pruned_model,
+    built_model,
+    compare_uniform,
+    compared_metrics,
+    export_formats,
+    render_png,
+    rendered_png,
+    run_file,
+    runtime_rows,
+    uniform_preview,
+)
 from dashboard.ui import guard, page, progress_bar, speed_section
 from headprune import viz
 
@@ -57,22 +68,44 @@ if png is not None:
 st.plotly_chart(fig, width="stretch", key="export-preview")
 
 st.subheader("Pruned model")
-st.caption("The pruned heads are cut out of the weights (a copy; the loaded model is untouched) and saved "
-           "Hugging Face-style: config.json (with the kept heads), model.safetensors and the tokenizer. "
-           "Load it back with `load_model(folder)` or on the Model & data page.")
-built = built_model(sd)
-if built is None and st.button("Build the pruned model", type="primary", key="export-build"):
+formats = export_formats(ws)
+fmt = st.radio("Format", list(formats), format_func=lambda name: formats[name]["label"], horizontal=True,
+               key="export-format")
+with st.expander("Which runtime loads what"):
+    st.table(runtime_rows())
+st.caption(f"{formats[fmt]['what'].capitalize()}. Loads in: {formats[fmt]['loads_in']}."
+           + ("" if formats[fmt]["saves_compute"] else " It saves no compute: same size and speed as the original."))
+problem = formats[fmt]["problem"]
+if problem:
+    st.info(problem)
+elif fmt == "uniform":
+    st.write(uniform_preview(ws, sd)["text"])
+    compared = compared_metrics(sd)
+    if compared is None and st.button("Compare the mask with its nearest uniform mask", key="export-compare"):
+        with guard("Could not evaluate the two masks"):
+            bar = progress_bar("evaluating both masks")
+            compared = compare_uniform(ws, sd, bar)
+            bar.done()
+    if compared is not None:
+        c1, c2 = st.columns(2)
+        c1.metric(f"{ws.metric} under the mask", f"{compared['mask']:.4f}")
+        c2.metric(f"{ws.metric} under the uniform mask", f"{compared['uniform']:.4f}",
+                  f"{compared['uniform'] - compared['mask']:+.4f}")
+built = None if problem else built_model(sd, fmt)
+if not problem and built is None and st.button("Build the pruned model", type="primary", key="export-build"):
     with guard("Could not build the pruned model"):
-        bar = progress_bar("cutting heads, saving, checking")
-        built = build_pruned_model(ws, sd, bar)
+        bar = progress_bar("writing, checking, zipping")
+        built = build_pruned_model(ws, sd, bar, fmt)
         bar.done()
 if built is not None:
+    if built["rounding"]:
+        st.caption(built["rounding"])
     c1, c2 = st.columns([1, 2])
     c1.metric(f"{ws.metric} of the pruned model", f"{built['metric']:.4f}",
               f"{built['metric'] - ws.metric_of(ws.dense()):+.4f} vs {'as loaded' if ws.n_cut else 'dense'}")
-    c1.download_button("Pruned model (zip)", built["zip"], file_name="headprune-pruned-model.zip",
+    c1.download_button("Pruned model (zip)", built["zip"], file_name=f"headprune-{fmt}-model.zip",
                        mime="application/zip", key="export-model", type="primary", width="stretch")
-    c1.caption(f"{len(built['zip']) / 2**20:.1f} MB zipped.")
+    c1.caption(f"{len(built['zip']) / 2**20:.1f} MB zipped. {built['note']}")
     c2.dataframe(viz.size_table(built["size"]).style.format({"removed (%)": "{:.1f}", "MB before": "{:.2f}",
                                                              "MB after": "{:.2f}"}),
                  hide_index=True, width="stretch")

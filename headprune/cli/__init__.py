@@ -1,7 +1,9 @@
 """``python -m headprune <command>``: every command prints one JSON object on stdout; progress goes to stderr.
 
 Each module in this package defines ``add_commands(subparsers)``; a command's handler takes the parsed args and
-returns the dict to print. User errors (HeadpruneError) print ``error: <message>`` on stderr and exit 2.
+returns the dict to print. User errors (HeadpruneError) print ``error: <message>`` on stderr and exit 2, and so do
+arguments the parser refuses (:class:`Parser`): every refusal's first line on stderr starts with ``error:``.
+Every handler checks all its arguments (``common.check_args``) before it loads a model or draws a progress bar.
 """
 
 from __future__ import annotations
@@ -18,8 +20,20 @@ from .output import jsonable
 HELPERS = ("common", "output")   # modules of this package that define no command
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with the project's error form: ``error: <message>`` on its own first line, the usage after it.
+
+    Stock argparse prints the usage first and ``prog: error:`` last; a reader (or a script reading the first line
+    of stderr) then sees the usage, not the problem. Subparsers inherit this class (``add_subparsers`` uses the
+    parent's type).
+    """
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message}\n{self.format_usage()}")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m headprune",
+    parser = Parser(prog="python -m headprune",
                                      description="Score, look at and prune the attention heads of transformers.")
     sub = parser.add_subparsers(dest="command", required=True)
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):

@@ -15,6 +15,8 @@ import sys
 
 from tqdm import tqdm
 
+from ..errors import DataError, HeadpruneError
+from ..limits import POSITIVE_INT
 from ..model.device import DEVICES
 from ..model.loading import LoadedModel
 from ..model.mask import HeadMask
@@ -84,6 +86,32 @@ def add_mask_arg(p: argparse.ArgumentParser, required: bool = False) -> None:
                         '{"pruned_groups": {"<layer>": [key/value group, ...]}} (0-based)')
 
 
+def check_args(args, *, calib: str | None = None, evaluation: str | None = None) -> None:
+    """Refuse, before any model loads or bar is drawn, the settings this command cannot run with.
+
+    ``calib`` / ``evaluation`` name what needs a calibration / evaluation example (e.g. "scoring"): a size the
+    user set to 0 is refused then (limits: ``limits.POSITIVE_INT``; a default size still shrinks to fit small data,
+    and a size larger than the data is refused by the split, which knows the row count). A ``--mask`` file must
+    exist and hold JSON (its heads are checked against the model once it is loaded). Raises HeadpruneError.
+    """
+    if calib is not None and POSITIVE_INT(int(args.calib_size)):
+        raise DataError(f"--calib-size {args.calib_size}: {calib} needs at least one calibration example. Accepted: "
+                        f"--calib-size N with N {POSITIVE_INT.describe().removeprefix('an integer ')}.")
+    if evaluation is not None and args.eval_size is not None and POSITIVE_INT(int(args.eval_size)):
+        raise DataError(f"--eval-size {args.eval_size}: {evaluation} needs at least one example to evaluate on. "
+                        f"Accepted: --eval-size N with N {POSITIVE_INT.describe().removeprefix('an integer ')}, "
+                        "or all.")
+    if getattr(args, "mask", None):
+        HeadMask.read_file(args.mask)
+
+
+def check_positive(value: int | None, option: str, what: str, doc: str) -> None:
+    """Refuse ``option`` = ``value`` unless it is None or an integer >= 1 (``limits.POSITIVE_INT``)."""
+    if value is not None and POSITIVE_INT(value):
+        raise HeadpruneError(f"{option} {value}: {what} must be {POSITIVE_INT.describe().removeprefix('an integer ')} "
+                             f"({doc}).")
+
+
 def load_mask(args, loaded: LoadedModel) -> HeadMask | None:
     """The mask file named by ``--mask`` for this model's grid, or None when no mask was given."""
     if not getattr(args, "mask", None):
@@ -136,5 +164,5 @@ def tqdm_progress(desc: str):
     return update
 
 
-__all__ = ["add_model_args", "add_data_args", "add_mask_arg", "load_mask", "load_model_and_data", "build_workspace",
-           "summary", "tqdm_progress"]
+__all__ = ["check_args", "check_positive", "add_model_args", "add_data_args", "add_mask_arg", "load_mask",
+           "load_model_and_data", "build_workspace", "summary", "tqdm_progress"]

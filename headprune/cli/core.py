@@ -1,8 +1,10 @@
 """Core commands: ``demo`` (build or locate the demo model), ``evaluate`` (metrics under a mask), ``prune``
-(cut the masked heads out and save the smaller model)."""
+(cut the masked heads out and save the smaller model, as a headprune checkpoint or a stock one: ``--format``)."""
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
 from ..demos.circuit import demo_circuit_info, ensure_demo_circuit_model
@@ -11,10 +13,20 @@ from ..demos.lm import demo_lm_info, ensure_demo_lm_model
 from ..errors import HeadpruneError
 from ..evaluation.metrics import evaluate
 from ..evaluation.speed import compare_speed
-from ..model.loading import load_model, save_pruned
+from ..model.export import FORMATS, ExportError, export_model, round_to_uniform, type_problem
+from ..model.loading import load_model
 from ..model.sizes import size_report
-from ..model.surgery import prune_model
-from .common import add_data_args, add_mask_arg, add_model_args, load_mask, load_model_and_data, summary, tqdm_progress
+from .common import (
+    add_data_args,
+    add_mask_arg,
+    add_model_args,
+    check_args,
+    check_positive,
+    load_mask,
+    load_model_and_data,
+    summary,
+    tqdm_progress,
+)
 
 
 def cmd_demo(args) -> dict:
@@ -39,6 +51,7 @@ def cmd_demo(args) -> dict:
 
 
 def cmd_evaluate(args) -> dict:
+    check_args(args, evaluation="evaluation")
     loaded, _, evals, info = load_model_and_data(args, calib_size=0)
     mask = load_mask(args, loaded)
     metrics = evaluate(loaded.model, evals, mask, progress=tqdm_progress("evaluate"))
@@ -53,16 +66,43 @@ def cmd_prune(args) -> dict:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise HeadpruneError(f"--out {out} is a file; give a folder (created if missing) for the pruned model.")
+    check_args(args)
+    check_positive(args.benchmark_repeats, "--benchmark-repeats", "repeats", "timed forwards per measurement")
+    check_positive(args.benchmark_threads, "--benchmark-threads", "threads", "torch CPU threads while timing")
+    if args.format == "uniform":
+        _check_uniform_family(args.model)
     loaded = load_model(args.model, "cpu")  # surgery is cheap anywhere; the saved weights are device-free
     mask = load_mask(args, loaded)
-    pruned = prune_model(loaded.model, mask)
-    save_pruned(pruned, loaded.tokenizer, out, extra={"source_model": loaded.source, "mask": mask.to_json()})
-    result = {"out": str(out), "model": args.model, "pruned_heads": mask.n_pruned, "kept_heads": mask.n_kept,
-              "sizes": size_report(loaded.model, pruned)}
+    result = {"out": str(out), "model": args.model, "format": args.format}
+    if args.format == "uniform":   # any mask is rounded to the nearest one a stock config can describe
+        rounding = round_to_uniform(loaded.model, mask)
+        print(f"note: {rounding.describe()}", file=sys.stderr)
+        result["uniform_rounding"] = rounding.to_json()
+        mask = rounding.mask
+    written = export_model(loaded.model, loaded.tokenizer, mask, out, args.format,
+                           extra={"source_model": loaded.source, "mask": mask.to_json()})
+    pruned = written["model"]
+    if not written["saves_compute"]:
+        print(f"note: {written['note']}", file=sys.stderr)
+    result.update({"pruned_heads": mask.n_pruned, "kept_heads": mask.n_kept, "loads_in": written["loads_in"],
+                   "note": written["note"], "sizes": size_report(loaded.model, pruned)})
     if args.benchmark:  # opt-in: timing takes seconds to minutes
         result["speed"] = compare_speed(loaded.model, pruned, repeats=args.benchmark_repeats,
                                         threads=args.benchmark_threads, progress=tqdm_progress("benchmark"))
     return result
+
+
+def _check_uniform_family(spec: str) -> None:
+    """A model folder whose config.json names a family no stock config can cut is refused before it loads."""
+    config_file = Path(spec).expanduser() / "config.json"
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return   # a named model, a hub id or an unreadable config: checked once the model is loaded
+    model_type = (config.get("text_config") or {}).get("model_type") or config.get("model_type")
+    problem = type_problem(str(model_type)) if model_type else None
+    if problem:
+        raise ExportError(problem)
 
 
 def add_commands(sub) -> None:
@@ -85,6 +125,12 @@ def add_commands(sub) -> None:
     add_model_args(p)
     add_mask_arg(p, required=True)
     p.add_argument("--out", required=True, help="folder to save the pruned model in")
+    p.add_argument("--format", default="headprune", choices=tuple(FORMATS),
+                   help="headprune: cut, any mask, loads in headprune (default); masked: original architecture with "
+                        "the pruned heads zeroed, loads in plain transformers and any runtime, saves no compute; "
+                        "uniform: cut to the same head count in every layer with a stock config (Llama, Mistral, "
+                        "Qwen2, Qwen3, Gemma 3, Phi-3), loads in plain transformers; a non-uniform mask is rounded "
+                        "to the nearest uniform one first (what changed is printed)")
     p.add_argument("--benchmark", action="store_true",
                    help="also time the dense and the pruned model (latency at batch 1, throughput at batch 32, "
                         "lengths 64 and 256, on the auto device) next to the ideal speed-up from FLOPs")

@@ -8,11 +8,21 @@ import time
 from dataclasses import replace
 
 from ..criteria import REGISTRY, ScoringContext, get
-from ..criteria.hies import DEFAULT_ALPHAS, select_alpha
+from ..criteria.hies import DEFAULT_ALPHAS, select_alpha, sweep_specs
 from ..data import calibration_texts
 from ..errors import CriterionError
+from ..limits import POSITIVE_INT
 from ..trajectory import TrajectoryError, TrajectorySpec, run_seeds, spread
-from .common import add_data_args, add_mask_arg, add_model_args, load_mask, load_model_and_data, summary, tqdm_progress
+from .common import (
+    add_data_args,
+    add_mask_arg,
+    add_model_args,
+    check_args,
+    load_mask,
+    load_model_and_data,
+    summary,
+    tqdm_progress,
+)
 from .output import checked_out_file, write_json
 
 
@@ -27,8 +37,9 @@ def _params(pairs: list[str] | None) -> dict:
     return out
 
 
-def _checked(args) -> tuple:
-    """Criterion and parameters, and the ``--out`` path, validated before any model is loaded."""
+def _checked(args, evaluation: str | None = None) -> tuple:
+    """Criterion and parameters, sizes, mask file and the ``--out`` path, validated before any model is loaded."""
+    check_args(args, calib="scoring", evaluation=evaluation)
     checked_out_file(args.out)
     crit = get(args.criterion)
     params = _params(args.param)
@@ -61,12 +72,12 @@ def cmd_score(args) -> dict:
 
 
 def cmd_trajectory(args) -> dict:
-    crit, params = _checked(args)
+    crit, params = _checked(args, evaluation="a trajectory")
     # every setting is checked here, before the model loads (a bad --step or --tolerance costs no waiting)
     spec = TrajectorySpec(criterion=crit, params=params, inverse=args.inverse, step=args.step, budget=args.budget,
                           count=args.count, tolerance=args.tolerance, metric=args.metric, seed=args.seed,
                           stability=args.stability, drop=args.drop, model_name=args.model)
-    if args.seeds < 1:
+    if POSITIVE_INT(args.seeds):
         raise TrajectoryError(f"Number of seeds {args.seeds!r} must be a positive integer.")
     loaded, calib, evals, info = load_model_and_data(args)
     runs = run_seeds(replace(spec, data_info=summary(info)), loaded.model, calib, evals, seeds=args.seeds,
@@ -86,6 +97,8 @@ def cmd_select_alpha(args) -> dict:
         alphas = [float(a) for a in args.alphas.split(",")]
     except ValueError:
         raise CriterionError(f"--alphas {args.alphas!r}: expected comma-separated numbers in [0, 1].") from None
+    check_args(args, calib="the α sweep (it prunes and evaluates on the calibration split)")
+    sweep_specs(alphas, args.budget, 1 if args.step is None else args.step, args.metric)  # the model picks no step
     checked_out_file(args.out)
     loaded, calib, _, info = load_model_and_data(args)
     result = select_alpha(loaded.model, calib, alphas, args.budget, args.step, args.metric, loaded.device,

@@ -9,7 +9,16 @@ import time
 from ..criteria.sap import DependencyStats
 from ..syntax import DEFAULT_PIPELINE, QUERY_REDUCE, SyntacticProfile, collect_arc_attention, parse_dataset
 from ..syntax.parse import load_parser, pipeline_key
-from .common import add_data_args, add_mask_arg, add_model_args, load_mask, load_model_and_data, summary, tqdm_progress
+from .common import (
+    add_data_args,
+    add_mask_arg,
+    add_model_args,
+    check_args,
+    load_mask,
+    load_model_and_data,
+    summary,
+    tqdm_progress,
+)
 from .output import checked_out_file, write_json
 
 
@@ -25,6 +34,7 @@ def _top_k(text: str) -> int:
 
 def cmd_syntax(args) -> dict:
     start = time.perf_counter()
+    check_args(args, calib="reading dependency arcs")
     checked_out_file(args.out)
     nlp = load_parser(args.parser)                  # fail on a missing parser before loading the model
     loaded, _, _, info = load_model_and_data(args)

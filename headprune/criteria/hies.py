@@ -118,6 +118,24 @@ def sweep_step(model) -> int:
     return max(1, math.ceil(AUTO_STEP * int(adapt(model).live_grid().sum())))
 
 
+def sweep_specs(alphas, budget: float = AUTO_BUDGET, step: int = 1, metric: str | None = None) -> list[TrajectorySpec]:
+    """One validated TrajectorySpec per α of a sweep (HIES order, ``step`` heads per step, up to ``budget``).
+
+    Needs no model, so a caller checks a sweep's settings before loading one (the CLI passes ``step`` 1 when the
+    model's ``sweep_step`` will choose it). Raises TrajectoryError naming the accepted values.
+    """
+    try:
+        alphas = [float(a) for a in alphas]
+    except (TypeError, ValueError):
+        raise TrajectoryError(f"α values must be numbers in [0, 1]; got {alphas!r}.") from None
+    bad = [a for a in alphas if UNIT(a)]
+    if not alphas or bad:
+        raise TrajectoryError(f"α values must lie in [0, 1]; got {bad or 'none'}.")
+    hies = HIES()
+    return [TrajectorySpec(criterion=hies, params={"alpha": alpha}, step=step, budget=budget, metric=metric)
+            for alpha in alphas]
+
+
 def select_alpha(model, calib: list[dict], alphas=DEFAULT_ALPHAS, budget: float = AUTO_BUDGET,
                  step: int | None = None, metric: str | None = None, device=None, progress=None,
                  ctx: ScoringContext | None = None) -> dict:
@@ -130,17 +148,13 @@ def select_alpha(model, calib: list[dict], alphas=DEFAULT_ALPHAS, budget: float 
     HIS and entropy come from one shared pass (``ctx.cache`` when a context is given); each α costs only its
     evaluations. Used by ``hies`` with α = "auto" and by the ``select-alpha`` command.
     """
-    alphas = [float(a) for a in alphas]
-    step = sweep_step(model) if step is None else step
-    bad = [a for a in alphas if UNIT(a)]
-    if not alphas or bad:
-        raise TrajectoryError(f"α values must lie in [0, 1]; got {bad or 'none'}.")
-    hies = HIES()
+    specs = sweep_specs(alphas, budget, sweep_step(model) if step is None else step, metric)
+    alphas = [spec.params["alpha"] for spec in specs]
+    hies = specs[0].criterion
     ctx = ctx or ScoringContext(model, calib, device=device)
     start = LiveEvaluator(model, calib, HeadMask(adapt(model).live_grid().float()))  # every curve forks it
     runs = []
-    for i, alpha in enumerate(alphas):
-        spec = TrajectorySpec(criterion=hies, params={"alpha": alpha}, step=step, budget=budget, metric=metric)
+    for i, (alpha, spec) in enumerate(zip(alphas, specs)):
         report = None if progress is None else (
             lambda f, m, _i=i: progress((_i + f) / len(alphas), f"α = {alphas[_i]}: {m}"))
         runs.append(run_trajectory(spec, model, calib, calib, device=device, scores=hies(ctx, {"alpha": alpha}),

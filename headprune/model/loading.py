@@ -273,25 +273,17 @@ def _load_state_dict_exists(folder: Path) -> None:
         raise ModelLoadError(f"No weights in {folder}: expected model.safetensors (or pytorch_model.bin).")
 
 
-def save_pruned(model: nn.Module, tokenizer, out_dir: str | Path, extra: dict | None = None) -> Path:
-    """Save a (pruned) model HF-style: safetensors + config with ``headprune_kept_heads`` + tokenizer.
-
-    Written into a temporary folder next to ``out_dir`` and moved into place only once complete, so a failure
-    half-way (a full disk, an interrupt) never leaves a half-written model folder behind. An existing
-    ``out_dir`` must be empty (its files would otherwise mix with the new model's).
-    """
+def write_staged(out_dir: str | Path, write: Callable[[Path], None]) -> Path:
+    """Call ``write(folder)`` on a temporary folder next to ``out_dir`` and move it into place once complete, so a
+    failure half-way (a full disk, an interrupt) never leaves a half-written model folder behind. An existing
+    ``out_dir`` must be empty (its files would otherwise mix with the new model's)."""
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ModelLoadError(f"{out} exists and is not an empty folder; give a new or empty folder for the model.")
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
-        record_kept_heads(adapt(model))
-        model.save_pretrained(staging, safe_serialization=True)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(staging)
-        if extra:
-            (staging / "headprune.json").write_text(json.dumps(extra, indent=1), encoding="utf-8")
+        write(staging)
         if out.exists():
             out.rmdir()
         staging.rename(out)
@@ -299,3 +291,19 @@ def save_pruned(model: nn.Module, tokenizer, out_dir: str | Path, extra: dict | 
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     return out
+
+
+def save_pruned(model: nn.Module, tokenizer, out_dir: str | Path, extra: dict | None = None) -> Path:
+    """Save a (pruned) model HF-style: safetensors + config with ``headprune_kept_heads`` + tokenizer.
+
+    Written through ``write_staged``: nothing half-written is ever left, and an existing ``out_dir`` must be empty.
+    """
+    def write(folder: Path) -> None:
+        record_kept_heads(adapt(model))
+        model.save_pretrained(folder, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(folder)
+        if extra:
+            (folder / "headprune.json").write_text(json.dumps(extra, indent=1), encoding="utf-8")
+
+    return write_staged(out_dir, write)

@@ -102,6 +102,14 @@ class HeadMask:
 
     @classmethod
     def load(cls, path: str | Path, shape: tuple[int, int], groups: torch.Tensor | None = None) -> HeadMask:
+        return cls.from_json(cls.read_file(path), shape, groups)
+
+    @staticmethod
+    def read_file(path: str | Path):
+        """The JSON object in mask file ``path``, unchecked against any model (the CLI reads it before loading one).
+
+        Raises MaskError when the path is a folder, missing, or not UTF-8 JSON.
+        """
         path = Path(path)
         if path.is_dir():
             raise MaskError(f"Mask file {path} is a folder; give the JSON file, e.g. {path / 'mask.json'}, holding "
@@ -109,10 +117,9 @@ class HeadMask:
         if not path.is_file():
             raise MaskError(f"Mask file not found: {path}")
         try:
-            obj = json.loads(path.read_text(encoding="utf-8"))
+            return json.loads(path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise MaskError(f"Mask file {path} is not valid UTF-8 JSON ({exc}).") from exc
-        return cls.from_json(obj, shape, groups)
 
     @classmethod
     def from_bytes(cls, raw: bytes, name: str, shape: tuple[int, int],

@@ -46,7 +46,8 @@ from .mask import HeadMask
 GQA_STRATEGY = "kv-gcd-replicate"
 
 
-def _rows(positions: list[int], d: int, offset: int = 0) -> list[int]:
+def head_features(positions: list[int], d: int, offset: int = 0) -> list[int]:
+    """Feature indices of the heads at physical ``positions`` (d features each), from ``offset``."""
     return [offset + p * d + i for p in positions for i in range(d)]
 
 
@@ -91,15 +92,15 @@ def apply_layout(block: AttentionBlock, keep: list[int], sources: list[int]) -> 
         q_start, _ = block.fused_span("query")
         k_start, _ = block.fused_span("key")
         v_start, _ = block.fused_span("value")
-        _keep_features(block.query, _rows(q_pos, d, q_start) + _rows(kv_pos, d, k_start) + _rows(kv_pos, d, v_start),
-                       output_side=True)
+        _keep_features(block.query, head_features(q_pos, d, q_start) + head_features(kv_pos, d, k_start)
+                       + head_features(kv_pos, d, v_start), output_side=True)
     else:
-        _keep_features(block.query, _rows(q_pos, d), output_side=True)
-        _keep_features(block.key, _rows(kv_pos, d), output_side=True)
-        _keep_features(block.value, _rows(kv_pos, d), output_side=True)
+        _keep_features(block.query, head_features(q_pos, d), output_side=True)
+        _keep_features(block.key, head_features(kv_pos, d), output_side=True)
+        _keep_features(block.value, head_features(kv_pos, d), output_side=True)
     for module, side in block.extra_rows:
-        _keep_features(module, _rows(q_pos if side == "query" else kv_pos, d), output_side=True)
-    _keep_features(block.output, _rows(q_pos, d), output_side=False)
+        _keep_features(module, head_features(q_pos if side == "query" else kv_pos, d), output_side=True)
+    _keep_features(block.output, head_features(q_pos, d), output_side=False)
     block.kept, block.kv_sources = list(keep), list(sources)
     install_forwards(block)
 
