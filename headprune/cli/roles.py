@@ -11,7 +11,16 @@ from ..limits import UNIT, Interval
 from ..roles import RoleError, RoleSpec, head_roles, kept_by_role
 from ..scoring import ScoringContext, get
 from ..syntax import DEFAULT_PIPELINE
-from .common import add_data_args, add_mask_arg, add_model_args, load_mask, load_model_and_data, summary, tqdm_progress
+from .common import (
+    add_data_args,
+    add_mask_arg,
+    add_model_args,
+    check_args,
+    load_mask,
+    load_model_and_data,
+    summary,
+    tqdm_progress,
+)
 from .output import checked_out_file, write_json
 
 
@@ -43,6 +52,7 @@ def role_params(pairs: list[str] | None) -> dict:
 
 
 def cmd_roles(args) -> dict:
+    check_args(args, calib="head roles")
     checked_out_file(args.out)
     criteria = [get(name) for name in args.criterion or []]        # unknown names fail before any loading
     spec = RoleSpec(probe_length=args.probe_length, probe_rows=args.probe_rows, seed=args.seed,
