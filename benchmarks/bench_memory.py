@@ -51,7 +51,7 @@ def build(name: str):
     torch.manual_seed(0)
     cls_name, kwargs = SHAPES[name]
     config = getattr(transformers, cls_name)(**kwargs)
-    model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     return model
 
 
@@ -142,7 +142,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 cmd += ["--budget", args.budget] if args.budget else []
                 done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd="/")
                 if done.returncode != 0:
-                    row = {"model": name, "method": method, "rows": rows, "error": done.stderr.strip()[-300:]}
+                    row = {"model": name, "method": method, "rows": rows, "exit": done.returncode,
+                           "error": done.stderr.strip()[-300:]}
                 else:
                     row = json.loads(done.stdout.strip().splitlines()[-1])
                 table.append(row)

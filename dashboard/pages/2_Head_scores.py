@@ -2,8 +2,19 @@
 
 import streamlit as st
 
-from dashboard.compute import compute_scores
-from dashboard.ui import clickable_grid, criterion_picker, criterion_settings, guard, head_name, page, progress_bar
+from dashboard.compute import compute_scores, scoring_estimate, smaller_sizes
+from dashboard.ui import (
+    cancel_button,
+    cancelled_note,
+    clickable_grid,
+    criterion_picker,
+    criterion_settings,
+    estimate_line,
+    guard,
+    head_name,
+    page,
+    progress_bar,
+)
 from headprune import viz
 from headprune.criteria import ScoreMap, get, redundant_pairs
 
@@ -21,8 +32,12 @@ if sd.n_gated:
     under_mask = st.checkbox(f"Score the pruned model ({sd.n_gated} heads pruned on the Prune page)",
                              value=True, key="scores-under-mask")
 
+with guard("Could not estimate how long scoring takes"):
+    estimate_line(scoring_estimate(ws, chosen, params, sd.mask if under_mask else None), smaller_sizes(ws))
+cancelled_note("scores-cancel")
 if st.button("Compute scores", type="primary", disabled=not chosen, key="scores-compute"):
     with guard("Could not compute the scores"):
+        cancel_button("scores-cancel")
         bar = progress_bar(f"scoring {', '.join(chosen)} on {len(ws.calib)} calibration texts")
         sd.scores = compute_scores(ws, chosen, params, sd.mask if under_mask else None, bar)
         bar.done()

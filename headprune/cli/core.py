@@ -13,7 +13,16 @@ from ..evaluation.speed import compare_speed
 from ..model.loading import load_model, save_pruned
 from ..model.sizes import size_report
 from ..model.surgery import prune_model
-from .common import add_data_args, add_mask_arg, add_model_args, load_mask, load_model_and_data, summary, tqdm_progress
+from .common import (
+    add_data_args,
+    add_mask_arg,
+    add_memory_arg,
+    add_model_args,
+    load_mask,
+    load_model_and_data,
+    summary,
+    tqdm_progress,
+)
 
 
 def cmd_demo(args) -> dict:
@@ -33,7 +42,7 @@ def cmd_demo(args) -> dict:
 def cmd_evaluate(args) -> dict:
     loaded, _, evals, info = load_model_and_data(args, calib_size=0)
     mask = load_mask(args, loaded)
-    metrics = evaluate(loaded.model, evals, mask, progress=tqdm_progress("evaluate"))
+    metrics = evaluate(loaded.model, evals, mask, progress=tqdm_progress("evaluate"), memory_budget=args.memory_budget)
     # heads gone either way: cut out of a saved pruned model, or gated by --mask
     gone = ~loaded.adapter.live_grid()
     if mask is not None:
@@ -68,6 +77,7 @@ def add_commands(sub) -> None:
     add_model_args(p)
     add_data_args(p)
     add_mask_arg(p)
+    add_memory_arg(p)
     p.set_defaults(handler=cmd_evaluate)
 
     p = sub.add_parser("prune", help="remove the heads of a mask from the weights and save the smaller model")
