@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from headprune.cli import main
 from headprune.criteria import ScoringContext, get
 from headprune.criteria.kl import kl_raw_importance
 from headprune.criteria.onepass import score_many
@@ -207,3 +208,19 @@ def test_a_cancelled_evaluation_and_trajectory_stop(lm):
         run_trajectory(TrajectorySpec(criterion=get("random"), step=4), lm, lm_batches(), lm_batches(),
                        progress=progress)
     assert len(seen) == 2
+
+
+# -- the CLI ----------------------------------------------------------------------------------------------------
+
+def test_cli_tells_the_time_before_the_bar_and_takes_a_budget(tiny_model_dir, tiny_csv, capsys):
+    rc = main(["score", "--model", str(tiny_model_dir), "--data", str(tiny_csv), "--criterion", "ae",
+               "--calib-size", "8", "--memory-budget", "1GB"])
+    err = capsys.readouterr().err
+    assert rc == 0
+    line = next(x for x in err.splitlines() if x.startswith("estimate: "))
+    assert line.startswith("estimate: ae on this model: ") and line.endswith(" on this CPU")
+    assert err.index("estimate: ") < err.index("scoring ae")          # on its own line, before the bar
+    with pytest.raises(SystemExit) as stop:
+        main(["score", "--model", str(tiny_model_dir), "--criterion", "ae", "--memory-budget", "lots"])
+    assert stop.value.code == 2 and "error: argument --memory-budget: Memory budget 'lots' is not a size" in \
+        capsys.readouterr().err
