@@ -16,8 +16,9 @@ child, which includes building the model) is its own. ``--repo`` runs the cases 
 a full run (every layer's ablations hold the same tensors). ``--budget`` passes a memory budget where the checkout
 has a planner (default: its default share of free memory).
 
-Prints one row per case: seconds, peak RSS (GB), the model's size (GB, float32 weights) and the default budget the
-planner chose, then the whole table as JSON on the last line.
+Prints one row per case: seconds, peak RSS (GB), the model's size (GB, float32 weights) the budget the planner
+used and the duration it told beforehand (``headprune.estimate``; where the checkout has them), then the whole
+table as JSON on the last line.
 """
 
 from __future__ import annotations
@@ -68,15 +69,25 @@ def batches(rows: int, vocab: int) -> list[dict]:
     return out
 
 
+def _kl_mask(model, kl_layers: int | None):
+    """Every head of the layers >= ``kl_layers`` gated to 0 (None: no mask), so KL ablates the first layers only."""
+    import torch
+
+    from headprune.model.mask import HeadMask
+
+    if kl_layers is None:
+        return None
+    values = torch.ones(model.config.num_hidden_layers, model.config.num_attention_heads)
+    values[kl_layers:] = 0
+    return HeadMask(values)
+
+
 def child(name: str, method: str, rows: int, kl_layers: int | None, budget: str | None) -> dict:
     """One case in this process: build, run, report seconds and the peak RSS."""
     import inspect
 
-    import torch
-
     from headprune.criteria import ScoringContext, get
     from headprune.evaluation.metrics import evaluate
-    from headprune.model.mask import HeadMask
 
     try:  # the planner, where this checkout has one
         from headprune.model import memory
@@ -90,16 +101,20 @@ def child(name: str, method: str, rows: int, kl_layers: int | None, budget: str 
         budget_arg = {"memory_budget": memory.resolve_budget(budget, "cpu")}
     else:
         budget_arg = {}
+    if memory is not None:   # the time told beforehand (headprune.estimate), next to the time measured
+        from headprune import estimate
+
+        mask = _kl_mask(model, kl_layers) if method == "kl" else None
+        ctx = ScoringContext(model, data, mask, memory_budget=budget_arg["memory_budget"])
+        told = estimate.estimate_evaluation(model, data, memory_budget=budget_arg["memory_budget"]) \
+            if method == "evaluate" else estimate.estimate_scoring(ctx, [method])
+        planned["estimate_s"] = round(told.seconds, 1)
     start = time.perf_counter()
     if method == "evaluate":
         kwargs = budget_arg if "memory_budget" in inspect.signature(evaluate).parameters else {}
         evaluate(model, data, **kwargs)
     else:
-        mask = None
-        if method == "kl" and kl_layers is not None:
-            values = torch.ones(model.config.num_hidden_layers, model.config.num_attention_heads)
-            values[kl_layers:] = 0
-            mask = HeadMask(values)
+        mask = _kl_mask(model, kl_layers) if method == "kl" else None
         ctx_fields = inspect.signature(ScoringContext).parameters
         ctx = ScoringContext(model, data, mask, **({k: v for k, v in budget_arg.items() if k in ctx_fields}))
         get(method)(ctx, {})
