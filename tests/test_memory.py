@@ -5,6 +5,8 @@ in one pass) on a tiny Llama language model; the planner's choices against byte 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -17,7 +19,15 @@ from headprune.errors import Cancelled
 from headprune.estimate import TimeEstimate, estimate_scoring, human_duration, tokens
 from headprune.evaluation.metrics import evaluate
 from headprune.model import memory
-from headprune.model.memory import MemoryBudgetError, MemoryPlan, Shapes, parse_budget, plan_for, resolve_budget
+from headprune.model.memory import (
+    HEADROOM,
+    MemoryBudgetError,
+    MemoryPlan,
+    Shapes,
+    parse_budget,
+    plan_for,
+    resolve_budget,
+)
 from headprune.model.task import lm_labels
 from headprune.testing import random_decoder_batch, tiny_decoder
 from headprune.trajectory import TrajectorySpec, run_trajectory
@@ -54,6 +64,13 @@ ATTENTION = 2 * 4 * 100 * 4                              # 3,200
 LAYER_INPUTS = 2 * 10 * 8 * 4                            # 640
 
 
+def fitting(counted: int) -> MemoryPlan:
+    """The plan whose counted tensors may fill exactly ``counted`` bytes (``HEADROOM`` of its budget)."""
+    plan = MemoryPlan(SHAPES, math.ceil(counted / HEADROOM))
+    assert plan.usable == counted
+    return plan
+
+
 def test_byte_counts_by_hand():
     plan = MemoryPlan(SHAPES, 10**9)
     assert plan.row_bytes("forward", T) == (LOGITS + LAYER, SLAB) == (11_040, 12_000)
@@ -64,22 +81,24 @@ def test_byte_counts_by_hand():
 
 def test_a_smaller_budget_plans_smaller_batches():
     fits_three = SLAB + 3 * (LOGITS + LAYER)              # exactly three rows of a forward
-    assert MemoryPlan(SHAPES, fits_three).rows("forward", T, 32) == 3
-    assert MemoryPlan(SHAPES, fits_three - 1).rows("forward", T, 32) == 2
+    assert fitting(fits_three).rows("forward", T, 32) == 3
+    assert fitting(fits_three - 1).rows("forward", T, 32) == 2
     assert MemoryPlan(SHAPES, 10**9).rows("forward", T, 32) == 32          # never more rows than the batch has
     assert MemoryPlan(SHAPES, 1).rows("gradient", T, 32) == 1              # at least one row, whatever the budget
-    assert MemoryPlan(SHAPES, 5 * 44_160).rows("gradient", T, 32) == 5
+    assert fitting(5 * 44_160).rows("gradient", T, 32) == 5
+    assert fitting(5 * 44_160 - 1).rows("gradient", T, 32) == 4
     # KL: rows first (each holds log p, its layer inputs and room for one ablation), then ablations per pass
     per_row = 2 * LOGITS + LAYER_INPUTS + LAYER                               # 15,680
     budget = SLAB + 4 * per_row                                               # 74,720
-    assert MemoryPlan(SHAPES, budget).kl(T, 8, 4) == (4, 1)
+    assert fitting(budget).kl(T, 8, 4) == (4, 1)
+    assert fitting(budget - 1).kl(T, 8, 4) == (3, 1)
     assert MemoryPlan(SHAPES, 10**9).kl(T, 8, 4) == (8, 4)                    # all 4 heads of a layer at most
 
 
 def test_kl_plan_for_8_rows_at_fewer_heads_spare():
     # 8 rows fit with 8 · 15,680 + 12,000 = 137,440; each further ablation pass of 8 rows costs 8 · 11,040
-    assert MemoryPlan(SHAPES, 137_440).kl(T, 8, 4) == (8, 1)
-    assert MemoryPlan(SHAPES, 137_440 + 8 * 11_040).kl(T, 8, 4) == (8, 2)
+    assert fitting(137_440).kl(T, 8, 4) == (8, 1)
+    assert fitting(137_440 + 8 * 11_040).kl(T, 8, 4) == (8, 2)
 
 
 def test_shapes_read_off_a_model(lm):

@@ -20,7 +20,8 @@ and plans, for a budget B (bytes beyond the weights):
     gradient  (HIS, Taylor, …)  rows·(graph + 4·logits + attention + 2·L·T·D·e)           ≤ B
     kl                          rows·(logits + layer inputs) + p·rows·(logits + layer) + 3·T·V·f   ≤ B
 
-where rows is the rows per pass and p KL's ablations per pass (each ablation repeats the rows once). The last
+where rows is the rows per pass and p KL's ablations per pass (each ablation repeats the rows once), and the
+counts may fill ``HEADROOM`` = 90% of B (the interpreter and the allocator hold the rest). The last
 term of forward / attention / kl is the one-row slab a vocabulary-wide reduction (log-softmax, cross-entropy,
 KL) works on: those are reduced row by row, never for the whole batch or for every ablation at once. The counts
 are upper bounds (what eager attention and the float32 copies could hold); benchmarks/bench_memory.py measures
@@ -50,6 +51,7 @@ from .arch import adapt
 from .task import is_language_model
 
 DEFAULT_SHARE = 0.25        # of the free memory, when no budget is given
+HEADROOM = 0.9              # share of the budget the counted tensors may fill (the rest: interpreter, allocator)
 REDUCE_BYTES = 4            # vocabulary-wide reductions run in float32
 KINDS = ("forward", "attention", "gradient")
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12,
@@ -160,6 +162,12 @@ class MemoryPlan:
     shapes: Shapes
     budget: int
 
+    @property
+    def usable(self) -> int:
+        """Bytes the counted tensors may fill: ``HEADROOM`` of the budget (measured on Qwen2.5-0.5B's shape, the
+        interpreter, torch's libraries and allocator slack hold ~0.3 GB beyond the counts)."""
+        return int(HEADROOM * self.budget)
+
     # -- the counts of the module doc, per row at sequence length t ---------------------------------------------
     def logits(self, t: int) -> int:
         s = self.shapes
@@ -209,7 +217,7 @@ class MemoryPlan:
     def rows(self, kind: str, t: int, at_most: int) -> int:
         """The most rows (≤ ``at_most``, ≥ 1) whose pass of ``kind`` fits the budget at sequence length ``t``."""
         per_row, fixed = self.row_bytes(kind, t)
-        return max(1, min(at_most, (self.budget - fixed) // max(per_row, 1)))
+        return max(1, min(at_most, (self.usable - fixed) // max(per_row, 1)))
 
     def kl(self, t: int, rows: int, heads: int) -> tuple[int, int]:
         """(rows per intact pass, ablations per pass) for KL with batches of ``rows`` and ``heads`` heads a layer.
@@ -218,8 +226,8 @@ class MemoryPlan:
         ablations per pass as the rest of the budget holds.
         """
         per_row = 2 * self.logits(t) + self.layer_inputs(t) + self.layer(t)
-        fit_rows = max(1, min(rows, (self.budget - self.slab(t)) // max(per_row, 1)))
-        spare = self.budget - self.kl_bytes(fit_rows, 0, t)
+        fit_rows = max(1, min(rows, (self.usable - self.slab(t)) // max(per_row, 1)))
+        spare = self.usable - self.kl_bytes(fit_rows, 0, t)
         per_pass = spare // max(fit_rows * (self.logits(t) + self.layer(t)), 1)
         return int(fit_rows), int(max(1, min(heads, per_pass)))
 
