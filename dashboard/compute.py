@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from headprune.criteria import ScoreMap, get
 from headprune.criteria.onepass import score_many
+from headprune.estimate import TimeEstimate, estimate_evaluation, estimate_scoring, estimate_trajectory, forward_rate
 from headprune.evaluation.live import LiveEvaluator
 from headprune.evaluation.metrics import Metrics
 from headprune.evaluation.speed import compare_speed
@@ -22,6 +23,7 @@ from headprune.roles import RoleReport, RoleSpec, head_roles, kept_by_role, kept
 from headprune.syntax import build_arcs, syntactic_profile
 from headprune.trajectory import Trajectory, TrajectorySpec, run_trajectory, spread
 
+from .config import memory_budget
 from .session import SessionData
 from .store import DashboardWorkspace, mask_key, params_key, store
 from .threads import compute_slot
@@ -31,17 +33,29 @@ Progress = Callable[[float, str], None]
 
 # -- scores, arcs, profiles -------------------------------------------------------------------------------------
 
+def _score_key(ws: DashboardWorkspace, name: str, params: dict[str, dict], mask: HeadMask | None) -> str:
+    return f"score|{ws.key}|{name}|{params_key(params.get(name))}|{mask_key(mask)}"
+
+
+def _live_key(ws: DashboardWorkspace, name: str) -> str:
+    return f"live|{ws.key}|{name}"
+
+
 def compute_scores(ws: DashboardWorkspace, names: list[str], params: dict[str, dict], mask: HeadMask | None,
                    progress: Progress | None = None) -> dict[str, ScoreMap]:
-    """Score maps of ``names`` under ``mask``: from the store when known, the rest in one shared pass."""
+    """Score maps of ``names`` under ``mask``: from the store when known, the rest in one shared pass.
+
+    ``progress`` is called between batches; an exception from it (a Cancel click's rerun, ``errors.Cancelled``)
+    stops the pass and nothing is stored."""
     def key(name):
-        return f"score|{ws.key}|{name}|{params_key(params.get(name))}|{mask_key(mask)}"
+        return _score_key(ws, name, params, mask)
 
     out = {name: store().get(key(name)) for name in names}
     missing = [n for n in names if out[n] is None]
     if missing:
         with compute_slot():
-            fresh = score_many(missing, ws.scoring_context(mask, progress), {n: params.get(n) or {} for n in missing})
+            fresh = score_many(missing, ws.scoring_context(mask, progress, memory_budget()),
+                               {n: params.get(n) or {} for n in missing})
         for name, score in fresh.items():
             store().put(key(name), score)
             out[name] = score
@@ -135,7 +149,7 @@ def source_evaluator(ws: DashboardWorkspace, name: str = "evaluation", batches: 
             return LiveEvaluator(ws.loaded.model, ws.eval_batches if batches is None else batches,
                                  mask=ws.cut_mask, progress=progress)
 
-    return store().memo(f"live|{ws.key}|{name}", source)
+    return store().memo(_live_key(ws, name), source)
 
 
 def live_evaluator(ws: DashboardWorkspace, batches: list[dict], mask: HeadMask, progress: Progress | None = None,
@@ -214,6 +228,12 @@ def measure_speed(ws: DashboardWorkspace, mask: HeadMask, progress: Progress | N
 
 # -- trajectories -------------------------------------------------------------------------------------------------
 
+def _jobs(names: list[str], inverse: bool, seeds: int, seed: int) -> list[tuple[str, bool, int]]:
+    """(criterion, inverse, seed) of every run a Trajectories click starts."""
+    return [(n, False, seed) for n in names] + ([(n, True, seed) for n in names] if inverse else []) + \
+        [("random", False, seed + i) for i in range(seeds)]
+
+
 def run_trajectories(ws: DashboardWorkspace, names: list[str], params: dict[str, dict], inverse: bool, seeds: int,
                      step: int, budget: float, tolerance: float, stability: bool,
                      progress: Progress | None = None) -> tuple[list[Trajectory], list[dict]]:
@@ -225,11 +245,10 @@ def run_trajectories(ws: DashboardWorkspace, names: list[str], params: dict[str,
     copies what it hooks), so the jobs share everything but their own steps.
     """
     report = progress or (lambda f, m: None)
-    jobs = [(n, False, ws.setup.seed) for n in names] + ([(n, True, ws.setup.seed) for n in names] if inverse else [])
-    jobs += [("random", False, ws.setup.seed + i) for i in range(seeds)]
+    jobs = _jobs(names, inverse, seeds, ws.setup.seed)
     data_info = {"data": ws.setup.data_label, "eval_size": len(ws.eval), "calib_size": len(ws.calib),
                  "seed": ws.setup.seed}
-    runs = []
+    runs, memory = [], memory_budget()
     for i, (name, inv, seed) in enumerate(jobs):
         label = ("inverse " if inv else "") + name + (f" (seed {seed})" if name == "random" else "")
         key = f"traj|{ws.key}|{name}|{params_key(params.get(name))}|{inv}|{seed}|{step}|{budget}|{stability}"
@@ -243,7 +262,7 @@ def run_trajectories(ws: DashboardWorkspace, names: list[str], params: dict[str,
                 return run_trajectory(
                     spec, ws.loaded.model, ws.calib_batches, ws.eval_batches, device=ws.loaded.device,
                     tokenizer=ws.loaded.tokenizer, texts=ws.calib_texts(), evaluator=evaluator,
-                    perturbed=perturbed_batches(ws) if stability else None,
+                    perturbed=perturbed_batches(ws) if stability else None, memory_budget=memory,
                     progress=lambda f, m: report((i + f) / len(jobs), f"{label}: {m}"))
 
         traj = store().memo(key, compute)
@@ -253,3 +272,56 @@ def run_trajectories(ws: DashboardWorkspace, names: list[str], params: dict[str,
     randoms = [t for t in runs if t.criterion == "random"]
     spreads = [{**spread(randoms), "name": f"random ({len(randoms)} seeds)"}] if len(randoms) > 1 else []
     return runs, spreads
+
+
+# -- time told before long work -------------------------------------------------------------------------------------
+
+def _rate(ws: DashboardWorkspace) -> tuple[float, str]:
+    """Seconds per token of one forward on this workspace (``estimate.forward_rate``: one batch timed, stored)."""
+    def measure():
+        with compute_slot():
+            return forward_rate(ws.loaded.model, ws.calib_batches or ws.eval_batches, memory_budget())
+
+    return store().memo(f"rate|{ws.key}", measure)
+
+
+def scoring_estimate(ws: DashboardWorkspace, names: list[str], params: dict[str, dict],
+                     mask: HeadMask | None) -> TimeEstimate | None:
+    """How long ``compute_scores`` would take for the criteria not stored yet (None: all stored, or no data)."""
+    missing = [n for n in names if store().get(_score_key(ws, n, params, mask)) is None]
+    if not missing or not ws.calib_batches:
+        return None
+    ctx = ws.scoring_context(mask, memory_budget=memory_budget())
+    return estimate_scoring(ctx, missing, {n: params.get(n) or {} for n in missing}, rate=_rate(ws))
+
+
+def trajectories_estimate(ws: DashboardWorkspace, names: list[str], params: dict[str, dict], inverse: bool,
+                          seeds: int, step: int, budget: float, stability: bool) -> TimeEstimate | None:
+    """How long ``run_trajectories`` would take with these settings (stored runs cost nothing; None: no data)."""
+    if not ws.calib_batches or not ws.eval_batches:
+        return None
+    total, last = 0.0, None
+    shared = store().get(_live_key(ws, "evaluation")) is not None
+    for name, inv, seed in _jobs(names, inverse, seeds, ws.setup.seed):
+        spec = TrajectorySpec(criterion=get(name), params=params.get(name) or {}, inverse=inv, step=step,
+                              budget=budget, seed=seed, stability=stability)
+        last = estimate_trajectory(spec, ws.loaded.model, ws.calib_batches, ws.eval_batches, evaluator=shared,
+                                   rate=_rate(ws), memory_budget=memory_budget())
+        total, shared = total + last.seconds, True
+    if last is None:
+        return None
+    return TimeEstimate(total, "these trajectories", last.device, last.basis)
+
+
+def live_estimate(ws: DashboardWorkspace) -> TimeEstimate | None:
+    """How long the live evaluator's first pass (warm-up) over the evaluation split takes; None once it exists."""
+    if store().get(_live_key(ws, "evaluation")) is not None or not ws.eval_batches:
+        return None
+    return estimate_evaluation(ws.loaded.model, ws.eval_batches, "live evaluation warm-up", rate=_rate(ws))
+
+
+def smaller_sizes(ws: DashboardWorkspace) -> str:
+    """What makes a long run shorter here, with the sizes now (time grows with rows and with length)."""
+    return (f"To make it shorter, lower the calibration examples (now {len(ws.calib)}), the evaluation examples "
+            f"(now {len(ws.eval)}) or the max length (now {ws.setup.max_length} tokens) on Model & data, or choose "
+            "fewer criteria.")

@@ -17,6 +17,7 @@ import streamlit as st
 
 from headprune.data import NAMED_DATA
 from headprune.model.loading import NAMED_MODELS
+from headprune.model.memory import parse_budget
 from headprune.workspace import DEFAULT_CALIB_SIZE, DEFAULT_EVAL_SIZE, DefaultSize
 
 
@@ -166,3 +167,19 @@ def link_models() -> list[str]:
 
 def link_data() -> list[str]:
     return sorted(set(NAMED_DATA) | {Setup().data})
+
+
+# -- the session's memory budget (not part of the Setup: changing it reloads nothing, and results do not depend on it)
+
+def memory_budget() -> str | None:
+    """This session's memory budget as typed on Model & data ("4GB", "25%"), or None for the planner's default
+    (``headprune.model.memory.DEFAULT_SHARE`` of the free memory)."""
+    return st.session_state.get("hp_memory_budget")
+
+
+def use_memory_budget(text: str | None) -> None:
+    """Keep ``text`` as this session's memory budget once it reads as one (``MemoryBudgetError`` otherwise); empty
+    text restores the default."""
+    text = (text or "").strip() or None
+    parse_budget(text)
+    st.session_state["hp_memory_budget"] = text

@@ -58,6 +58,35 @@ def progress_bar(label: str) -> Callable[[float, str], None]:
     return update
 
 
+# -- time told before long work, and a way to stop it ------------------------------------------------------------
+
+CANCELLED = "hp_cancelled"   # session key: the Cancel button clicked last (its note shows on the next run)
+
+
+def estimate_line(estimate, hint: str = "") -> None:
+    """The expected duration (``headprune.estimate.TimeEstimate``) of what the button beside it starts: a caption,
+    or past ``estimate.LONG`` a warning followed by ``hint`` (how to make it shorter). Nothing for None."""
+    if estimate is None:
+        return
+    if estimate.long:
+        st.warning(f"**{estimate.text}.** {hint}", icon="⏳")
+    else:
+        st.caption(f"⏱ {estimate.text} (measured: {estimate.basis}).")
+
+
+def cancel_button(key: str) -> None:
+    """A Cancel button for the run starting below it. A click reruns the page, which stops the run at its next
+    progress call, between two batches (nothing half-done is stored); ``cancelled_note`` says so afterwards."""
+    st.button("Cancel", key=key, icon=":material/stop:", on_click=st.session_state.__setitem__, args=(CANCELLED, key))
+
+
+def cancelled_note(key: str) -> None:
+    """After a click on the Cancel button ``key``: say that the run stopped and stored nothing (once)."""
+    if st.session_state.get(CANCELLED) == key:
+        del st.session_state[CANCELLED]
+        st.info("Cancelled: the run stopped between two batches and stored nothing.", icon=":material/stop:")
+
+
 # -- page frame -----------------------------------------------------------------------------------------------------
 
 PAGES_DIR = Path(__file__).resolve().parent / "pages"

@@ -27,3 +27,15 @@ class CriterionError(HeadpruneError):
 
 class DeviceError(HeadpruneError):
     pass
+
+
+class Cancelled(HeadpruneError):
+    """Raised by a ``progress(fraction, message)`` callback to stop a long computation between batches.
+
+    Every computation that takes a progress callback calls it between batches (or ablation passes, or pruning
+    steps) and lets this propagate: nothing it would have stored is written (results are kept only once a run
+    finishes), and the model it read is left intact.
+    """
+
+    def __init__(self, message: str = "Cancelled: the run was stopped before it finished; nothing was stored."):
+        super().__init__(message)

@@ -198,7 +198,7 @@ def _metric_of(spec: TrajectorySpec, dense: dict) -> str:
 def run_trajectory(spec: TrajectorySpec, model, calib: list[dict], eval_batches: list[dict], *, tokenizer=None,
                    texts: list | None = None, device=None, scores: ScoreMap | None = None,
                    evaluator: LiveEvaluator | None = None, perturbed: list[dict] | None = None,
-                   progress=None) -> Trajectory:
+                   progress=None, memory_budget: int | str | None = None) -> Trajectory:
     """Prune ``model`` step by step as ``spec`` says (see module doc) and return the Trajectory.
 
     ``calib``: calibration batches the criterion scores on (``texts``: their raw texts, for criteria that parse
@@ -207,7 +207,9 @@ def run_trajectory(spec: TrajectorySpec, model, calib: list[dict], eval_batches:
     scoring). ``evaluator``: a LiveEvaluator on ``eval_batches`` at the starting model to fork instead of
     running a first full pass (runs that share a start share it). ``perturbed``: ready word-dropped copies of
     ``eval_batches`` for stability (default: made from ``spec.drop`` and ``spec.seed``). ``model`` is never
-    hooked or changed: scoring and evaluation run on private copies.
+    hooked or changed: scoring and evaluation run on private copies. ``memory_budget``: what scoring may hold
+    beyond the weights (``headprune.model.memory``). ``progress`` is called after every step; an exception it
+    raises (``errors.Cancelled``) stops the run and nothing of it is returned.
     """
     crit = spec.criterion
     resolved = crit.prepare(ScoringContext(model, calib, seed=spec.seed), dict(spec.params))
@@ -246,7 +248,8 @@ def run_trajectory(spec: TrajectorySpec, model, calib: list[dict], eval_batches:
     queue: list[tuple[int, int]] | None = None
     while mask.n_pruned < target:
         if queue is None or crit.dynamic:
-            ctx = ScoringContext(work, calib, mask, device, tokenizer, texts, seed=spec.seed)
+            ctx = ScoringContext(work, calib, mask, device, tokenizer, texts, seed=spec.seed,
+                                 memory_budget=memory_budget)
             scored = scores if scores is not None else crit.score(ctx, **resolved)
             traj.params = {**traj.params, **scored.params}   # what scoring chose, e.g. HIES's α under alpha=auto
             queue = scored.order(spec.inverse)

@@ -185,12 +185,15 @@ class Workspace:
         """Raw calibration texts (pairs as tuples), in batch order."""
         return calibration_texts(self.calib, self.calib_batches)
 
-    def scoring_context(self, mask: HeadMask | None, progress: Progress | None = None):
-        """A ``ScoringContext`` (which takes its own private copy of the model) on the calibration batches."""
+    def scoring_context(self, mask: HeadMask | None, progress: Progress | None = None,
+                        memory_budget: int | str | None = None):
+        """A ``ScoringContext`` (which takes its own private copy of the model) on the calibration batches;
+        ``memory_budget`` as ``headprune.model.memory.resolve_budget`` reads it (None: a share of free memory)."""
         if not self.calib_batches:
             raise DataError("Scoring needs calibration examples: choose a calibration size of at least 1.")
         return ScoringContext(self.loaded.model, self.calib_batches, mask, self.loaded.device,
-                              self.loaded.tokenizer, self.calib_texts(), seed=self.seed, progress=progress)
+                              self.loaded.tokenizer, self.calib_texts(), seed=self.seed, progress=progress,
+                              memory_budget=memory_budget)
 
     # -- metrics of the model as loaded --------------------------------------------------------------------
     def dense(self, progress: Progress | None = None) -> Metrics:

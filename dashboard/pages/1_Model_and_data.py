@@ -5,13 +5,14 @@ from dataclasses import replace
 import pandas as pd
 import streamlit as st
 
-from dashboard.config import Setup, size_choice, use_setup
+from dashboard.config import Setup, memory_budget, size_choice, use_memory_budget, use_setup
 from dashboard.store import build_workspace, save_upload
 from dashboard.ui import DEMO_CHOICES, guard, page, progress_bar
 from headprune.data import NAMED_DATA, columns_of
 from headprune.errors import DataError
 from headprune.model.device import DTYPES, parse_device_map
 from headprune.model.loading import NAMED_MODELS, model_source_kind
+from headprune.model.memory import DEFAULT_SHARE
 
 ws, sd = page("Model & data", "Everything runs locally. The demo needs no network; a Hugging Face id or "
                               "dataset is fetched only when the hub is reachable.")
@@ -119,6 +120,14 @@ if placement == "json":
 dtype = c7.radio("Weights", list(DTYPE_CHOICES), format_func=DTYPE_CHOICES.get, horizontal=True,
                  index=list(DTYPE_CHOICES).index(setup.dtype or "saved"), key="md-dtype",
                  help="bf16 / fp16 halve the memory of the weights; metrics are computed in float32 at least.")
+
+budget_text = st.text_input("Memory budget", value=memory_budget() or "", key="md-memory-budget",
+                            placeholder=f"default: {round(DEFAULT_SHARE * 100)}% of the free memory",
+                            help="Memory scoring and evaluation may hold beyond the weights, e.g. 4GB, 512MB or 25% "
+                                 "(of the free memory when a run starts). Batch sizes and KL's ablations per pass are "
+                                 "planned to fit it; the results do not change. Applies at once, nothing reloads.")
+with guard("That memory budget was not accepted — the previous one stays"):
+    use_memory_budget(budget_text)
 
 wanted = replace(setup, model=model_spec or "", data=data_spec, data_label=data_label, text_col=text_col,
                  pair_col=pair_col, label_col=label_col, calib_size=size_choice(calib_size, setup.calib_size),

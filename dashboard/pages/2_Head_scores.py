@@ -2,11 +2,14 @@
 
 import streamlit as st
 
-from dashboard.compute import compute_scores, role_curves, role_table, stored_roles
+from dashboard.compute import compute_scores, role_curves, role_table, scoring_estimate, smaller_sizes, stored_roles
 from dashboard.ui import (
+    cancel_button,
+    cancelled_note,
     clickable_grid,
     criterion_picker,
     criterion_settings,
+    estimate_line,
     guard,
     head_name,
     page,
@@ -30,8 +33,12 @@ if sd.n_gated:
     under_mask = st.checkbox(f"Score the pruned model ({sd.n_gated} heads pruned on the Prune page)",
                              value=True, key="scores-under-mask")
 
+with guard("Could not estimate how long scoring takes"):
+    estimate_line(scoring_estimate(ws, chosen, params, sd.mask if under_mask else None), smaller_sizes(ws))
+cancelled_note("scores-cancel")
 if st.button("Compute scores", type="primary", disabled=not chosen, key="scores-compute"):
     with guard("Could not compute the scores"):
+        cancel_button("scores-cancel")
         bar = progress_bar(f"scoring {', '.join(chosen)} on {len(ws.calib)} calibration texts")
         sd.scores = compute_scores(ws, chosen, params, sd.mask if under_mask else None, bar)
         bar.done()

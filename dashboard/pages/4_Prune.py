@@ -5,7 +5,14 @@ import time
 import numpy as np
 import streamlit as st
 
-from dashboard.compute import compute_scores, enable_stability, session_metrics, stored_roles
+from dashboard.compute import (
+    compute_scores,
+    enable_stability,
+    live_estimate,
+    session_metrics,
+    smaller_sizes,
+    stored_roles,
+)
 from dashboard.session import SessionData
 from dashboard.store import DashboardWorkspace as Workspace
 from dashboard.ui import (
@@ -14,6 +21,7 @@ from dashboard.ui import (
     criterion_picker,
     cut_lines,
     cut_note,
+    estimate_line,
     estimate_value,
     guard,
     head_name,
@@ -78,6 +86,7 @@ def numbers(ws: Workspace, sd: SessionData) -> None:
 
     with guard("Could not evaluate this mask"):
         if sd.live is None:
+            estimate_line(live_estimate(ws), smaller_sizes(ws))
             with st.status("Preparing live evaluation: one pass over the evaluation set …", expanded=True) as status:
                 bar = progress_bar("caching layer inputs")
                 metrics, stability = session_metrics(ws, sd, show_estimate, bar)

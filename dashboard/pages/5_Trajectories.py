@@ -4,8 +4,17 @@ import json
 
 import streamlit as st
 
-from dashboard.compute import run_trajectories
-from dashboard.ui import criterion_picker, criterion_settings, guard, page, progress_bar
+from dashboard.compute import run_trajectories, smaller_sizes, trajectories_estimate
+from dashboard.ui import (
+    cancel_button,
+    cancelled_note,
+    criterion_picker,
+    criterion_settings,
+    estimate_line,
+    guard,
+    page,
+    progress_bar,
+)
 from headprune import viz
 from headprune.trajectory import read_run_file
 
@@ -34,8 +43,13 @@ with st.expander("Run trajectories", expanded=not sd.trajectories):
     stability = c6.checkbox("Record stability", value=False, key="traj-stability",
                             disabled=ws.dataset.task != "classification")
     n_runs = len(chosen) * (2 if inverse else 1) + seeds
+    with guard("Could not estimate how long the trajectories take"):
+        estimate_line(trajectories_estimate(ws, chosen, params, inverse, seeds, step, budget, stability),
+                      smaller_sizes(ws))
+    cancelled_note("traj-cancel")
     if st.button(f"Run {n_runs} trajectories", type="primary", disabled=n_runs == 0, key="traj-run"):
         with guard("Could not run the trajectories"):
+            cancel_button("traj-cancel")
             bar = progress_bar("pruning step by step")
             trajs, spreads = run_trajectories(ws, chosen, params, inverse, seeds, step, budget, tolerance,
                                               stability, bar)

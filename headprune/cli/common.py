@@ -20,6 +20,7 @@ from ..limits import POSITIVE_INT
 from ..model.device import DEVICES
 from ..model.loading import LoadedModel
 from ..model.mask import HeadMask
+from ..model.memory import DEFAULT_SHARE, MemoryBudgetError, parse_budget
 from ..model.task import REQUESTABLE
 from ..workspace import DefaultSize, Workspace
 
@@ -48,6 +49,21 @@ def _positive(text: str) -> int:
     if value == 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'")
     return value
+
+
+def _budget(text: str) -> int | float:
+    """A ``--memory-budget`` (bytes, or a share of free memory), refused before anything loads."""
+    try:
+        return parse_budget(text)
+    except MemoryBudgetError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_memory_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--memory-budget", type=_budget, default=None, metavar="SIZE",
+                   help="memory the computation may hold beyond the weights, e.g. 4GB, 512MiB or 25%% (of the free "
+                        f"memory); batch sizes are planned to fit it (default: {round(DEFAULT_SHARE * 100)}%% of the "
+                        "free memory)")
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -164,5 +180,5 @@ def tqdm_progress(desc: str):
     return update
 
 
-__all__ = ["check_args", "check_positive", "add_model_args", "add_data_args", "add_mask_arg", "load_mask",
-           "load_model_and_data", "build_workspace", "summary", "tqdm_progress"]
+__all__ = ["check_args", "check_positive", "add_model_args", "add_data_args", "add_mask_arg", "add_memory_arg",
+           "load_mask", "load_model_and_data", "build_workspace", "summary", "tqdm_progress"]

@@ -19,6 +19,7 @@ from ..model.sizes import size_report
 from .common import (
     add_data_args,
     add_mask_arg,
+    add_memory_arg,
     add_model_args,
     check_args,
     check_positive,
@@ -54,7 +55,7 @@ def cmd_evaluate(args) -> dict:
     check_args(args, evaluation="evaluation")
     loaded, _, evals, info = load_model_and_data(args, calib_size=0)
     mask = load_mask(args, loaded)
-    metrics = evaluate(loaded.model, evals, mask, progress=tqdm_progress("evaluate"))
+    metrics = evaluate(loaded.model, evals, mask, progress=tqdm_progress("evaluate"), memory_budget=args.memory_budget)
     # heads gone either way: cut out of a saved pruned model, or gated by --mask
     gone = ~loaded.adapter.live_grid()
     if mask is not None:
@@ -119,6 +120,7 @@ def add_commands(sub) -> None:
     add_model_args(p)
     add_data_args(p)
     add_mask_arg(p)
+    add_memory_arg(p)
     p.set_defaults(handler=cmd_evaluate)
 
     p = sub.add_parser("prune", help="remove the heads of a mask from the weights and save the smaller model")

@@ -11,11 +11,13 @@ from ..criteria import REGISTRY, ScoringContext, get
 from ..criteria.hies import DEFAULT_ALPHAS, select_alpha, sweep_specs
 from ..data import calibration_texts
 from ..errors import CriterionError
+from ..estimate import estimate_scoring, estimate_trajectory
 from ..limits import POSITIVE_INT
 from ..trajectory import TrajectoryError, TrajectorySpec, run_seeds, spread
 from .common import (
     add_data_args,
     add_mask_arg,
+    add_memory_arg,
     add_model_args,
     check_args,
     load_mask,
@@ -62,7 +64,10 @@ def cmd_score(args) -> dict:
     texts = calibration_texts(info["calib_data"], calib)
     start = time.perf_counter()
     ctx = ScoringContext(loaded.model, calib, load_mask(args, loaded), loaded.device, loaded.tokenizer, texts,
-                         seed=args.seed, progress=tqdm_progress(f"scoring {crit.name}"))
+                         seed=args.seed, memory_budget=args.memory_budget)
+    if calib:   # the expected duration, on its own line before the bar starts
+        print(f"estimate: {estimate_scoring(ctx, [crit.name], {crit.name: params})}", file=sys.stderr, flush=True)
+    ctx.progress = tqdm_progress(f"scoring {crit.name}")
     scores = crit(ctx, params)
     for warning in scores.meta.get("warnings", []):   # in the JSON too; stderr so a reader of the terminal sees it
         print(f"warning: {warning}", file=sys.stderr)
@@ -80,10 +85,13 @@ def cmd_trajectory(args) -> dict:
     if POSITIVE_INT(args.seeds):
         raise TrajectoryError(f"Number of seeds {args.seeds!r} must be a positive integer.")
     loaded, calib, evals, info = load_model_and_data(args)
+    if calib and evals:   # the expected duration, on its own line before the bar starts
+        told = estimate_trajectory(spec, loaded.model, calib, evals, args.seeds, memory_budget=args.memory_budget)
+        print(f"estimate: {told}", file=sys.stderr, flush=True)
     runs = run_seeds(replace(spec, data_info=summary(info)), loaded.model, calib, evals, seeds=args.seeds,
                      device=loaded.device, tokenizer=loaded.tokenizer,
                      texts=calibration_texts(info["calib_data"], calib),
-                     progress=tqdm_progress(f"trajectory {crit.name}"))
+                     progress=tqdm_progress(f"trajectory {crit.name}"), memory_budget=args.memory_budget)
     if len(runs) == 1:
         return write_json(runs[0].to_json(), args.out)
     aucs = [r.auc() for r in runs]
@@ -114,6 +122,7 @@ def add_commands(sub) -> None:
     add_model_args(p)
     add_data_args(p, eval_size=0)
     add_mask_arg(p)
+    add_memory_arg(p)
     p.add_argument("--criterion", required=True, help="criterion name (see: python -m headprune criteria)")
     p.add_argument("--param", action="append", metavar="KEY=VALUE", help="criterion parameter (repeatable)")
     p.add_argument("--out", help="also write the JSON result to this file")
@@ -122,6 +131,7 @@ def add_commands(sub) -> None:
     p = sub.add_parser("trajectory", help="prune heads one step at a time in a criterion's order, measuring each step")
     add_model_args(p)
     add_data_args(p)
+    add_memory_arg(p)
     p.add_argument("--criterion", required=True, help="criterion name (see: python -m headprune criteria)")
     p.add_argument("--param", action="append", metavar="KEY=VALUE", help="criterion parameter (repeatable)")
     p.add_argument("--inverse", action="store_true", help="prune the most important heads first")

@@ -81,13 +81,21 @@ class HIES(OnePassCriterion):
     def needs(self, params):
         return {("his", "loss"), ("deficit",)}
 
+    def work(self, ctx: ScoringContext, params: dict) -> float:
+        """The shared pass, plus with α = auto one sweep curve per α of ⌈budget / step⌉ steps over the calibration
+        set, each step re-evaluating about half the layers (``LiveEvaluator``) after one full first pass."""
+        base = super().work(ctx, params)
+        if self.resolve_params(params)["alpha"] != AUTO:
+            return base
+        return base + 1.0 + len(DEFAULT_ALPHAS) * math.ceil(AUTO_BUDGET / AUTO_STEP) * 0.5
+
     def score(self, ctx: ScoringContext, alpha) -> ScoreMap:
         if alpha != AUTO:
             return super().score(ctx, alpha=alpha)
         unmasked = ctx.mask is None or bool(ctx.mask.keep_bool()[adapt(ctx.model).live_grid()].all())
         # The one-pass statistics of the unmasked model are the sweep's too: share them through the cache.
         sweep_ctx = ScoringContext(ctx.model, ctx.calib, device=ctx.device, seed=ctx.seed,
-                                   cache=ctx.cache if unmasked else {})
+                                   cache=ctx.cache if unmasked else {}, memory_budget=ctx.memory_budget)
         selection = select_alpha(ctx.model, ctx.calib, budget=AUTO_BUDGET, device=ctx.device,
                                  progress=lambda f, m: ctx.report(0.95 * f, m), ctx=sweep_ctx)
         result = super().score(ctx, alpha=selection["best_alpha"])

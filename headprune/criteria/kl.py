@@ -46,6 +46,12 @@ through), while the model's own forward runs the embeddings (discarded) and the 
 ablations share one pass: the batch is repeated along the batch dimension and each copy gets its own gates
 (per-example gates of ``gate_heads``). ALBERT has no per-layer modules, so it falls back to full passes.
 benchmarks/bench_kl.py measures the saving against L·H plain full passes.
+
+Memory: how many rows one intact pass takes and how many ablations share a pass is the memory planner's choice
+(``headprune.model.memory``, MemoryPlan.kl) under the context's memory budget. The ablated distributions are
+reduced to D_KL one (T, V) row of one ablation at a time, so a language model with a 152k vocabulary never holds
+log q for all ablations at once (benchmarks/bench_memory.py). Results do not depend on the plan beyond float
+rounding: every term is a per-row sum.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from ..data import model_inputs
 from ..errors import CriterionError
@@ -64,6 +71,7 @@ from ..model.gating import gate_heads
 from ..model.hooks import structural_copy
 from ..model.layers import record_layer_inputs, start_at_layer
 from ..model.mask import HeadMask
+from ..model.memory import Shapes, plan_for, seq_len, split_batch
 from ..model.task import task_of
 from ..scoring import Criterion, Param, ScoreMap, ScoringContext, register
 
@@ -77,29 +85,47 @@ def _repeat(inputs: dict, times: int) -> dict:
     return {k: v.repeat(times, *[1] * (v.ndim - 1)) for k, v in inputs.items()}
 
 
+def _row_kl(log_p: torch.Tensor, logits_q: torch.Tensor) -> torch.Tensor:
+    """(T,) D_KL(p ‖ q) = Σ_c p_c (log p_c − log q_c) at every position of one language-model row, from its log p
+    (T, V) and the ablated logits (T, V); q's log-softmax is taken for this row only (module doc: memory)."""
+    log_q = F.log_softmax(logits_q.float(), dim=-1)
+    return F.kl_div(log_q, log_p, log_target=True, reduction="none").sum(-1)
+
+
 @torch.no_grad()
 def kl_raw_importance(model, batches: list[dict], mask: HeadMask | None = None, cached: bool = True,
                       ablations_per_pass: int | None = None,
-                      progress: Callable[[float, str], None] | None = None) -> np.ndarray:
+                      progress: Callable[[float, str], None] | None = None,
+                      memory_budget: int | str | None = None) -> np.ndarray:
     """Imp_raw (n_blocks, H): mean over the inputs of D_KL(p ‖ p without head) (Algorithm 1, line 4).
 
     ``cached`` runs an ablation of layer l from layer l up (see the module doc); ``ablations_per_pass`` heads are
-    ablated in one batched pass (default: all heads of a layer). ``cached=False, ablations_per_pass=1`` is the
-    naive method: one full forward pass per head. Heads already pruned in ``mask`` get NaN.
+    ablated in one batched pass (default: as many as ``memory_budget`` holds, at most all heads of a layer), over
+    as many rows of a batch as the budget holds (``headprune.model.memory``: MemoryPlan.kl; default budget: a share
+    of the free memory). ``cached=False, ablations_per_pass=1`` is the naive method: one full forward pass per
+    head. Heads already pruned in ``mask`` get NaN. ``progress`` is called after every batched pass; an exception
+    it raises (``errors.Cancelled``) stops the run.
+
+    Memory: the intact pass's log p (rows, T, V) is held while its ablations run; the ablated log q is computed and
+    reduced one row of one ablation at a time, so no (ablations, rows, T, V) log-probabilities ever exist.
     """
     model = structural_copy(model)  # gated and stood in below: never the caller's (maybe shared) model
     adapter = adapt(model)
     task = task_of(model)
     device = next(model.parameters()).device
+    plan = plan_for(model, memory_budget, device)
     base = (mask.values if mask is not None else torch.ones(adapter.grid_shape)).to(device)
     live = (base != 0).cpu() & adapter.live_grid()
     incremental = cached and adapter.layer_modules is not None
-    per_pass = ablations_per_pass or adapter.n_heads
     units = [(b, [h for h in range(adapter.n_heads) if live[b, h]]) for b in range(adapter.grid_shape[0])]
-    chunks = [(b, heads[i:i + per_pass]) for b, heads in units for i in range(0, len(heads), per_pass)]
-    total = torch.zeros(adapter.grid_shape, dtype=torch.float64)
-    n_rows, done, n_steps = 0, 0, len(batches) * len(chunks)
+    pieces = []   # (rows of one intact pass, ablations per pass), planned per batch at its own length
     for batch in batches:
+        rows, per_pass = plan.kl(seq_len(batch), len(batch["input_ids"]), adapter.n_heads)
+        pieces += [(piece, ablations_per_pass or per_pass) for piece in split_batch(batch, rows)]
+    total = torch.zeros(adapter.grid_shape, dtype=torch.float64)
+    chunked = [[(b, heads[i:i + k]) for b, heads in units for i in range(0, len(heads), k)] for _, k in pieces]
+    n_rows, done, n_steps = 0, 0, sum(len(c) for c in chunked)
+    for (batch, _), chunks in zip(pieces, chunked):
         inputs = {k: v.to(device) for k, v in model_inputs(batch).items()}
         rows = inputs["input_ids"].shape[0]
         layer_inputs: list[torch.Tensor] = []
@@ -113,6 +139,7 @@ def kl_raw_importance(model, batches: list[dict], mask: HeadMask | None = None, 
             raise CriterionError("KL importance needs a class distribution, but this model has a single output "
                                  "(regression). Use a gradient or entropy criterion for regression models.")
         log_p, real = task.output_log_probs(logits, inputs)   # real: an LM's real positions, else None
+        del logits
         for block, heads in chunks:
             gates = base.expand(len(heads), *base.shape).clone()
             gates[torch.arange(len(heads)), block, heads] = 0.0
@@ -125,11 +152,17 @@ def kl_raw_importance(model, batches: list[dict], mask: HeadMask | None = None, 
                         ablated = model(**repeated).logits
                 else:
                     ablated = model(**repeated).logits
-            log_q = task.output_log_probs(ablated, repeated)[0].view(len(heads), *log_p.shape)
-            kl = (log_p.exp() * (log_p - log_q)).sum(-1)          # (ablations, rows) or (ablations, rows, T)
+            ablated = ablated.view(len(heads), rows, *ablated.shape[1:])
+            if task.is_lm:   # one (T, V) row of one ablation at a time
+                kl = torch.stack([torch.stack([_row_kl(log_p[r], ablated[j, r]) for r in range(rows)])
+                                  for j in range(len(heads))])       # (ablations, rows, T)
+            else:            # (ablations, rows, C): a few classes, all at once
+                kl = F.kl_div(F.log_softmax(ablated.double(), dim=-1), log_p.expand(len(heads), *log_p.shape),
+                              log_target=True, reduction="none").sum(-1)
+            del ablated
             if real is not None:  # LM: mean over the row's real positions (module doc)
                 kl = (kl * real).sum(-1) / real.sum(-1).clamp(min=1)
-            total[block, heads] += kl.sum(-1).cpu()
+            total[block, heads] += kl.sum(-1).double().cpu()
             done += 1
             if progress is not None:
                 progress(done / n_steps, f"KL ablation: block {block}, heads {heads[0]}-{heads[-1]}")
@@ -199,13 +232,32 @@ class KLAblation(Criterion):
                        UNIT),
         "variant": Param("normalized", "current-layer term of the recursion: the min-max normalised KL "
                          "(default) or the raw KL (as written in Algorithm 1, line 9)", str, choices=VARIANTS),
-        "ablations_per_pass": Param(0, "heads ablated together in one batched pass (0 = all heads of a layer)",
+        "ablations_per_pass": Param(0, "heads ablated together in one batched pass (0 = as many as the memory "
+                                    "budget holds, at most all heads of a layer)",
                                     int, NON_NEGATIVE),
     }
 
+    def work(self, ctx: ScoringContext, params: dict) -> float:
+        """Forward passes over the calibration set: 1 intact pass, and per live head of layer l an ablated pass
+        from layer l up, costing ((L − l)·P_layer + P_out) / (L·P_layer + P_out) of a forward, with the weights a
+        token meets per layer P_layer ≈ 4D² + 3DI and in the output layer P_out = V·D (FLOPs ∝ weights per token;
+        attention's T² term left out). ALBERT replays nothing: one whole pass per tied head."""
+        adapter = adapt(ctx.model)
+        live = adapter.live_grid()
+        if ctx.mask is not None:
+            live &= ctx.mask.keep_bool()
+        if adapter.layer_modules is None:
+            return 1.0 + float(live.sum())
+        s = Shapes.of(ctx.model)
+        per_layer, out = 4 * s.hidden ** 2 + 3 * s.hidden * s.intermediate, s.outputs * s.hidden
+        full = s.layers * per_layer + out
+        return 1.0 + sum(float(live[b].sum()) * ((s.layers - b) * per_layer + out) / full
+                         for b in range(live.shape[0]))
+
     def score(self, ctx: ScoringContext, alpha: float, variant: str, ablations_per_pass: int) -> ScoreMap:
         raw = kl_raw_importance(ctx.model, ctx.calib, ctx.mask, cached=True,
-                                ablations_per_pass=ablations_per_pass or None, progress=ctx.progress)
+                                ablations_per_pass=ablations_per_pass or None, progress=ctx.progress,
+                                memory_budget=ctx.memory_budget)
         scores = recursive_importance(raw, alpha, variant)
         incremental = adapt(ctx.model).layer_modules is not None
         correlations = own_kl_correlation(scores, raw)

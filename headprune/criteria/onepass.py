@@ -53,6 +53,7 @@ from ..model.arch import PARTS, adapt
 from ..model.capture import record_attention
 from ..model.gating import AFTER_GATE, gate_heads
 from ..model.hooks import Stage, attached, post_hook, pre_hook
+from ..model.memory import plan_for, planned_batches
 from ..model.task import Task
 from ..scoring import Criterion, Param, ScoreMap, ScoringContext, get
 
@@ -174,15 +175,31 @@ def _capture(model, adapter, probs: bool, projections: bool, contexts: bool):
 
 # -- the pass --------------------------------------------------------------------------------------------------
 
-def run_pass(model, batches: list[dict], keys, mask=None, device=None, progress=None) -> dict[tuple, np.ndarray]:
+def splittable(keys) -> bool:
+    """Whether every quantity of ``keys`` is a sum over examples, so a batch may be cut into smaller ones without
+    changing it: all but Gnorm's whole-batch gradient norm (a norm of the batch's summed gradient)."""
+    return not any(k[0] == "gnorm" and (k[2] == "batch" or k[1] == "batch_logits_norm") for k in keys)
+
+
+def run_pass(model, batches: list[dict], keys, mask=None, device=None, progress=None,
+             memory_budget: int | str | None = None) -> dict[tuple, np.ndarray]:
     """Compute every quantity named in ``keys`` (see module doc) in one forward per batch and one backward per
-    distinct objective. Returns {key: array}, (L, H) or (3, L, H) for Gnorm; absent heads hold 0."""
+    distinct objective. Returns {key: array}, (L, H) or (3, L, H) for Gnorm; absent heads hold 0.
+
+    Batches are cut to the rows the memory planner allows under ``memory_budget`` (``headprune.model.memory``:
+    a pass with a backward keeps every layer's graph, one without keeps only the attention probabilities and runs
+    without autograd); ``splittable`` keys only. ``progress`` is called after every batch; an exception it raises
+    (``errors.Cancelled``) stops the pass.
+    """
     keys = set(keys)
     adapter = adapt(model)
     n_blocks, n_heads = adapter.grid_shape
     device = torch.device(device) if device is not None else next(model.parameters()).device
     layers_per_block = np.bincount(adapter.layer_to_block, minlength=n_blocks).clip(min=1)
     objectives = sorted({o for k in keys if (o := backward_objective(k))})
+    if splittable(keys):
+        batches = planned_batches(batches, plan_for(model, memory_budget, device),
+                                  "gradient" if objectives else "attention")
     want = {kind: any(k[0] == kind for k in keys) for kind in ("entropy", "deficit", *GRADIENT_KINDS)}
     totals = {k: torch.zeros((3, n_blocks, n_heads) if k[0] == "gnorm" else (n_blocks, n_heads), dtype=torch.float64)
               for k in keys}
@@ -191,7 +208,8 @@ def run_pass(model, batches: list[dict], keys, mask=None, device=None, progress=
         inputs = {k: v.to(device) for k, v in model_inputs(batch).items()}
         labels = batch["labels"].to(device) if "labels" in batch else None
         valid = inputs["attention_mask"].to(torch.float32)
-        with torch.enable_grad(), gate_heads(model, mask, adapter), \
+        # no backward: no graph (the attention statistics read detached probabilities)
+        with torch.enable_grad() if objectives else torch.no_grad(), gate_heads(model, mask, adapter), \
                 _capture(model, adapter, want["entropy"] or want["deficit"] or want["taylor"], want["gnorm"],
                          want["his"]) as rec:
             logits = model(**inputs).logits
@@ -335,13 +353,15 @@ def shared_pass(ctx: ScoringContext, keys) -> dict[tuple, np.ndarray]:
     cache = ctx.cache.setdefault("onepass", {})
     missing = set(keys) - set(cache)
     if missing:
-        cache.update(run_pass(ctx.model, ctx.calib, missing, ctx.mask, ctx.device, ctx.progress))
+        cache.update(run_pass(ctx.model, ctx.calib, missing, ctx.mask, ctx.device, ctx.progress, ctx.memory_budget))
     return {k: cache[k] for k in keys}
 
 
 class OnePassCriterion(Criterion):
     """A criterion read off the shared pass: ``needs`` names its quantities, ``combine`` turns them into scores
     (higher = more important) and JSON-ready metadata."""
+
+    shares_pass = True
 
     def needs(self, params: dict) -> set[tuple]:  # pragma: no cover - interface
         raise NotImplementedError

@@ -29,6 +29,7 @@ from ..model.device import autocast, resolve_device
 from ..model.gating import gate_heads
 from ..model.hooks import structural_copy
 from ..model.mask import HeadMask
+from ..model.memory import plan_for, planned_batches
 from ..model.task import HIGHER_IS_BETTER as TASK_HIGHER_IS_BETTER
 from ..model.task import IGNORE_INDEX, Task, lm_metrics, lm_row_stats, task_of
 
@@ -131,17 +132,20 @@ def dataset_order(batches: list[dict]) -> torch.Tensor:
     return torch.arange(sum(len(b["input_ids"]) for b in batches))
 
 
-def _batch_logits(model, batches: list[dict], mask: HeadMask | None, device, progress):
+def _batch_logits(model, batches: list[dict], mask: HeadMask | None, device, progress, memory_budget=None):
     """(batch, logits) per batch, logits as the model returns them (on its device), under ``mask``.
 
     Runs on ``device`` (moving the model there if it is elsewhere; default: where the model is), under
-    ``mask`` via gate_heads, with bf16/fp16 autocast on GPU only.
+    ``mask`` via gate_heads, with bf16/fp16 autocast on GPU only. Batches are cut to the rows the memory planner
+    allows under ``memory_budget`` (``headprune.model.memory``; the yielded batch is the piece run). ``progress``
+    is called after every batch; an exception it raises (``errors.Cancelled``) stops the run.
     """
     if not batches:
         raise DataError("No batches to run: the evaluation set is empty.")
     dev = resolve_device(device) if device is not None else _model_device(model)
     if _model_device(model) != dev:
         model.to(dev)
+    batches = planned_batches(batches, plan_for(model, memory_budget, dev), "forward")
     if mask is not None:  # gate a private copy: the caller's model may be shared with other threads
         model = structural_copy(model)
     with torch.no_grad(), gate_heads(model, mask), autocast(dev):
@@ -153,19 +157,20 @@ def _batch_logits(model, batches: list[dict], mask: HeadMask | None, device, pro
 
 
 def predict(model, batches: list[dict], mask: HeadMask | None = None, device=None,
-            progress=None) -> torch.Tensor:
+            progress=None, memory_budget=None) -> torch.Tensor:
     """Logits (n, num_labels), float32 on CPU, in dataset order (by each batch's ``index``); see
-    ``_batch_logits`` for device, mask and autocast."""
-    logits = [z.float().cpu() for _, z in _batch_logits(model, batches, mask, device, progress)]
+    ``_batch_logits`` for device, mask, autocast and memory."""
+    logits = [z.float().cpu() for _, z in _batch_logits(model, batches, mask, device, progress, memory_budget)]
     return torch.cat(logits)[dataset_order(batches)]
 
 
 def lm_stats(model, batches: list[dict], mask: HeadMask | None = None, device=None,
-             progress=None) -> torch.Tensor:
+             progress=None, memory_budget=None) -> torch.Tensor:
     """(n, 3) per-row next-token sums [Σ ℓ, targets, correct] (``task.lm_row_stats``) in dataset order: what
-    ``metrics_from_lm_stats`` needs, without holding any batch's (B, T, V) logits longer than its forward."""
-    stats = [lm_row_stats(z, batch["labels"].to(z.device))
-             for batch, z in _batch_logits(model, batches, mask, device, progress)]
+    ``metrics_from_lm_stats`` needs, without holding any batch's (B, T, V) logits longer than its forward.
+    The vocabulary-wide cross-entropy runs one row at a time."""
+    stats = [torch.cat([lm_row_stats(z[r:r + 1], batch["labels"][r:r + 1].to(z.device)) for r in range(len(z))])
+             for batch, z in _batch_logits(model, batches, mask, device, progress, memory_budget)]
     return torch.cat(stats)[dataset_order(batches)]
 
 
@@ -209,11 +214,13 @@ def metrics_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> Metrics:
 
 
 def evaluate(model, batches: list[dict], mask: HeadMask | None = None, device=None, progress=None,
-             task: Task | None = None) -> Metrics:
+             task: Task | None = None, memory_budget: int | str | None = None) -> Metrics:
     """Metrics of ``model`` (gated by ``mask``) on labelled ``batches`` (LM batches: labels = input ids); see the
-    module doc for the equations. ``task`` defaults to the one the model's head computes (``task.task_of``)."""
+    module doc for the equations. ``task`` defaults to the one the model's head computes (``task.task_of``).
+    ``memory_budget``: bytes beyond the weights a batch may hold (``headprune.model.memory``; default: a share of
+    the free memory); batches are cut to fit it."""
     _require_labels(batches)
     if (task or task_of(model)).is_lm:
-        return metrics_from_lm_stats(lm_stats(model, batches, mask, device, progress))
+        return metrics_from_lm_stats(lm_stats(model, batches, mask, device, progress, memory_budget))
     labels = gather_labels(batches)
-    return metrics_from_logits(predict(model, batches, mask, device, progress), labels)
+    return metrics_from_logits(predict(model, batches, mask, device, progress, memory_budget), labels)

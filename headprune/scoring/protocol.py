@@ -27,6 +27,10 @@ from ..model.hooks import structural_copy
 from .scores import ScoreMap
 
 Progress = Callable[[float, str], None]
+# A forward + backward costs about three forwards: the backward computes gradients for both the activations and
+# the weights of every matrix product, 2x the forward's work (Kaplan et al. 2020, "Scaling laws", C ≈ 6N FLOPs per
+# token for training against 2N for a forward).
+GRADIENT_PASS = 3.0
 
 
 @dataclass(frozen=True)
@@ -76,8 +80,9 @@ class ScoringContext:
     tokenizer: Any = None
     texts: list | None = None        # raw calibration texts (syntax criteria)
     seed: int = 0
-    progress: Progress | None = None
+    progress: Progress | None = None         # called between batches; an exception it raises (errors.Cancelled)
     cache: dict = field(default_factory=dict)   # shared between criteria scored together (one pass for many)
+    memory_budget: int | str | None = None   # bytes beyond the weights (model.memory; None: a share of free memory)
 
     def __post_init__(self):
         self.model = structural_copy(self.model)
@@ -126,6 +131,13 @@ class Criterion(Scorer):
 
     def score(self, ctx: ScoringContext, **params) -> ScoreMap:  # pragma: no cover - interface
         raise NotImplementedError
+
+    shares_pass: bool = False        # computed in one pass shared with the other criteria that share it (onepass)
+
+    def work(self, ctx: ScoringContext, params: dict) -> float:
+        """What scoring ``ctx`` costs, in forward passes over the calibration set (``headprune.estimate`` turns it
+        into seconds): 1 without gradients, ``GRADIENT_PASS`` with a backward. Criteria that run more override."""
+        return GRADIENT_PASS if self.needs_gradients else 1.0
 
     def prepare(self, ctx: ScoringContext, params: dict | None = None) -> dict:
         """Resolved parameters, after checking that ``ctx`` has what they need (labels)."""

@@ -1,0 +1,154 @@
+"""Time told before long work: a measured forward pass turned into the expected duration of a run.
+
+One batch is timed (``forward_rate``: a forward pass without autograd over the first batch, cut to the rows the
+memory planner allows, after a one-row warm-up), giving r seconds per token. A run's work is counted in forward
+passes over its data (``Criterion.work``: 1 for a forward-only criterion, ``GRADIENT_PASS`` = 3 with a backward,
+KL's intact pass plus its partial ablated passes, HIES's α sweep), so
+
+    scoring       t ≈ r · N_calib · W                      N: tokens of the batches (padding included), W: work
+    live warm-up  t ≈ r · N_eval                           one full pass over the evaluation batches
+    trajectory    t ≈ seeds · (r · N_calib · W · S_score + r · N_eval · (1 + LIVE_STEP · n_steps))
+
+with S_score = 1 for a static criterion and n_steps / 2 for one re-scored after every step on a model that shrinks
+to nothing (a mean of half the model), and LIVE_STEP = 1/2: a step's re-evaluation runs the layers from the first
+changed one up, half the model on average over layers (``LiveEvaluator``). The first pass of a trajectory is
+skipped when an evaluator is shared (``evaluator=True``). These are estimates from one measured batch, good to
+a factor of about two (the attention's T² term and the backward are counted, not timed); ``TimeEstimate.text``
+says "about 48 min on this CPU". Past ``LONG`` seconds the dashboard suggests smaller sizes.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .data import model_inputs
+from .model.arch import adapt
+from .model.device import autocast
+from .model.memory import plan_for, split_batch
+from .scoring import ScoringContext, get
+from .trajectory import TrajectorySpec
+
+LIVE_STEP = 0.5      # share of a full pass one trajectory step re-evaluates (module doc)
+LONG = 600.0         # seconds: past this the dashboard suggests smaller sizes
+
+
+@dataclass(frozen=True)
+class TimeEstimate:
+    """Expected seconds of a run, what it is, where it runs and what was measured to say so."""
+
+    seconds: float
+    what: str            # "kl on this model"
+    device: str          # "this CPU" | "this GPU"
+    basis: str = ""      # "one forward of 8 rows × 128 tokens: 1.93 s"
+
+    @property
+    def long(self) -> bool:
+        return self.seconds > LONG
+
+    @property
+    def text(self) -> str:
+        """"kl on this model: about 48 min on this CPU"."""
+        return f"{self.what}: {human_duration(self.seconds)} on {self.device}"
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def human_duration(seconds: float) -> str:
+    """"under a second", "about 20 s", "about 48 min", "about 2.5 h" (two significant figures at most)."""
+    if seconds < 1:
+        return "under a second"
+    if seconds < 90:
+        return f"about {seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"about {seconds / 60:.0f} min"
+    return f"about {seconds / 3600:.1f} h"
+
+
+def tokens(batches: list[dict]) -> int:
+    """Token positions run (padding included: it is computed too)."""
+    return sum(int(b["input_ids"].numel()) for b in batches)
+
+
+def device_name(model) -> str:
+    return "this GPU" if next(model.parameters()).device.type == "cuda" else "this CPU"
+
+
+@torch.no_grad()
+def forward_rate(model, batches: list[dict], memory_budget: int | str | None = None) -> tuple[float, str]:
+    """(seconds per token, what was timed) of a forward pass: the first batch, cut to the rows the memory planner
+    allows for a forward under ``memory_budget``, timed once after a one-row warm-up."""
+    device = next(model.parameters()).device
+    batch = batches[0]
+    plan = plan_for(model, memory_budget, device)
+    piece = split_batch(batch, plan.rows("forward", int(batch["input_ids"].shape[1]), len(batch["input_ids"])))[0]
+    inputs = {k: v.to(device) for k, v in model_inputs(piece).items()}
+    with autocast(device):
+        model(**{k: v[:1] for k, v in inputs.items()})   # warm-up: first-call allocations are not the rate
+        start = time.perf_counter()
+        model(**inputs)
+        seconds = time.perf_counter() - start
+    rows, length = inputs["input_ids"].shape
+    return seconds / max(rows * length, 1), f"one forward of {rows} rows × {length} tokens: {seconds:.2f} s"
+
+
+def _rate(model, batches, rate, memory_budget):
+    return rate if rate is not None else forward_rate(model, batches, memory_budget)
+
+
+def scoring_work(ctx: ScoringContext, names: list[str], params_by_name: dict | None = None) -> float:
+    """Forward passes over the calibration set that scoring ``names`` on ``ctx`` costs: each criterion's
+    ``work``, criteria sharing one pass (``shares_pass``) counted once, at the dearest of them."""
+    params_by_name = params_by_name or {}
+    shared, alone = 0.0, 0.0
+    for name in names:
+        crit = get(name)
+        work = crit.work(ctx, crit.resolve_params(params_by_name.get(name)))
+        if crit.shares_pass:
+            shared = max(shared, work)
+        else:
+            alone += work
+    return shared + alone
+
+
+def estimate_scoring(ctx: ScoringContext, names: list[str], params_by_name: dict | None = None,
+                     rate: tuple[float, str] | None = None) -> TimeEstimate:
+    """Expected duration of scoring ``names`` on ``ctx`` (module doc); ``rate`` reuses a ``forward_rate``."""
+    per_token, basis = _rate(ctx.model, ctx.calib, rate, ctx.memory_budget)
+    seconds = per_token * tokens(ctx.calib) * scoring_work(ctx, names, params_by_name)
+    return TimeEstimate(seconds, f"{', '.join(names)} on this model", device_name(ctx.model), basis)
+
+
+def estimate_evaluation(model, batches: list[dict], what: str = "evaluation",
+                        rate: tuple[float, str] | None = None,
+                        memory_budget: int | str | None = None) -> TimeEstimate:
+    """Expected duration of one full pass over ``batches`` (an evaluation, a live evaluator's warm-up)."""
+    per_token, basis = _rate(model, batches, rate, memory_budget)
+    return TimeEstimate(per_token * tokens(batches), what, device_name(model), basis)
+
+
+def trajectory_steps(spec: TrajectorySpec, n_units: int, already: int = 0) -> int:
+    return math.ceil(max(spec.target(n_units, already) - already, 0) / spec.step)
+
+
+def estimate_trajectory(spec: TrajectorySpec, model, calib: list[dict], eval_batches: list[dict], seeds: int = 1,
+                        evaluator: bool = False, rate: tuple[float, str] | None = None,
+                        memory_budget: int | str | None = None) -> TimeEstimate:
+    """Expected duration of ``seeds`` trajectories of ``spec`` (module doc); ``evaluator``: a first pass over the
+    evaluation batches exists already (shared), so it is not counted."""
+    per_token, basis = _rate(model, calib or eval_batches, rate, memory_budget)
+    ctx = ScoringContext(model, calib, memory_budget=memory_budget)
+    rows, heads = adapt(model).grid_shape
+    steps = trajectory_steps(spec, rows * heads, int((~adapt(model).live_grid()).sum()))
+    score_passes = scoring_work(ctx, [spec.criterion.name], {spec.criterion.name: dict(spec.params)}) \
+        * (max(steps, 1) / 2 if spec.criterion.dynamic else 1)
+    scoring = per_token * tokens(calib) * score_passes
+    evaluation = per_token * tokens(eval_batches) * (LIVE_STEP * steps * (2 if spec.stability else 1))
+    first = 0.0 if evaluator else per_token * tokens(eval_batches)
+    seconds = first + seeds * (scoring + evaluation)
+    return TimeEstimate(seconds, f"trajectory of {spec.criterion.name} ({steps} steps)", device_name(model), basis)
+
