@@ -13,6 +13,7 @@ from headprune.criteria import ScoringContext, get
 from headprune.criteria.sap import (
     DependencyStats,
     apply_layer_rule,
+    calibration_metric,
     candidate_filtering,
     run_sap,
     sap_counters,
@@ -24,8 +25,9 @@ from headprune.evaluation.metrics import evaluate
 from headprune.model.arch import adapt
 from headprune.model.layers import skip_layers
 from headprune.model.mask import HeadMask
+from headprune.model.task import lm_labels
 from headprune.syntax import DependencyArcs, Parse, aggregate_arcs, build_arcs, parse_texts
-from headprune.testing import tiny_model
+from headprune.testing import random_decoder_batch, tiny_decoder, tiny_model
 
 # -- the hand-built example ------------------------------------------------------------------------------------
 # Two parsed sentences, 2 layers x 2 heads. Arcs (dependent -> head):
@@ -295,3 +297,19 @@ def test_sap_picks_k_per_sparsity_level_as_the_paper(setup):
         alone = get("sap")(ScoringContext(model, calib, tokenizer=tokenizer, texts=TEXTS),
                            {"k_max": 3, "sparsity": level})
         assert alone.meta["best_k"] == result.k and alone.meta["sap_selected"] == [list(h) for h in result.selected]
+
+
+def test_the_calibration_metric_of_a_language_model_is_next_token_accuracy():
+    # "auto" once failed on every LM (it looked only for accuracy / Pearson), so SAP could not run on decoders; the
+    # sweep keeps the highest value, so a lower-is-better metric such as perplexity is refused by name
+    model = tiny_decoder("llama")
+    batch = random_decoder_batch()
+    batch["labels"] = lm_labels(batch["input_ids"], batch["attention_mask"])
+    ctx = ScoringContext(model, [batch])
+    mask = HeadMask.ones((4, 8)).prune(1, 2)
+    assert calibration_metric(ctx, "auto")(mask, []) == evaluate(model, [batch], mask).next_token_accuracy
+    with skip_layers(adapt(model), [1]):
+        expected = evaluate(model, [batch], mask).next_token_accuracy
+    assert calibration_metric(ctx, "next_token_accuracy")(mask, [1]) == expected
+    with pytest.raises(CriterionError, match="higher is better.*accepted: auto, next_token_accuracy"):
+        calibration_metric(ctx, "perplexity")(mask, [])

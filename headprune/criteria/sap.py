@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import CriterionError
-from ..evaluation.metrics import evaluate
+from ..evaluation.metrics import HIGHER_IS_BETTER, evaluate
 from ..limits import NON_NEGATIVE, POSITIVE, Interval
 from ..model.arch import adapt
 from ..model.layers import skip_layers
@@ -251,18 +251,24 @@ def candidate_filtering(candidates: Sequence[Head], metric_fn: MetricFn, base: H
 # -- criteria -------------------------------------------------------------------------------------------------------
 
 def calibration_metric(ctx: ScoringContext, name: str) -> MetricFn:
-    """metric(mask, dropped layers) on the calibration batches ("auto": accuracy, or Pearson for regression)."""
+    """metric(mask, dropped layers) on the calibration batches ("auto": accuracy, Pearson for regression, next-token
+    accuracy for a language model).
+
+    The k sweep keeps the k with the highest metric and candidate filtering keeps heads while the metric stays above
+    tolerance · m0, so only metrics where higher is better are accepted (perplexity or loss would invert both)."""
     memo: dict[tuple, float] = {}
 
     def metric(mask: HeadMask, dropped: list[int]) -> float:
         key = (hash(mask), tuple(dropped))
         if key not in memo:
             with skip_layers(adapt(ctx.model), dropped):
-                values = evaluate(ctx.model, ctx.calib, mask).to_dict()
-            chosen = name if name != "auto" else ("accuracy" if "accuracy" in values else "pearson")
+                values = {k: v for k, v in evaluate(ctx.model, ctx.calib, mask).to_dict().items()
+                          if v is not None and HIGHER_IS_BETTER.get(k, False)}
+            chosen = name if name != "auto" else next(
+                (m for m in ("accuracy", "pearson", "next_token_accuracy") if m in values), None)
             if chosen not in values:
-                raise CriterionError(f"metric={name!r} is not available for this task; accepted: auto, "
-                                     f"{', '.join(sorted(values))}.")
+                raise CriterionError(f"metric={name!r} is not available for this task (it must be one where higher "
+                                     f"is better); accepted: auto, {', '.join(sorted(values))}.")
             memo[key] = float(values[chosen])
         return memo[key]
 
@@ -292,7 +298,8 @@ class _SapBase(Criterion):
         "sparsity": Param(0.5, "target fraction of heads pruned (0 = select by R alone)", float, FRACTION),
         "layer_threshold": Param(0, "drop a whole layer when more than this many of its heads are pruned (0 = off)",
                                  int, NON_NEGATIVE),
-        "metric": Param("auto", "calibration metric that picks k (auto: accuracy, Pearson for regression)", str),
+        "metric": Param("auto", "calibration metric that picks k, higher is better (auto: accuracy, Pearson for "
+                                "regression, next-token accuracy for an LM)", str),
         "parser": Param(DEFAULT_PIPELINE, "installed spaCy pipeline with a dependency parser", str),
         "query_reduce": Param("mean", "sub-token aggregation of the dependent (Clark et al.: mean)", str,
                               choices=QUERY_REDUCE),
