@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # pages import the `dashboard` package from the repository root
@@ -12,6 +15,17 @@ if str(ROOT) not in sys.path:  # pages import the `dashboard` package from the r
 
 # Small splits keep every page quick on a shared 2-core machine; the pages read these through Setup's defaults.
 SMALL = {"HEADPRUNE_EVAL_SIZE": "64", "HEADPRUNE_CALIB_SIZE": "32", "HEADPRUNE_MAX_LENGTH": "64"}
+
+
+@contextmanager
+def small_env(**overrides: str):
+    """The SMALL splits (and ``overrides``, e.g. HEADPRUNE_EVAL_SIZE="128") in the environment while in use."""
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in {**SMALL, **overrides}.items():
+            mp.setenv(key, value)
+        yield
+
+
 PAGES = {"home": None, "model": "dashboard/pages/1_Model_and_data.py", "scores": "dashboard/pages/2_Head_scores.py",
          "attention": "dashboard/pages/3_Attention.py", "prune": "dashboard/pages/4_Prune.py",
          "trajectories": "dashboard/pages/5_Trajectories.py",

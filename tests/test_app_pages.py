@@ -10,16 +10,14 @@ import re
 
 import numpy as np
 import pytest
-from app_support import PAGES, SMALL, figures, head_grids, metric, open_app, problems
+from app_support import PAGES, figures, head_grids, metric, open_app, problems, small_env
 
 from headprune.evaluation.metrics import evaluate
 
 
 @pytest.fixture(scope="module", autouse=True)
 def small_splits():
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in SMALL.items():
-            mp.setenv(key, value)
+    with small_env():
         yield
 
 

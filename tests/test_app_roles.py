@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from app_support import PAGES, ROOT, SMALL, figures, open_app, problems, workspace
+from app_support import PAGES, ROOT, figures, open_app, problems, small_env, workspace
 from streamlit.testing.v1 import AppTest
 
 from dashboard.compute import stored_roles
@@ -13,9 +13,7 @@ from dashboard.config import Setup, parse_link
 
 @pytest.fixture(scope="module", autouse=True)
 def small_splits():
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in SMALL.items():
-            mp.setenv(key, value)
+    with small_env():
         yield
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from app_support import SMALL, metric, open_app, problems, workspace
+from app_support import metric, open_app, problems, small_env, workspace
 
 from headprune.evaluation.metrics import evaluate
 from headprune.model.mask import HeadMask
@@ -17,9 +17,7 @@ from headprune.model.mask import HeadMask
 
 @pytest.fixture(scope="module", autouse=True)
 def small_splits():
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in {**SMALL, "HEADPRUNE_EVAL_SIZE": "128"}.items():  # 4 batches: room for estimates
-            mp.setenv(key, value)
+    with small_env(HEADPRUNE_EVAL_SIZE="128"):  # 4 batches: room for estimates
         yield
 
 

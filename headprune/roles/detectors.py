@@ -20,8 +20,18 @@ def threshold(default: float, source: str) -> Param:
     return Param(default, f"a head has the role when its score reaches this ({source})", float, check=UNIT)
 
 
+class MeanAttentionRole(Role):
+    """A role whose score is one of ``RoleStats``' per-head mean attentions (``stat``: previous, duplicate,
+    induction or sink), averaged over the rows it reads."""
+
+    stat: str
+
+    def score(self, stats: RoleStats, profile=None, **params) -> np.ndarray:
+        return stats.mean(self.stat)
+
+
 @register_role
-class PreviousToken(Role):
+class PreviousToken(MeanAttentionRole):
     """s_h = mean over real query positions i ≥ 1 of A_h[i, i−1] on the calibration texts.
 
     TransformerLens ``detect_head`` with the previous-token template and the ``mul`` measure divides the attention on
@@ -32,14 +42,12 @@ class PreviousToken(Role):
     description = "attends to the token just before the query"
     reference = "TransformerLens head_detector (previous_token_head template, 'mul'); Olsson et al. (2022)"
     latex = r"s_h = \frac{1}{|I|}\sum_{i \in I} A_h[i, i-1]"
+    stat = "previous"
     params = {"threshold": threshold(0.4, "ARENA detectors")}
-
-    def score(self, stats: RoleStats, profile=None, threshold: float = 0.4) -> np.ndarray:
-        return stats.mean("previous")
 
 
 @register_role
-class DuplicateToken(Role):
+class DuplicateToken(MeanAttentionRole):
     """s_h = mean over the second block i of A_h[i, i−n] on probes [BOS] + r + r (n = |r|): attention to the earlier
     copy of the query's own token (Olsson et al. 2022, "duplicate token heads")."""
 
@@ -48,14 +56,12 @@ class DuplicateToken(Role):
     reference = "Olsson et al. (2022), In-context learning and induction heads; TransformerLens head_detector"
     latex = r"s_h = \frac{1}{n}\sum_{i=s+n}^{s+2n-1} A_h[i, i-n]"
     reads = "probe"
+    stat = "duplicate"
     params = {"threshold": threshold(0.4, "ARENA detectors")}
-
-    def score(self, stats: RoleStats, profile=None, threshold: float = 0.4) -> np.ndarray:
-        return stats.mean("duplicate")
 
 
 @register_role
-class Induction(Role):
+class Induction(MeanAttentionRole):
     """s_h = mean over the second block i of A_h[i, i−n+1] on probes [BOS] + r + r: attention to the token that
     followed the earlier copy of the query's token -- the prefix-matching stripe of an induction head (Olsson et
     al. 2022). Encoder probes are read the same way (their rows may also look right; only this stripe counts)."""
@@ -65,14 +71,12 @@ class Induction(Role):
     reference = "Olsson et al. (2022), In-context learning and induction heads, prefix matching"
     latex = r"s_h = \frac{1}{n}\sum_{i=s+n}^{s+2n-1} A_h[i, i-n+1]"
     reads = "probe"
+    stat = "induction"
     params = {"threshold": threshold(0.4, "ARENA detectors")}
-
-    def score(self, stats: RoleStats, profile=None, threshold: float = 0.4) -> np.ndarray:
-        return stats.mean("induction")
 
 
 @register_role
-class Sink(Role):
+class Sink(MeanAttentionRole):
     """s_h = mean over real query rows of the attention on the first position (BOS / [CLS]) -- plus, in encoders,
     on [SEP] and the other special tokens (Clark et al. 2019 §3 find BERT heads parking attention on [SEP]).
     Threshold 0.3 as Gu et al. (2024), "When attention sink emerges in language models"."""
@@ -81,10 +85,8 @@ class Sink(Role):
     description = "parks its attention on the first token (and, in encoders, on [SEP] / special tokens)"
     reference = "Gu et al. (2024), attention sinks (threshold 0.3); Clark et al. (2019) §3 ([SEP])"
     latex = r"s_h = \frac{1}{|I|}\sum_{i} \sum_{j \in S} A_h[i, j]"
+    stat = "sink"
     params = {"threshold": threshold(0.3, "Gu et al. 2024")}
-
-    def score(self, stats: RoleStats, profile=None, threshold: float = 0.3) -> np.ndarray:
-        return stats.mean("sink")
 
 
 @register_role
