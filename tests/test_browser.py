@@ -190,3 +190,23 @@ def test_a_link_with_a_mask_opens_prune_with_it(server, browser):
     page.wait_for_function("() => document.body.innerText.includes('70 / 72')")
     assert "mask=0.0%2C0.1" in page.url or "mask=0.0,0.1" in page.url
     page.close()
+
+
+def test_cancel_stops_a_running_score_and_stores_nothing(server, browser):
+    """Compute HIES (α chosen by a sweep: long enough to catch) and KL, press Cancel while the bar runs: the page
+    says the run was cancelled, and no heatmap is drawn (nothing was stored)."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(300_000)
+    page.goto(f"{server}/?model=demo&data=demo&page=head-scores&criteria=hies,kl")
+    page.get_by_role("button", name="Compute scores").wait_for()
+    wait_idle(page)
+    page.get_by_role("button", name="Compute scores").click()
+    page.get_by_text(re.compile("scoring hies, kl on")).first.wait_for()
+    start = time.perf_counter()
+    page.get_by_role("button", name="Cancel").click()
+    page.get_by_text(re.compile("Cancelled: the run stopped")).wait_for()
+    print(f"cancel: {time.perf_counter() - start:.2f} s from the click to the note")
+    wait_idle(page)
+    assert "Choose one or more criteria and press" in page.inner_text("body")
+    assert page.locator(".js-plotly-plot").count() == 0
+    page.close()
