@@ -158,8 +158,12 @@ def test_lm_demo_picker_scores_attention_prune_trajectories_export(folders):
     assert not problems(at)
     assert metric(at, "heads left") == f"{n_layers * n_heads * 3 // 4} / {n_layers * n_heads}"
     live = float(metric(at, "perplexity"))
-    assert live != pytest.approx(dense, rel=1e-3)
-    assert live == pytest.approx(live_evaluation(at).perplexity, rel=1e-3)
+    # The page shows the pruned model's number: an independent evaluation under the mask agrees to the displayed
+    # digits, and that number is not the dense one. How far the lowest 25% moves perplexity depends on the trained
+    # weights (0.04% on one build of the demo, more on others), so only "moved beyond the display's rounding".
+    expected = live_evaluation(at).perplexity
+    assert live == pytest.approx(expected, abs=2e-3)
+    assert abs(expected - dense) > 1e-2
     assert borders(grid_figures(at)[0]) == expected_borders(n_layers, n_heads, 2)
 
     at.switch_page(PAGES["trajectories"]).run()
