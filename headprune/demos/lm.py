@@ -23,6 +23,8 @@ rows vs 873.7 for the add-one unigram (ratio 0.30; one epoch gave 376.9, ratio 0
 Build 686 s wall on a 2-core box shared with four other busy processes (load 9-13) with 1 thread; the training
 loop took 271 s of CPU time. Under such contention 2 threads were ~5x slower than 1 (OpenMP threads spin while
 they wait), so on a busy box set THREADS = 1.
+A rebuild on another machine (2026-11-24, fresh cache) held out 261.1, not 263.3: the recipe is seeded, but float
+kernels differ between CPUs.
 """
 
 from __future__ import annotations
