@@ -21,6 +21,7 @@ from headprune.evaluation.metrics import evaluate
 from headprune.model import memory
 from headprune.model.memory import (
     HEADROOM,
+    RUNTIME,
     MemoryBudgetError,
     MemoryPlan,
     Shapes,
@@ -99,6 +100,17 @@ def test_kl_plan_for_8_rows_at_fewer_heads_spare():
     # 8 rows fit with 8 · 15,680 + 12,000 = 137,440; each further ablation pass of 8 rows costs 8 · 11,040
     assert fitting(137_440).kl(T, 8, 4) == (8, 1)
     assert fitting(137_440 + 8 * 11_040).kl(T, 8, 4) == (8, 2)
+
+
+def test_the_runtime_is_paid_from_a_cpu_budget(lm):
+    """A peak RSS holds the interpreter and libraries too: on the CPU the plan leaves RUNTIME of the budget to them
+    (the counted tensors fill HEADROOM of the rest); on a GPU the free memory was measured with them already in."""
+    budget = 2 * 10**9
+    cpu = plan_for(lm, budget, "cpu")
+    assert cpu.runtime == RUNTIME and cpu.usable == int(HEADROOM * budget) - RUNTIME
+    assert MemoryPlan(SHAPES, budget, runtime=0).usable == int(HEADROOM * budget)
+    assert MemoryPlan(SHAPES, RUNTIME, runtime=RUNTIME).usable == 0      # never negative: one row still runs
+    assert MemoryPlan(SHAPES, RUNTIME, runtime=RUNTIME).rows("forward", T, 32) == 1
 
 
 def test_shapes_read_off_a_model(lm):

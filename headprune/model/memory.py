@@ -21,7 +21,9 @@ and plans, for a budget B (bytes beyond the weights):
     kl                          rows·(logits + layer inputs) + p·rows·(logits + layer) + 3·T·V·f   ≤ B
 
 where rows is the rows per pass and p KL's ablations per pass (each ablation repeats the rows once), and the
-counts may fill ``HEADROOM`` = 90% of B (the interpreter and the allocator hold the rest). The last
+counts may fill ``HEADROOM`` = 90% of B less, on the CPU, ``RUNTIME`` = 0.5 GB: what the interpreter, torch and
+transformers keep resident (measured 0.43 GB with headprune imported, before any model), since a peak measured in
+RSS holds them too; the rest of the 10% is allocator slack. The last
 term of forward / attention / kl is the one-row slab a vocabulary-wide reduction (log-softmax, cross-entropy,
 KL) works on: those are reduced row by row, never for the whole batch or for every ablation at once. The counts
 are upper bounds (what eager attention and the float32 copies could hold); benchmarks/bench_memory.py measures
@@ -51,7 +53,8 @@ from .arch import adapt
 from .task import is_language_model
 
 DEFAULT_SHARE = 0.25        # of the free memory, when no budget is given
-HEADROOM = 0.9              # share of the budget the counted tensors may fill (the rest: interpreter, allocator)
+HEADROOM = 0.9              # share of the budget the counted tensors may fill (the rest: allocator slack)
+RUNTIME = 500 * 10**6       # bytes the interpreter, torch and transformers hold resident on the CPU (0.43 GB measured)
 REDUCE_BYTES = 4            # vocabulary-wide reductions run in float32
 KINDS = ("forward", "attention", "gradient")
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12,
@@ -161,12 +164,15 @@ class MemoryPlan:
 
     shapes: Shapes
     budget: int
+    runtime: int = 0         # bytes of the budget the process's runtime already holds (``plan_for``: RUNTIME on CPU)
 
     @property
     def usable(self) -> int:
-        """Bytes the counted tensors may fill: ``HEADROOM`` of the budget (measured on Qwen2.5-0.5B's shape, the
-        interpreter, torch's libraries and allocator slack hold ~0.3 GB beyond the counts)."""
-        return int(HEADROOM * self.budget)
+        """Bytes the counted tensors may fill: ``HEADROOM`` of the budget less ``runtime``. Why both, measured on
+        Qwen2.5-0.5B's shape (KL, 8 rows): with the counts filling 90% of the budget and no runtime term, the peak
+        RSS was 7.64 GB against 1.98 GB of weights + 5.47 GB of budget; the interpreter and libraries alone hold
+        0.43 GB."""
+        return max(0, int(HEADROOM * self.budget) - self.runtime)
 
     # -- the counts of the module doc, per row at sequence length t ---------------------------------------------
     def logits(self, t: int) -> int:
@@ -233,10 +239,13 @@ class MemoryPlan:
 
 
 def plan_for(model, budget: str | int | float | None = None, device=None) -> MemoryPlan:
-    """The plan for ``model`` under ``budget`` (``resolve_budget``; default: a share of the free memory)."""
+    """The plan for ``model`` under ``budget`` (``resolve_budget``; default: a share of the free memory). On the
+    CPU the process's own runtime (``RUNTIME``) is paid from the budget: a peak RSS counts it; a GPU's free memory
+    is measured with the CUDA context already in it."""
     if device is None:
         device = next(model.parameters()).device
-    return MemoryPlan(Shapes.of(model), resolve_budget(budget, device))
+    runtime = RUNTIME if torch.device(device).type == "cpu" else 0
+    return MemoryPlan(Shapes.of(model), resolve_budget(budget, device), runtime)
 
 
 def seq_len(batch: dict) -> int:
