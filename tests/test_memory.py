@@ -103,8 +103,8 @@ def test_kl_plan_for_8_rows_at_fewer_heads_spare():
 
 
 def test_the_runtime_is_paid_from_a_cpu_budget(lm):
-    """A peak RSS holds the interpreter and libraries too: on the CPU the plan leaves RUNTIME of the budget to them
-    (the counted tensors fill HEADROOM of the rest); on a GPU the free memory was measured with them already in."""
+    """A peak RSS holds the interpreter and libraries too: on the CPU the counted tensors may fill HEADROOM of the
+    budget less RUNTIME; on a GPU the free memory was measured with the CUDA context already in it."""
     budget = 2 * 10**9
     cpu = plan_for(lm, budget, "cpu")
     assert cpu.runtime == RUNTIME and cpu.usable == int(HEADROOM * budget) - RUNTIME

@@ -97,11 +97,16 @@ def parse_budget(text: str | int | float | None) -> int | float | None:
     return int(value)
 
 
+def on_gpu(device=None) -> bool:
+    """Whether ``device``'s memory is a GPU's (a CUDA device that exists); else the budget is the system's RAM."""
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    return device.type == "cuda" and torch.cuda.is_available()
+
+
 def free_memory(device=None) -> int:
     """Bytes free now on ``device``: the GPU's free memory for a CUDA device, else the system's available RAM."""
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    if device.type == "cuda" and torch.cuda.is_available():
-        return int(torch.cuda.mem_get_info(device)[0])
+    if on_gpu(device):
+        return int(torch.cuda.mem_get_info(torch.device(device))[0])
     return int(psutil.virtual_memory().available)
 
 
@@ -239,12 +244,12 @@ class MemoryPlan:
 
 
 def plan_for(model, budget: str | int | float | None = None, device=None) -> MemoryPlan:
-    """The plan for ``model`` under ``budget`` (``resolve_budget``; default: a share of the free memory). On the
-    CPU the process's own runtime (``RUNTIME``) is paid from the budget: a peak RSS counts it; a GPU's free memory
-    is measured with the CUDA context already in it."""
+    """The plan for ``model`` under ``budget`` (``resolve_budget``; default: a share of the free memory). In RAM
+    the process's own runtime (``RUNTIME``) is paid from the budget: a peak RSS counts it; a GPU's free memory is
+    measured with the CUDA context already in it."""
     if device is None:
         device = next(model.parameters()).device
-    runtime = RUNTIME if torch.device(device).type == "cpu" else 0
+    runtime = 0 if on_gpu(device) else RUNTIME   # the budget is RAM exactly when free_memory reads RAM
     return MemoryPlan(Shapes.of(model), resolve_budget(budget, device), runtime)
 
 
