@@ -17,7 +17,7 @@ from __future__ import annotations
 from ..data import register_dataset
 from ..model.loading import register_model
 from . import circuit, classifier, lm
-from .corpus import held_out
+from .corpus import fine_tuning, held_out
 
 register_model("demo", "MiniLM-L6 sentiment classifier fine-tuned on Rotten Tomatoes (built offline once)",
                classifier.ensure_demo_model)
@@ -25,6 +25,10 @@ register_model("demo-lm", "6-layer Llama language model, 8 query / 2 key-value h
                lm.ensure_demo_lm_model)
 register_dataset("demo", "held-out Rotten Tomatoes reviews (fresh / rotten)", held_out)
 register_dataset("demo-lm", "the same held-out reviews as unlabelled text", lm.demo_lm_dataset, labelled=False)
+register_dataset("demo:train", "the 9,000 reviews the demos were fine-tuned on (a separate split: calibration or "
+                 "recovery data)", fine_tuning)
+register_dataset("demo-lm:train", "the same 9,000 training reviews as unlabelled text", lm.demo_lm_train_dataset,
+                 labelled=False)
 register_model("demo-circuit", "3-layer Llama LM trained to copy repeated word blocks: an induction circuit "
                "(built offline once)", circuit.ensure_demo_circuit_model)
 register_dataset("demo-circuit", "repeated random word blocks, scored on the repeated half",

@@ -5,8 +5,8 @@ seeded split every demo shares: FINETUNE_SIZE rows to train on, the held-out res
             0.2.2's data file (Apache-2.0; source and licence in resources/README.md)
 
 Review rows (category fresh/rotten; "plot" rows dropped) are de-duplicated by case-folded text, then one seeded
-permutation splits them. Data loading ("demo", "demo-lm") only ever yields held-out rows, so calibration and
-evaluation never see training text.
+permutation splits them. "demo" and "demo-lm" yield held-out rows only, so calibration and evaluation never see
+training text; "demo:train" and "demo-lm:train" name the fine-tuning rows, a separate data source.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import bz2
 import csv
 import functools
 import io
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -61,5 +62,11 @@ def demo_split(seed: int = SEED) -> tuple[np.ndarray, np.ndarray]:
 
 
 def held_out() -> TextDataset:
-    """The held-out reviews: the only rows of the demo corpus that data loading ever yields."""
+    """The held-out reviews ("demo"): what calibration, selection and evaluation read by default."""
     return reviews().subset(demo_split()[1])
+
+
+def fine_tuning() -> TextDataset:
+    """The FINETUNE_SIZE reviews the demo models were trained on ("demo:train"): a real training split offline, for
+    calibration data as papers use it (SAP scores on training samples) and for recovery after pruning."""
+    return replace(reviews().subset(demo_split()[0]), source="demo:train")

@@ -73,6 +73,11 @@ def demo_lm_dataset() -> TextDataset:
     return replace(as_lm_data(reviews().subset(demo_split()[1])), source="demo-lm")
 
 
+def demo_lm_train_dataset() -> TextDataset:
+    """The rows the LM demo was trained on, as unlabelled text (``source="demo-lm:train"``)."""
+    return replace(as_lm_data(reviews().subset(demo_split()[0])), source="demo-lm:train")
+
+
 def train_tokenizer(texts: list[str]):
     """A byte-level BPE tokenizer of VOCAB_SIZE tokens learnt from ``texts`` that reads a row as <bos> text <eos>.
 
