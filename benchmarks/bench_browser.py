@@ -62,13 +62,18 @@ def free_port() -> int:
 
 
 @contextmanager
-def streamlit_server(root: Path, env: dict, log: Path, start_timeout: float = 300):
-    """``streamlit run app.py`` in ``root``; yields its URL once healthy, stops it on exit."""
+def streamlit_server(root: Path, env: dict, log: Path, start_timeout: float = 300, python: str = sys.executable,
+                     watcher: str | None = "none"):
+    """``python -m streamlit run app.py`` in ``root``; yields its URL once healthy, stops it on exit.
+
+    ``watcher`` is passed as ``--server.fileWatcherType``; None passes nothing, so the checkout's own
+    ``.streamlit/config.toml`` decides (as for a user who types the README's command)."""
     port = free_port()
+    watch = [] if watcher is None else ["--server.fileWatcherType", watcher]
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
+        proc = subprocess.Popen([python, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
                                  "--server.port", str(port), "--server.address", "127.0.0.1",
-                                 "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
+                                 "--browser.gatherUsageStats", "false", *watch],
                                 cwd=root, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -174,17 +179,20 @@ def timed_click(page, layer: int, head: int, n_heads: int, left: str, metric: st
 
 
 def run(model: str, eval_size: int, clicks_per_layer: int, roots: dict[str, Path], log: Path,
-        url: str | None = None) -> dict[str, list[dict]]:
+        url: str | None = None, python: str = sys.executable, watcher: str | None = "none",
+        env: dict | None = None) -> dict[str, list[dict]]:
     """Clicks on the Prune page of one server per entry of ``roots`` (name -> checkout), all up at once and
-    clicked in turn, the same head on each: a change in the machine's load hits every checkout alike."""
+    clicked in turn, the same head on each: a change in the machine's load hits every checkout alike.
+    ``python`` and ``watcher`` start the servers (see ``streamlit_server``); ``env`` is added to theirs."""
     from playwright.sync_api import sync_playwright
 
-    env = {"HEADPRUNE_MODEL": model, "HEADPRUNE_DATA": model, "HEADPRUNE_EVAL_SIZE": str(eval_size),
+    env = {**(env or {}), "HEADPRUNE_MODEL": model, "HEADPRUNE_DATA": model, "HEADPRUNE_EVAL_SIZE": str(eval_size),
            "HEADPRUNE_CALIB_SIZE": "64"}
     clicks: dict[str, list[dict]] = {name: [] for name in roots}
     with ExitStack() as stack:
         urls = {name: stack.enter_context(nullcontext(url) if url else
-                                          streamlit_server(root, env, log.with_suffix(f".{name}.log")))
+                                          streamlit_server(root, env, log.with_suffix(f".{name}.log"),
+                                                           python=python, watcher=watcher))
                 for name, root in roots.items()}
         p = stack.enter_context(sync_playwright())
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
