@@ -5,7 +5,8 @@ streamlit import inside headprune), so the same command works from a checkout an
 theme and server settings of the repository's ``.streamlit/config.toml`` travel inside the package as
 ``headprune/resources/streamlit_config.toml`` (a link to that file in the checkout, a copy in a wheel) and are
 passed to ``streamlit run`` as ``--section.option=value`` flags, because Streamlit only reads a config file from
-the working directory or the home folder.
+the working directory or the home folder. Among them ``server.fileWatcherType = "none"``: Streamlit's default
+watcher walks the app's folder recursively, a virtualenv inside a checkout with it (issue 25; the file says more).
 """
 
 from __future__ import annotations
