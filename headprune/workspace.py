@@ -27,7 +27,7 @@ import torch
 
 from .data import TextDataset, align_labels, calibration_texts, load_data, make_batches, split_calib_eval
 from .errors import DataError
-from .evaluation.metrics import Metrics, evaluate, headline_metric
+from .evaluation.metrics import HIGHER_IS_BETTER, Metrics, evaluate, headline, metric_set
 from .model.loading import LoadedModel, load_model
 from .model.mask import HeadMask
 from .model.task import Task, task_of
@@ -205,14 +205,24 @@ class Workspace:
                 self._dense = evaluate(self.loaded.model, self.eval_batches, progress=progress, task=self.task)
             return self._dense
 
+    def metric_set(self) -> tuple[str, ...]:
+        """The metrics every run on this workspace reports (``evaluation.metrics.metric_set``: the task's own, or
+        GLUE's for a data spec naming a GLUE task)."""
+        return metric_set(self.task, self.dataset.source, n_classes=self.n_classes)
+
+    @property
+    def n_classes(self) -> int | None:
+        return int(self.loaded.model.config.num_labels) if self.task.kind == "classification" else None
+
     @property
     def metric(self) -> str:
-        """Name of the headline metric (``evaluate.headline_metric``)."""
-        return headline_metric(self.dense())[0]
+        """Name of the headline metric (``evaluation.metrics.headline``: GLUE's for a GLUE task, else the
+        task's)."""
+        return headline(self.task, None, self.dataset.source, n_classes=self.n_classes)
 
     @property
     def higher_is_better(self) -> bool:
-        return headline_metric(self.dense())[1]
+        return HIGHER_IS_BETTER[self.metric]
 
     def metric_of(self, metrics: Metrics | dict) -> float:
         """The headline metric's value in ``metrics``."""

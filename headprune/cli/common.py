@@ -16,12 +16,13 @@ import sys
 from tqdm import tqdm
 
 from ..errors import DataError, HeadpruneError
+from ..evaluation.metrics import check_metric_name, headline, metric_set
 from ..limits import POSITIVE_INT
 from ..model.device import DEVICES
 from ..model.loading import LoadedModel
 from ..model.mask import HeadMask
 from ..model.memory import DEFAULT_SHARE, MemoryBudgetError, parse_budget
-from ..model.task import REQUESTABLE
+from ..model.task import REQUESTABLE, task_of
 from ..workspace import DefaultSize, Workspace
 
 MODEL_HELP = "'demo' or 'demo-lm' (built offline on first use), a model folder, or a Hugging Face model id"
@@ -119,6 +120,24 @@ def check_args(args, *, calib: str | None = None, evaluation: str | None = None)
                         "or all.")
     if getattr(args, "mask", None):
         HeadMask.read_file(args.mask)
+    check_metric_name(getattr(args, "metric", None))
+
+
+def add_metric_arg(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--metric", default=None, metavar="NAME",
+                   help=f"headline metric {what}: accuracy, f1 (binary), macro_f1, mcc, pearson, spearman, mse, "
+                        "loss, perplexity, next_token_accuracy (default: the task's headline; GLUE data: GLUE's, "
+                        "e.g. mcc for CoLA, f1 for MRPC/QQP)")
+
+
+def metric_choice(args, loaded: LoadedModel, source: str | None = None) -> tuple[tuple[str, ...], str]:
+    """(metric set, headline) of this run (``evaluation.metrics.metric_set`` / ``headline``) for the model's task
+    and the data spec ``source`` (default ``--data``); ``--metric`` must be one the task reports."""
+    task = task_of(loaded.model, getattr(args, "task", None))
+    source = args.data if source is None else source
+    n_classes = int(loaded.model.config.num_labels) if task.kind == "classification" else None
+    return (metric_set(task, source, n_classes=n_classes),
+            headline(task, getattr(args, "metric", None), source, n_classes=n_classes))
 
 
 def check_positive(value: int | None, option: str, what: str, doc: str) -> None:
@@ -181,4 +200,5 @@ def tqdm_progress(desc: str):
 
 
 __all__ = ["check_args", "check_positive", "add_model_args", "add_data_args", "add_mask_arg", "add_memory_arg",
-           "load_mask", "load_model_and_data", "build_workspace", "summary", "tqdm_progress"]
+           "add_metric_arg", "metric_choice", "load_mask", "load_model_and_data", "build_workspace", "summary",
+           "tqdm_progress"]

@@ -20,11 +20,13 @@ from .common import (
     add_data_args,
     add_mask_arg,
     add_memory_arg,
+    add_metric_arg,
     add_model_args,
     check_args,
     check_positive,
     load_mask,
     load_model_and_data,
+    metric_choice,
     summary,
     tqdm_progress,
 )
@@ -55,12 +57,16 @@ def cmd_evaluate(args) -> dict:
     check_args(args, evaluation="evaluation")
     loaded, _, evals, info = load_model_and_data(args, calib_size=0)
     mask = load_mask(args, loaded)
+    names, head = metric_choice(args, loaded)
     metrics = evaluate(loaded.model, evals, mask, progress=tqdm_progress("evaluate"), memory_budget=args.memory_budget)
+    values = metrics.to_dict()
     # heads gone either way: cut out of a saved pruned model, or gated by --mask
     gone = ~loaded.adapter.live_grid()
     if mask is not None:
         gone |= ~mask.keep_bool()
-    return {**metrics.to_dict(), **summary(info), "mask": args.mask, "pruned_heads": int(gone.sum())}
+    # every metric that applies at the top level (as before); the task's set and its headline said explicitly
+    return {**values, "metric_set": list(names), "headline": head, "metrics": {m: values[m] for m in names},
+            **summary(info), "mask": args.mask, "pruned_heads": int(gone.sum())}
 
 
 def cmd_prune(args) -> dict:
@@ -116,11 +122,13 @@ def add_commands(sub) -> None:
                         "circuit is known (model 'demo-circuit', data 'demo-circuit')")
     p.set_defaults(handler=cmd_demo)
 
-    p = sub.add_parser("evaluate", help="accuracy, macro-F1, MCC and loss of a model, optionally under a mask")
+    p = sub.add_parser("evaluate", help="the task's metric set (accuracy, F1, macro-F1, MCC; Pearson, Spearman; "
+                                        "loss, perplexity) of a model, optionally under a mask")
     add_model_args(p)
     add_data_args(p)
     add_mask_arg(p)
     add_memory_arg(p)
+    add_metric_arg(p, "printed as 'headline'")
     p.set_defaults(handler=cmd_evaluate)
 
     p = sub.add_parser("prune", help="remove the heads of a mask from the weights and save the smaller model")
