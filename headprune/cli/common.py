@@ -20,7 +20,7 @@ from ..evaluation.metrics import check_metric_name, headline, metric_set
 from ..limits import POSITIVE_INT
 from ..model.device import DEVICES
 from ..model.loading import LoadedModel
-from ..model.mask import HeadMask
+from ..model.mask import HeadMask, dropped_layers
 from ..model.memory import DEFAULT_SHARE, MemoryBudgetError, parse_budget
 from ..model.task import REQUESTABLE, task_of
 from ..workspace import DefaultSize, Workspace
@@ -154,6 +154,14 @@ def load_mask(args, loaded: LoadedModel) -> HeadMask | None:
     return HeadMask.load(args.mask, loaded.adapter.grid_shape, loaded.adapter.group_grid())
 
 
+def mask_dropped_layers(args, loaded: LoadedModel) -> list[int]:
+    """The layers the ``--mask`` file drops whole (SAP's layer rule, ``model.mask.dropped_layers``); [] without
+    one."""
+    if not getattr(args, "mask", None):
+        return []
+    return dropped_layers(HeadMask.read_file(args.mask), loaded.adapter.n_layers)
+
+
 def build_workspace(args, calib_size: int | None = None) -> Workspace:
     """The ``Workspace`` the model and data arguments name (the dashboard builds the same object).
 
@@ -179,6 +187,12 @@ def load_model_and_data(args, calib_size: int | None = None) -> tuple[LoadedMode
     return ws.loaded, ws.calib_batches, ws.eval_batches, info
 
 
+def selection_batches(calib: list[dict]) -> list[dict]:
+    """THE batches on which this CLI makes choices (SAP's best k per sparsity): today the calibration batches
+    ``calib`` themselves. The one place to hand the selection role's batches (``Workspace.select_batches``) in."""
+    return calib
+
+
 def summary(info: dict) -> dict:
     """``info`` without its datasets: what a command prints."""
     return {k: v for k, v in info.items() if k not in ("calib_data", "eval_data")}
@@ -200,5 +214,5 @@ def tqdm_progress(desc: str):
 
 
 __all__ = ["check_args", "check_positive", "add_model_args", "add_data_args", "add_mask_arg", "add_memory_arg",
-           "add_metric_arg", "metric_choice", "load_mask", "load_model_and_data", "build_workspace", "summary",
-           "tqdm_progress"]
+           "add_metric_arg", "metric_choice", "selection_batches", "load_mask", "mask_dropped_layers",
+           "load_model_and_data", "build_workspace", "summary", "tqdm_progress"]

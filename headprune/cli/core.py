@@ -14,6 +14,7 @@ from ..errors import HeadpruneError
 from ..evaluation.metrics import evaluate
 from ..evaluation.speed import compare_speed
 from ..model.export import FORMATS, ExportError, export_model, round_to_uniform, type_problem
+from ..model.layers import skip_layers
 from ..model.loading import load_model
 from ..model.sizes import size_report
 from .common import (
@@ -26,6 +27,7 @@ from .common import (
     check_positive,
     load_mask,
     load_model_and_data,
+    mask_dropped_layers,
     metric_choice,
     summary,
     tqdm_progress,
@@ -58,7 +60,10 @@ def cmd_evaluate(args) -> dict:
     loaded, _, evals, info = load_model_and_data(args, calib_size=0)
     mask = load_mask(args, loaded)
     names, head = metric_choice(args, loaded)
-    metrics = evaluate(loaded.model, evals, mask, progress=tqdm_progress("evaluate"), memory_budget=args.memory_budget)
+    dropped = mask_dropped_layers(args, loaded)
+    with skip_layers(loaded.adapter, dropped):   # SAP's whole-layer rule travels with its mask file
+        metrics = evaluate(loaded.model, evals, mask, progress=tqdm_progress("evaluate"),
+                           memory_budget=args.memory_budget)
     values = metrics.to_dict()
     # heads gone either way: cut out of a saved pruned model, or gated by --mask
     gone = ~loaded.adapter.live_grid()
@@ -66,7 +71,8 @@ def cmd_evaluate(args) -> dict:
         gone |= ~mask.keep_bool()
     # every metric that applies at the top level (as before); the task's set and its headline said explicitly
     return {**values, "metric_set": list(names), "headline": head, "metrics": {m: values[m] for m in names},
-            **summary(info), "mask": args.mask, "pruned_heads": int(gone.sum())}
+            **summary(info), "mask": args.mask, "pruned_heads": int(gone.sum()),
+            **({"dropped_layers": dropped} if dropped else {})}
 
 
 def cmd_prune(args) -> dict:
@@ -78,8 +84,14 @@ def cmd_prune(args) -> dict:
     check_positive(args.benchmark_threads, "--benchmark-threads", "threads", "torch CPU threads while timing")
     if args.format == "uniform":
         _check_uniform_family(args.model)
-    loaded = load_model(args.model, "cpu")  # surgery is cheap anywhere; the saved weights are device-free
+    # loaded as it was scored (--dtype, --device-map): a model too big for one device is cut where it fits
+    loaded = load_model(args.model, "cpu" if args.device_map is None else "auto", device_map=args.device_map,
+                        dtype=args.dtype)
     mask = load_mask(args, loaded)
+    if mask_dropped_layers(args, loaded):
+        raise HeadpruneError(f"--mask {args.mask} drops whole layers (SAP's layer rule, \"dropped_layers\"), which "
+                             "prune cannot write into a checkpoint yet. Accepted: a mask without \"dropped_layers\" "
+                             "(e.g. `mask` on a SAP score with layer_threshold=0); evaluate applies the rule.")
     result = {"out": str(out), "model": args.model, "format": args.format}
     if args.format == "uniform":   # any mask is rounded to the nearest one a stock config can describe
         rounding = round_to_uniform(loaded.model, mask)

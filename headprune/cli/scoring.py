@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from ..criteria import REGISTRY, ScoringContext, get
 from ..criteria.hies import DEFAULT_ALPHAS, select_alpha, sweep_specs
+from ..criteria.sap import levels_json
 from ..data import calibration_texts
 from ..errors import CriterionError
 from ..estimate import estimate_scoring, estimate_trajectory
@@ -22,6 +23,7 @@ from .common import (
     check_args,
     load_mask,
     load_model_and_data,
+    selection_batches,
     summary,
     tqdm_progress,
 )
@@ -49,6 +51,20 @@ def _checked(args, evaluation: str | None = None) -> tuple:
     return crit, params
 
 
+def sap_levels(text: str | None, crit) -> list[float]:
+    """``--sap-sparsities 0.25,0.5,0.75`` as target sparsities, checked before any model loads."""
+    if not text:
+        return []
+    if not hasattr(crit, "per_sparsity"):
+        raise CriterionError(f"--sap-sparsities selects SAP's best k per target sparsity; criterion '{crit.name}' "
+                             "has no such selection. Accepted with: --criterion sap.")
+    try:
+        return [crit.params["sparsity"].parse("sparsity", float(x)) for x in text.split(",")]
+    except ValueError:
+        raise CriterionError(f"--sap-sparsities {text!r}: expected comma-separated numbers in [0, 1), e.g. "
+                             "0.25,0.5,0.75.") from None
+
+
 def cmd_criteria(args) -> dict:
     return {"criteria": [
         {"name": c.name, "description": c.description, "reference": c.reference, "latex": c.latex,
@@ -60,6 +76,7 @@ def cmd_criteria(args) -> dict:
 
 def cmd_score(args) -> dict:
     crit, params = _checked(args)
+    levels = sap_levels(args.sap_sparsities, crit)
     loaded, calib, _, info = load_model_and_data(args)
     texts = calibration_texts(info["calib_data"], calib)
     start = time.perf_counter()
@@ -69,6 +86,10 @@ def cmd_score(args) -> dict:
         print(f"estimate: {estimate_scoring(ctx, [crit.name], {crit.name: params})}", file=sys.stderr, flush=True)
     ctx.progress = tqdm_progress(f"scoring {crit.name}")
     scores = crit(ctx, params)
+    if levels:   # SAP as the paper runs it: its own selection and best k at each level (§4.1, Fig. 7)
+        ctx.progress = tqdm_progress("SAP per sparsity")
+        scores.meta["per_sparsity"] = levels_json(crit.per_sparsity(ctx, levels, params,
+                                                                    selection_batches=selection_batches(calib)))
     for warning in scores.meta.get("warnings", []):   # in the JSON too; stderr so a reader of the terminal sees it
         print(f"warning: {warning}", file=sys.stderr)
     result = {**scores.to_json(), "model": args.model, "data": summary(info),
@@ -125,6 +146,9 @@ def add_commands(sub) -> None:
     add_memory_arg(p)
     p.add_argument("--criterion", required=True, help="criterion name (see: python -m headprune criteria)")
     p.add_argument("--param", action="append", metavar="KEY=VALUE", help="criterion parameter (repeatable)")
+    p.add_argument("--sap-sparsities", metavar="S[,S]",
+                   help="SAP: also its own selection at each of these target sparsities, with the k that performs "
+                        "best there on the selection data (the paper's protocol); `mask --sparsity S` reads them")
     p.add_argument("--out", help="also write the JSON result to this file")
     p.set_defaults(handler=cmd_score)
 
