@@ -16,6 +16,7 @@ from ..evaluation.speed import compare_speed
 from ..model.export import FORMATS, ExportError, export_model, round_to_uniform, type_problem
 from ..model.layers import skip_layers
 from ..model.loading import load_model
+from ..model.mask import HeadMask
 from ..model.sizes import size_report
 from .common import (
     add_data_args,
@@ -77,13 +78,10 @@ def cmd_evaluate(args) -> dict:
 
 def cmd_prune(args) -> dict:
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise HeadpruneError(f"--out {out} is a file; give a folder (created if missing) for the pruned model.")
+    check_prune_out(args.out, "--out", args.format, args.model)
     check_args(args)
     check_positive(args.benchmark_repeats, "--benchmark-repeats", "repeats", "timed forwards per measurement")
     check_positive(args.benchmark_threads, "--benchmark-threads", "threads", "torch CPU threads while timing")
-    if args.format == "uniform":
-        _check_uniform_family(args.model)
     # loaded as it was scored (--dtype, --device-map): a model too big for one device is cut where it fits
     loaded = load_model(args.model, "cpu" if args.device_map is None else "auto", device_map=args.device_map,
                         dtype=args.dtype)
@@ -93,22 +91,41 @@ def cmd_prune(args) -> dict:
                              "prune cannot write into a checkpoint yet. Accepted: a mask without \"dropped_layers\" "
                              "(e.g. `mask` on a SAP score with layer_threshold=0); evaluate applies the rule.")
     result = {"out": str(out), "model": args.model, "format": args.format}
-    if args.format == "uniform":   # any mask is rounded to the nearest one a stock config can describe
-        rounding = round_to_uniform(loaded.model, mask)
-        print(f"note: {rounding.describe()}", file=sys.stderr)
-        result["uniform_rounding"] = rounding.to_json()
-        mask = rounding.mask
-    written = export_model(loaded.model, loaded.tokenizer, mask, out, args.format,
-                           extra={"source_model": loaded.source, "mask": mask.to_json()})
-    pruned = written["model"]
-    if not written["saves_compute"]:
-        print(f"note: {written['note']}", file=sys.stderr)
-    result.update({"pruned_heads": mask.n_pruned, "kept_heads": mask.n_kept, "loads_in": written["loads_in"],
-                   "note": written["note"], "sizes": size_report(loaded.model, pruned)})
+    pruned, written = export_pruned(loaded, mask, out, args.format)
+    result.update(written)
     if args.benchmark:  # opt-in: timing takes seconds to minutes
         result["speed"] = compare_speed(loaded.model, pruned, repeats=args.benchmark_repeats,
                                         threads=args.benchmark_threads, progress=tqdm_progress("benchmark"))
     return result
+
+
+def check_prune_out(out: str, option: str, format: str, model: str) -> None:
+    """A pruned-model folder and format, refused before the model loads: ``out`` (given as ``option``) must not
+    be a file, and a ``uniform`` export needs a family a stock config can cut."""
+    if Path(out).exists() and not Path(out).is_dir():
+        raise HeadpruneError(f"{option} {out} is a file; give a folder (created if missing) for the pruned model.")
+    if format == "uniform":
+        _check_uniform_family(model)
+
+
+def export_pruned(loaded, mask: HeadMask, out: str | Path, format: str, extra: dict | None = None
+                  ) -> tuple[object, dict]:
+    """Write ``loaded``'s model cut by ``mask`` to ``out`` in ``format`` (``model.export.FORMATS``; ``uniform``
+    rounds the mask to the nearest uniform one first, saying what changed). Returns (the written model, a JSON
+    report: heads, where it loads, note, sizes)."""
+    report = {}
+    if format == "uniform":   # any mask is rounded to the nearest one a stock config can describe
+        rounding = round_to_uniform(loaded.model, mask)
+        print(f"note: {rounding.describe()}", file=sys.stderr)
+        report["uniform_rounding"] = rounding.to_json()
+        mask = rounding.mask
+    written = export_model(loaded.model, loaded.tokenizer, mask, out, format,
+                           extra={"source_model": loaded.source, "mask": mask.to_json(), **(extra or {})})
+    if not written["saves_compute"]:
+        print(f"note: {written['note']}", file=sys.stderr)
+    report.update({"pruned_heads": mask.n_pruned, "kept_heads": mask.n_kept, "loads_in": written["loads_in"],
+                   "note": written["note"], "sizes": size_report(loaded.model, written["model"])})
+    return written["model"], report
 
 
 def _check_uniform_family(spec: str) -> None:
