@@ -157,7 +157,9 @@ class Trajectory:
 
     @classmethod
     def from_json(cls, obj: dict) -> Trajectory:
-        return cls(**{k: v for k, v in obj.items() if k != "summary"})
+        # a run file's extras (summary, masks written, pruned model) are not part of the run itself
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in obj.items() if k in known})
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_json(), indent=1), encoding="utf-8")

@@ -15,6 +15,7 @@ from headprune.model.layers import skip_layers
 from headprune.model.loading import load_model
 from headprune.model.mask import HeadMask
 from headprune.scoring import ScoreMap
+from headprune.trajectory import Trajectory
 
 
 def _run(argv, capsys):
@@ -138,3 +139,59 @@ def test_score_sap_per_sparsity_then_mask(tiny_model_dir, tiny_csv, tmp_path, ca
     assert torch.equal(HeadMask.from_json(out["sap_mask"], (3, 4)).values,
                        HeadMask.from_json(_run(["mask", "--scores", scores, "--sparsity", 0.5], capsys)[1],
                                           (3, 4)).values)   # the score's own sparsity (default 0.5)
+
+
+def _saved_masks_and_model_score_as_the_run(model, data, trajectory_args, tmp_path, capsys, fmt="headprune"):
+    """Run a trajectory saving masks at 0.25 and at its stop point and the model at the stop point; `evaluate` on
+    each mask and on the model must give the run's own numbers at those steps. Returns (run file, result)."""
+    run_file, model_dir = tmp_path / "run.json", tmp_path / "pruned"
+    rc, result, _ = _run(["trajectory", "--model", model, *data, *trajectory_args, "--save-mask", "0.25,stop",
+                          "--prune-out", model_dir, "--format", fmt, "--out", run_file], capsys)
+    assert rc == 0
+    run = json.loads(run_file.read_text())
+    steps = [{"metrics": run["dense"], "n_pruned": 0}] + run["steps"]
+    stop = result["pruned_model"]["step"]
+    first = Trajectory.from_json(run).point_at_ratio(0.25)
+    assert steps[first]["n_pruned"] <= 0.25 * np.prod(run["shape"]) < steps[first + 1]["n_pruned"]
+    for point, index in (("0.25", first), ("stop", stop)):
+        (path,) = result["masks"][point]
+        saved = json.loads(open(path).read())
+        assert saved["step"] == index and HeadMask.from_json(saved, tuple(run["shape"])).n_pruned == \
+            steps[index]["n_pruned"]
+        rc, scored, _ = _run(["evaluate", "--model", model, *data, "--mask", path], capsys)
+        assert rc == 0
+        for metric in ("accuracy", "f1", "mcc", "macro_f1"):
+            assert scored[metric] == pytest.approx(steps[index]["metrics"][metric], abs=1e-9)
+        assert scored["loss"] == pytest.approx(steps[index]["metrics"]["loss"], abs=1e-5)
+    rc, cut, _ = _run(["evaluate", "--model", model_dir, *data], capsys)
+    assert rc == 0 and cut["accuracy"] == pytest.approx(steps[stop]["metrics"]["accuracy"], abs=1e-9)
+    assert cut["loss"] == pytest.approx(steps[stop]["metrics"]["loss"], abs=1e-5)
+    if fmt == "headprune":
+        assert cut["pruned_heads"] == steps[stop]["n_pruned"]
+    return run, stop
+
+
+@pytest.mark.parametrize("fmt", ["headprune", "masked"])
+def test_trajectory_masks_and_model_at_the_end_of_a_budget(fmt, tiny_model_dir, tiny_csv, tmp_path, capsys):
+    run, stop = _saved_masks_and_model_score_as_the_run(
+        tiny_model_dir, ["--data", tiny_csv, "--eval-size", 30, "--seed", 3],
+        ["--calib-size", 10, "--criterion", "ae", "--step", 2, "--budget", 0.5], tmp_path, capsys, fmt)
+    assert run["stop"] == "budget" and stop == len(run["steps"]) == 3      # Algorithm 1's M: the last step
+
+
+def test_trajectory_stop_point_is_the_last_step_within_tolerance(demo_model_path, tmp_path, capsys):
+    """On the demo, accuracy falls past τ = 0.9 within half the heads: the stop mask and model are the step before."""
+    run, stop = _saved_masks_and_model_score_as_the_run(
+        "demo", ["--data", "demo", "--eval-size", 60], ["--calib-size", 16, "--criterion", "ae", "--step", 4,
+                                                        "--tolerance", 0.9, "--budget", 0.5], tmp_path, capsys)
+    accuracy = [run["dense"]["accuracy"]] + [s["metrics"]["accuracy"] for s in run["steps"]]
+    assert run["stop"] == "tolerance" and stop == len(run["steps"]) - 1 > 0
+    assert accuracy[-1] < 0.9 * accuracy[0] <= min(accuracy[:stop + 1])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--save-mask", "0.3"], "give --out FILE"), (["--save-mask", "1.5", "--out", "x.json"], "'1.5' is neither"),
+    (["--save-mask", "half", "--out", "x.json"], "'half' is neither")])
+def test_bad_save_mask_is_refused_before_loading(argv, message, tiny_model_dir, tiny_csv, capsys):
+    rc, _, err = _run(["trajectory", "--model", tiny_model_dir, "--data", tiny_csv, "--criterion", "ae", *argv], capsys)
+    assert rc == 2 and err.startswith("error: ") and message in err
