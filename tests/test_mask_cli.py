@@ -195,3 +195,35 @@ def test_trajectory_stop_point_is_the_last_step_within_tolerance(demo_model_path
 def test_bad_save_mask_is_refused_before_loading(argv, message, tiny_model_dir, tiny_csv, capsys):
     rc, _, err = _run(["trajectory", "--model", tiny_model_dir, "--data", tiny_csv, "--criterion", "ae", *argv], capsys)
     assert rc == 2 and err.startswith("error: ") and message in err
+
+
+def test_prune_honours_dtype(tiny_model_dir, tmp_path, capsys):
+    """`prune --dtype bf16` cuts the model as loaded in bf16: the saved model is bf16 and computes what gating
+    the bf16 model computes."""
+    from headprune.model.gating import gate_heads
+    from headprune.testing import random_batch
+
+    mask = HeadMask.from_pruned({0: [1, 3], 2: [0]}, (3, 4))
+    path = tmp_path / "mask.json"
+    path.write_text(json.dumps(mask.to_json()))
+    rc, report, _ = _run(["prune", "--model", tiny_model_dir, "--mask", path, "--dtype", "bf16",
+                          "--out", tmp_path / "cut"], capsys)
+    assert rc == 0 and report["pruned_heads"] == 3
+    cut = load_model(str(tmp_path / "cut"), "cpu")
+    assert {p.dtype for p in cut.model.parameters()} == {torch.bfloat16}
+    full = load_model(str(tiny_model_dir), "cpu", dtype="bf16")
+    batch = {k: v for k, v in random_batch(4, 10, vocab_size=full.tokenizer.vocab_size, num_labels=2).items()
+             if k in ("input_ids", "attention_mask")}
+    with torch.no_grad():
+        with gate_heads(full.model, mask):
+            gated = full.model(**batch).logits.float()
+        pruned = cut.model(**batch).logits.float()
+        fp32 = load_model(str(tiny_model_dir), "cpu").model
+        with gate_heads(fp32, mask):
+            reference = fp32(**batch).logits
+    assert torch.allclose(pruned, gated, atol=2e-2)              # bf16 rounding only
+    assert (pruned - reference).abs().max() > 0                    # really computed in bf16, not fp32
+    capsys.readouterr()
+    rc, _, err = _run(["prune", "--model", tiny_model_dir, "--mask", path, "--device-map", "nonsense.json",
+                       "--out", tmp_path / "cut2"], capsys)
+    assert rc == 2 and err.startswith("error: ")

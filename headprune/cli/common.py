@@ -18,7 +18,7 @@ from tqdm import tqdm
 from ..errors import DataError, HeadpruneError
 from ..evaluation.metrics import check_metric_name, headline, metric_set
 from ..limits import POSITIVE_INT
-from ..model.device import DEVICES
+from ..model.device import DEVICES, parse_device_map
 from ..model.loading import LoadedModel
 from ..model.mask import HeadMask, dropped_layers
 from ..model.memory import DEFAULT_SHARE, MemoryBudgetError, parse_budget
@@ -121,6 +121,7 @@ def check_args(args, *, calib: str | None = None, evaluation: str | None = None)
     if getattr(args, "mask", None):
         HeadMask.read_file(args.mask)
     check_metric_name(getattr(args, "metric", None))
+    parse_device_map(getattr(args, "device_map", None))   # a bad placement costs no loading
 
 
 def add_metric_arg(p: argparse.ArgumentParser, what: str) -> None:
