@@ -14,7 +14,7 @@ from headprune.criteria import ScoreMap, get
 from headprune.criteria.onepass import score_many
 from headprune.estimate import TimeEstimate, estimate_evaluation, estimate_scoring, estimate_trajectory, forward_rate
 from headprune.evaluation.live import LiveEvaluator
-from headprune.evaluation.metrics import Metrics
+from headprune.evaluation.metrics import HIGHER_IS_BETTER, Metrics
 from headprune.evaluation.speed import compare_speed
 from headprune.evaluation.stability import agreement, perturb_batches
 from headprune.model.mask import HeadMask
@@ -252,9 +252,11 @@ def run_trajectories(ws: DashboardWorkspace, names: list[str], params: dict[str,
     for i, (name, inv, seed) in enumerate(jobs):
         label = ("inverse " if inv else "") + name + (f" (seed {seed})" if name == "random" else "")
         key = f"traj|{ws.key}|{name}|{params_key(params.get(name))}|{inv}|{seed}|{step}|{budget}|{stability}"
+        # random: independent masks at each rate (the boxes' draws), not the prefixes of one order
         spec = TrajectorySpec(criterion=get(name), params=params.get(name) or {}, inverse=inv, step=step,
                               budget=budget, seed=seed, stability=stability, model_name=ws.setup.model,
-                              data_info=data_info)
+                              data_info=data_info, independent=name == "random", metric=ws.metric,
+                              metric_set=ws.metric_set())
 
         def compute(spec=spec, label=label, i=i):
             evaluator = source_evaluator(ws)
@@ -272,6 +274,30 @@ def run_trajectories(ws: DashboardWorkspace, names: list[str], params: dict[str,
     randoms = [t for t in runs if t.criterion == "random"]
     spreads = [{**spread(randoms), "name": f"random ({len(randoms)} seeds)"}] if len(randoms) > 1 else []
     return runs, spreads
+
+
+def chart_metrics(ws: DashboardWorkspace, trajectories: list[Trajectory]) -> list[str]:
+    """Metrics a trajectory chart can show, headline first: the workspace's metric set, then whatever else every
+    run recorded with a direction (loss, macro-F1, ...)."""
+    recorded = [m for m in (trajectories[0].dense if trajectories else {}) if m in HIGHER_IS_BETTER
+                and all(m in t.dense for t in trajectories)]
+    return list(dict.fromkeys([ws.metric, *ws.metric_set(), *recorded]))
+
+
+def chart_spreads(trajectories: list[Trajectory], spreads: list[dict], metric: str) -> list[dict]:
+    """The spreads to draw for ``metric``: those computed for it, and the random runs' boxes recomputed for it
+    when they were computed for another metric."""
+    keep = [s for s in spreads if s.get("metric") == metric]
+    randoms = [t for t in trajectories if t.criterion == "random"]
+    if len(randoms) > 1 and not any(s.get("name", "").startswith("random") for s in keep):
+        keep.append({**spread(randoms, metric), "name": f"random ({len(randoms)} seeds)"})
+    return keep
+
+
+def open_step(sd: SessionData, trajectory: Trajectory, index: int, label: str) -> None:
+    """Make the mask after step ``index`` of ``trajectory`` the session's mask (Prune and Export show that model;
+    undo goes back)."""
+    sd.set_mask(trajectory.mask_at(index), f"step {index} of {label}")
 
 
 # -- time told before long work -------------------------------------------------------------------------------------

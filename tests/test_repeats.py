@@ -115,3 +115,27 @@ def test_the_plot_draws_a_band_for_repeats():
     assert np.allclose(fill.y, np.concatenate([mean + sd, (mean - sd)[::-1]]))
     assert np.allclose(next(tr for tr in fig.data if tr.name == "his (3 runs) mean").y, mean)
     assert not any(tr.type == "box" for tr in fig.data)
+
+
+def test_trajectories_page_picks_a_metric_and_opens_a_step_on_prune():
+    from app_support import figures, open_app, problems, small_env
+
+    with small_env():
+        at = open_app("trajectories")
+        at.multiselect(key="traj-criteria").set_value(["ae"]).run()
+        at.number_input(key="traj-seeds").set_value(2).run()
+        at.number_input(key="traj-step").set_value(12).run()
+        at.slider(key="traj-budget").set_value(50).run()
+        at.button(key="traj-run").click().run()
+        assert not problems(at)
+        assert at.selectbox(key="traj-metric").options[:2] == ["accuracy", "f1"]
+        at.selectbox(key="traj-metric").set_value("mcc").run()
+        fig = figures(at)[0]
+        assert "mcc" in fig["layout"]["yaxis"]["title"]["text"] and any(t["type"] == "box" for t in fig["data"])
+        at.selectbox(key="traj-open-run").set_value(0).run()
+        at.select_slider(key="traj-open-step").set_value(2).run()
+        at.button(key="traj-open").click().run()
+        assert not problems(at)
+        sd = at.session_state["hp_session"]
+        assert sd.mask.n_pruned == 24 and sd.mask == sd.trajectories[0].mask_at(2)
+        assert at.slider(key="prune-ratio") is not None          # now on the Prune page
