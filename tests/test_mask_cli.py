@@ -227,3 +227,29 @@ def test_prune_honours_dtype(tiny_model_dir, tmp_path, capsys):
     rc, _, err = _run(["prune", "--model", tiny_model_dir, "--mask", path, "--device-map", "nonsense.json",
                        "--out", tmp_path / "cut2"], capsys)
     assert rc == 2 and err.startswith("error: ")
+
+
+def test_prune_writes_the_dropped_layers_of_a_mask(tiny_model_dir, tiny_csv, tmp_path, capsys):
+    """SAP's layer rule in prune: the saved model skips the dropped layer, so it scores what `evaluate --mask`
+    (which skips it) scores; stock formats cannot record it and are refused before loading."""
+    mask = HeadMask.from_pruned({1: [0, 1, 2, 3], 2: [1]}, (3, 4))
+    path = tmp_path / "mask.json"
+    path.write_text(json.dumps({**mask.to_json(), "dropped_layers": [1]}))
+    data = ["--data", tiny_csv, "--eval-size", "all", "--calib-size", 0]
+    rc, report, _ = _run(["prune", "--model", tiny_model_dir, "--mask", path, "--out", tmp_path / "cut"], capsys)
+    assert rc == 0 and report["dropped_layers"] == [1] and report["pruned_heads"] == 5
+    rc, masked, _ = _run(["evaluate", "--model", tiny_model_dir, "--mask", path, *data], capsys)
+    rc2, cut, _ = _run(["evaluate", "--model", tmp_path / "cut", *data], capsys)
+    assert rc == rc2 == 0 and cut["accuracy"] == masked["accuracy"]
+    assert cut["loss"] == pytest.approx(masked["loss"], abs=1e-5)
+    rc, plain, _ = _run(["evaluate", "--model", tiny_model_dir, *data, "--mask", _plain(mask, tmp_path)], capsys)
+    assert plain["loss"] != pytest.approx(cut["loss"], abs=1e-5)      # the skip matters: not heads alone
+    rc, _, err = _run(["prune", "--model", tiny_model_dir, "--mask", path, "--format", "masked",
+                       "--out", tmp_path / "stock"], capsys)
+    assert rc == 2 and err.startswith("error: ") and "only --format headprune" in err
+
+
+def _plain(mask, tmp_path):
+    path = tmp_path / "plain.json"
+    path.write_text(json.dumps(mask.to_json()))
+    return path

@@ -80,18 +80,17 @@ def cmd_prune(args) -> dict:
     out = Path(args.out)
     check_prune_out(args.out, "--out", args.format, args.model)
     check_args(args)
+    if args.format != "headprune" and (HeadMask.read_file(args.mask) or {}).get("dropped_layers"):
+        raise ExportError(f"--mask {args.mask} drops whole layers (SAP's layer rule); only --format headprune "
+                          "records a dropped layer.")
     check_positive(args.benchmark_repeats, "--benchmark-repeats", "repeats", "timed forwards per measurement")
     check_positive(args.benchmark_threads, "--benchmark-threads", "threads", "torch CPU threads while timing")
     # loaded as it was scored (--dtype, --device-map): a model too big for one device is cut where it fits
     loaded = load_model(args.model, "cpu" if args.device_map is None else "auto", device_map=args.device_map,
                         dtype=args.dtype)
     mask = load_mask(args, loaded)
-    if mask_dropped_layers(args, loaded):
-        raise HeadpruneError(f"--mask {args.mask} drops whole layers (SAP's layer rule, \"dropped_layers\"), which "
-                             "prune cannot write into a checkpoint yet. Accepted: a mask without \"dropped_layers\" "
-                             "(e.g. `mask` on a SAP score with layer_threshold=0); evaluate applies the rule.")
     result = {"out": str(out), "model": args.model, "format": args.format}
-    pruned, written = export_pruned(loaded, mask, out, args.format)
+    pruned, written = export_pruned(loaded, mask, out, args.format, dropped_layers=mask_dropped_layers(args, loaded))
     result.update(written)
     if args.benchmark:  # opt-in: timing takes seconds to minutes
         result["speed"] = compare_speed(loaded.model, pruned, repeats=args.benchmark_repeats,
@@ -108,11 +107,12 @@ def check_prune_out(out: str, option: str, format: str, model: str) -> None:
         _check_uniform_family(model)
 
 
-def export_pruned(loaded, mask: HeadMask, out: str | Path, format: str, extra: dict | None = None
-                  ) -> tuple[object, dict]:
+def export_pruned(loaded, mask: HeadMask, out: str | Path, format: str, extra: dict | None = None,
+                  dropped_layers: list[int] | None = None) -> tuple[object, dict]:
     """Write ``loaded``'s model cut by ``mask`` to ``out`` in ``format`` (``model.export.FORMATS``; ``uniform``
-    rounds the mask to the nearest uniform one first, saying what changed). Returns (the written model, a JSON
-    report: heads, where it loads, note, sizes)."""
+    rounds the mask to the nearest uniform one first, saying what changed), skipping ``dropped_layers`` for good
+    (SAP's layer rule; headprune format only). Returns (the written model, a JSON report: heads, where it loads,
+    note, sizes)."""
     report = {}
     if format == "uniform":   # any mask is rounded to the nearest one a stock config can describe
         rounding = round_to_uniform(loaded.model, mask)
@@ -120,10 +120,12 @@ def export_pruned(loaded, mask: HeadMask, out: str | Path, format: str, extra: d
         report["uniform_rounding"] = rounding.to_json()
         mask = rounding.mask
     written = export_model(loaded.model, loaded.tokenizer, mask, out, format,
-                           extra={"source_model": loaded.source, "mask": mask.to_json(), **(extra or {})})
+                           extra={"source_model": loaded.source, "mask": mask.to_json(), **(extra or {})},
+                           dropped_layers=dropped_layers or ())
     if not written["saves_compute"]:
         print(f"note: {written['note']}", file=sys.stderr)
-    report.update({"pruned_heads": mask.n_pruned, "kept_heads": mask.n_kept, "loads_in": written["loads_in"],
+    report.update({**({"dropped_layers": list(dropped_layers)} if dropped_layers else {}),
+                   "pruned_heads": mask.n_pruned, "kept_heads": mask.n_kept, "loads_in": written["loads_in"],
                    "note": written["note"], "sizes": size_report(loaded.model, written["model"])})
     return written["model"], report
 
