@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
+
 from headprune.criteria import ScoreMap, get
 from headprune.criteria.onepass import score_many
 from headprune.estimate import TimeEstimate, estimate_evaluation, estimate_scoring, estimate_trajectory, forward_rate
@@ -60,6 +62,31 @@ def compute_scores(ws: DashboardWorkspace, names: list[str], params: dict[str, d
             store().put(key(name), score)
             out[name] = score
     return out
+
+
+def criterion_mask(ws: DashboardWorkspace, sd: SessionData, name: str, ratio: float,
+                   progress: Progress | None = None) -> tuple[HeadMask, str]:
+    """The session's mask with ``ratio`` of the grid pruned by criterion ``name``, and what was done in words.
+
+    Most criteria: the lowest scores (``ScoreMap.kept_at``). SAP (§4.1): its own selection at that target sparsity
+    with the k that performs best there on the selection batches (today the calibration batches: the data-roles
+    change passes the selection role's here), plus the heads of the layers its whole-layer rule drops (the live
+    evaluation gates heads; ``evaluate`` and ``prune`` on the exported mask also skip those layers' feed-forward
+    blocks)."""
+    if name == "sap" and 0 < ratio < 1:
+        params = sd.params.get("sap") or {}
+
+        def compute():
+            ctx = ws.scoring_context(sd.mask, progress, memory_budget())
+            with compute_slot():
+                return get("sap").per_sparsity(ctx, [ratio], params, selection_batches=ws.calib_batches)[ratio]
+
+        result = store().memo(f"sap-level|{ws.key}|{params_key(params)}|{mask_key(sd.mask)}|{ratio}", compute)
+        dropped = f", layers {result.dropped_layers} dropped" if result.dropped_layers else ""
+        return result.mask & sd.mask, f"SAP at {ratio:.0%} (best k = {result.k}{dropped})"
+    score = compute_scores(ws, [name], sd.params, sd.mask, progress)[name]
+    keep = score.kept_at(ratio)
+    return HeadMask(np.where(keep, sd.mask.values.numpy(), 0.0)), f"pruned the lowest {ratio:.0%} by {name}"
 
 
 def arcs_for(ws: DashboardWorkspace, text, mask: HeadMask):

@@ -118,15 +118,11 @@ def test_the_plot_draws_a_band_for_repeats():
 
 
 def test_trajectories_page_picks_a_metric_and_opens_a_step_on_prune():
-    from app_support import figures, open_app, problems, small_env
+    from app_support import figures, open_app, problems, run_trajectories, small_env
 
     with small_env():
         at = open_app("trajectories")
-        at.multiselect(key="traj-criteria").set_value(["ae"]).run()
-        at.number_input(key="traj-seeds").set_value(2).run()
-        at.number_input(key="traj-step").set_value(12).run()
-        at.slider(key="traj-budget").set_value(50).run()
-        at.button(key="traj-run").click().run()
+        run_trajectories(at)
         assert not problems(at)
         assert at.selectbox(key="traj-metric").options[:2] == ["accuracy", "f1"]
         at.selectbox(key="traj-metric").set_value("mcc").run()
@@ -139,3 +135,20 @@ def test_trajectories_page_picks_a_metric_and_opens_a_step_on_prune():
         sd = at.session_state["hp_session"]
         assert sd.mask.n_pruned == 24 and sd.mask == sd.trajectories[0].mask_at(2)
         assert at.slider(key="prune-ratio") is not None          # now on the Prune page
+
+
+def test_prune_page_applies_sap_at_a_sparsity_with_its_best_k():
+    """Prune page, criterion SAP at 25 %: the session mask is SAP's own selection at that sparsity (best k)."""
+    pytest.importorskip("spacy")
+    from app_support import open_app, problems, prune_lowest, small_env, workspace
+
+    with small_env():
+        at = open_app("prune")
+        at.selectbox(key="prune-crit").set_value("sap").run()
+        prune_lowest(at, 25)
+        assert not problems(at)
+        sd = at.session_state["hp_session"]
+        ws = workspace(at)
+        ctx = ws.scoring_context(None)
+        expected = get("sap").per_sparsity(ctx, [0.25], selection_batches=ws.calib_batches)[0.25]
+        assert sd.mask == expected.mask and sd.mask.n_pruned == 18
