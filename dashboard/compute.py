@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
+
 from headprune.criteria import ScoreMap, get
 from headprune.criteria.onepass import score_many
 from headprune.estimate import TimeEstimate, estimate_evaluation, estimate_scoring, estimate_trajectory, forward_rate
 from headprune.evaluation.live import LiveEvaluator
-from headprune.evaluation.metrics import Metrics
+from headprune.evaluation.metrics import HIGHER_IS_BETTER, Metrics
 from headprune.evaluation.speed import compare_speed
 from headprune.evaluation.stability import agreement, perturb_batches
 from headprune.model.mask import HeadMask
@@ -60,6 +62,31 @@ def compute_scores(ws: DashboardWorkspace, names: list[str], params: dict[str, d
             store().put(key(name), score)
             out[name] = score
     return out
+
+
+def criterion_mask(ws: DashboardWorkspace, sd: SessionData, name: str, ratio: float,
+                   progress: Progress | None = None) -> tuple[HeadMask, str]:
+    """The session's mask with ``ratio`` of the grid pruned by criterion ``name``, and what was done in words.
+
+    Most criteria: the lowest scores (``ScoreMap.kept_at``). SAP (§4.1): its own selection at that target sparsity
+    with the k that performs best there on the selection batches (today the calibration batches: the data-roles
+    change passes the selection role's here), plus the heads of the layers its whole-layer rule drops (the live
+    evaluation gates heads; ``evaluate`` and ``prune`` on the exported mask also skip those layers' feed-forward
+    blocks)."""
+    if name == "sap" and 0 < ratio < 1:
+        params = sd.params.get("sap") or {}
+
+        def compute():
+            ctx = ws.scoring_context(sd.mask, progress, memory_budget())
+            with compute_slot():
+                return get("sap").per_sparsity(ctx, [ratio], params, selection_batches=ws.calib_batches)[ratio]
+
+        result = store().memo(f"sap-level|{ws.key}|{params_key(params)}|{mask_key(sd.mask)}|{ratio}", compute)
+        dropped = f", layers {result.dropped_layers} dropped" if result.dropped_layers else ""
+        return result.mask & sd.mask, f"SAP at {ratio:.0%} (best k = {result.k}{dropped})"
+    score = compute_scores(ws, [name], sd.params, sd.mask, progress)[name]
+    keep = score.kept_at(ratio)
+    return HeadMask(np.where(keep, sd.mask.values.numpy(), 0.0)), f"pruned the lowest {ratio:.0%} by {name}"
 
 
 def arcs_for(ws: DashboardWorkspace, text, mask: HeadMask):
@@ -252,9 +279,11 @@ def run_trajectories(ws: DashboardWorkspace, names: list[str], params: dict[str,
     for i, (name, inv, seed) in enumerate(jobs):
         label = ("inverse " if inv else "") + name + (f" (seed {seed})" if name == "random" else "")
         key = f"traj|{ws.key}|{name}|{params_key(params.get(name))}|{inv}|{seed}|{step}|{budget}|{stability}"
+        # random: independent masks at each rate (the boxes' draws), not the prefixes of one order
         spec = TrajectorySpec(criterion=get(name), params=params.get(name) or {}, inverse=inv, step=step,
                               budget=budget, seed=seed, stability=stability, model_name=ws.setup.model,
-                              data_info=data_info)
+                              data_info=data_info, independent=name == "random", metric=ws.metric,
+                              metric_set=ws.metric_set())
 
         def compute(spec=spec, label=label, i=i):
             evaluator = source_evaluator(ws)
@@ -272,6 +301,30 @@ def run_trajectories(ws: DashboardWorkspace, names: list[str], params: dict[str,
     randoms = [t for t in runs if t.criterion == "random"]
     spreads = [{**spread(randoms), "name": f"random ({len(randoms)} seeds)"}] if len(randoms) > 1 else []
     return runs, spreads
+
+
+def chart_metrics(ws: DashboardWorkspace, trajectories: list[Trajectory]) -> list[str]:
+    """Metrics a trajectory chart can show, headline first: the workspace's metric set, then whatever else every
+    run recorded with a direction (loss, macro-F1, ...)."""
+    recorded = [m for m in (trajectories[0].dense if trajectories else {}) if m in HIGHER_IS_BETTER
+                and all(m in t.dense for t in trajectories)]
+    return list(dict.fromkeys([ws.metric, *ws.metric_set(), *recorded]))
+
+
+def chart_spreads(trajectories: list[Trajectory], spreads: list[dict], metric: str) -> list[dict]:
+    """The spreads to draw for ``metric``: those computed for it, and the random runs' boxes recomputed for it
+    when they were computed for another metric."""
+    keep = [s for s in spreads if s.get("metric") == metric]
+    randoms = [t for t in trajectories if t.criterion == "random"]
+    if len(randoms) > 1 and not any(s.get("name", "").startswith("random") for s in keep):
+        keep.append({**spread(randoms, metric), "name": f"random ({len(randoms)} seeds)"})
+    return keep
+
+
+def open_step(sd: SessionData, trajectory: Trajectory, index: int, label: str) -> None:
+    """Make the mask after step ``index`` of ``trajectory`` the session's mask (Prune and Export show that model;
+    undo goes back)."""
+    sd.set_mask(trajectory.mask_at(index), f"step {index} of {label}")
 
 
 # -- time told before long work -------------------------------------------------------------------------------------

@@ -16,6 +16,17 @@ Summaries (``Trajectory.summary``):
                      metric; the dense model is r = 0): the mean metric over the range pruned, so a curve flat at
                      the dense metric scores the dense metric.
     tolerance_ratio  the largest ratio reached before m first falls below τ × m(0) (τ = the run's tolerance).
+
+Repeats (``run_repeats``): the same spec run on several calibration draws (``CalibrationDraw``: re-drawn rows,
+each with its content hash) with criterion seeds seed, seed+1, ...; ``repeat_summary`` gives, per step, the mean and
+the sample standard deviation (ddof 1) of every metric over the runs, as the papers' averages of independent runs.
+The random baseline's boxes come from independent draws (``TrajectorySpec(independent=True)``): at each rate a
+fresh random set of that many heads, seeded by (seed, step), instead of the prefixes of one random order.
+
+Masks out of a run (Greedy-Gnorm Algorithm 1 returns (F, M)): ``Trajectory.mask_at(i)`` is the mask after step i
+(0 = the start), ``point_at_ratio(r)`` the last recorded point that prunes at most r of the grid, and
+``stop_index()`` the run's stopping point M: its last step, or after a tolerance stop the last step still within
+the tolerance (the point ``tolerance_ratio`` reports).
 """
 
 from __future__ import annotations
@@ -24,7 +35,7 @@ import copy
 import dataclasses
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -75,6 +86,9 @@ class Trajectory:
     model: str = ""
     data: dict = field(default_factory=dict)
     versions: dict = field(default_factory=dict)
+    start_pruned: list = field(default_factory=list)   # [layer, head] already gone at the start (a cut model)
+    metric_set: list = field(default_factory=list)     # the metrics the task reports (evaluation.metrics.metric_set)
+    repeat: int = 0                                     # which calibration draw (run_repeats); data["calib_hash"]
 
     @property
     def n_units(self) -> int:
@@ -89,6 +103,34 @@ class Trajectory:
 
     def order(self) -> list[tuple[int, int]]:
         return [tuple(h) for s in self.steps for h in s["removed"]]
+
+    def mask_at(self, index: int) -> HeadMask:
+        """The mask after step ``index`` (0 = the start; ``len(steps)`` = the last step): the heads gone at the start
+        plus every head removed up to that step, or the step's own ``pruned`` set for independent draws."""
+        if not 0 <= index <= len(self.steps):
+            raise TrajectoryError(f"Step {index} is not in this run: it has steps 0..{len(self.steps)}.")
+        values = np.ones(self.shape, dtype=np.float32)
+        step = self.steps[index - 1] if index else {}
+        heads = step["pruned"] if "pruned" in step else \
+            self.start_pruned + [h for s in self.steps[:index] for h in s["removed"]]
+        for layer, head in heads:
+            values[layer, head] = 0.0
+        return HeadMask(values)
+
+    def point_at_ratio(self, ratio: float) -> int:
+        """Index of the last recorded point pruning at most ``ratio`` of the grid (0 = the start)."""
+        if RATIO(ratio) and ratio != 0:
+            raise TrajectoryError(f"Ratio {ratio!r} is not a pruned share in [0, 1].")
+        reached = np.flatnonzero(self.ratios() <= ratio + 1e-9)
+        return int(reached[-1])
+
+    def stop_index(self) -> int:
+        """The stopping point (module doc): the last step, or after a tolerance stop the last step within it."""
+        if self.stop == "tolerance" and self.tolerance is not None:
+            values = self.values()
+            below = [i for i, v in enumerate(values) if degraded(v, values[0], self.tolerance, self.higher_is_better)]
+            return max(below[0] - 1, 0) if below else len(self.steps)
+        return len(self.steps)
 
     def auc(self, metric: str | None = None) -> float:
         r, v = self.ratios(), self.values(metric)
@@ -115,7 +157,9 @@ class Trajectory:
 
     @classmethod
     def from_json(cls, obj: dict) -> Trajectory:
-        return cls(**{k: v for k, v in obj.items() if k != "summary"})
+        # a run file's extras (summary, masks written, pruned model) are not part of the run itself
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in obj.items() if k in known})
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_json(), indent=1), encoding="utf-8")
@@ -139,6 +183,9 @@ class TrajectorySpec:
     metric      the metric the tolerance and summaries read (default: the task's headline metric)
     seed        seed of the criterion (random order) and of the stability word drop
     stability   also record stability under a seeded word drop of probability ``drop``
+    independent random only: at each step a fresh random mask with that many heads (seed (seed, step)), not the
+                prefix of one random order: the independent draws the random baseline's boxes need
+    metric_set  the metrics the task reports, recorded in the run file (``evaluation.metrics.metric_set``)
     model_name, data_info   provenance written into the run file
     """
 
@@ -153,6 +200,8 @@ class TrajectorySpec:
     seed: int = 0
     stability: bool = False
     drop: float = DEFAULT_DROP
+    independent: bool = False
+    metric_set: Sequence[str] = ()
     model_name: str = ""
     data_info: Mapping = field(default_factory=dict)
 
@@ -174,6 +223,9 @@ class TrajectorySpec:
             raise TrajectoryError(f"Metric '{self.metric}' is unknown; accepted: {', '.join(TOLERANCE_METRICS)}.")
         if DROP(self.drop):
             raise TrajectoryError(f"Word-drop probability {DROP(self.drop)}; got {self.drop!r}.")
+        if self.independent and self.criterion.name != "random":
+            raise TrajectoryError(f"Independent draws at each rate are the random baseline's; '{self.criterion.name}' "
+                                  "follows one order. Accepted: independent=True with criterion random.")
         self.criterion.resolve_params(dict(self.params))  # a bad parameter is refused here, before any work
 
     def seeded(self, seed: int) -> TrajectorySpec:
@@ -243,26 +295,36 @@ def run_trajectory(spec: TrajectorySpec, model, calib: list[dict], eval_batches:
                       {**dense, "stability": dense_stability, "params": parameters_left(model, mask),
                        "ratio": mask.n_pruned / n_units},
                       budget=spec.budget, count=spec.count, tolerance=spec.tolerance, model=spec.model_name,
-                      data=dict(spec.data_info), versions=versions())
+                      data=dict(spec.data_info), versions=versions(),
+                      start_pruned=[list(h) for h in (mask.values == 0).nonzero().tolist()],
+                      metric_set=list(spec.metric_set), repeat=int(spec.data_info.get("repeat", 0)))
+    start_mask = mask
     work = copy.deepcopy(model) if crit.dynamic else model  # re-scored on a physically cut (faster) copy
     queue: list[tuple[int, int]] | None = None
     while mask.n_pruned < target:
-        if queue is None or crit.dynamic:
+        if spec.independent:   # a fresh random set of the next size (module doc), not the prefix of one order
+            before = mask
+            mask = random_mask(start_mask, min(mask.n_pruned + spec.step, target), (spec.seed, len(traj.steps)))
+            removed = [tuple(h) for h in ((before.values != 0) & (mask.values == 0)).nonzero().tolist()]
+        elif queue is None or crit.dynamic:
             ctx = ScoringContext(work, calib, mask, device, tokenizer, texts, seed=spec.seed,
                                  memory_budget=memory_budget)
             scored = scores if scores is not None else crit.score(ctx, **resolved)
             traj.params = {**traj.params, **scored.params}   # what scoring chose, e.g. HIES's α under alpha=auto
             queue = scored.order(spec.inverse)
-        removed = [h for h in queue if mask.values[h] != 0][:min(spec.step, target - mask.n_pruned)]
-        queue = [h for h in queue if h not in removed]
-        for layer, head in removed:
-            mask = mask.prune(layer, head)
+        if not spec.independent:
+            removed = [h for h in queue if mask.values[h] != 0][:min(spec.step, target - mask.n_pruned)]
+            queue = [h for h in queue if h not in removed]
+            for layer, head in removed:
+                mask = mask.prune(layer, head)
         if crit.dynamic:
             prune_model(work, mask, inplace=True)
         metrics, kept = measure()
         traj.steps.append({"removed": [list(h) for h in removed], "n_pruned": mask.n_pruned,
                            "ratio": mask.n_pruned / n_units, "metrics": metrics, "stability": kept,
-                           "params": parameters_left(model, mask), "seconds": time.perf_counter() - start})
+                           "params": parameters_left(model, mask), "seconds": time.perf_counter() - start,
+                           **({"pruned": [list(h) for h in (mask.values == 0).nonzero().tolist()]}
+                              if spec.independent else {})})
         if progress is not None:
             progress(mask.n_pruned / target, f"{mask.n_pruned}/{n_units} pruned, {metric} {metrics[metric]:.4f}")
         if spec.tolerance is not None and \
@@ -273,34 +335,80 @@ def run_trajectory(spec: TrajectorySpec, model, calib: list[dict], eval_batches:
     return traj
 
 
-def run_seeds(spec: TrajectorySpec, model, calib, eval_batches, seeds: int = 5, progress=None,
-              **kwargs) -> list[Trajectory]:
-    """``seeds`` trajectories with seeds spec.seed, spec.seed+1, ... (random order: the spread of Figure 4).
+def random_mask(start: HeadMask, n_pruned: int, seed) -> HeadMask:
+    """``start`` with random live heads pruned until ``n_pruned`` grid heads are (``seed``: any numpy seed)."""
+    live = start.keep_bool().nonzero().tolist()
+    pick = np.random.default_rng(seed).choice(len(live), max(n_pruned - start.n_pruned, 0), replace=False)
+    mask = start
+    for i in sorted(pick.tolist()):
+        mask = mask.prune(*live[i])
+    return mask
+
+
+@dataclass(frozen=True)
+class CalibrationDraw:
+    """One repeat's calibration data: its batches, raw texts (None: decoded when a criterion parses) and the
+    sha256 of its rows (``headprune.data.content_hash``)."""
+
+    batches: list
+    texts: list | None = None
+    hash: str = ""
+
+
+def run_repeats(spec: TrajectorySpec, model, draws: Sequence[CalibrationDraw], eval_batches, progress=None,
+                **kwargs) -> list[Trajectory]:
+    """One trajectory per calibration draw, repeat r with criterion seed spec.seed + r (module doc).
 
     The runs share one first pass over ``eval_batches`` (a LiveEvaluator forked for each) and, with stability,
-    one set of word-dropped batches. ``kwargs`` go to :func:`run_trajectory`.
+    one set of word-dropped batches. Each run file records its repeat and calibration hash in ``data``.
+    ``kwargs`` go to :func:`run_trajectory`.
     """
-    if STEPS(seeds):
-        raise TrajectoryError(f"Number of seeds {seeds!r} must be a positive integer.")
+    if not draws:
+        raise TrajectoryError("Repeats need at least one calibration draw.")
     if "evaluator" not in kwargs:
         kwargs["evaluator"] = LiveEvaluator(model, eval_batches, HeadMask(adapt(model).live_grid().float()))
     if spec.stability and kwargs.get("perturbed") is None:
         kwargs["perturbed"] = perturb_batches(eval_batches, kwargs.get("tokenizer"), spec.drop, spec.seed)
-    runs = []
-    for i in range(seeds):
-        report = None if progress is None else (lambda f, m, _i=i: progress((_i + f) / seeds, f"seed {_i}: {m}"))
-        runs.append(run_trajectory(spec.seeded(spec.seed + i), model, calib, eval_batches, progress=report,
-                                   **kwargs))
+    runs, n = [], len(draws)
+    for i, draw in enumerate(draws):
+        report = None if progress is None else (lambda f, m, _i=i: progress((_i + f) / n, f"run {_i}: {m}"))
+        info = {**spec.data_info, **({"repeat": i, "calib_hash": draw.hash} if draw.hash else {})}
+        runs.append(run_trajectory(dataclasses.replace(spec.seeded(spec.seed + i), data_info=info), model,
+                                   draw.batches, eval_batches, progress=report, texts=draw.texts, **kwargs))
     return runs
 
 
-def spread(runs: list[Trajectory], metric: str | None = None) -> dict:
-    """Per ratio, the min / quartiles / max of the metric over ``runs`` (boxplot data), on the common steps."""
+def run_seeds(spec: TrajectorySpec, model, calib, eval_batches, seeds: int = 5, progress=None,
+              texts: list | None = None, **kwargs) -> list[Trajectory]:
+    """``seeds`` trajectories with seeds spec.seed, spec.seed+1, ... on the same calibration data (random order:
+    the spread of Figure 4). Only the criterion is re-seeded; ``run_repeats`` re-draws the calibration too."""
+    if STEPS(seeds):
+        raise TrajectoryError(f"Number of seeds {seeds!r} must be a positive integer.")
+    return run_repeats(spec, model, [CalibrationDraw(calib, texts)] * seeds, eval_batches, progress, **kwargs)
+
+
+def spread(runs: list[Trajectory], metric: str | None = None, band: bool = False) -> dict:
+    """Per ratio, the min / quartiles / max (boxplot data) and the mean and sample sd (ddof 1; 0 for one run) of
+    the metric over ``runs``, on the common steps. ``band``: plots draw it as mean ± sd (repeats of one
+    criterion) rather than as boxes (the random baseline's independent draws)."""
     n = min(len(t.steps) for t in runs) + 1
     values = np.stack([t.values(metric)[:n] for t in runs])
     q = np.quantile(values, [0.0, 0.25, 0.5, 0.75, 1.0], axis=0)
+    sd = values.std(axis=0, ddof=1) if len(runs) > 1 else np.zeros(n)
     return {"ratios": runs[0].ratios()[:n].tolist(), "metric": metric or runs[0].metric,
-            **{name: row.tolist() for name, row in zip(("min", "q1", "median", "q3", "max"), q)}}
+            **{name: row.tolist() for name, row in zip(("min", "q1", "median", "q3", "max"), q)},
+            "mean": values.mean(axis=0).tolist(), "sd": sd.tolist(), "band": band}
+
+
+def repeat_summary(runs: list[Trajectory]) -> dict:
+    """Per step (the steps every run reached), mean and sample sd (``spread``) of every metric the runs record:
+    {"ratios", "n_runs", "metric", "mean", "sd" (the headline's), "metrics": {name: {"mean", "sd"}},
+    "calib_hashes"}."""
+    names = [m for m in runs[0].dense if isinstance(runs[0].dense[m], (int, float)) and m in HIGHER_IS_BETTER]
+    table = {name: {k: v for k, v in spread(runs, name).items() if k in ("mean", "sd")} for name in names}
+    metric = runs[0].metric
+    return {"ratios": spread(runs)["ratios"], "n_runs": len(runs), "metric": metric, **table[metric],
+            "metrics": table, "calib_hashes": [t.data.get("calib_hash") for t in runs]}
 
 
 RUN_FILE_HELP = ("Accepted: a run file from `python -m headprune trajectory --out FILE` or from the dashboard's "
@@ -331,7 +439,8 @@ def read_run_file(data: bytes, name: str) -> tuple[list[Trajectory], list[dict]]
     elif isinstance(obj, dict) and "runs" in obj:
         items = obj["runs"]
         if obj.get("spread"):
-            spreads = [{**obj["spread"], "name": f"{obj.get('criterion', 'random')} ({len(items)} seeds)"}]
+            runs = "runs" if obj.get("repeats", 1) > 1 else "seeds"
+            spreads = [{**obj["spread"], "name": f"{obj.get('criterion', 'random')} ({len(items)} {runs})"}]
     elif isinstance(obj, dict) and "steps" in obj:
         items = [obj]
     elif isinstance(obj, list):

@@ -477,7 +477,8 @@ def tolerance_rule(tau: float | str, higher_is_better: bool) -> str:
 def trajectory_figure(trajectories: Sequence, spreads: Sequence[dict] = (), tolerance: float | None = None,
                       metric: str | None = None) -> go.Figure:
     """Metric vs pruning ratio: a line per trajectory (criterion colour, inverse dashed), random seeds as a box
-    per ratio (``trajectory.spread`` dicts), the dense metric and the tolerance line, stop points as stars.
+    per ratio (``trajectory.spread`` dicts; a spread with ``band`` -- repeats of one criterion -- as its mean line
+    and a shaded mean ± sd), the dense metric and the tolerance line, stop points as stars.
 
     The tolerance line follows the metric's direction (``tolerance_bound``): τ × dense for accuracy, dense / τ
     for perplexity or loss; the y-axis title says which way is better."""
@@ -503,7 +504,13 @@ def trajectory_figure(trajectories: Sequence, spreads: Sequence[dict] = (), tole
                                      showlegend=False, hovertemplate=f"{trajectory_label(traj)} stops at "
                                                                      "%{x:.1f}% pruned<extra></extra>"))
     for spread in spreads:
+        if spread.get("metric", metric) != metric:
+            continue   # computed for another metric
         x = np.array(spread["ratios"]) * 100
+        if spread.get("band"):   # repeats of one criterion: mean ± sd
+            band_figure_traces(fig, x, spread)
+            dense = spread["mean"][0] if dense is None else dense
+            continue
         fig.add_trace(go.Box(x=x, q1=spread["q1"], median=spread["median"], q3=spread["q3"],
                              lowerfence=spread["min"], upperfence=spread["max"], name=spread.get("name", "random"),
                              marker_color=RANDOM_COLOR, line=dict(color=RANDOM_COLOR), boxpoints=False,
@@ -521,6 +528,21 @@ def trajectory_figure(trajectories: Sequence, spreads: Sequence[dict] = (), tole
     fig.update_layout(height=460, margin=dict(l=10, r=10, t=10, b=10), font=FONT, hovermode="closest",
                       legend=dict(orientation="h", y=1.02, yanchor="bottom"))
     return fig
+
+
+def band_figure_traces(fig: go.Figure, x: np.ndarray, spread: Mapping) -> None:
+    """Add a repeats band to ``fig``: the mean line and a shaded mean ± sd (``trajectory.spread`` with band)."""
+    name = spread.get("name", "repeats")
+    color = criterion_color(name.split(" ")[0])
+    mean, sd = np.array(spread["mean"]), np.array(spread["sd"])
+    r, g, b = (round(255 * c) for c in _hex_to_rgb(color))
+    fig.add_trace(go.Scatter(x=np.concatenate([x, x[::-1]]), y=np.concatenate([mean + sd, (mean - sd)[::-1]]),
+                             fill="toself", fillcolor=f"rgba({r},{g},{b},0.2)", line=dict(width=0), name=f"{name} ± sd",
+                             legendgroup=name, hoverinfo="skip"))
+    fig.add_trace(go.Scatter(x=x, y=mean, mode="lines+markers", name=f"{name} mean", legendgroup=name,
+                             line=dict(color=color, width=2.5), marker=dict(size=5),
+                             customdata=sd, hovertemplate="%{x:.1f}% pruned<br>mean %{y:.4f} ± %{customdata:.4f}"
+                                                          "<extra>%{fullData.name}</extra>"))
 
 
 def trajectory_table(trajectories: Sequence, tolerance: float | None = None) -> pd.DataFrame:

@@ -25,9 +25,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .data import TextDataset, align_labels, calibration_texts, load_data, make_batches, split_calib_eval
+from .data import (
+    TextDataset,
+    align_labels,
+    calibration_texts,
+    load_data,
+    make_batches,
+    redraw_calibration,
+    split_calib_eval,
+)
 from .errors import DataError
-from .evaluation.metrics import Metrics, evaluate, headline_metric
+from .evaluation.metrics import HIGHER_IS_BETTER, Metrics, evaluate, headline, metric_set
 from .model.loading import LoadedModel, load_model
 from .model.mask import HeadMask
 from .model.task import Task, task_of
@@ -106,6 +114,7 @@ class Workspace:
     seed: int = 0
     max_length: int = 128
     task: Task = Task("classification")   # what the model's head computes (headprune.task.task_of)
+    batch_size: int = 32
     _dense: Metrics | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -151,7 +160,7 @@ class Workspace:
                                        else [] for part in (calib, evals))
         report(1.0, "ready")
         return cls(loaded, dataset, calib, evals, calib_batches, eval_batches, seed=seed, max_length=max_length,
-                   task=kind)
+                   task=kind, batch_size=batch_size)
 
     # -- the model ----------------------------------------------------------------------------------------
     @property
@@ -195,6 +204,15 @@ class Workspace:
                               self.loaded.tokenizer, self.calib_texts(), seed=self.seed, progress=progress,
                               memory_budget=memory_budget)
 
+    def calibration_draw(self, repeat: int) -> tuple[TextDataset, list[dict]]:
+        """Repeat ``repeat``'s calibration rows and batches (``data.redraw_calibration``): repeat 0 is this
+        workspace's own calibration set; others are re-drawn, of the same size, from the rows evaluation leaves,
+        so the evaluation rows are the same for every repeat."""
+        if repeat == 0:
+            return self.calib, self.calib_batches
+        calib = redraw_calibration(self.dataset, len(self.calib), len(self.eval), self.seed, repeat)
+        return calib, make_batches(self.loaded.tokenizer, calib, self.batch_size, self.max_length)
+
     # -- metrics of the model as loaded --------------------------------------------------------------------
     def dense(self, progress: Progress | None = None) -> Metrics:
         """Metrics of the model as loaded on the evaluation split (computed once, then shared)."""
@@ -205,14 +223,24 @@ class Workspace:
                 self._dense = evaluate(self.loaded.model, self.eval_batches, progress=progress, task=self.task)
             return self._dense
 
+    def metric_set(self) -> tuple[str, ...]:
+        """The metrics every run on this workspace reports (``evaluation.metrics.metric_set``: the task's own, or
+        GLUE's for a data spec naming a GLUE task)."""
+        return metric_set(self.task, self.dataset.source, n_classes=self.n_classes)
+
+    @property
+    def n_classes(self) -> int | None:
+        return int(self.loaded.model.config.num_labels) if self.task.kind == "classification" else None
+
     @property
     def metric(self) -> str:
-        """Name of the headline metric (``evaluate.headline_metric``)."""
-        return headline_metric(self.dense())[0]
+        """Name of the headline metric (``evaluation.metrics.headline``: GLUE's for a GLUE task, else the
+        task's)."""
+        return headline(self.task, None, self.dataset.source, n_classes=self.n_classes)
 
     @property
     def higher_is_better(self) -> bool:
-        return headline_metric(self.dense())[1]
+        return HIGHER_IS_BETTER[self.metric]
 
     def metric_of(self, metrics: Metrics | dict) -> float:
         """The headline metric's value in ``metrics``."""

@@ -115,3 +115,12 @@ def full_evaluation(at):
 
     ws = workspace(at)
     return evaluate(ws.loaded.model, ws.eval_batches, at.session_state["hp_session"].mask)
+
+
+def run_trajectories(at, criteria=("ae",), seeds: int = 2, step: int = 12, budget: int = 50) -> None:
+    """Trajectories page: run ``criteria`` plus ``seeds`` random runs, ``step`` heads per step, up to ``budget`` %."""
+    at.multiselect(key="traj-criteria").set_value(list(criteria)).run()
+    at.number_input(key="traj-seeds").set_value(seeds).run()
+    at.number_input(key="traj-step").set_value(step).run()
+    at.slider(key="traj-budget").set_value(budget).run()
+    at.button(key="traj-run").click().run()

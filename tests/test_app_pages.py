@@ -10,7 +10,7 @@ import re
 
 import numpy as np
 import pytest
-from app_support import PAGES, figures, head_grids, metric, open_app, problems, small_env
+from app_support import PAGES, figures, head_grids, metric, open_app, problems, run_trajectories, small_env
 
 from headprune.evaluation.metrics import evaluate
 
@@ -118,11 +118,7 @@ def test_attention_changes_with_the_head_and_says_when_it_is_pruned():
 def test_trajectories_run_and_plot():
     at = open_app("trajectories")
     assert not problems(at)
-    at.multiselect(key="traj-criteria").set_value(["ae"]).run()
-    at.number_input(key="traj-seeds").set_value(2).run()
-    at.number_input(key="traj-step").set_value(12).run()
-    at.slider(key="traj-budget").set_value(50).run()
-    at.button(key="traj-run").click().run()
+    run_trajectories(at)
     assert not problems(at)
     table = at.dataframe[0].value
     assert list(table["order"]) == ["ae", "random (seed 0)", "random (seed 1)"]

@@ -70,7 +70,7 @@ def test_loss_is_mean_cross_entropy():
     expected = -np.mean([2 - np.log(np.exp(2) + 1), 0 - np.log(1 + np.e), -np.log(2)])
     m = metrics_from_logits(logits, labels)
     assert m.loss == pytest.approx(expected) and m.accuracy == pytest.approx(1 / 3) and m.n == 3  # ties go to class 0
-    assert set(m.to_dict()) == {"n", "loss", "accuracy", "macro_f1", "mcc"}
+    assert set(m.to_dict()) == {"n", "loss", "accuracy", "f1", "macro_f1", "mcc"}  # binary: f1 too
 
 
 # -- running a model -------------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import numpy as np
 import streamlit as st
 
 from dashboard.compute import (
-    compute_scores,
+    criterion_mask,
     enable_stability,
     live_estimate,
     session_metrics,
@@ -127,11 +127,9 @@ def criterion_controls(ws: Workspace, sd: SessionData) -> None:
     if st.button("Apply", key="prune-apply"):
         with guard(f"Could not prune by {crit}"):
             bar = progress_bar(f"scoring heads by {crit}")
-            score = compute_scores(ws, [crit], sd.params, sd.mask, bar)[crit]
+            mask, what = criterion_mask(ws, sd, crit, ratio, bar)   # SAP: its own selection at that sparsity
             bar.done()
-            keep = score.kept_at(ratio)
-            sd.set_mask(HeadMask(np.where(keep, sd.mask.values.numpy(), 0.0)),
-                        f"pruned the lowest {ratio:.0%} by {crit}")
+            sd.set_mask(mask, what)
             st.rerun()
 
 

@@ -4,7 +4,14 @@ import json
 
 import streamlit as st
 
-from dashboard.compute import run_trajectories, smaller_sizes, trajectories_estimate
+from dashboard.compute import (
+    chart_metrics,
+    chart_spreads,
+    open_step,
+    run_trajectories,
+    smaller_sizes,
+    trajectories_estimate,
+)
 from dashboard.ui import (
     cancel_button,
     cancelled_note,
@@ -13,6 +20,7 @@ from dashboard.ui import (
     estimate_line,
     guard,
     page,
+    page_path,
     progress_bar,
 )
 from headprune import viz
@@ -70,8 +78,13 @@ if not sd.trajectories and not sd.spreads:
     st.stop()
 
 shown = [t for t in sd.trajectories if t.criterion != "random" or not sd.spreads]
-tau = st.slider("Tolerance line τ", 0.5, 1.0, sd.tolerance or 0.9, step=0.01, key="traj-tau")
-fig = viz.trajectory_figure(shown, sd.spreads, tolerance=tau)
+c1, c2 = st.columns(2)
+chart_metric = c1.selectbox("Metric (headline first)", chart_metrics(ws, sd.trajectories), key="traj-metric",
+                            help="Every run records the task's whole metric set; the chart and the table's stop "
+                                 "points read the one chosen here.")
+tau = c2.slider("Tolerance line τ", 0.5, 1.0, sd.tolerance or 0.9, step=0.01, key="traj-tau")
+fig = viz.trajectory_figure(shown, chart_spreads(sd.trajectories, sd.spreads, chart_metric), tolerance=tau,
+                            metric=chart_metric)
 st.plotly_chart(fig, width="stretch", key="traj-fig")
 # opened run files may hold another model's runs: their own metric decides the direction
 charted = shown[0] if shown else sd.trajectories[0] if sd.trajectories else None
@@ -85,6 +98,19 @@ st.download_button("Download these runs (JSON)", key="traj-download", mime="appl
                    file_name="headprune-trajectories.json",
                    data=json.dumps({"trajectories": [t.to_json() for t in sd.trajectories], "spreads": sd.spreads},
                                    indent=1))
+with st.expander("Open a step on Prune and Export", expanded=False):
+    if sd.trajectories:
+        labels = [viz.trajectory_label(t) for t in sd.trajectories]
+        picked = st.selectbox("Run", range(len(labels)), format_func=labels.__getitem__, key="traj-open-run")
+        run = sd.trajectories[picked]
+        index = st.select_slider("Step", options=list(range(len(run.steps) + 1)), value=run.stop_index(),
+                                 format_func=lambda i: f"{i}: {100 * run.ratios()[i]:.1f}% pruned",
+                                 key="traj-open-step", help="Default: the run's stopping point (its last step, or "
+                                                            "the last within its tolerance).")
+        if st.button("Open this step on Prune", key="traj-open"):
+            with guard("Could not open that step"):
+                open_step(sd, run, index, labels[picked])
+                st.switch_page(page_path("4_Prune.py"))
 if st.button("Clear", key="traj-clear"):
     sd.trajectories, sd.spreads = [], []
     st.rerun()

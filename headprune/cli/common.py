@@ -16,12 +16,13 @@ import sys
 from tqdm import tqdm
 
 from ..errors import DataError, HeadpruneError
+from ..evaluation.metrics import check_metric_name, headline, metric_set
 from ..limits import POSITIVE_INT
-from ..model.device import DEVICES
+from ..model.device import DEVICES, parse_device_map
 from ..model.loading import LoadedModel
-from ..model.mask import HeadMask
+from ..model.mask import HeadMask, dropped_layers
 from ..model.memory import DEFAULT_SHARE, MemoryBudgetError, parse_budget
-from ..model.task import REQUESTABLE
+from ..model.task import REQUESTABLE, task_of
 from ..workspace import DefaultSize, Workspace
 
 MODEL_HELP = "'demo' or 'demo-lm' (built offline on first use), a model folder, or a Hugging Face model id"
@@ -119,6 +120,25 @@ def check_args(args, *, calib: str | None = None, evaluation: str | None = None)
                         "or all.")
     if getattr(args, "mask", None):
         HeadMask.read_file(args.mask)
+    check_metric_name(getattr(args, "metric", None))
+    parse_device_map(getattr(args, "device_map", None))   # a bad placement costs no loading
+
+
+def add_metric_arg(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--metric", default=None, metavar="NAME",
+                   help=f"headline metric {what}: accuracy, f1 (binary), macro_f1, mcc, pearson, spearman, mse, "
+                        "loss, perplexity, next_token_accuracy (default: the task's headline; GLUE data: GLUE's, "
+                        "e.g. mcc for CoLA, f1 for MRPC/QQP)")
+
+
+def metric_choice(args, loaded: LoadedModel, source: str | None = None) -> tuple[tuple[str, ...], str]:
+    """(metric set, headline) of this run (``evaluation.metrics.metric_set`` / ``headline``) for the model's task
+    and the data spec ``source`` (default ``--data``); ``--metric`` must be one the task reports."""
+    task = task_of(loaded.model, getattr(args, "task", None))
+    source = args.data if source is None else source
+    n_classes = int(loaded.model.config.num_labels) if task.kind == "classification" else None
+    return (metric_set(task, source, n_classes=n_classes),
+            headline(task, getattr(args, "metric", None), source, n_classes=n_classes))
 
 
 def check_positive(value: int | None, option: str, what: str, doc: str) -> None:
@@ -133,6 +153,14 @@ def load_mask(args, loaded: LoadedModel) -> HeadMask | None:
     if not getattr(args, "mask", None):
         return None
     return HeadMask.load(args.mask, loaded.adapter.grid_shape, loaded.adapter.group_grid())
+
+
+def mask_dropped_layers(args, loaded: LoadedModel) -> list[int]:
+    """The layers the ``--mask`` file drops whole (SAP's layer rule, ``model.mask.dropped_layers``); [] without
+    one."""
+    if not getattr(args, "mask", None):
+        return []
+    return dropped_layers(HeadMask.read_file(args.mask), loaded.adapter.n_layers)
 
 
 def build_workspace(args, calib_size: int | None = None) -> Workspace:
@@ -160,6 +188,12 @@ def load_model_and_data(args, calib_size: int | None = None) -> tuple[LoadedMode
     return ws.loaded, ws.calib_batches, ws.eval_batches, info
 
 
+def selection_batches(calib: list[dict]) -> list[dict]:
+    """THE batches on which this CLI makes choices (SAP's best k per sparsity): today the calibration batches
+    ``calib`` themselves. The one place to hand the selection role's batches (``Workspace.select_batches``) in."""
+    return calib
+
+
 def summary(info: dict) -> dict:
     """``info`` without its datasets: what a command prints."""
     return {k: v for k, v in info.items() if k not in ("calib_data", "eval_data")}
@@ -181,4 +215,5 @@ def tqdm_progress(desc: str):
 
 
 __all__ = ["check_args", "check_positive", "add_model_args", "add_data_args", "add_mask_arg", "add_memory_arg",
-           "load_mask", "load_model_and_data", "build_workspace", "summary", "tqdm_progress"]
+           "add_metric_arg", "metric_choice", "selection_batches", "load_mask", "mask_dropped_layers",
+           "load_model_and_data", "build_workspace", "summary", "tqdm_progress"]

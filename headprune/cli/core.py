@@ -14,17 +14,22 @@ from ..errors import HeadpruneError
 from ..evaluation.metrics import evaluate
 from ..evaluation.speed import compare_speed
 from ..model.export import FORMATS, ExportError, export_model, round_to_uniform, type_problem
+from ..model.layers import skip_layers
 from ..model.loading import load_model
+from ..model.mask import HeadMask
 from ..model.sizes import size_report
 from .common import (
     add_data_args,
     add_mask_arg,
     add_memory_arg,
+    add_metric_arg,
     add_model_args,
     check_args,
     check_positive,
     load_mask,
     load_model_and_data,
+    mask_dropped_layers,
+    metric_choice,
     summary,
     tqdm_progress,
 )
@@ -55,42 +60,74 @@ def cmd_evaluate(args) -> dict:
     check_args(args, evaluation="evaluation")
     loaded, _, evals, info = load_model_and_data(args, calib_size=0)
     mask = load_mask(args, loaded)
-    metrics = evaluate(loaded.model, evals, mask, progress=tqdm_progress("evaluate"), memory_budget=args.memory_budget)
+    names, head = metric_choice(args, loaded)
+    dropped = mask_dropped_layers(args, loaded)
+    with skip_layers(loaded.adapter, dropped):   # SAP's whole-layer rule travels with its mask file
+        metrics = evaluate(loaded.model, evals, mask, progress=tqdm_progress("evaluate"),
+                           memory_budget=args.memory_budget)
+    values = metrics.to_dict()
     # heads gone either way: cut out of a saved pruned model, or gated by --mask
     gone = ~loaded.adapter.live_grid()
     if mask is not None:
         gone |= ~mask.keep_bool()
-    return {**metrics.to_dict(), **summary(info), "mask": args.mask, "pruned_heads": int(gone.sum())}
+    # every metric that applies at the top level (as before); the task's set and its headline said explicitly
+    return {**values, "metric_set": list(names), "headline": head, "metrics": {m: values[m] for m in names},
+            **summary(info), "mask": args.mask, "pruned_heads": int(gone.sum()),
+            **({"dropped_layers": dropped} if dropped else {})}
 
 
 def cmd_prune(args) -> dict:
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise HeadpruneError(f"--out {out} is a file; give a folder (created if missing) for the pruned model.")
+    check_prune_out(args.out, "--out", args.format, args.model)
     check_args(args)
+    if args.format != "headprune" and (HeadMask.read_file(args.mask) or {}).get("dropped_layers"):
+        raise ExportError(f"--mask {args.mask} drops whole layers (SAP's layer rule); only --format headprune "
+                          "records a dropped layer.")
     check_positive(args.benchmark_repeats, "--benchmark-repeats", "repeats", "timed forwards per measurement")
     check_positive(args.benchmark_threads, "--benchmark-threads", "threads", "torch CPU threads while timing")
-    if args.format == "uniform":
-        _check_uniform_family(args.model)
-    loaded = load_model(args.model, "cpu")  # surgery is cheap anywhere; the saved weights are device-free
+    # loaded as it was scored (--dtype, --device-map): a model too big for one device is cut where it fits
+    loaded = load_model(args.model, "cpu" if args.device_map is None else "auto", device_map=args.device_map,
+                        dtype=args.dtype)
     mask = load_mask(args, loaded)
     result = {"out": str(out), "model": args.model, "format": args.format}
-    if args.format == "uniform":   # any mask is rounded to the nearest one a stock config can describe
-        rounding = round_to_uniform(loaded.model, mask)
-        print(f"note: {rounding.describe()}", file=sys.stderr)
-        result["uniform_rounding"] = rounding.to_json()
-        mask = rounding.mask
-    written = export_model(loaded.model, loaded.tokenizer, mask, out, args.format,
-                           extra={"source_model": loaded.source, "mask": mask.to_json()})
-    pruned = written["model"]
-    if not written["saves_compute"]:
-        print(f"note: {written['note']}", file=sys.stderr)
-    result.update({"pruned_heads": mask.n_pruned, "kept_heads": mask.n_kept, "loads_in": written["loads_in"],
-                   "note": written["note"], "sizes": size_report(loaded.model, pruned)})
+    pruned, written = export_pruned(loaded, mask, out, args.format, dropped_layers=mask_dropped_layers(args, loaded))
+    result.update(written)
     if args.benchmark:  # opt-in: timing takes seconds to minutes
         result["speed"] = compare_speed(loaded.model, pruned, repeats=args.benchmark_repeats,
                                         threads=args.benchmark_threads, progress=tqdm_progress("benchmark"))
     return result
+
+
+def check_prune_out(out: str, option: str, format: str, model: str) -> None:
+    """A pruned-model folder and format, refused before the model loads: ``out`` (given as ``option``) must not
+    be a file, and a ``uniform`` export needs a family a stock config can cut."""
+    if Path(out).exists() and not Path(out).is_dir():
+        raise HeadpruneError(f"{option} {out} is a file; give a folder (created if missing) for the pruned model.")
+    if format == "uniform":
+        _check_uniform_family(model)
+
+
+def export_pruned(loaded, mask: HeadMask, out: str | Path, format: str, extra: dict | None = None,
+                  dropped_layers: list[int] | None = None) -> tuple[object, dict]:
+    """Write ``loaded``'s model cut by ``mask`` to ``out`` in ``format`` (``model.export.FORMATS``; ``uniform``
+    rounds the mask to the nearest uniform one first, saying what changed), skipping ``dropped_layers`` for good
+    (SAP's layer rule; headprune format only). Returns (the written model, a JSON report: heads, where it loads,
+    note, sizes)."""
+    report = {}
+    if format == "uniform":   # any mask is rounded to the nearest one a stock config can describe
+        rounding = round_to_uniform(loaded.model, mask)
+        print(f"note: {rounding.describe()}", file=sys.stderr)
+        report["uniform_rounding"] = rounding.to_json()
+        mask = rounding.mask
+    written = export_model(loaded.model, loaded.tokenizer, mask, out, format,
+                           extra={"source_model": loaded.source, "mask": mask.to_json(), **(extra or {})},
+                           dropped_layers=dropped_layers or ())
+    if not written["saves_compute"]:
+        print(f"note: {written['note']}", file=sys.stderr)
+    report.update({**({"dropped_layers": list(dropped_layers)} if dropped_layers else {}),
+                   "pruned_heads": mask.n_pruned, "kept_heads": mask.n_kept, "loads_in": written["loads_in"],
+                   "note": written["note"], "sizes": size_report(loaded.model, written["model"])})
+    return written["model"], report
 
 
 def _check_uniform_family(spec: str) -> None:
@@ -116,11 +153,13 @@ def add_commands(sub) -> None:
                         "circuit is known (model 'demo-circuit', data 'demo-circuit')")
     p.set_defaults(handler=cmd_demo)
 
-    p = sub.add_parser("evaluate", help="accuracy, macro-F1, MCC and loss of a model, optionally under a mask")
+    p = sub.add_parser("evaluate", help="the task's metric set (accuracy, F1, macro-F1, MCC; Pearson, Spearman; "
+                                        "loss, perplexity) of a model, optionally under a mask")
     add_model_args(p)
     add_data_args(p)
     add_mask_arg(p)
     add_memory_arg(p)
+    add_metric_arg(p, "printed as 'headline'")
     p.set_defaults(handler=cmd_evaluate)
 
     p = sub.add_parser("prune", help="remove the heads of a mask from the weights and save the smaller model")

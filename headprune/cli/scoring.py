@@ -6,25 +6,33 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 from ..criteria import REGISTRY, ScoringContext, get
 from ..criteria.hies import DEFAULT_ALPHAS, select_alpha, sweep_specs
-from ..data import calibration_texts
+from ..criteria.sap import levels_json
+from ..data import calibration_texts, content_hash
 from ..errors import CriterionError
 from ..estimate import estimate_scoring, estimate_trajectory
-from ..limits import POSITIVE_INT
-from ..trajectory import TrajectoryError, TrajectorySpec, run_seeds, spread
+from ..limits import POSITIVE_INT, UNIT
+from ..model.export import FORMATS
+from ..trajectory import CalibrationDraw, TrajectoryError, TrajectorySpec, repeat_summary, run_repeats, spread
 from .common import (
     add_data_args,
     add_mask_arg,
     add_memory_arg,
+    add_metric_arg,
     add_model_args,
+    build_workspace,
     check_args,
     load_mask,
     load_model_and_data,
+    metric_choice,
+    selection_batches,
     summary,
     tqdm_progress,
 )
+from .core import check_prune_out, export_pruned
 from .output import checked_out_file, write_json
 
 
@@ -49,6 +57,20 @@ def _checked(args, evaluation: str | None = None) -> tuple:
     return crit, params
 
 
+def sap_levels(text: str | None, crit) -> list[float]:
+    """``--sap-sparsities 0.25,0.5,0.75`` as target sparsities, checked before any model loads."""
+    if not text:
+        return []
+    if not hasattr(crit, "per_sparsity"):
+        raise CriterionError(f"--sap-sparsities selects SAP's best k per target sparsity; criterion '{crit.name}' "
+                             "has no such selection. Accepted with: --criterion sap.")
+    try:
+        return [crit.params["sparsity"].parse("sparsity", float(x)) for x in text.split(",")]
+    except ValueError:
+        raise CriterionError(f"--sap-sparsities {text!r}: expected comma-separated numbers in [0, 1), e.g. "
+                             "0.25,0.5,0.75.") from None
+
+
 def cmd_criteria(args) -> dict:
     return {"criteria": [
         {"name": c.name, "description": c.description, "reference": c.reference, "latex": c.latex,
@@ -60,6 +82,7 @@ def cmd_criteria(args) -> dict:
 
 def cmd_score(args) -> dict:
     crit, params = _checked(args)
+    levels = sap_levels(args.sap_sparsities, crit)
     loaded, calib, _, info = load_model_and_data(args)
     texts = calibration_texts(info["calib_data"], calib)
     start = time.perf_counter()
@@ -69,6 +92,10 @@ def cmd_score(args) -> dict:
         print(f"estimate: {estimate_scoring(ctx, [crit.name], {crit.name: params})}", file=sys.stderr, flush=True)
     ctx.progress = tqdm_progress(f"scoring {crit.name}")
     scores = crit(ctx, params)
+    if levels:   # SAP as the paper runs it: its own selection and best k at each level (§4.1, Fig. 7)
+        ctx.progress = tqdm_progress("SAP per sparsity")
+        scores.meta["per_sparsity"] = levels_json(crit.per_sparsity(ctx, levels, params,
+                                                                    selection_batches=selection_batches(calib)))
     for warning in scores.meta.get("warnings", []):   # in the JSON too; stderr so a reader of the terminal sees it
         print(f"warning: {warning}", file=sys.stderr)
     result = {**scores.to_json(), "model": args.model, "data": summary(info),
@@ -76,27 +103,98 @@ def cmd_score(args) -> dict:
     return write_json(result, args.out)
 
 
+def save_mask_points(text: str | None) -> list[float | str]:
+    """``--save-mask 0.25,0.5`` / ``stop`` as points (ratios in [0, 1], or "stop"), checked before any model loads."""
+    if not text:
+        return []
+    points: list[float | str] = []
+    for item in text.split(","):
+        item = item.strip()
+        try:
+            point = "stop" if item == "stop" else float(item)
+        except ValueError:
+            point = None
+        if point is None or (point != "stop" and UNIT(point)):
+            raise TrajectoryError(f"--save-mask {text!r}: {item!r} is neither a pruned ratio in [0, 1] nor 'stop'. "
+                                  "Accepted: comma-separated ratios and/or stop, e.g. 0.25,0.5,stop.")
+        points.append(point)
+    return points
+
+
+def _mask_files(runs: list, points: list, out: Path) -> dict:
+    """Write the mask of every run at every point next to ``out`` (``run.json`` -> ``run.mask-0.5.json``, with
+    ``.r<repeat>`` for repeats after the first); returns {point: [file, ...]}."""
+    written: dict[str, list[str]] = {}
+    for run in runs:
+        for point in points:
+            index = run.stop_index() if point == "stop" else run.point_at_ratio(point)
+            mask, state = run.mask_at(index), (run.steps[index - 1]["metrics"] if index else run.dense)
+            tag = f".r{run.repeat}" if run.repeat else ""
+            path = out.with_name(f"{out.stem}{tag}.mask-{point}{out.suffix or '.json'}")
+            write_json({**mask.to_json(), "criterion": run.criterion, "step": index, "point": point,
+                        "ratio": float(run.ratios()[index]), "metrics": {m: state[m] for m in run.metric_set
+                                                                         if m in state},
+                        run.metric: state[run.metric], "repeat": run.repeat}, str(path))
+            written.setdefault(str(point), []).append(str(path))
+    return written
+
+
 def cmd_trajectory(args) -> dict:
     crit, params = _checked(args, evaluation="a trajectory")
+    points = save_mask_points(args.save_mask)
     # every setting is checked here, before the model loads (a bad --step or --tolerance costs no waiting)
+    for option, value in (("--seeds", args.seeds), ("--repeats", args.repeats)):
+        if POSITIVE_INT(value):
+            raise TrajectoryError(f"{option} {value!r} must be a positive integer.")
+    if args.seeds > 1 and args.repeats > 1:
+        raise TrajectoryError("Choose --seeds (criterion seeds on one calibration draw) or --repeats (re-drawn "
+                              "calibration and criterion seeds), not both.")
+    if points and not args.out:
+        raise TrajectoryError("--save-mask writes its masks next to the run file: give --out FILE too.")
+    if args.prune_out:
+        check_prune_out(args.prune_out, "--prune-out", args.format, args.model)
     spec = TrajectorySpec(criterion=crit, params=params, inverse=args.inverse, step=args.step, budget=args.budget,
                           count=args.count, tolerance=args.tolerance, metric=args.metric, seed=args.seed,
-                          stability=args.stability, drop=args.drop, model_name=args.model)
-    if POSITIVE_INT(args.seeds):
-        raise TrajectoryError(f"Number of seeds {args.seeds!r} must be a positive integer.")
-    loaded, calib, evals, info = load_model_and_data(args)
-    if calib and evals:   # the expected duration, on its own line before the bar starts
-        told = estimate_trajectory(spec, loaded.model, calib, evals, args.seeds, memory_budget=args.memory_budget)
+                          stability=args.stability, drop=args.drop, model_name=args.model,
+                          independent=crit.name == "random" and args.repeats > 1)
+    ws = build_workspace(args)
+    names, head = metric_choice(args, ws.loaded)
+    info = {**ws.info(), "model": args.model, "data": args.data}
+    spec = replace(spec, metric=head, metric_set=names, data_info=info)
+    n_runs = max(args.seeds, args.repeats)
+    if ws.calib_batches and ws.eval_batches:   # the expected duration, on its own line before the bar starts
+        told = estimate_trajectory(spec, ws.loaded.model, ws.calib_batches, ws.eval_batches, n_runs,
+                                   memory_budget=args.memory_budget)
         print(f"estimate: {told}", file=sys.stderr, flush=True)
-    runs = run_seeds(replace(spec, data_info=summary(info)), loaded.model, calib, evals, seeds=args.seeds,
-                     device=loaded.device, tokenizer=loaded.tokenizer,
-                     texts=calibration_texts(info["calib_data"], calib),
-                     progress=tqdm_progress(f"trajectory {crit.name}"), memory_budget=args.memory_budget)
+    draws = [ws.calibration_draw(r) for r in range(args.repeats)]
+    draws = [CalibrationDraw(batches, calibration_texts(calib, batches), content_hash(calib))
+             for calib, batches in draws] * (args.seeds if args.repeats == 1 else 1)
+    hashes = [d.hash for d in draws]
+    if args.repeats > 1 and len(set(hashes)) < len(hashes):
+        print("warning: some repeats drew the same calibration rows (the calibration size takes every row the "
+              "evaluation set leaves); choose a smaller --calib-size for distinct draws.", file=sys.stderr)
+    runs = run_repeats(spec, ws.loaded.model, draws, ws.eval_batches, device=ws.loaded.device,
+                       tokenizer=ws.loaded.tokenizer, progress=tqdm_progress(f"trajectory {crit.name}"),
+                       memory_budget=args.memory_budget)
     if len(runs) == 1:
-        return write_json(runs[0].to_json(), args.out)
-    aucs = [r.auc() for r in runs]
-    result = {"criterion": crit.name, "seeds": [r.seed for r in runs], "runs": [r.to_json() for r in runs],
-              "spread": spread(runs), "auc_mean": sum(aucs) / len(aucs), "auc_min": min(aucs), "auc_max": max(aucs)}
+        result = runs[0].to_json()
+    else:
+        aucs = [r.auc() for r in runs]
+        result = {"criterion": crit.name, "seeds": [r.seed for r in runs], "repeats": args.repeats,
+                  "runs": [r.to_json() for r in runs],
+                  "spread": spread(runs, band=args.repeats > 1 and crit.name != "random"),
+                  "auc_mean": sum(aucs) / len(aucs), "auc_min": min(aucs), "auc_max": max(aucs)}
+        if args.repeats > 1:
+            result["summary"] = repeat_summary(runs)
+    if points:
+        result["masks"] = _mask_files(runs, points, Path(args.out))
+    if args.prune_out:   # Algorithm 1's F: the first run's model at the last --save-mask point (default: stop)
+        run, point = runs[0], points[-1] if points else "stop"
+        index = run.stop_index() if point == "stop" else run.point_at_ratio(point)
+        _, report = export_pruned(ws.loaded, run.mask_at(index), args.prune_out, args.format,
+                                  extra={"trajectory_step": index, "point": point})
+        result["pruned_model"] = {"out": args.prune_out, "format": args.format, "step": index, "point": point,
+                                  **{k: v for k, v in report.items() if k != "sizes"}}
     return write_json(result, args.out)
 
 
@@ -125,6 +223,9 @@ def add_commands(sub) -> None:
     add_memory_arg(p)
     p.add_argument("--criterion", required=True, help="criterion name (see: python -m headprune criteria)")
     p.add_argument("--param", action="append", metavar="KEY=VALUE", help="criterion parameter (repeatable)")
+    p.add_argument("--sap-sparsities", metavar="S[,S]",
+                   help="SAP: also its own selection at each of these target sparsities, with the k that performs "
+                        "best there on the selection data (the paper's protocol); `mask --sparsity S` reads them")
     p.add_argument("--out", help="also write the JSON result to this file")
     p.set_defaults(handler=cmd_score)
 
@@ -139,8 +240,19 @@ def add_commands(sub) -> None:
     p.add_argument("--budget", type=float, help="stop at this pruned ratio of all heads, in (0, 1]")
     p.add_argument("--count", type=int, help="stop after this many heads")
     p.add_argument("--tolerance", type=float, help="stop once the metric falls below T x the dense metric")
-    p.add_argument("--metric", help="metric for the tolerance and AUC (default: accuracy; pearson for regression)")
-    p.add_argument("--seeds", type=int, default=1, help="runs with seeds seed..seed+N-1 (random: the spread)")
+    add_metric_arg(p, "for the tolerance, AUC and plots")
+    p.add_argument("--seeds", type=int, default=1,
+                   help="runs with criterion seeds seed..seed+N-1 on one calibration draw (random: the spread)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="independent runs: each re-draws the calibration rows (evaluation rows fixed) and re-seeds "
+                        "the criterion; prints mean ± sd per step (random: independent masks at each rate)")
+    p.add_argument("--save-mask", metavar="R[,R]|stop",
+                   help="write the mask at these pruned ratios and/or at the stopping point (stop: the last step, "
+                        "or the last within --tolerance) next to --out: RUN.mask-0.5.json")
+    p.add_argument("--prune-out", metavar="DIR",
+                   help="also save the pruned model at the last --save-mask point (default: stop) in this folder")
+    p.add_argument("--format", default="headprune", choices=tuple(FORMATS),
+                   help="format of --prune-out, as prune --format (default: headprune)")
     p.add_argument("--stability", action="store_true", help="also measure stability under seeded word drop")
     p.add_argument("--drop", type=float, default=0.1, help="word-drop probability for --stability (default: 0.1)")
     p.add_argument("--out", help="also write the run file (JSON) here")

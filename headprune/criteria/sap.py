@@ -248,21 +248,37 @@ def candidate_filtering(candidates: Sequence[Head], metric_fn: MetricFn, base: H
     return CFResult(dense, floor, degradation, order, selected, trace, final, dropped, rejected)
 
 
+def layer_rule_json(mask: HeadMask, dropped_layers: Sequence[int]) -> dict:
+    """A mask file that carries SAP's whole-layer rule (§3.4): the heads, plus ``"dropped_layers"`` (the layers
+    skipped whole, feed-forward block included), which ``evaluate`` and ``prune`` apply
+    (``headprune.model.mask.dropped_layers``)."""
+    return {**mask.to_json(), "dropped_layers": [int(layer) for layer in dropped_layers]}
+
+
+def levels_json(results: dict[float, SapResult]) -> dict:
+    """``SAP.per_sparsity`` results for a score file: per level (key ``str(level)``) its best k, the k sweep on the
+    selection data, the selected heads and the mask with the layer rule (``layer_rule_json``)."""
+    return {str(level): {"best_k": r.k, "k_sweep": {str(k): v for k, v in r.sweep.items()}, "ratio_used": r.ratio,
+                         "selected": _heads_json(r.selected), "mask": layer_rule_json(r.mask, r.dropped_layers)}
+            for level, r in results.items()}
+
+
 # -- criteria -------------------------------------------------------------------------------------------------------
 
-def calibration_metric(ctx: ScoringContext, name: str) -> MetricFn:
-    """metric(mask, dropped layers) on the calibration batches ("auto": accuracy, Pearson for regression, next-token
-    accuracy for a language model).
+def calibration_metric(ctx: ScoringContext, name: str, selection_batches: list[dict] | None = None) -> MetricFn:
+    """metric(mask, dropped layers) on ``selection_batches`` (default: the calibration batches ``ctx.calib``)
+    ("auto": accuracy, Pearson for regression, next-token accuracy for a language model).
 
     The k sweep keeps the k with the highest metric and candidate filtering keeps heads while the metric stays above
     tolerance · m0, so only metrics where higher is better are accepted (perplexity or loss would invert both)."""
     memo: dict[tuple, float] = {}
+    batches = ctx.calib if selection_batches is None else selection_batches
 
     def metric(mask: HeadMask, dropped: list[int]) -> float:
         key = (hash(mask), tuple(dropped))
         if key not in memo:
             with skip_layers(adapt(ctx.model), dropped):
-                values = {k: v for k, v in evaluate(ctx.model, ctx.calib, mask).to_dict().items()
+                values = {k: v for k, v in evaluate(ctx.model, batches, mask).to_dict().items()
                           if v is not None and HIGHER_IS_BETTER.get(k, False)}
             chosen = name if name != "auto" else next(
                 (m for m in ("accuracy", "pearson", "next_token_accuracy") if m in values), None)
@@ -330,11 +346,13 @@ class _SapBase(Criterion):
             ctx.cache[key] = (DependencyStats.from_parses(parses), data)
         return ctx.cache[key]
 
-    def _sap(self, ctx: ScoringContext, p: dict) -> tuple[SapResult, DependencyStats, ArcData]:
+    def _sap(self, ctx: ScoringContext, p: dict, selection_batches: list[dict] | None = None
+             ) -> tuple[SapResult, DependencyStats, ArcData]:
         stats, data = self._arc_data(ctx, p["parser"], p["query_reduce"], p["max_length"])
         adapter = adapt(ctx.model)
         base = ctx.mask if ctx.mask is not None else HeadMask.ones(adapter.grid_shape)
-        metric_fn = calibration_metric(ctx, p["metric"]) if p["k"] == 0 or self.name == "sap-cf" else None
+        metric_fn = calibration_metric(ctx, p["metric"], selection_batches) \
+            if p["k"] == 0 or self.name == "sap-cf" else None
         result = run_sap(data, stats, base, adapter.layer_to_block, p["k"], p["k_max"], p["ratio"], p["ratio_step"],
                          p["sparsity"], p["layer_threshold"], metric_fn,
                          progress=lambda f, m: ctx.report(0.4 + 0.2 * f, m))
@@ -358,14 +376,16 @@ class SAP(_SapBase):
     latex = (r"cnt_{l,h}=\sum_{a}w(\ell_a)\big([\ell_a\in\mathrm{top}_k][A^{l,h}_a<\theta]+"
              r"[\ell_a\notin\mathrm{top}_k][A^{l,h}_a>\theta]\big),\ \text{prune if } cnt_{l,h}\ge S\cdot R")
 
-    def per_sparsity(self, ctx: ScoringContext, levels: Iterable[float], params: dict | None = None
-                     ) -> dict[float, SapResult]:
+    def per_sparsity(self, ctx: ScoringContext, levels: Iterable[float], params: dict | None = None, *,
+                     selection_batches: list[dict] | None = None) -> dict[float, SapResult]:
         """The paper's protocol (§4.1, Fig. 7): at each target sparsity its own selection with its own best k
-        (one parse and one attention pass shared by all levels). These masks need not be nested, so they are
-        reported per level instead of as one pruning order (module doc)."""
+        (one parse and one attention pass shared by all levels), k chosen by the metric on ``selection_batches``
+        (default: the calibration batches). These masks need not be nested, so they are reported per level
+        instead of as one pruning order (module doc); ``levels_json`` writes them for a score file."""
         resolved = self.prepare(ctx, params)
         return {float(level): self._sap(ctx, {**resolved, "sparsity": self.params["sparsity"].parse("sparsity",
-                                                                                                     level)})[0]
+                                                                                                     level)},
+                                        selection_batches)[0]
                 for level in levels}
 
     def score(self, ctx: ScoringContext, **p) -> ScoreMap:

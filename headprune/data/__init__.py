@@ -14,9 +14,10 @@ from .batches import (
     calibration_texts,
     make_batches,
     model_inputs,
+    redraw_calibration,
     split_calib_eval,
 )
-from .dataset import NON_INPUT_KEYS, TextDataset, as_lm_data
+from .dataset import NON_INPUT_KEYS, TextDataset, as_lm_data, content_hash
 from .labels import align_labels
 from .sources import (
     LABEL_COLUMNS,
@@ -33,5 +34,5 @@ from .sources import (
 
 __all__ = ["LABEL_COLUMNS", "NAMED_DATA", "NON_INPUT_KEYS", "PAIR_COLUMNS", "TEXT_COLUMNS", "NamedData",
            "TextDataset", "TruncationWarning", "accepted", "align_labels", "as_lm_data", "batch_texts",
-           "calibration_texts", "columns_of", "load_data", "make_batches", "model_inputs", "parse_hf_spec",
-           "register_dataset", "split_calib_eval"]
+           "calibration_texts", "columns_of", "content_hash", "load_data", "make_batches", "model_inputs",
+           "parse_hf_spec", "redraw_calibration", "register_dataset", "split_calib_eval"]

@@ -48,6 +48,26 @@ def split_calib_eval(ds: TextDataset, calib_size: int, eval_size: int | None,
     return ds.subset(order[eval_size:eval_size + calib_size]), ds.subset(order[:eval_size])
 
 
+def redraw_calibration(ds: TextDataset, calib_size: int, eval_size: int | None, seed: int = 0,
+                       repeat: int = 0) -> TextDataset:
+    """Repeat ``repeat``'s calibration subset of ``ds``: never a row of ``split_calib_eval(ds, calib_size,
+    eval_size, seed)``'s evaluation set, which stays the same for every repeat.
+
+    Repeat 0 is that split's own calibration set; repeat r > 0 draws ``calib_size`` rows from the rows the
+    evaluation set leaves, with the seed sequence (seed, r). ``eval_size`` 0 (a separate evaluation source) draws
+    from every row.
+    """
+    if repeat == 0:
+        return split_calib_eval(ds, calib_size, eval_size, seed)[0]
+    n = len(ds)
+    eval_n = n - calib_size if eval_size is None else eval_size
+    pool = np.random.default_rng(seed).permutation(n)[eval_n:]
+    if calib_size > len(pool):
+        raise DataError(f"A calibration draw of {calib_size} rows does not fit the {len(pool)} rows evaluation "
+                        "leaves.")
+    return ds.subset(np.random.default_rng([seed, repeat]).choice(pool, calib_size, replace=False))
+
+
 def _pad(rows: list[list[int]], value: int) -> torch.Tensor:
     width = max(len(r) for r in rows)
     return torch.tensor([r + [value] * (width - len(r)) for r in rows], dtype=torch.long)

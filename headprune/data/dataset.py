@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field, replace
 
 # Keys of a batch that are bookkeeping, not model inputs.
@@ -42,3 +44,13 @@ def as_lm_data(ds: TextDataset) -> TextDataset:
     """``ds`` as language-model data: its texts only (labels and pairs dropped), ``task="lm"``."""
     return replace(ds, pairs=None, labels=None, label_names=None, task="lm",
                    columns={**ds.columns, "pair": None, "label": None})
+
+
+def content_hash(ds: TextDataset) -> str:
+    """sha256 (hex) over the rows of ``ds`` in order: each row's text, pair and label as one JSON line. Two draws
+    of different rows (or of the same rows in another order) hash differently; run files record it per role."""
+    digest = hashlib.sha256()
+    for i, text in enumerate(ds.texts):
+        row = [text, None if ds.pairs is None else ds.pairs[i], None if ds.labels is None else ds.labels[i]]
+        digest.update((json.dumps(row, default=str, ensure_ascii=False) + "\n").encode("utf-8"))
+    return digest.hexdigest()

@@ -2,6 +2,8 @@
 
 Classification metrics (y = true ids, ŷ = argmax of the logits, n examples, classes k):
     accuracy   = (1/n) Σ_i [ŷ_i = y_i]
+    F1         = 2 TP / (2 TP + FP + FN) of the positive class (label 1), binary tasks only: GLUE's MRPC/QQP F1
+                 (0 when the class is neither present nor predicted, as scikit-learn's zero_division default)
     macro-F1   = mean over classes present in y or ŷ of F1_k = 2 TP_k / (2 TP_k + FP_k + FN_k)
     MCC        = (c·s − Σ_k p_k t_k) / sqrt((s² − Σ_k p_k²)(s² − Σ_k t_k²))       (Gorodkin 2004, R_K)
                  with C the confusion matrix, c = trace C, s = n, t_k = true count, p_k = predicted count;
@@ -16,6 +18,7 @@ Language model (``headprune.task``, token-weighted over every real next-token ta
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -24,7 +27,7 @@ import torch.nn.functional as F
 from scipy.stats import rankdata
 
 from ..data import model_inputs
-from ..errors import DataError
+from ..errors import DataError, HeadpruneError
 from ..model.device import autocast, resolve_device
 from ..model.gating import gate_heads
 from ..model.hooks import structural_copy
@@ -39,6 +42,7 @@ class Metrics:
     n: int
     loss: float
     accuracy: float | None = None
+    f1: float | None = None            # binary classification: F1 of the positive class (label 1)
     macro_f1: float | None = None
     mcc: float | None = None
     pearson: float | None = None
@@ -75,6 +79,69 @@ def headline_metric(metrics: Metrics | dict) -> tuple[str, bool]:
     values = metrics.to_dict() if isinstance(metrics, Metrics) else metrics
     name = next((m for m in ("accuracy", "pearson", "perplexity") if values.get(m) is not None), "loss")
     return name, HIGHER_IS_BETTER[name]
+
+
+class MetricError(HeadpruneError):
+    """A metric name the task does not report (``--metric``)."""
+
+
+# what each task kind reports (module doc); f1 only when the classifier has two classes
+KIND_METRICS = {"classification": ("accuracy", "f1", "macro_f1", "mcc"),
+                "regression": ("pearson", "spearman", "mse"),
+                "lm": ("loss", "perplexity", "next_token_accuracy")}
+METRIC_NAMES = tuple(dict.fromkeys(m for names in KIND_METRICS.values() for m in names)) + ("loss",)
+# GLUE's metrics per task, headline first (Wang et al. 2019, Table 1); module doc gives the naming rule
+GLUE_METRICS = {"cola": ("mcc",), "sst2": ("accuracy",), "mrpc": ("f1", "accuracy"), "qqp": ("f1", "accuracy"),
+                "stsb": ("pearson", "spearman"), "mnli": ("accuracy",), "qnli": ("accuracy",),
+                "rte": ("accuracy",), "wnli": ("accuracy",)}
+
+
+def glue_task(dataset_source: str | None) -> str | None:
+    """The GLUE task a data spec names (module doc: its first word that is a GLUE task name), or None."""
+    text = re.sub(r"(sst|sts)[-_ ]?(2|b)", r"\1\2", (dataset_source or "").lower())
+    return next((word for word in re.split(r"[^a-z0-9]+", text) if word in GLUE_METRICS), None)
+
+
+def metric_set(task: Task, dataset_source: str | None = None, *, n_classes: int | None = None) -> tuple[str, ...]:
+    """The metrics every run on ``task`` reports (module doc), headline first for a GLUE task.
+
+    ``dataset_source``: the data spec (a GLUE name gives GLUE's set); ``n_classes``: the classifier's outputs when
+    known (f1 applies to two only). A GLUE set whose kind does not match the model's head (e.g. an STS-B spec on a
+    classifier) is ignored: the kind's own set is reported.
+    """
+    own = tuple(m for m in KIND_METRICS[task.kind] if m != "f1" or n_classes in (None, 2))
+    glue = GLUE_METRICS.get(glue_task(dataset_source) or "", ())
+    return glue if glue and set(glue) <= set(own) else own
+
+
+def headline(task: Task, metric: str | None = None, dataset_source: str | None = None, *,
+             n_classes: int | None = None) -> str:
+    """The metric tolerances, stopping rules and plots read: ``metric`` when given (it must be one the task
+    reports: its set or its loss), else GLUE's headline for a named GLUE task, else the task's own
+    (``Task.headline``). Raises MetricError naming the accepted metrics."""
+    reported = metric_set(task, dataset_source, n_classes=n_classes)
+    if metric is None:
+        return reported[0] if reported == GLUE_METRICS.get(glue_task(dataset_source) or "") else task.headline
+    accepted = tuple(dict.fromkeys(KIND_METRICS[task.kind] + ("loss",)))
+    accepted = tuple(m for m in accepted if m != "f1" or n_classes in (None, 2))
+    if metric not in accepted:
+        raise MetricError(f"--metric {metric}: not reported for a {task.kind} task. Accepted: "
+                          f"{', '.join(accepted)}.")
+    return metric
+
+
+def check_metric_name(metric: str | None) -> None:
+    """Refuse, before any model loads, a ``--metric`` no task reports (MetricError listing every name)."""
+    if metric is not None and metric not in METRIC_NAMES:
+        raise MetricError(f"--metric {metric}: unknown metric. Accepted: {', '.join(METRIC_NAMES)}.")
+
+
+def binary_f1(y_true: np.ndarray, y_pred: np.ndarray, positive: int = 1) -> float:
+    """F1 of class ``positive``: 2 TP / (2 TP + FP + FN); 0 when that class is neither true nor predicted."""
+    y_true, y_pred = np.asarray(y_true) == positive, np.asarray(y_pred) == positive
+    tp = int(np.sum(y_true & y_pred))
+    denominator = 2 * tp + int(np.sum(~y_true & y_pred)) + int(np.sum(y_true & ~y_pred))
+    return 2 * tp / denominator if denominator else 0.0
 
 
 # -- metrics on numpy arrays ------------------------------------------------------------------------------------
@@ -209,7 +276,8 @@ def metrics_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> Metrics:
     y = labels.long()
     y_hat = logits.argmax(-1).numpy()
     loss = float(F.cross_entropy(logits.double(), y))
-    return Metrics(n=n, loss=loss, accuracy=accuracy(y.numpy(), y_hat), macro_f1=macro_f1(y.numpy(), y_hat),
+    f1 = binary_f1(y.numpy(), y_hat) if logits.shape[-1] == 2 else None
+    return Metrics(n=n, loss=loss, accuracy=accuracy(y.numpy(), y_hat), f1=f1, macro_f1=macro_f1(y.numpy(), y_hat),
                    mcc=mcc(y.numpy(), y_hat))
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +42,7 @@ from torch import nn
 
 from ..errors import HeadpruneError
 from .arch import AttentionBlock, adapt, out_axis
+from .layers import drop_layers
 from .loading import save_pruned, write_staged
 from .mask import HeadMask
 from .surgery import head_features, prune_model
@@ -344,18 +346,24 @@ def _write_stock(model: nn.Module, tokenizer, out: Path) -> Path:
 
 
 def export_model(model: nn.Module, tokenizer, mask: HeadMask, out: str | Path, format: str = "headprune",
-                 extra: dict | None = None) -> dict:
+                 extra: dict | None = None, dropped_layers: Sequence[int] = ()) -> dict:
     """Write ``model`` pruned by ``mask`` to the folder ``out`` in ``format`` (:data:`FORMATS`).
 
     Returns {"format", "out", "loads_in", "saves_compute", "note", "model"} where "model" is the written model
     (for size reports). Nothing half-written is left: every format writes into a temporary folder and renames
-    it. ``extra`` (headprune format only) is saved as headprune.json. Raises ExportError.
+    it. ``extra`` (headprune format only) is saved as headprune.json. ``dropped_layers`` (a mask's
+    whole-layer rule, ``model.mask.dropped_layers``) are skipped for good in the written model; only the headprune
+    format can record them. Raises ExportError.
     """
     if format not in FORMATS:
         raise ExportError(f"Unknown export format {format!r}; accepted: {', '.join(FORMATS)}.")
+    if dropped_layers and format != "headprune":
+        raise ExportError(f"The mask drops whole layers {list(dropped_layers)} (SAP's layer rule); only the headprune "
+                          f"format records a dropped layer, {format!r} cannot. Accepted: --format headprune.")
     out = Path(out)
     if format == "headprune":
         written = prune_model(model, mask)
+        drop_layers(adapt(written), dropped_layers)
         save_pruned(written, tokenizer, out, extra=extra)
         note = "A headprune checkpoint: smaller and faster, loaded by headprune.load_model (any mask)."
     elif format == "masked":

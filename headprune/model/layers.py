@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..errors import CriterionError
-from .hooks import StandIn, attached, pre_hook, standing_in, wrapped_forward
+from .hooks import StandIn, attached, pre_hook, standing_in, wrap_forward, wrapped_forward
 
 
 def _needs_layers(adapter) -> nn.ModuleList:
@@ -88,6 +88,30 @@ def skip_layers(adapter, layers: Iterable[int]) -> Iterator[None]:
     _needs_layers(adapter)
     with layer_stand_ins(adapter, {i: identity_stand_in(adapter, i) for i in layers}):
         yield
+
+
+DROPPED_LAYERS_KEY = "headprune_dropped_layers"   # config attribute of a checkpoint with layers dropped whole
+
+
+def drop_layers(adapter, layers: Iterable[int]) -> None:
+    """Skip ``layers`` of ``adapter``'s model for good (SAP's whole-layer rule written into a checkpoint): each
+    returns its input unchanged, through a permanent forward wrap (copies keep it), and the config records them
+    under ``headprune_dropped_layers`` so ``load_model`` rebuilds a saved model the same way."""
+    layers = sorted({int(i) for i in layers})
+    if not layers:
+        return
+    modules = _needs_layers(adapter)
+    layer_output = adapter.layer_output
+
+    def skip(module, inner, *args, **kwargs):
+        return layer_output(input_of(args, kwargs))
+
+    config = adapter.model.config
+    done = set(getattr(config, DROPPED_LAYERS_KEY, None) or [])
+    for i in layers:
+        if i not in done:
+            wrap_forward(modules[i], skip)
+    setattr(config, DROPPED_LAYERS_KEY, sorted(done | set(layers)))
 
 
 @contextmanager

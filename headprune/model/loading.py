@@ -27,6 +27,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceC
 from ..errors import DeviceError, ModelLoadError
 from .arch import ModelAdapter, adapt
 from .device import OFFLOAD_HELP, parse_device_map, parse_dtype, resolve_device
+from .layers import DROPPED_LAYERS_KEY, drop_layers
 from .surgery import apply_layout, plan_block, record_kept_heads
 from .tokenizer import prepare_tokenizer
 
@@ -132,6 +133,10 @@ def _load_pruned_folder(folder: Path, config, attn_implementation: str) -> nn.Mo
     still_meta = [n for n, p in model.named_parameters() if p.device.type == "meta"]
     if still_meta:
         raise ModelLoadError(f"Weights in {folder} lack {still_meta[:5]}.")
+    dropped = getattr(config, DROPPED_LAYERS_KEY, None)
+    if dropped:   # layers a mask dropped whole (SAP's layer rule): skipped again, as when it was saved
+        setattr(model.config, DROPPED_LAYERS_KEY, None)
+        drop_layers(adapter, dropped)
     return model
 
 

@@ -5,6 +5,10 @@ On disk a mask is ``{"pruned": {"<layer>": [head, ...]}}`` (0-based), the dict s
 ``prune_heads`` took; ``"shape": [L, H]`` is written too so a file says which model it fits. With grouped-query
 attention a file may also (or instead) name whole key/value groups: ``{"pruned_groups": {"<layer>": [g, ...]}}``
 prunes every query head of group g (heads h with h // (H / H_kv) == g); the grid itself stays layers x query heads.
+A mask written with SAP's whole-layer rule (``criteria.sap.layer_rule_json``) also names
+``"dropped_layers": [layer, ...]``: layers skipped whole (their heads are pruned in ``"pruned"`` too);
+:func:`dropped_layers` reads them, and commands that apply a mask apply them (``evaluate`` skips those layers,
+``prune`` records them in the saved model).
 """
 
 from __future__ import annotations
@@ -194,3 +198,16 @@ class HeadMask:
 
     def __repr__(self) -> str:
         return f"HeadMask({self.shape[0]}x{self.shape[1]}, pruned={self.n_pruned})"
+
+
+def dropped_layers(obj: dict, n_layers: int) -> list[int]:
+    """The layers a mask file drops whole (SAP's layer rule; module doc), sorted; [] when it names none.
+
+    Raises MaskError when ``"dropped_layers"`` is not a list of layer indices 0..n_layers-1.
+    """
+    layers = obj.get("dropped_layers") or [] if isinstance(obj, dict) else []
+    if not isinstance(layers, list) or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < n_layers
+                                               for x in layers):
+        raise MaskError(f'"dropped_layers" must be a list of layer indices 0..{n_layers - 1} (SAP\'s whole-layer '
+                        f"rule); got {layers!r}.")
+    return sorted(set(layers))

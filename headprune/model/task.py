@@ -105,8 +105,8 @@ class Task:
 
 
 # The direction of every metric ``headprune.evaluate.Metrics`` can hold.
-HIGHER_IS_BETTER = {"accuracy": True, "macro_f1": True, "mcc": True, "pearson": True, "spearman": True,
-                    "next_token_accuracy": True, "loss": False, "mse": False, "perplexity": False}
+HIGHER_IS_BETTER = {"accuracy": True, "f1": True, "macro_f1": True, "mcc": True, "pearson": True,
+                    "spearman": True, "next_token_accuracy": True, "loss": False, "mse": False, "perplexity": False}
 
 
 def lm_labels(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

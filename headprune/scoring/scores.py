@@ -72,15 +72,24 @@ class ScoreMap:
         n_live = int(np.sum(~np.isnan(ranks)))
         return (n_live - ranks) / max(n_live - 1, 1)
 
-    def kept_at(self, ratio: float) -> np.ndarray:
-        """(L, H) bool: heads still kept once round(ratio * N) grid heads are pruned in this map's order."""
+    def kept_at(self, ratio: float, inverse: bool = False) -> np.ndarray:
+        """(L, H) bool: heads still kept once round(ratio * N) grid heads are pruned in this map's order (the
+        inverse order, most important first, with ``inverse``)."""
         problem = UNIT(ratio)
         if problem:
             raise CriterionError(f"Pruning ratio {ratio!r} {problem}.")
+        return self.kept_count(round(ratio * self.scores.size), inverse)
+
+    def kept_count(self, n_pruned: int, inverse: bool = False) -> np.ndarray:
+        """(L, H) bool: heads still kept once ``n_pruned`` grid heads are pruned in this map's order (heads
+        already pruned, NaN, count towards that number, as in :meth:`kept_at`)."""
+        if not isinstance(n_pruned, (int, np.integer)) or not 0 <= n_pruned <= self.scores.size:
+            raise CriterionError(f"Head count {n_pruned!r} must be an integer in [0, {self.scores.size}] (the heads "
+                                 "of the grid).")
         live = ~np.isnan(self.scores)
-        n_more = max(0, round(ratio * live.size) - int((~live).sum()))
+        n_more = max(0, int(n_pruned) - int((~live).sum()))
         kept = live.copy()
-        for layer, head in self.order()[:n_more]:
+        for layer, head in self.order(inverse)[:n_more]:
             kept[layer, head] = False
         return kept
 
