@@ -14,7 +14,7 @@ from ..errors import HeadpruneError
 from ..evaluation.metrics import evaluate
 from ..evaluation.speed import compare_speed
 from ..model.export import FORMATS, ExportError, export_model, round_to_uniform, type_problem
-from ..model.loading import load_model
+from ..model.loading import check_head, load_model
 from ..model.sizes import size_report
 from .common import (
     add_data_args,
@@ -53,7 +53,8 @@ def cmd_demo(args) -> dict:
 
 def cmd_evaluate(args) -> dict:
     check_args(args, evaluation="evaluation")
-    loaded, _, evals, info = load_model_and_data(args, calib_size=0)
+    # nothing is scored: no calibration rows are drawn, unless --calib-data names them (recorded, overlap-checked)
+    loaded, _, evals, info = load_model_and_data(args, calib_size=None if args.calib_data else 0)
     mask = load_mask(args, loaded)
     metrics = evaluate(loaded.model, evals, mask, progress=tqdm_progress("evaluate"), memory_budget=args.memory_budget)
     # heads gone either way: cut out of a saved pruned model, or gated by --mask
@@ -73,6 +74,7 @@ def cmd_prune(args) -> dict:
     if args.format == "uniform":
         _check_uniform_family(args.model)
     loaded = load_model(args.model, "cpu")  # surgery is cheap anywhere; the saved weights are device-free
+    check_head(loaded, args.allow_untrained_head)
     mask = load_mask(args, loaded)
     result = {"out": str(out), "model": args.model, "format": args.format}
     if args.format == "uniform":   # any mask is rounded to the nearest one a stock config can describe

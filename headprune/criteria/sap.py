@@ -251,8 +251,8 @@ def candidate_filtering(candidates: Sequence[Head], metric_fn: MetricFn, base: H
 # -- criteria -------------------------------------------------------------------------------------------------------
 
 def calibration_metric(ctx: ScoringContext, name: str) -> MetricFn:
-    """metric(mask, dropped layers) on the calibration batches ("auto": accuracy, Pearson for regression, next-token
-    accuracy for a language model).
+    """metric(mask, dropped layers) on the selection batches (``ctx.selection``: the selection role, else the
+    calibration batches; "auto": accuracy, Pearson for regression, next-token accuracy for a language model).
 
     The k sweep keeps the k with the highest metric and candidate filtering keeps heads while the metric stays above
     tolerance · m0, so only metrics where higher is better are accepted (perplexity or loss would invert both)."""
@@ -262,7 +262,7 @@ def calibration_metric(ctx: ScoringContext, name: str) -> MetricFn:
         key = (hash(mask), tuple(dropped))
         if key not in memo:
             with skip_layers(adapt(ctx.model), dropped):
-                values = {k: v for k, v in evaluate(ctx.model, ctx.calib, mask).to_dict().items()
+                values = {k: v for k, v in evaluate(ctx.model, ctx.selection, mask).to_dict().items()
                           if v is not None and HIGHER_IS_BETTER.get(k, False)}
             chosen = name if name != "auto" else next(
                 (m for m in ("accuracy", "pearson", "next_token_accuracy") if m in values), None)
