@@ -121,18 +121,27 @@ def fit_role_sizes(n_rows: int, sizes: dict[str, int | None]) -> dict[str, int]:
 
     ``sizes`` holds the roles that read this source ("calib", "select", "eval") with their sizes as given (None
     for evaluation: every row left). Calibration and evaluation together follow :func:`fit_split_sizes`; a role
-    alone on its source takes its size, a :class:`DefaultSize` shrinking to the rows there; selection takes its
-    size from what the others leave (a default shrinking to it, possibly 0). Raises DataError when a chosen size
-    does not fit, naming the sizes that would.
+    alone on its source takes its size, a :class:`DefaultSize` shrinking to the rows there. A chosen selection
+    size is set aside first; a default one takes what the others leave (possibly 0). Raises DataError when a
+    chosen size does not fit, naming the sizes that would.
     """
     select = sizes.get("select")
     if select is not None and select < 0:
         raise DataError(f"The selection size must be 0 or more; got {select}.")
     chosen_select = select is not None and not isinstance(select, DefaultSize)
+    if chosen_select and select > n_rows:
+        raise DataError(f"Selection size {select} does not fit: its data has only {n_rows} rows. Choose at most "
+                        f"{n_rows}, or leave the default, which shrinks to what the other roles leave.")
     room = n_rows - (int(select) if chosen_select else 0)   # a chosen selection size is set aside first
     out: dict[str, int] = {}
     if "calib" in sizes and "eval" in sizes:
-        calib, evals = fit_split_sizes(max(room, 0), sizes["calib"], sizes["eval"])
+        try:
+            calib, evals = fit_split_sizes(room, sizes["calib"], sizes["eval"])
+        except DataError as exc:
+            if not chosen_select:
+                raise
+            raise DataError(f"{exc} (These are the rows left of {n_rows} after the {select} selection examples "
+                            "are set aside.)") from None
         out = {"calib": calib, "eval": max(room, 0) - calib if evals is None else evals}
     else:
         for role in ("calib", "eval"):
@@ -144,17 +153,12 @@ def fit_role_sizes(n_rows: int, sizes: dict[str, int | None]) -> dict[str, int]:
                 if size is not None and size < 0:
                     raise DataError(f"The {ROLES[role]} size must be 0 or more; got {size}.")
                 if size is not None and not isinstance(size, DefaultSize) and size > room:
+                    aside = f" left of {n_rows} after the {select} selection examples" if chosen_select else ""
                     raise DataError(f"{ROLES[role].capitalize()} size {size} does not fit: its data has only {room} "
-                                    "rows. Choose at most that, or leave the default, which shrinks to fit.")
+                                    f"rows{aside}. Choose at most that, or leave the default, which shrinks to fit.")
                 out[role] = room if size is None else min(int(size), room)
-    if "select" in sizes:
-        left = n_rows - sum(out.values())
-        if chosen_select and select > left:
-            raise DataError(f"Selection size {select} does not fit: the {n_rows} rows of its data leave {left} after "
-                            f"the other roles drawn from it ({', '.join(f'{ROLES[r]} {n}' for r, n in out.items())}). "
-                            f"Choose at most {left}, smaller other sizes, a separate --select-data, or leave the "
-                            "default, which shrinks to fit.")
-        out["select"] = int(select) if chosen_select else min(int(select or 0), max(left, 0))
+    if "select" in sizes:   # a chosen size was set aside above; a default takes at most what is left
+        out["select"] = int(select) if chosen_select else min(int(select or 0), n_rows - sum(out.values()))
     return out
 
 
