@@ -247,7 +247,7 @@ def run_trajectories(ws: DashboardWorkspace, names: list[str], params: dict[str,
     report = progress or (lambda f, m: None)
     jobs = _jobs(names, inverse, seeds, ws.setup.seed)
     data_info = {"data": ws.setup.data_label, "eval_size": len(ws.eval), "calib_size": len(ws.calib),
-                 "seed": ws.setup.seed}
+                 "seed": ws.setup.seed, "roles": ws.roles()}
     runs, memory = [], memory_budget()
     for i, (name, inv, seed) in enumerate(jobs):
         label = ("inverse " if inv else "") + name + (f" (seed {seed})" if name == "random" else "")
@@ -263,7 +263,8 @@ def run_trajectories(ws: DashboardWorkspace, names: list[str], params: dict[str,
                     spec, ws.loaded.model, ws.calib_batches, ws.eval_batches, device=ws.loaded.device,
                     tokenizer=ws.loaded.tokenizer, texts=ws.calib_texts(), evaluator=evaluator,
                     perturbed=perturbed_batches(ws) if stability else None, memory_budget=memory,
-                    progress=lambda f, m: report((i + f) / len(jobs), f"{label}: {m}"))
+                    progress=lambda f, m: report((i + f) / len(jobs), f"{label}: {m}"),
+                    select=ws.select_batches or None)
 
         traj = store().memo(key, compute)
         traj.tolerance = tolerance

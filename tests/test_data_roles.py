@@ -266,3 +266,36 @@ def test_batches_of_a_role_are_its_rows(tiny_model_dir, files):
     ws = Workspace.build(str(tiny_model_dir), files["a"], calib_data=files["b"], calib_size=12, max_length=32)
     again = make_batches(ws.loaded.tokenizer, ws.calib, 32, 32)
     assert [b["input_ids"].tolist() for b in again] == [b["input_ids"].tolist() for b in ws.calib_batches]
+
+
+# -- the dashboard ---------------------------------------------------------------------------------------------------
+
+def test_dashboard_key_includes_the_roles():
+    from app_support import ROOT  # noqa: F401  (puts the repository root on sys.path for `dashboard`)
+    from dashboard.config import Setup
+
+    base = Setup(model="demo", data="demo")
+    keys = {base.key, Setup(model="demo", data="demo", calib_data="demo:train").key,
+            Setup(model="demo", data="demo", select_data="demo:train").key,
+            Setup(model="demo", data="demo", eval_data="demo:train").key,
+            Setup(model="demo", data="demo", select_size=DefaultSize(64)).key,
+            Setup(model="demo", data="demo", select_size=64).key}
+    assert len(keys) == 6
+
+
+def test_dashboard_sets_a_separate_calibration_set_and_shows_the_roles(demo_model_path):
+    from app_support import open_app, problems, small_env
+
+    with small_env():
+        at = open_app("model")
+        assert not problems(at)
+        at.selectbox(key="md-calib-data").set_value("demo:train").run()
+        at.button(key="md-load").click().run()
+        assert not problems(at)
+        setup = at.session_state["hp_setup"]
+        assert (setup.calib_data, setup.eval_data, setup.data) == ("demo:train", None, "demo")
+        table = next(d.value for d in at.dataframe if "role" in d.value.columns)
+        rows = {r["role"]: r for r in table.to_dict("records")}
+        assert (rows["calibration"]["source"], rows["evaluation"]["source"]) == ("demo:train", "demo")
+        assert rows["calibration"]["rows"] == 32 and rows["evaluation"]["rows"] == 64
+        assert any("Labels matched by name: rotten → 0 (rotten), fresh → 1 (fresh)" in c.value for c in at.caption)
