@@ -269,12 +269,14 @@ class Workspace:
         notes: list[str] = []
         for spec in dict.fromkeys(sources[r] for r in ROLE_ORDER):
             roles = [r for r in ROLE_ORDER if sources[r] == spec]
-            # the strictest role decides an hf: split: evaluation never reads train unless it is named
+            # the strictest role that takes rows decides an hf: split: evaluation never reads train unless named
+            # (a command that evaluates nothing, e.g. score with --eval-size 0, may score on train)
+            deciding = [r for r in roles if wanted[r] is None or int(wanted[r]) > 0] or roles
             ds = align_labels(load_data(spec, text_col, pair_col, label_col,
-                                        task="lm" if kind.is_lm else "classification", role=roles[0]),
+                                        task="lm" if kind.is_lm else "classification", role=deciding[0]),
                               loaded.id2label, label_map=label_map, by_position=labels_by_position)
             datasets[spec] = ds
-            notes += [n for n in (_split_note(spec, ds, roles), label_note(ds)) if n]
+            notes += [n for n in (_split_note(spec, ds, deciding), label_note(ds)) if n]
             parts.update(split_roles(ds, fit_role_sizes(len(ds), {r: wanted[r] for r in roles}), seed))
         check_overlap(parts, sources, allow_overlap)
         report(0.8, "tokenizing")

@@ -185,6 +185,16 @@ def test_hf_never_evaluates_on_train_unless_said(mnli_like):
         load_data(f"hf:{mnli_like / 'mnli'}::dev")
 
 
+def test_a_command_that_evaluates_nothing_may_score_on_train(tiny_model_dir, mnli_like):
+    spec = f"hf:{mnli_like / 'train_only'}"
+    ws = Workspace.build(str(tiny_model_dir), spec, calib_size=4, eval_size=0, select_size=0, max_length=32)
+    assert ws.roles()["calib"]["split"] == "train" and len(ws.eval) == 0
+    assert ws.notes == [f"{spec} -> split train (for calibration) (the training split: fine for these roles, never "
+                        "chosen for evaluation)"]
+    with pytest.raises(DataError, match="no split to use for evaluation"):
+        Workspace.build(str(tiny_model_dir), spec, calib_size=4, max_length=32)
+
+
 def test_pick_split_rule_order():
     splits = {name: None for name in ("train", "validation_mismatched", "validation_matched")}
     assert pick_split(splits, None, "hf:x") == "validation_matched"
