@@ -12,6 +12,9 @@ import pytest
 from conftest import sentences, write_csv
 
 from headprune.cli import main
+from headprune.criteria import get
+from headprune.criteria.hies import select_alpha
+from headprune.criteria.sap import calibration_metric
 from headprune.data import (
     TextDataset,
     align_labels,
@@ -23,6 +26,8 @@ from headprune.data import (
     split_calib_eval,
 )
 from headprune.errors import DataError
+from headprune.evaluation.metrics import evaluate
+from headprune.model.mask import HeadMask
 from headprune.scoring import ScoringContext
 from headprune.workspace import DefaultSize, Workspace, fit_role_sizes
 
@@ -128,8 +133,6 @@ def test_three_sources_are_recorded_and_overlap_is_refused(tiny_model_dir, files
 def test_selection_batches_reach_the_criteria_that_choose(tiny_model_dir, files):
     """HIES's α sweep evaluates its curves on the selection rows, SAP's k / CF metric reads them: not calibration,
     never evaluation."""
-    from headprune.criteria.hies import select_alpha
-
     ws = Workspace.build(str(tiny_model_dir), files["a"], calib_data=files["b"], select_data=files["c"],
                          calib_size=12, select_size=8, max_length=32)
     ctx = ws.scoring_context(None)
@@ -138,6 +141,14 @@ def test_selection_batches_reach_the_criteria_that_choose(tiny_model_dir, files)
     result = select_alpha(ws.loaded.model, ws.calib_batches, alphas=[0.0, 1.0], budget=0.25, step=3,
                           select=ws.select_batches)
     assert {t["dense"]["n"] for t in result["trajectories"]} == {len(ws.select)}
+    # hies alpha=auto runs the same sweep on the context's selection batches
+    auto = get("hies")(ws.scoring_context(None))
+    sweep = select_alpha(ws.loaded.model, ws.calib_batches, select=ws.select_batches)
+    assert auto.meta["alpha_selection"]["wauc"] == pytest.approx(sweep["wauc"])
+    # SAP's k / CF metric is the selection rows' accuracy, not the calibration rows'
+    metric = calibration_metric(ctx, "auto")
+    mask = HeadMask.ones(ws.shape)
+    assert metric(mask, []) == pytest.approx(evaluate(ws.loaded.model, ws.select_batches).accuracy)
 
 
 # -- hf: splits said, never guessed ----------------------------------------------------------------------------------
@@ -282,6 +293,7 @@ def test_batches_of_a_role_are_its_rows(tiny_model_dir, files):
 
 def test_dashboard_key_includes_the_roles():
     from app_support import ROOT  # noqa: F401  (puts the repository root on sys.path for `dashboard`)
+
     from dashboard.config import Setup
 
     base = Setup(model="demo", data="demo")
