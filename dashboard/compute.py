@@ -69,8 +69,8 @@ def criterion_mask(ws: DashboardWorkspace, sd: SessionData, name: str, ratio: fl
     """The session's mask with ``ratio`` of the grid pruned by criterion ``name``, and what was done in words.
 
     Most criteria: the lowest scores (``ScoreMap.kept_at``). SAP (§4.1): its own selection at that target sparsity
-    with the k that performs best there on the selection batches (today the calibration batches: the data-roles
-    change passes the selection role's here), plus the heads of the layers its whole-layer rule drops (the live
+    with the k that performs best there on the selection batches (the selection role, else the calibration
+    batches: ``ScoringContext.selection``), plus the heads of the layers its whole-layer rule drops (the live
     evaluation gates heads; ``evaluate`` and ``prune`` on the exported mask also skip those layers' feed-forward
     blocks)."""
     if name == "sap" and 0 < ratio < 1:
@@ -79,7 +79,7 @@ def criterion_mask(ws: DashboardWorkspace, sd: SessionData, name: str, ratio: fl
         def compute():
             ctx = ws.scoring_context(sd.mask, progress, memory_budget())
             with compute_slot():
-                return get("sap").per_sparsity(ctx, [ratio], params, selection_batches=ws.calib_batches)[ratio]
+                return get("sap").per_sparsity(ctx, [ratio], params)[ratio]
 
         result = store().memo(f"sap-level|{ws.key}|{params_key(params)}|{mask_key(sd.mask)}|{ratio}", compute)
         dropped = f", layers {result.dropped_layers} dropped" if result.dropped_layers else ""
@@ -274,7 +274,7 @@ def run_trajectories(ws: DashboardWorkspace, names: list[str], params: dict[str,
     report = progress or (lambda f, m: None)
     jobs = _jobs(names, inverse, seeds, ws.setup.seed)
     data_info = {"data": ws.setup.data_label, "eval_size": len(ws.eval), "calib_size": len(ws.calib),
-                 "seed": ws.setup.seed}
+                 "seed": ws.setup.seed, "roles": ws.roles()}
     runs, memory = [], memory_budget()
     for i, (name, inv, seed) in enumerate(jobs):
         label = ("inverse " if inv else "") + name + (f" (seed {seed})" if name == "random" else "")
@@ -292,7 +292,8 @@ def run_trajectories(ws: DashboardWorkspace, names: list[str], params: dict[str,
                     spec, ws.loaded.model, ws.calib_batches, ws.eval_batches, device=ws.loaded.device,
                     tokenizer=ws.loaded.tokenizer, texts=ws.calib_texts(), evaluator=evaluator,
                     perturbed=perturbed_batches(ws) if stability else None, memory_budget=memory,
-                    progress=lambda f, m: report((i + f) / len(jobs), f"{label}: {m}"))
+                    progress=lambda f, m: report((i + f) / len(jobs), f"{label}: {m}"),
+                    select=ws.select_batches or None)
 
         traj = store().memo(key, compute)
         traj.tolerance = tolerance

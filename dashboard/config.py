@@ -1,8 +1,10 @@
-"""What the dashboard loads: the ``Setup`` (model, data, columns, split sizes, device) of each browser session.
+"""What the dashboard loads: the ``Setup`` (model, data and its roles, columns, split sizes, device) of each
+browser session.
 
 Start-up defaults come from the environment (HEADPRUNE_MODEL, HEADPRUNE_DATA, HEADPRUNE_CALIB_SIZE,
-HEADPRUNE_EVAL_SIZE, HEADPRUNE_MAX_LENGTH) or else the demo. Split sizes the user has not changed are
-``workspace.DefaultSize``: they shrink to fit small data by the same rule as the CLI.
+HEADPRUNE_EVAL_SIZE, HEADPRUNE_SELECT_SIZE, HEADPRUNE_MAX_LENGTH) or else the demo. Split sizes the user has not
+changed are ``workspace.DefaultSize``: they shrink to fit small data by the same rule as the CLI. The data roles
+(``calib_data``, ``select_data``, ``eval_data``: None = the rows of ``data``) are part of the workspace key.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import streamlit as st
 from headprune.data import NAMED_DATA
 from headprune.model.loading import NAMED_MODELS
 from headprune.model.memory import parse_budget
-from headprune.workspace import DEFAULT_CALIB_SIZE, DEFAULT_EVAL_SIZE, DefaultSize
+from headprune.workspace import DEFAULT_CALIB_SIZE, DEFAULT_EVAL_SIZE, DEFAULT_SELECT_SIZE, DefaultSize
 
 
 def _env_int(name: str, default: int) -> int:
@@ -49,11 +51,21 @@ class Setup:
     # ("fp32" | "bf16" | "fp16"; None: the checkpoint's own), as ``headprune.models.load_model`` takes them
     device_map: str | None = None
     dtype: str | None = None
+    # data roles (``Workspace.build``): each a data spec, None = rows of ``data``; the selection size; how labels
+    # the model names only by position are matched (a JSON label map, or by position); an untrained head accepted
+    calib_data: str | None = None
+    select_data: str | None = None
+    eval_data: str | None = None
+    select_size: int = field(
+        default_factory=lambda: DefaultSize(_env_int("HEADPRUNE_SELECT_SIZE", DEFAULT_SELECT_SIZE)))
+    label_map: str | None = None
+    labels_by_position: bool = False
+    allow_untrained_head: bool = False
 
     @property
     def key(self) -> str:
         # a default size and the same size chosen by hand can split differently (only one may shrink)
-        chosen = [not isinstance(self.calib_size, DefaultSize), not isinstance(self.eval_size, DefaultSize)]
+        chosen = [not isinstance(size, DefaultSize) for size in (self.calib_size, self.eval_size, self.select_size)]
         text = json.dumps([asdict(self), chosen], sort_keys=True)
         return hashlib.sha1(text.encode()).hexdigest()[:16]
 
@@ -79,7 +91,20 @@ def use_setup(setup: Setup) -> None:
 def demo_setup(current: Setup | None = None) -> Setup:
     """The demo model and data, keeping the sizes, seed and device already chosen."""
     base = current or Setup()
-    return replace(base, model="demo", data="demo", data_label="demo", text_col=None, pair_col=None, label_col=None)
+    return replace(base, model="demo", data="demo", data_label="demo", text_col=None, pair_col=None, label_col=None,
+                   calib_data=None, select_data=None, eval_data=None, label_map=None, labels_by_position=False,
+                   allow_untrained_head=False)
+
+
+SAME_DATA = "(the data above)"
+OTHER_DATA = "(a file path or hf:NAME[:CONFIG[:SPLIT]])"
+
+
+def role_sources(model: str) -> list[str]:
+    """The choices a data role is offered: the data above, the named data sets that fit ``model`` (a demo's own
+    held-out rows and its training split; else the classifier demo's), then any spec typed in."""
+    base = model if model in NAMED_DATA else "demo"
+    return [SAME_DATA] + [name for name in (base, f"{base}:train") if name in NAMED_DATA] + [OTHER_DATA]
 
 
 # -- shareable views: the URL query string ------------------------------------------------------------------------

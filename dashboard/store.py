@@ -20,6 +20,7 @@ from pathlib import Path
 
 import streamlit as st
 
+from headprune.data import ROLES, parse_label_map
 from headprune.model.loading import NAMED_MODELS, LoadedModel, load_model
 from headprune.model.mask import HeadMask
 from headprune.model.sizes import parameter_counts
@@ -41,6 +42,22 @@ class DashboardWorkspace(Workspace):
     @property
     def key(self) -> str:
         return self.setup.key
+
+    def role_rows(self) -> list[dict]:
+        """One row per data role for a table: role, source, split, size, seed and the head of its content hash."""
+        return [{"role": ROLES[role], "source": info["source"], "split": info["split"] or "", "rows": info["size"],
+                 "seed": info["seed"], "content hash": info["hash"][:16]} for role, info in self.roles().items()]
+
+    def mapping_line(self) -> str | None:
+        """How the evaluation data's labels were matched to the model's ids, in words (None for LM data)."""
+        match = self.label_mapping()
+        if not match or match["by"] == "regression":
+            return None
+        names = self.dataset.label_names or []
+        how = {"names": "by name", "ids": "as ids (integer labels)", "position": "by position (confirmed)",
+               "map": "by the label map"}[match["by"]]
+        pairs = ", ".join(f"{k} → {i} ({names[i] if i < len(names) else i})" for k, i in match["mapping"].items())
+        return f"Labels matched {how}: {pairs}"
 
 
 class ResultStore:
@@ -117,6 +134,7 @@ def build_workspace(setup: Setup, progress: Progress | None = None) -> Dashboard
     report = progress or (lambda f, m: None)
 
     def build() -> DashboardWorkspace:
+        label_map = parse_label_map(setup.label_map) if setup.label_map else None   # refused before any loading
         if setup.model in NAMED_MODELS:  # a demo: built once, with its progress shown here
             report(0.02, f"{setup.model} model (built once, a few minutes the very first time)")
             NAMED_MODELS[setup.model].build(
@@ -124,9 +142,12 @@ def build_workspace(setup: Setup, progress: Progress | None = None) -> Dashboard
         report(0.55, f"loading model {setup.model}")
         loaded = cached_model(setup.model, setup.device, setup.device_map, setup.dtype)
         ws = DashboardWorkspace.build(
-            setup.model, setup.data, text_col=setup.text_col, pair_col=setup.pair_col, label_col=setup.label_col,
-            calib_size=setup.calib_size, eval_size=setup.eval_size, max_length=setup.max_length,
-            batch_size=setup.batch_size, seed=setup.seed, loaded=loaded,
+            setup.model, setup.data, calib_data=setup.calib_data, select_data=setup.select_data,
+            eval_data=setup.eval_data, text_col=setup.text_col, pair_col=setup.pair_col, label_col=setup.label_col,
+            calib_size=setup.calib_size, eval_size=setup.eval_size, select_size=setup.select_size,
+            label_map=label_map,
+            labels_by_position=setup.labels_by_position, allow_untrained_head=setup.allow_untrained_head,
+            max_length=setup.max_length, batch_size=setup.batch_size, seed=setup.seed, loaded=loaded,
             progress=lambda f, m: report(0.6 + 0.1 * f, f"{setup.data_label}: {m}"))
         ws.setup, ws.counts = setup, parameter_counts(loaded.model)
         with compute_slot():

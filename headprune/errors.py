@@ -17,6 +17,11 @@ class DataError(HeadpruneError):
     pass
 
 
+class UntrainedHeadError(HeadpruneError):
+    """A model whose task head was newly initialised on load (a base or masked-LM checkpoint read as a
+    classifier): its scores and pruning decisions would be noise."""
+
+
 class MaskError(HeadpruneError):
     pass
 

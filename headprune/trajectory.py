@@ -250,7 +250,8 @@ def _metric_of(spec: TrajectorySpec, dense: dict) -> str:
 def run_trajectory(spec: TrajectorySpec, model, calib: list[dict], eval_batches: list[dict], *, tokenizer=None,
                    texts: list | None = None, device=None, scores: ScoreMap | None = None,
                    evaluator: LiveEvaluator | None = None, perturbed: list[dict] | None = None,
-                   progress=None, memory_budget: int | str | None = None) -> Trajectory:
+                   progress=None, memory_budget: int | str | None = None,
+                   select: list[dict] | None = None) -> Trajectory:
     """Prune ``model`` step by step as ``spec`` says (see module doc) and return the Trajectory.
 
     ``calib``: calibration batches the criterion scores on (``texts``: their raw texts, for criteria that parse
@@ -261,7 +262,8 @@ def run_trajectory(spec: TrajectorySpec, model, calib: list[dict], eval_batches:
     ``eval_batches`` for stability (default: made from ``spec.drop`` and ``spec.seed``). ``model`` is never
     hooked or changed: scoring and evaluation run on private copies. ``memory_budget``: what scoring may hold
     beyond the weights (``headprune.model.memory``). ``progress`` is called after every step; an exception it
-    raises (``errors.Cancelled``) stops the run and nothing of it is returned.
+    raises (``errors.Cancelled``) stops the run and nothing of it is returned. ``select``: the selection batches
+    a criterion makes its choices on (HIES's α, SAP's k; ``ScoringContext.select``), never ``eval_batches``.
     """
     crit = spec.criterion
     resolved = crit.prepare(ScoringContext(model, calib, seed=spec.seed), dict(spec.params))
@@ -308,7 +310,7 @@ def run_trajectory(spec: TrajectorySpec, model, calib: list[dict], eval_batches:
             removed = [tuple(h) for h in ((before.values != 0) & (mask.values == 0)).nonzero().tolist()]
         elif queue is None or crit.dynamic:
             ctx = ScoringContext(work, calib, mask, device, tokenizer, texts, seed=spec.seed,
-                                 memory_budget=memory_budget)
+                                 memory_budget=memory_budget, select=select)
             scored = scores if scores is not None else crit.score(ctx, **resolved)
             traj.params = {**traj.params, **scored.params}   # what scoring chose, e.g. HIES's α under alpha=auto
             queue = scored.order(spec.inverse)

@@ -1,13 +1,26 @@
-"""Workspace: one model with its data, calibration/evaluation splits, batches and metrics as loaded.
+"""Workspace: one model with its data roles (calibration, selection, evaluation), batches and metrics as loaded.
 
 The CLI (``headprune.cli.common.load_model_and_data``) and the dashboard (``dashboard.store``) both build a
 :class:`Workspace`, so they split, shrink and batch the data by one rule.
 
+Data roles
+----------
+``calib`` is what criteria score heads on, ``select`` where choices are made (HIES's α, SAP's k and candidate
+filtering: never the evaluation rows), ``eval`` what is reported. Each role reads ``calib_data`` /
+``select_data`` / ``eval_data``, or ``data`` when not given. Roles that read the same source are disjoint subsets
+of one seeded permutation of it: evaluation takes its first rows, calibration the next, selection the next
+(so adding a selection subset never moves the other two, and one ``data`` splits exactly as before). Roles read
+from different sources are compared by content hash of the rows used (``data.row_hashes``): shared rows are a
+DataError unless ``allow_overlap``. ``Workspace.roles()`` records each role's source, split, size, seed and the
+content hash of its rows.
+
 Split sizes
 -----------
 A size the user did not choose is a :class:`DefaultSize` and shrinks to fit small data: calibration takes at most
-half the rows, evaluation at most what calibration leaves. A size the user chose is kept exactly, and a size that
-does not fit is a :class:`~headprune.errors.DataError` naming the sizes that would (never a negative split).
+half the rows, evaluation at most what calibration leaves, selection at most what both leave (0 when nothing is
+left: choices are then made on the calibration rows, as before roles existed). A role alone on its source takes
+at most all of it. A size the user chose is kept exactly, and a size that does not fit is a
+:class:`~headprune.errors.DataError` naming the sizes that would (never a negative split).
 
 Sharing
 -------
@@ -23,20 +36,25 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from .data import (
+    ROLES,
     TextDataset,
     align_labels,
     calibration_texts,
+    content_hash,
+    label_note,
     load_data,
     make_batches,
+    parse_hf_spec,
     redraw_calibration,
-    split_calib_eval,
+    row_hashes,
 )
 from .errors import DataError
 from .evaluation.metrics import HIGHER_IS_BETTER, Metrics, evaluate, headline, metric_set
-from .model.loading import LoadedModel, load_model
+from .model.loading import LoadedModel, check_head, load_model
 from .model.mask import HeadMask
 from .model.task import Task, task_of
 from .scoring import ScoringContext
@@ -45,6 +63,8 @@ Progress = Callable[[float, str], None]
 
 DEFAULT_CALIB_SIZE = 128
 DEFAULT_EVAL_SIZE = 500
+DEFAULT_SELECT_SIZE = 128
+ROLE_ORDER = ("eval", "calib", "select")   # the order roles sharing a source take rows from its permutation
 
 
 class DefaultSize(int):
@@ -97,6 +117,85 @@ def fit_split_sizes(n_rows: int, calib_size: int, eval_size: int | None) -> tupl
     return calib, evals
 
 
+def fit_role_sizes(n_rows: int, sizes: dict[str, int | None]) -> dict[str, int]:
+    """How many rows each role reading one source of ``n_rows`` rows takes.
+
+    ``sizes`` holds the roles that read this source ("calib", "select", "eval") with their sizes as given (None
+    for evaluation: every row left). Calibration and evaluation together follow :func:`fit_split_sizes`; a role
+    alone on its source takes its size, a :class:`DefaultSize` shrinking to the rows there. A chosen selection
+    size is set aside first; a default one takes what the others leave (possibly 0). Raises DataError when a
+    chosen size does not fit, naming the sizes that would.
+    """
+    select = sizes.get("select")
+    if select is not None and select < 0:
+        raise DataError(f"The selection size must be 0 or more; got {select}.")
+    chosen_select = select is not None and not isinstance(select, DefaultSize)
+    if chosen_select and select > n_rows:
+        raise DataError(f"Selection size {select} does not fit: its data has only {n_rows} rows. Choose at most "
+                        f"{n_rows}, or leave the default, which shrinks to what the other roles leave.")
+    room = n_rows - (int(select) if chosen_select else 0)   # a chosen selection size is set aside first
+    out: dict[str, int] = {}
+    if "calib" in sizes and "eval" in sizes:
+        try:
+            calib, evals = fit_split_sizes(room, sizes["calib"], sizes["eval"])
+        except DataError as exc:
+            if not chosen_select:
+                raise
+            raise DataError(f"{exc} (These are the rows left of {n_rows} after the {select} selection examples "
+                            "are set aside.)") from None
+        out = {"calib": calib, "eval": max(room, 0) - calib if evals is None else evals}
+    else:
+        for role in ("calib", "eval"):
+            if role in sizes:
+                size = sizes[role]
+                if n_rows == 0:
+                    raise DataError("The data has no rows: nothing to draw the "
+                                    f"{ROLES[role]} examples from.")
+                if size is not None and size < 0:
+                    raise DataError(f"The {ROLES[role]} size must be 0 or more; got {size}.")
+                if size is not None and not isinstance(size, DefaultSize) and size > room:
+                    aside = f" left of {n_rows} after the {select} selection examples" if chosen_select else ""
+                    raise DataError(f"{ROLES[role].capitalize()} size {size} does not fit: its data has only {room} "
+                                    f"rows{aside}. Choose at most that, or leave the default, which shrinks to fit.")
+                out[role] = room if size is None else min(int(size), room)
+    if "select" in sizes:   # a chosen size was set aside above; a default takes at most what is left
+        out["select"] = int(select) if chosen_select else min(int(select or 0), n_rows - sum(out.values()))
+    return out
+
+
+def split_roles(ds: TextDataset, sizes: dict[str, int], seed: int) -> dict[str, TextDataset]:
+    """Disjoint seeded subsets of ``ds``, one per role in ``sizes`` (fitted sizes), from one permutation: the
+    roles take consecutive rows in ``ROLE_ORDER`` (evaluation first, as ``data.split_calib_eval`` does)."""
+    order = np.random.default_rng(seed).permutation(len(ds))
+    parts, start = {}, 0
+    for role in ROLE_ORDER:
+        if role in sizes:
+            parts[role] = ds.subset(order[start:start + sizes[role]])
+            start += sizes[role]
+    return parts
+
+
+def check_overlap(parts: dict[str, TextDataset], sources: dict[str, str], allow: bool = False) -> None:
+    """Refuse roles read from different sources that share rows (same text, pair and label), unless ``allow``.
+
+    Roles read from one source are disjoint by construction (one permutation), so only roles whose source specs
+    differ are compared, on the rows each one uses.
+    """
+    if allow:
+        return
+    hashes = {role: set(row_hashes(part)) for role, part in parts.items() if len(part)}
+    roles = [r for r in ROLE_ORDER if r in hashes]
+    for i, a in enumerate(roles):
+        for b in roles[i + 1:]:
+            shared = hashes[a] & hashes[b] if sources[a] != sources[b] else set()
+            if shared:
+                raise DataError(f"The {ROLES[a]} rows ({sources[a]}) and the {ROLES[b]} rows ({sources[b]}) share "
+                                f"{len(shared)} row(s) (same text and label, by content hash): "
+                                f"{ROLES[b]} on rows the {ROLES[a]} also uses is not held-out. Use disjoint "
+                                "sources (e.g. a named split: hf:NAME:CONFIG:SPLIT, demo:train), or pass "
+                                "--allow-overlap (allow_overlap=True) to go on anyway.")
+
+
 @dataclass
 class Workspace:
     """A loaded model, its data and the calibration/evaluation batches (read-only once built).
@@ -106,7 +205,7 @@ class Workspace:
     """
 
     loaded: LoadedModel
-    dataset: TextDataset
+    dataset: TextDataset                  # the evaluation role's source, labels aligned (every row)
     calib: TextDataset
     eval: TextDataset
     calib_batches: list[dict]
@@ -115,23 +214,37 @@ class Workspace:
     max_length: int = 128
     task: Task = Task("classification")   # what the model's head computes (headprune.task.task_of)
     batch_size: int = 32
+    select: TextDataset | None = None     # where choices are made (HIES α, SAP k / CF); empty: none carved
+    select_batches: list[dict] = field(default_factory=list)
+    sources: dict = field(default_factory=dict)   # role -> data spec it was read from
+    source_data: dict = field(default_factory=dict, repr=False)   # data spec -> its rows, aligned (repeats redraw)
+    notes: list[str] = field(default_factory=list)  # what was chosen for the user: splits, label mappings
     _dense: Metrics | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
-    def build(cls, model: str, data: str, *, text_col: str | None = None, pair_col: str | None = None,
+    def build(cls, model: str, data: str, *, calib_data: str | None = None, select_data: str | None = None,
+              eval_data: str | None = None, text_col: str | None = None, pair_col: str | None = None,
               label_col: str | None = None, calib_size: int = DefaultSize(DEFAULT_CALIB_SIZE),
-              eval_size: int | None = DefaultSize(DEFAULT_EVAL_SIZE), max_length: int = 128, batch_size: int = 32,
-              seed: int = 0, device: str = "auto", loaded: LoadedModel | None = None,
-              progress: Progress | None = None, device_map: str | dict | None = None,
-              dtype: str | None = None, task: str | None = None) -> Workspace:
-        """Load ``model`` and ``data``, split and batch them.
+              eval_size: int | None = DefaultSize(DEFAULT_EVAL_SIZE),
+              select_size: int = DefaultSize(DEFAULT_SELECT_SIZE), label_map: dict | None = None,
+              labels_by_position: bool = False, allow_untrained_head: bool = False, allow_overlap: bool = False,
+              max_length: int = 128, batch_size: int = 32, seed: int = 0, device: str = "auto",
+              loaded: LoadedModel | None = None, progress: Progress | None = None,
+              device_map: str | dict | None = None, dtype: str | None = None, task: str | None = None) -> Workspace:
+        """Load ``model`` and the data of each role, split and batch them.
 
         Parameters
         ----------
         model, data : specs as ``headprune.models.load_model`` / ``headprune.data.load_data`` take them.
-        text_col, pair_col, label_col : column names (None: auto-detect).
-        calib_size, eval_size : split sizes (see :func:`fit_split_sizes`; eval None = every row left).
+        calib_data, select_data, eval_data : the source of each role (any data spec); None: ``data``. Roles with
+            one source are disjoint subsets of it (module doc); roles whose rows overlap across sources are a
+            DataError unless ``allow_overlap``.
+        text_col, pair_col, label_col : column names (None: auto-detect), for every source.
+        calib_size, eval_size, select_size : role sizes (see :func:`fit_role_sizes`; eval None = every row left).
+        label_map, labels_by_position : how labels the model's names do not match are mapped
+            (``data.align_labels``).
+        allow_untrained_head : go on with a task head initialised on load (else UntrainedHeadError).
         max_length, batch_size : tokenization.
         seed : seed of the split.
         device : "auto" | "cpu" | "cuda" (ignored when ``loaded`` is given).
@@ -149,18 +262,34 @@ class Workspace:
         if loaded is None:
             report(0.05, f"loading model {model}")
             loaded = load_model(model, device, device_map=device_map, dtype=dtype)
+        check_head(loaded, allow_untrained_head)
         kind = task_of(loaded.model, task)
         report(0.5, "reading data")
-        dataset = align_labels(load_data(data, text_col, pair_col, label_col,
-                                         task="lm" if kind.is_lm else "classification"), loaded.id2label)
-        calib_n, eval_n = fit_split_sizes(len(dataset), calib_size, eval_size)
-        calib, evals = split_calib_eval(dataset, calib_n, eval_n, seed)
+        sources = {"eval": eval_data or data, "calib": calib_data or data, "select": select_data or data}
+        wanted = {"eval": eval_size, "calib": calib_size, "select": select_size}
+        parts: dict[str, TextDataset] = {}
+        datasets: dict[str, TextDataset] = {}
+        notes: list[str] = []
+        for spec in dict.fromkeys(sources[r] for r in ROLE_ORDER):
+            roles = [r for r in ROLE_ORDER if sources[r] == spec]
+            # the strictest role that takes rows decides an hf: split: evaluation never reads train unless named
+            # (a command that evaluates nothing, e.g. score with --eval-size 0, may score on train)
+            deciding = [r for r in roles if wanted[r] is None or int(wanted[r]) > 0] or roles
+            ds = align_labels(load_data(spec, text_col, pair_col, label_col,
+                                        task="lm" if kind.is_lm else "classification", role=deciding[0]),
+                              loaded.id2label, label_map=label_map, by_position=labels_by_position)
+            datasets[spec] = ds
+            notes += [n for n in (_split_note(spec, ds, deciding), label_note(ds)) if n]
+            parts.update(split_roles(ds, fit_role_sizes(len(ds), {r: wanted[r] for r in roles}), seed))
+        check_overlap(parts, sources, allow_overlap)
         report(0.8, "tokenizing")
-        calib_batches, eval_batches = (make_batches(loaded.tokenizer, part, batch_size, max_length) if len(part)
-                                       else [] for part in (calib, evals))
+        batches = {role: make_batches(loaded.tokenizer, part, batch_size, max_length) if len(part) else []
+                   for role, part in parts.items()}
         report(1.0, "ready")
-        return cls(loaded, dataset, calib, evals, calib_batches, eval_batches, seed=seed, max_length=max_length,
-                   task=kind, batch_size=batch_size)
+        return cls(loaded, datasets[sources["eval"]], parts["calib"], parts["eval"], batches["calib"],
+                   batches["eval"], seed=seed, max_length=max_length, task=kind, batch_size=batch_size,
+                   select=parts["select"], select_batches=batches["select"], sources=sources, source_data=datasets,
+                   notes=notes)
 
     # -- the model ----------------------------------------------------------------------------------------
     @property
@@ -202,15 +331,22 @@ class Workspace:
             raise DataError("Scoring needs calibration examples: choose a calibration size of at least 1.")
         return ScoringContext(self.loaded.model, self.calib_batches, mask, self.loaded.device,
                               self.loaded.tokenizer, self.calib_texts(), seed=self.seed, progress=progress,
-                              memory_budget=memory_budget)
+                              memory_budget=memory_budget, select=self.select_batches or None)
 
     def calibration_draw(self, repeat: int) -> tuple[TextDataset, list[dict]]:
-        """Repeat ``repeat``'s calibration rows and batches (``data.redraw_calibration``): repeat 0 is this
-        workspace's own calibration set; others are re-drawn, of the same size, from the rows evaluation leaves,
-        so the evaluation rows are the same for every repeat."""
+        """Repeat ``repeat``'s calibration rows and batches: repeat 0 is this workspace's own calibration set;
+        others are re-drawn, of the same size, from the calibration source's rows that no other role on that source
+        reads (``data.redraw_calibration``), so evaluation and selection rows are the same for every repeat."""
         if repeat == 0:
             return self.calib, self.calib_batches
-        calib = redraw_calibration(self.dataset, len(self.calib), len(self.eval), self.seed, repeat)
+        spec = self.sources["calib"]
+        source = self.source_data[spec]
+        taken = set()
+        for role, part in (("eval", self.eval), ("select", self.select)):
+            if part is not None and len(part) and self.sources.get(role) == spec:
+                taken |= set(row_hashes(part))
+        exclude = [i for i, h in enumerate(row_hashes(source)) if h in taken]
+        calib = redraw_calibration(source, len(self.calib), self.seed, repeat, exclude)
         return calib, make_batches(self.loaded.tokenizer, calib, self.batch_size, self.max_length)
 
     # -- metrics of the model as loaded --------------------------------------------------------------------
@@ -247,9 +383,34 @@ class Workspace:
         values = metrics if isinstance(metrics, dict) else metrics.to_dict()
         return float(values[self.metric])
 
+    def roles(self) -> dict:
+        """Each data role as a run file records it: {"calib" | "select" | "eval": {"source": spec, "split": the
+        Hugging Face split read or None, "size": rows, "seed": seed of the draw, "hash": sha256 of the rows}}."""
+        parts = {"calib": self.calib, "select": self.select, "eval": self.eval}
+        return {role: {"source": self.sources.get(role, part.source if part is not None else None),
+                       "split": None if part is None else part.split, "size": 0 if part is None else len(part),
+                       "seed": self.seed, "hash": content_hash(part if part is not None else TextDataset([]))}
+                for role, part in parts.items()}
+
+    def label_mapping(self) -> dict | None:
+        """How the evaluation data's labels were matched to the model's ids (``TextDataset.label_match``)."""
+        return self.dataset.label_match
+
     def info(self) -> dict:
-        """JSON-ready facts: model, arch, grid, heads cut in the weights, data columns, task, sizes, seed, device."""
+        """JSON-ready facts: model, arch, grid, heads cut in the weights, data columns, task, sizes, seed, device,
+        the data roles (:meth:`roles`) and how labels were matched."""
         return {"model": self.loaded.spec, "model_source": self.loaded.source, "arch": self.adapter.arch,
                 "grid": list(self.shape), "cut_heads": self.n_cut, "data": self.dataset.source,
                 "columns": self.dataset.columns, "task": self.dataset.task, "calib_size": len(self.calib),
-                "eval_size": len(self.eval), "seed": self.seed, "device": str(self.loaded.device)}
+                "eval_size": len(self.eval), "select_size": len(self.select) if self.select is not None else 0,
+                "seed": self.seed, "device": str(self.loaded.device), "roles": self.roles(),
+                "labels": self.label_mapping(), "untrained_head": self.loaded.untrained_head}
+
+
+def _split_note(spec: str, ds: TextDataset, roles: list[str]) -> str | None:
+    """"hf:X -> split validation_matched (for evaluation, calibration)" when the split was chosen by the rule,
+    not named in the spec; None otherwise."""
+    if not spec.startswith("hf:") or ds.split is None or parse_hf_spec(spec)[2] is not None:
+        return None
+    said = " (the training split: fine for these roles, never chosen for evaluation)" if ds.split == "train" else ""
+    return f"{spec} -> split {ds.split} (for {', '.join(ROLES[r] for r in roles)}){said}"

@@ -381,3 +381,33 @@ def test_dashboard_refuses_a_bad_uploaded_mask_file(app_setup):
     upload.set_value(("mask.json", b'{"pruned": {"9": [0]}}', "application/json")).run()
     assert "Mask names layer 9, but this model has layers 0..1" in _errors(at)
     assert metric(at, "heads left") == before
+
+
+# -- data roles and label maps (issue 22): refused before any model loads ---------------------------------------------
+
+ROLE_CASES = {  # argv after the command -> regex of the message
+    "unknown calibration source": (["--calib-data", "no-such-source"],
+                                   r"--calib-data no-such-source: Data file not found.*Accepted: 'demo'"),
+    "evaluation data file missing": (["--eval-data", "missing.csv"], r"--eval-data missing.csv: Data file not found"),
+    "selection data a folder": (["--select-data", "."], r"--select-data \.: \. is a folder, not a data file"),
+    "selection data a bad hf spec": (["--select-data", "hf:a:b:c:d"], r"Bad Hugging Face dataset spec"),
+    "selection size 0 for its own data": (["--select-data", "demo:train", "--select-size", "0"],
+                                          r"--select-size 0 with --select-data demo:train: a role given its own data"),
+    "calibration size 0 for its own data": (["--calib-data", "demo:train", "--calib-size", "0"],
+                                            r"--calib-size 0(: scoring needs| with --calib-data demo:train)"),
+    "label map not json": (["--label-map", "{oops"], r"label map is not JSON.*e.g. '\{\"negative\": 0"),
+    "label map a list": (["--label-map", "[0, 1]"], r"label map must be a non-empty JSON object"),
+}
+
+
+@pytest.mark.parametrize("case", list(ROLE_CASES))
+@pytest.mark.parametrize("command", ["evaluate", "score"])
+def test_cli_refuses_bad_roles_before_the_model_loads(case, command, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    extra, pattern = ROLE_CASES[case]
+    argv = [command, "--model", str(tmp_path / "no-model-here"), *extra,
+            *(["--criterion", "ae"] if command == "score" else [])]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert not out and err.startswith("error: ") and re.search(pattern, err, re.S), err
+    assert "Model path not found" not in err and list(tmp_path.iterdir()) == []

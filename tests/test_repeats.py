@@ -19,22 +19,22 @@ def _rows(n=50):
 
 def test_content_hash_is_sha256_of_the_rows_in_order():
     ds = _rows(3)
-    by_hand = hashlib.sha256("".join(json.dumps([t, None, y]) + "\n" for t, y in zip(ds.texts, ds.labels))
-                             .encode()).hexdigest()
+    rows = [hashlib.sha256(json.dumps([t, None, y]).encode()).hexdigest() for t, y in zip(ds.texts, ds.labels)]
+    by_hand = hashlib.sha256("".join(rows).encode()).hexdigest()
     assert content_hash(ds) == by_hand
     assert content_hash(ds.subset([0, 1])) != content_hash(ds.subset([0, 2])) != content_hash(ds.subset([2, 0]))
 
 
 def test_redrawn_calibration_keeps_evaluation_rows_out_and_differs_per_repeat():
     ds = _rows()
-    calib, evals = split_calib_eval(ds, 10, 20, seed=4)
-    assert content_hash(redraw_calibration(ds, 10, 20, 4, 0)) == content_hash(calib)
-    draws = [redraw_calibration(ds, 10, 20, 4, r) for r in range(4)]
+    _, evals = split_calib_eval(ds, 10, 20, seed=4)
+    taken = [ds.texts.index(t) for t in evals.texts]
+    draws = [redraw_calibration(ds, 10, 4, r, taken) for r in range(1, 5)]
     assert len({content_hash(d) for d in draws}) == 4 and all(len(d) == 10 for d in draws)
     assert all(not set(d.texts) & set(evals.texts) for d in draws)
-    assert content_hash(redraw_calibration(ds, 10, 20, 4, 2)) == content_hash(draws[2])      # seeded
+    assert content_hash(redraw_calibration(ds, 10, 4, 3, taken)) == content_hash(draws[2])      # seeded
     with pytest.raises(Exception, match="does not fit"):
-        redraw_calibration(ds, 40, 20, 4, 1)
+        redraw_calibration(ds, 40, 4, 1, taken)
 
 
 def _run(argv, capsys):

@@ -5,7 +5,16 @@ from dataclasses import replace
 import pandas as pd
 import streamlit as st
 
-from dashboard.config import Setup, memory_budget, size_choice, use_memory_budget, use_setup
+from dashboard.config import (
+    OTHER_DATA,
+    SAME_DATA,
+    Setup,
+    memory_budget,
+    role_sources,
+    size_choice,
+    use_memory_budget,
+    use_setup,
+)
 from dashboard.store import build_workspace, save_upload
 from dashboard.ui import DEMO_CHOICES, guard, page, progress_bar
 from headprune.data import NAMED_DATA, columns_of
@@ -92,6 +101,41 @@ if data_kind != "demo":
 else:
     text_col = pair_col = label_col = None
 
+def role_picker(column, label: str, current: str | None, key: str, help_text: str) -> str | None:
+    """A data role's source: the data above (None), a named data set, or a typed spec."""
+    options = role_sources(model_spec)
+    index = 0 if current is None else (options.index(current) if current in options else len(options) - 1)
+    choice = column.selectbox(label, options, index=index, key=key, help=help_text)
+    if choice == OTHER_DATA:
+        typed = column.text_input(f"{label}: spec", value=current if current not in options else "",
+                                  key=f"{key}-spec", placeholder="data.csv or hf:glue:mnli").strip()
+        return typed or None
+    return None if choice == SAME_DATA else choice
+
+
+st.subheader("Data roles")
+st.caption("Criteria score heads on the **calibration** rows, choices (HIES's α, SAP's k and candidate filtering) "
+           "are made on the **selection** rows, metrics are reported on the **evaluation** rows. Left on the data "
+           "above, the roles are disjoint parts of it; from different sources, rows they share are refused. "
+           "E.g. evaluation on `demo`, calibration on `demo:train`.")
+r1, r2, r3 = st.columns(3)
+calib_data = role_picker(r1, "Calibration data", setup.calib_data, "md-calib-data", "What criteria score heads on.")
+select_data = role_picker(r2, "Selection data", setup.select_data, "md-select-data",
+                          "Where choices are made; never the evaluation rows.")
+eval_data = role_picker(r3, "Evaluation data", setup.eval_data, "md-eval-data",
+                        "What is reported. An hf: dataset without a split never reads train.")
+r4, r5, r6 = st.columns([2, 1, 1])
+label_map = r4.text_input("Label map (JSON), for models that name their labels only by position (LABEL_0, ...)",
+                          value=setup.label_map or "", key="md-label-map",
+                          placeholder='{"negative": 0, "positive": 1}').strip() or None
+labels_by_position = r5.checkbox("Match label names by position", value=setup.labels_by_position,
+                                 key="md-labels-by-position",
+                                 help="Accept the data's label order as the model's ids (LABEL_0, LABEL_1, ...).")
+allow_untrained_head = r6.checkbox("Allow an untrained head", value=setup.allow_untrained_head,
+                                   key="md-allow-untrained-head",
+                                   help="Go on with a model whose task head was initialised at random on load "
+                                        "(its scores are noise: fine-tune it first).")
+
 st.subheader("Sizes and device")
 c1, c2, c3, c4, c5 = st.columns(5)
 SHRINKS = " Left unchanged, a default shrinks to fit small data, as in the CLI."
@@ -107,6 +151,9 @@ seed = c4.number_input("Seed", value=setup.seed, step=1, key="md-seed",
                        help="Seed of the calibration/evaluation split.")
 device = c5.radio("Device", list(DEVICES), format_func=DEVICES.get, index=list(DEVICES).index(setup.device),
                   key="md-device")
+select_size = st.number_input("Selection examples", min_value=0, value=int(setup.select_size), step=16,
+                              key="md-select", help="Rows where choices are made (default: at most what calibration "
+                                                    "and evaluation leave of a shared source)." + SHRINKS)
 c6, c7 = st.columns([3, 2])
 placed = "device" if setup.device_map is None else ("auto" if setup.device_map == "auto" else "json")
 placement = c6.radio("Placement (models bigger than one device)", list(PLACEMENTS), format_func=PLACEMENTS.get,
@@ -132,6 +179,9 @@ with guard("That memory budget was not accepted — the previous one stays"):
 wanted = replace(setup, model=model_spec or "", data=data_spec, data_label=data_label, text_col=text_col,
                  pair_col=pair_col, label_col=label_col, calib_size=size_choice(calib_size, setup.calib_size),
                  eval_size=size_choice(eval_size, setup.eval_size),
+                 select_size=size_choice(select_size, setup.select_size), calib_data=calib_data,
+                 select_data=select_data, eval_data=eval_data, label_map=label_map,
+                 labels_by_position=labels_by_position, allow_untrained_head=allow_untrained_head,
                  max_length=int(max_length), seed=int(seed), device=device,
                  device_map=device_map.strip() if device_map else None, dtype=None if dtype == "saved" else dtype)
 if st.button("Load", type="primary", disabled=wanted == setup, key="md-load"):
@@ -168,6 +218,13 @@ if ws.eval.labels is not None:  # language-model text has none
 left, right = st.columns([3, 1])
 with left:
     st.dataframe(preview, width="stretch", hide_index=True, height=300)
+    st.markdown("**Data roles** (what a run file records)")
+    st.dataframe(pd.DataFrame(ws.role_rows()), width="stretch", hide_index=True)
+    mapping = ws.mapping_line()
+    if mapping:
+        st.caption(mapping)
+    for note in ws.notes:
+        st.info(note, icon="ℹ️")
 with right:
     st.markdown("**The model as loaded, on the evaluation split**")
     dense = ws.dense().to_dict()

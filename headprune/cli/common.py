@@ -15,6 +15,7 @@ import sys
 
 from tqdm import tqdm
 
+from ..data import check_source, parse_label_map
 from ..errors import DataError, HeadpruneError
 from ..evaluation.metrics import check_metric_name, headline, metric_set
 from ..limits import POSITIVE_INT
@@ -23,7 +24,7 @@ from ..model.loading import LoadedModel
 from ..model.mask import HeadMask, dropped_layers
 from ..model.memory import DEFAULT_SHARE, MemoryBudgetError, parse_budget
 from ..model.task import REQUESTABLE, task_of
-from ..workspace import DefaultSize, Workspace
+from ..workspace import DEFAULT_SELECT_SIZE, DefaultSize, Workspace
 
 MODEL_HELP = "'demo' or 'demo-lm' (built offline on first use), a model folder, or a Hugging Face model id"
 DATA_HELP = ("'demo', 'demo-lm', a .csv/.tsv/.jsonl file, a .txt file (one document per line, for a language "
@@ -75,6 +76,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "(overrides --device)")
     p.add_argument("--dtype", default=None, choices=("fp32", "bf16", "fp16"),
                    help="convert the weights on load (default: as saved)")
+    p.add_argument("--allow-untrained-head", action="store_true",
+                   help="go on with a model whose task head was initialised at random on load (a base or masked-LM "
+                        "checkpoint read as a classifier); refused by default: fine-tune it first")
 
 
 def add_data_args(p: argparse.ArgumentParser, calib_size: int = 128, eval_size: int | None = 500) -> None:
@@ -91,6 +95,23 @@ def add_data_args(p: argparse.ArgumentParser, calib_size: int = 128, eval_size: 
     g.add_argument("--eval-size", type=_count_or_all, default=None if eval_size is None else DefaultSize(eval_size),
                    help=f"evaluation examples, or 'all' (default: {eval_size or 'all'}, at most what calibration "
                         "leaves)")
+    g.add_argument("--calib-data", metavar="DATA",
+                   help="what criteria score heads on (any data spec, e.g. demo:train; default: rows of --data)")
+    g.add_argument("--select-data", metavar="DATA",
+                   help="where choices are made: HIES's α, SAP's k and candidate filtering; never the evaluation "
+                        "rows (default: rows of --data left after calibration and evaluation)")
+    g.add_argument("--eval-data", metavar="DATA",
+                   help="what is reported (any data spec; hf: without a split never reads train; default: --data)")
+    g.add_argument("--select-size", type=_count, default=DefaultSize(DEFAULT_SELECT_SIZE),
+                   help=f"selection examples (default: {DEFAULT_SELECT_SIZE}, at most what the other roles leave of "
+                        "a shared source; 0 = choices on the calibration rows)")
+    g.add_argument("--label-map", metavar="JSON|FILE",
+                   help='which data label is which model id, e.g. \'{"negative": 0, "positive": 1}\' (or a JSON '
+                        "file): needed when the model names its labels only by position (LABEL_0, ...)")
+    g.add_argument("--labels-by-position", action="store_true",
+                   help="accept matching the data's label names to the model's ids by their order")
+    g.add_argument("--allow-overlap", action="store_true",
+                   help="go on when roles read from different sources share rows (refused by default)")
     g.add_argument("--max-length", type=_positive, default=128, help="truncate to this many tokens (default: 128)")
     g.add_argument("--batch-size", type=_positive, default=32, help="examples per batch (default: 32)")
     g.add_argument("--seed", type=int, default=0, help="seed of the calibration/evaluation split (default: 0)")
@@ -118,6 +139,23 @@ def check_args(args, *, calib: str | None = None, evaluation: str | None = None)
         raise DataError(f"--eval-size {args.eval_size}: {evaluation} needs at least one example to evaluate on. "
                         f"Accepted: --eval-size N with N {POSITIVE_INT.describe().removeprefix('an integer ')}, "
                         "or all.")
+    for option in ("data", "calib_data", "select_data", "eval_data"):
+        spec = getattr(args, option, None)
+        if spec is not None:
+            try:
+                check_source(spec)
+            except DataError as exc:
+                raise DataError(f"--{option.replace('_', '-')} {spec}: {exc}") from None
+    sizes = {"calib": ("--calib-size", "calib_size"), "select": ("--select-size", "select_size"),
+             "eval": ("--eval-size", "eval_size")}
+    for role, (option, attr) in sizes.items():
+        size = getattr(args, attr, None)
+        if getattr(args, f"{role}_data", None) and size is not None and int(size) == 0:
+            raise DataError(f"{option} 0 with --{role}-data {getattr(args, f'{role}_data')}: a role given its own "
+                            f"data needs at least one example. Accepted: {option} N with N "
+                            f"{POSITIVE_INT.describe().removeprefix('an integer ')}, or drop --{role}-data.")
+    if getattr(args, "label_map", None):
+        parse_label_map(args.label_map)
     if getattr(args, "mask", None):
         HeadMask.read_file(args.mask)
     check_metric_name(getattr(args, "metric", None))
@@ -133,9 +171,10 @@ def add_metric_arg(p: argparse.ArgumentParser, what: str) -> None:
 
 def metric_choice(args, loaded: LoadedModel, source: str | None = None) -> tuple[tuple[str, ...], str]:
     """(metric set, headline) of this run (``evaluation.metrics.metric_set`` / ``headline``) for the model's task
-    and the data spec ``source`` (default ``--data``); ``--metric`` must be one the task reports."""
+    and the data spec ``source`` (default: the evaluation data, ``--eval-data`` else ``--data``); ``--metric`` must
+    be one the task reports."""
     task = task_of(loaded.model, getattr(args, "task", None))
-    source = args.data if source is None else source
+    source = (getattr(args, "eval_data", None) or args.data) if source is None else source
     n_classes = int(loaded.model.config.num_labels) if task.kind == "classification" else None
     return (metric_set(task, source, n_classes=n_classes),
             headline(task, getattr(args, "metric", None), source, n_classes=n_classes))
@@ -166,37 +205,48 @@ def mask_dropped_layers(args, loaded: LoadedModel) -> list[int]:
 def build_workspace(args, calib_size: int | None = None) -> Workspace:
     """The ``Workspace`` the model and data arguments name (the dashboard builds the same object).
 
-    ``calib_size`` overrides ``--calib-size``; sizes left at their defaults shrink to fit small data.
+    ``calib_size`` overrides ``--calib-size``; sizes left at their defaults shrink to fit small data. What was
+    chosen for the user (an hf: split, a label mapping by position or by --label-map) is printed on stderr as
+    ``note: ...``.
     """
-    return Workspace.build(args.model, args.data, text_col=args.text_col, pair_col=args.pair_col,
-                           label_col=args.label_col, calib_size=args.calib_size if calib_size is None else calib_size,
-                           eval_size=args.eval_size, max_length=args.max_length, batch_size=args.batch_size,
-                           seed=args.seed, device=getattr(args, "device", "auto"),
-                           device_map=getattr(args, "device_map", None), dtype=getattr(args, "dtype", None),
-                           task=getattr(args, "task", None))
+    label_map = parse_label_map(args.label_map) if getattr(args, "label_map", None) else None
+    ws = Workspace.build(args.model, args.data, calib_data=getattr(args, "calib_data", None),
+                         select_data=getattr(args, "select_data", None), eval_data=getattr(args, "eval_data", None),
+                         text_col=args.text_col, pair_col=args.pair_col, label_col=args.label_col,
+                         calib_size=args.calib_size if calib_size is None else calib_size, eval_size=args.eval_size,
+                         select_size=getattr(args, "select_size", DefaultSize(DEFAULT_SELECT_SIZE)),
+                         label_map=label_map, labels_by_position=getattr(args, "labels_by_position", False),
+                         allow_untrained_head=getattr(args, "allow_untrained_head", False),
+                         allow_overlap=getattr(args, "allow_overlap", False), max_length=args.max_length,
+                         batch_size=args.batch_size, seed=args.seed, device=getattr(args, "device", "auto"),
+                         device_map=getattr(args, "device_map", None), dtype=getattr(args, "dtype", None),
+                         task=getattr(args, "task", None))
+    for note in ws.notes:
+        print(f"note: {note}", file=sys.stderr)
+    return ws
 
 
 def load_model_and_data(args, calib_size: int | None = None) -> tuple[LoadedModel, list[dict], list[dict], dict]:
     """Model, calibration batches, evaluation batches and an info dict, from the model and data arguments.
 
-    ``info`` is ``Workspace.info()`` (model and data as given) plus the TextDatasets under "calib_data" and
-    "eval_data" (raw texts, e.g. ``data.batch_texts(info["calib_data"], calib)``); ``summary(info)`` drops those
-    two for printing. ``calib_size`` overrides ``--calib-size``.
+    ``info`` is ``Workspace.info()`` (model and data as given, the data roles under "roles") plus the TextDatasets
+    under "calib_data", "select_data" and "eval_data" (raw texts, e.g. ``data.batch_texts(info["calib_data"],
+    calib)``) and the selection batches under "select_batches" (where criteria make their choices:
+    ``ScoringContext(select=...)``); ``summary(info)`` drops those for printing. ``calib_size`` overrides
+    ``--calib-size``.
     """
     ws = build_workspace(args, calib_size)
-    info = {**ws.info(), "model": args.model, "data": args.data, "calib_data": ws.calib, "eval_data": ws.eval}
+    info = {**ws.info(), "model": args.model, "data": args.data, "calib_data": ws.calib, "eval_data": ws.eval,
+            "select_data": ws.select, "select_batches": ws.select_batches}
     return ws.loaded, ws.calib_batches, ws.eval_batches, info
 
 
-def selection_batches(calib: list[dict]) -> list[dict]:
-    """THE batches on which this CLI makes choices (SAP's best k per sparsity): today the calibration batches
-    ``calib`` themselves. The one place to hand the selection role's batches (``Workspace.select_batches``) in."""
-    return calib
+UNPRINTED = ("calib_data", "eval_data", "select_data", "select_batches")
 
 
 def summary(info: dict) -> dict:
-    """``info`` without its datasets: what a command prints."""
-    return {k: v for k, v in info.items() if k not in ("calib_data", "eval_data")}
+    """``info`` without its datasets and batches: what a command prints."""
+    return {k: v for k, v in info.items() if k not in UNPRINTED}
 
 
 def tqdm_progress(desc: str):
@@ -215,5 +265,5 @@ def tqdm_progress(desc: str):
 
 
 __all__ = ["check_args", "check_positive", "add_model_args", "add_data_args", "add_mask_arg", "add_memory_arg",
-           "add_metric_arg", "metric_choice", "selection_batches", "load_mask", "mask_dropped_layers",
+           "add_metric_arg", "metric_choice", "load_mask", "mask_dropped_layers",
            "load_model_and_data", "build_workspace", "summary", "tqdm_progress"]

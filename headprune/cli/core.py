@@ -15,7 +15,7 @@ from ..evaluation.metrics import evaluate
 from ..evaluation.speed import compare_speed
 from ..model.export import FORMATS, ExportError, export_model, round_to_uniform, type_problem
 from ..model.layers import skip_layers
-from ..model.loading import load_model
+from ..model.loading import check_head, load_model
 from ..model.mask import HeadMask
 from ..model.sizes import size_report
 from .common import (
@@ -58,7 +58,8 @@ def cmd_demo(args) -> dict:
 
 def cmd_evaluate(args) -> dict:
     check_args(args, evaluation="evaluation")
-    loaded, _, evals, info = load_model_and_data(args, calib_size=0)
+    # nothing is scored: no calibration rows are drawn, unless --calib-data names them (recorded, overlap-checked)
+    loaded, _, evals, info = load_model_and_data(args, calib_size=None if args.calib_data else 0)
     mask = load_mask(args, loaded)
     names, head = metric_choice(args, loaded)
     dropped = mask_dropped_layers(args, loaded)
@@ -88,6 +89,7 @@ def cmd_prune(args) -> dict:
     # loaded as it was scored (--dtype, --device-map): a model too big for one device is cut where it fits
     loaded = load_model(args.model, "cpu" if args.device_map is None else "auto", device_map=args.device_map,
                         dtype=args.dtype)
+    check_head(loaded, args.allow_untrained_head)
     mask = load_mask(args, loaded)
     result = {"out": str(out), "model": args.model, "format": args.format}
     pruned, written = export_pruned(loaded, mask, out, args.format, dropped_layers=mask_dropped_layers(args, loaded))

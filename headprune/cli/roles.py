@@ -66,7 +66,8 @@ def cmd_roles(args) -> dict:
                         progress=tqdm_progress("head roles"))
     result = {**report.to_json(), "model": args.model, "data": summary(info), "seed": args.seed}
     if criteria:
-        ctx = ScoringContext(loaded.model, calib, mask, loaded.device, loaded.tokenizer, texts, seed=args.seed)
+        ctx = ScoringContext(loaded.model, calib, mask, loaded.device, loaded.tokenizer, texts, seed=args.seed,
+                             select=info["select_batches"] or None)
         maps = {c.name: c(ctx, {}) for c in criteria}
         # dynamic criteria (greedy-gnorm, hies) re-score while pruning; here they are read in their one-shot order
         result["kept_by_role"] = {str(r): kept_by_role(maps, report, r) for r in args.ratio or [0.5]}

@@ -1,5 +1,5 @@
 """Scoring commands: ``criteria`` (what is available), ``score`` (one ScoreMap), ``trajectory`` (prune step by step
-and measure), ``select-alpha`` (HIES α by wAUC on the calibration split)."""
+and measure), ``select-alpha`` (HIES α by wAUC on the selection rows, else the calibration split)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,6 @@ from .common import (
     load_mask,
     load_model_and_data,
     metric_choice,
-    selection_batches,
     summary,
     tqdm_progress,
 )
@@ -87,15 +86,14 @@ def cmd_score(args) -> dict:
     texts = calibration_texts(info["calib_data"], calib)
     start = time.perf_counter()
     ctx = ScoringContext(loaded.model, calib, load_mask(args, loaded), loaded.device, loaded.tokenizer, texts,
-                         seed=args.seed, memory_budget=args.memory_budget)
+                         seed=args.seed, memory_budget=args.memory_budget, select=info["select_batches"] or None)
     if calib:   # the expected duration, on its own line before the bar starts
         print(f"estimate: {estimate_scoring(ctx, [crit.name], {crit.name: params})}", file=sys.stderr, flush=True)
     ctx.progress = tqdm_progress(f"scoring {crit.name}")
     scores = crit(ctx, params)
     if levels:   # SAP as the paper runs it: its own selection and best k at each level (§4.1, Fig. 7)
         ctx.progress = tqdm_progress("SAP per sparsity")
-        scores.meta["per_sparsity"] = levels_json(crit.per_sparsity(ctx, levels, params,
-                                                                    selection_batches=selection_batches(calib)))
+        scores.meta["per_sparsity"] = levels_json(crit.per_sparsity(ctx, levels, params))
     for warning in scores.meta.get("warnings", []):   # in the JSON too; stderr so a reader of the terminal sees it
         print(f"warning: {warning}", file=sys.stderr)
     result = {**scores.to_json(), "model": args.model, "data": summary(info),
@@ -175,7 +173,7 @@ def cmd_trajectory(args) -> dict:
               "evaluation set leaves); choose a smaller --calib-size for distinct draws.", file=sys.stderr)
     runs = run_repeats(spec, ws.loaded.model, draws, ws.eval_batches, device=ws.loaded.device,
                        tokenizer=ws.loaded.tokenizer, progress=tqdm_progress(f"trajectory {crit.name}"),
-                       memory_budget=args.memory_budget)
+                       memory_budget=args.memory_budget, select=ws.select_batches or None)
     if len(runs) == 1:
         result = runs[0].to_json()
     else:
@@ -203,12 +201,12 @@ def cmd_select_alpha(args) -> dict:
         alphas = [float(a) for a in args.alphas.split(",")]
     except ValueError:
         raise CriterionError(f"--alphas {args.alphas!r}: expected comma-separated numbers in [0, 1].") from None
-    check_args(args, calib="the α sweep (it prunes and evaluates on the calibration split)")
+    check_args(args, calib="the α sweep (it scores heads on the calibration rows)")
     sweep_specs(alphas, args.budget, 1 if args.step is None else args.step, args.metric)  # the model picks no step
     checked_out_file(args.out)
     loaded, calib, _, info = load_model_and_data(args)
     result = select_alpha(loaded.model, calib, alphas, args.budget, args.step, args.metric, loaded.device,
-                          tqdm_progress("HIES α sweep"))
+                          tqdm_progress("HIES α sweep"), select=info["select_batches"] or None)
     return write_json({**result, "model": args.model, "data": summary(info)}, args.out)
 
 
@@ -258,7 +256,8 @@ def add_commands(sub) -> None:
     p.add_argument("--out", help="also write the run file (JSON) here")
     p.set_defaults(handler=cmd_trajectory)
 
-    p = sub.add_parser("select-alpha", help="choose HIES's α by wAUC of its pruning curve on the calibration split")
+    p = sub.add_parser("select-alpha", help="choose HIES's α by wAUC of its pruning curve on the selection rows "
+                                            "(--select-data, else a disjoint share of --data, else calibration)")
     add_model_args(p)
     add_data_args(p, eval_size=0)
     p.add_argument("--alphas", default=",".join(map(str, DEFAULT_ALPHAS)),

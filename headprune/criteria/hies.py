@@ -97,7 +97,7 @@ class HIES(OnePassCriterion):
         sweep_ctx = ScoringContext(ctx.model, ctx.calib, device=ctx.device, seed=ctx.seed,
                                    cache=ctx.cache if unmasked else {}, memory_budget=ctx.memory_budget)
         selection = select_alpha(ctx.model, ctx.calib, budget=AUTO_BUDGET, device=ctx.device,
-                                 progress=lambda f, m: ctx.report(0.95 * f, m), ctx=sweep_ctx)
+                                 progress=lambda f, m: ctx.report(0.95 * f, m), ctx=sweep_ctx, select=ctx.select)
         result = super().score(ctx, alpha=selection["best_alpha"])
         result.params = {"alpha": selection["best_alpha"], "alpha_selection": AUTO}
         result.meta["alpha_selection"] = {k: v for k, v in selection.items() if k != "trajectories"}
@@ -146,9 +146,10 @@ def sweep_specs(alphas, budget: float = AUTO_BUDGET, step: int = 1, metric: str 
 
 def select_alpha(model, calib: list[dict], alphas=DEFAULT_ALPHAS, budget: float = AUTO_BUDGET,
                  step: int | None = None, metric: str | None = None, device=None, progress=None,
-                 ctx: ScoringContext | None = None) -> dict:
-    """The HIES paper's α selection (App. C.3): for each α, prune in HIES order on the calibration split up to
-    ``budget`` and score the accuracy-vs-ratio curve on that same split by ``wauc``; report the best α.
+                 ctx: ScoringContext | None = None, select: list[dict] | None = None) -> dict:
+    """The HIES paper's α selection (App. C.3): for each α, prune in HIES order (scored on ``calib``) up to
+    ``budget`` and score the accuracy-vs-ratio curve on the selection batches ``select`` (the paper's "held-out
+    validation split"; None: on ``calib`` itself) by ``wauc``; report the best α.
 
     ``step`` heads go per step (default ``sweep_step``: 5 % of the heads, finer than the paper's 10 % ratio grid
     and a quarter of the cost of single heads on the demo).
@@ -160,12 +161,13 @@ def select_alpha(model, calib: list[dict], alphas=DEFAULT_ALPHAS, budget: float 
     alphas = [spec.params["alpha"] for spec in specs]
     hies = specs[0].criterion
     ctx = ctx or ScoringContext(model, calib, device=device)
-    start = LiveEvaluator(model, calib, HeadMask(adapt(model).live_grid().float()))  # every curve forks it
+    curves = select or calib
+    start = LiveEvaluator(model, curves, HeadMask(adapt(model).live_grid().float()))  # every curve forks it
     runs = []
     for i, (alpha, spec) in enumerate(zip(alphas, specs)):
         report = None if progress is None else (
             lambda f, m, _i=i: progress((_i + f) / len(alphas), f"α = {alphas[_i]}: {m}"))
-        runs.append(run_trajectory(spec, model, calib, calib, device=device, scores=hies(ctx, {"alpha": alpha}),
+        runs.append(run_trajectory(spec, model, calib, curves, device=device, scores=hies(ctx, {"alpha": alpha}),
                                    evaluator=start, progress=report))
     values = [wauc(t, metric) for t in runs]
     best = int(np.argmax(values))  # ties: the smallest α

@@ -265,20 +265,19 @@ def levels_json(results: dict[float, SapResult]) -> dict:
 
 # -- criteria -------------------------------------------------------------------------------------------------------
 
-def calibration_metric(ctx: ScoringContext, name: str, selection_batches: list[dict] | None = None) -> MetricFn:
-    """metric(mask, dropped layers) on ``selection_batches`` (default: the calibration batches ``ctx.calib``)
-    ("auto": accuracy, Pearson for regression, next-token accuracy for a language model).
+def calibration_metric(ctx: ScoringContext, name: str) -> MetricFn:
+    """metric(mask, dropped layers) on the selection batches (``ctx.selection``: the selection role, else the
+    calibration batches; "auto": accuracy, Pearson for regression, next-token accuracy for a language model).
 
     The k sweep keeps the k with the highest metric and candidate filtering keeps heads while the metric stays above
     tolerance · m0, so only metrics where higher is better are accepted (perplexity or loss would invert both)."""
     memo: dict[tuple, float] = {}
-    batches = ctx.calib if selection_batches is None else selection_batches
 
     def metric(mask: HeadMask, dropped: list[int]) -> float:
         key = (hash(mask), tuple(dropped))
         if key not in memo:
             with skip_layers(adapt(ctx.model), dropped):
-                values = {k: v for k, v in evaluate(ctx.model, batches, mask).to_dict().items()
+                values = {k: v for k, v in evaluate(ctx.model, ctx.selection, mask).to_dict().items()
                           if v is not None and HIGHER_IS_BETTER.get(k, False)}
             chosen = name if name != "auto" else next(
                 (m for m in ("accuracy", "pearson", "next_token_accuracy") if m in values), None)
@@ -346,12 +345,11 @@ class _SapBase(Criterion):
             ctx.cache[key] = (DependencyStats.from_parses(parses), data)
         return ctx.cache[key]
 
-    def _sap(self, ctx: ScoringContext, p: dict, selection_batches: list[dict] | None = None
-             ) -> tuple[SapResult, DependencyStats, ArcData]:
+    def _sap(self, ctx: ScoringContext, p: dict) -> tuple[SapResult, DependencyStats, ArcData]:
         stats, data = self._arc_data(ctx, p["parser"], p["query_reduce"], p["max_length"])
         adapter = adapt(ctx.model)
         base = ctx.mask if ctx.mask is not None else HeadMask.ones(adapter.grid_shape)
-        metric_fn = calibration_metric(ctx, p["metric"], selection_batches) \
+        metric_fn = calibration_metric(ctx, p["metric"]) \
             if p["k"] == 0 or self.name == "sap-cf" else None
         result = run_sap(data, stats, base, adapter.layer_to_block, p["k"], p["k_max"], p["ratio"], p["ratio_step"],
                          p["sparsity"], p["layer_threshold"], metric_fn,
@@ -376,16 +374,16 @@ class SAP(_SapBase):
     latex = (r"cnt_{l,h}=\sum_{a}w(\ell_a)\big([\ell_a\in\mathrm{top}_k][A^{l,h}_a<\theta]+"
              r"[\ell_a\notin\mathrm{top}_k][A^{l,h}_a>\theta]\big),\ \text{prune if } cnt_{l,h}\ge S\cdot R")
 
-    def per_sparsity(self, ctx: ScoringContext, levels: Iterable[float], params: dict | None = None, *,
-                     selection_batches: list[dict] | None = None) -> dict[float, SapResult]:
+    def per_sparsity(self, ctx: ScoringContext, levels: Iterable[float], params: dict | None = None
+                     ) -> dict[float, SapResult]:
         """The paper's protocol (§4.1, Fig. 7): at each target sparsity its own selection with its own best k
-        (one parse and one attention pass shared by all levels), k chosen by the metric on ``selection_batches``
-        (default: the calibration batches). These masks need not be nested, so they are reported per level
-        instead of as one pruning order (module doc); ``levels_json`` writes them for a score file."""
+        (one parse and one attention pass shared by all levels), k chosen by the metric on the selection batches
+        (``ctx.selection``: the selection role, else the calibration batches). These masks need not be nested, so
+        they are reported per level instead of as one pruning order (module doc); ``levels_json`` writes them for a
+        score file."""
         resolved = self.prepare(ctx, params)
         return {float(level): self._sap(ctx, {**resolved, "sparsity": self.params["sparsity"].parse("sparsity",
-                                                                                                     level)},
-                                        selection_batches)[0]
+                                                                                                     level)})[0]
                 for level in levels}
 
     def score(self, ctx: ScoringContext, **p) -> ScoreMap:

@@ -17,22 +17,27 @@ from .batches import (
     redraw_calibration,
     split_calib_eval,
 )
-from .dataset import NON_INPUT_KEYS, TextDataset, as_lm_data, content_hash
-from .labels import align_labels
+from .dataset import NON_INPUT_KEYS, TextDataset, as_lm_data, content_hash, row_hashes
+from .labels import align_labels, label_note, parse_label_map
 from .sources import (
+    EVAL_SPLITS,
     LABEL_COLUMNS,
     NAMED_DATA,
     PAIR_COLUMNS,
+    ROLES,
     TEXT_COLUMNS,
     NamedData,
     accepted,
+    check_source,
     columns_of,
     load_data,
     parse_hf_spec,
+    pick_split,
     register_dataset,
 )
 
-__all__ = ["LABEL_COLUMNS", "NAMED_DATA", "NON_INPUT_KEYS", "PAIR_COLUMNS", "TEXT_COLUMNS", "NamedData",
-           "TextDataset", "TruncationWarning", "accepted", "align_labels", "as_lm_data", "batch_texts",
-           "calibration_texts", "columns_of", "content_hash", "load_data", "make_batches", "model_inputs",
-           "parse_hf_spec", "redraw_calibration", "register_dataset", "split_calib_eval"]
+__all__ = ["EVAL_SPLITS", "LABEL_COLUMNS", "NAMED_DATA", "NON_INPUT_KEYS", "PAIR_COLUMNS", "ROLES", "TEXT_COLUMNS",
+           "NamedData", "TextDataset", "TruncationWarning", "accepted", "align_labels", "as_lm_data", "batch_texts",
+           "calibration_texts", "check_source", "columns_of", "content_hash", "label_note", "load_data",
+           "make_batches", "model_inputs", "parse_hf_spec", "parse_label_map", "pick_split", "redraw_calibration",
+           "register_dataset", "row_hashes", "split_calib_eval"]

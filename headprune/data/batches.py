@@ -12,6 +12,7 @@ padding.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Collection
 
 import numpy as np
 import torch
@@ -48,23 +49,18 @@ def split_calib_eval(ds: TextDataset, calib_size: int, eval_size: int | None,
     return ds.subset(order[eval_size:eval_size + calib_size]), ds.subset(order[:eval_size])
 
 
-def redraw_calibration(ds: TextDataset, calib_size: int, eval_size: int | None, seed: int = 0,
-                       repeat: int = 0) -> TextDataset:
-    """Repeat ``repeat``'s calibration subset of ``ds``: never a row of ``split_calib_eval(ds, calib_size,
-    eval_size, seed)``'s evaluation set, which stays the same for every repeat.
+def redraw_calibration(ds: TextDataset, calib_size: int, seed: int, repeat: int,
+                       exclude: Collection[int] = ()) -> TextDataset:
+    """Repeat ``repeat``'s calibration draw: ``calib_size`` rows of ``ds`` outside ``exclude`` (the rows other data
+    roles read from this source: evaluation, selection), drawn with the seed sequence (seed, repeat).
 
-    Repeat 0 is that split's own calibration set; repeat r > 0 draws ``calib_size`` rows from the rows the
-    evaluation set leaves, with the seed sequence (seed, r). ``eval_size`` 0 (a separate evaluation source) draws
-    from every row.
+    Repeat 0 is a workspace's own split (``Workspace.calibration_draw``); every repeat leaves the evaluation rows
+    as they are, so the repeats differ only in what the criteria see.
     """
-    if repeat == 0:
-        return split_calib_eval(ds, calib_size, eval_size, seed)[0]
-    n = len(ds)
-    eval_n = n - calib_size if eval_size is None else eval_size
-    pool = np.random.default_rng(seed).permutation(n)[eval_n:]
+    pool = np.setdiff1d(np.arange(len(ds)), np.asarray(list(exclude), dtype=int))
     if calib_size > len(pool):
-        raise DataError(f"A calibration draw of {calib_size} rows does not fit the {len(pool)} rows evaluation "
-                        "leaves.")
+        raise DataError(f"A calibration draw of {calib_size} rows does not fit the {len(pool)} rows the other "
+                        "roles leave.")
     return ds.subset(np.random.default_rng([seed, repeat]).choice(pool, calib_size, replace=False))
 
 

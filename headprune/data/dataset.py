@@ -1,4 +1,5 @@
-"""TextDataset: rows of text (and optional second text) with labels, as loaded or aligned to a model."""
+"""TextDataset: rows of text (and optional second text) with labels, as loaded or aligned to a model; content
+hashes of its rows (what run files record, and how data roles that share rows are found)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,10 @@ class TextDataset:
     # language-model data: per row, the character offset where scored text starts; tokens starting before it are
     # context, not next-token targets (the circuit demo scores the repeated half only). None: every token counts.
     targets_from: list[int] | None = None
+    split: str | None = None              # the split read from a Hugging Face DatasetDict (sources.pick_split)
+    # how ``align_labels`` matched the labels: {"by": "names" | "ids" | "position" | "map" | "regression",
+    # "mapping": {data label: "id (model name)"}}; None before alignment and for language-model data
+    label_match: dict | None = None
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -46,11 +51,22 @@ def as_lm_data(ds: TextDataset) -> TextDataset:
                    columns={**ds.columns, "pair": None, "label": None})
 
 
+def row_hashes(ds: TextDataset) -> list[str]:
+    """One sha256 hex digest per row, over its text, second text and label (as held: raw, or ids once aligned).
+
+    Two rows hash alike exactly when they hold the same text, pair and label; data roles compare these sets to find
+    shared rows (``Workspace.build``'s overlap check).
+    """
+    pairs = ds.pairs or [None] * len(ds)
+    labels = ds.labels or [None] * len(ds)
+    return [hashlib.sha256(json.dumps([t, p, y], ensure_ascii=False, default=str).encode("utf-8")).hexdigest()
+            for t, p, y in zip(ds.texts, pairs, labels)]
+
+
 def content_hash(ds: TextDataset) -> str:
-    """sha256 (hex) over the rows of ``ds`` in order: each row's text, pair and label as one JSON line. Two draws
-    of different rows (or of the same rows in another order) hash differently; run files record it per role."""
+    """sha256 hex digest of ``ds``'s rows in order (text, pair, label each): what a run file records for a data
+    role, so two runs can tell whether they read the same rows."""
     digest = hashlib.sha256()
-    for i, text in enumerate(ds.texts):
-        row = [text, None if ds.pairs is None else ds.pairs[i], None if ds.labels is None else ds.labels[i]]
-        digest.update((json.dumps(row, default=str, ensure_ascii=False) + "\n").encode("utf-8"))
+    for row in row_hashes(ds):
+        digest.update(row.encode("ascii"))
     return digest.hexdigest()

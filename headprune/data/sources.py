@@ -8,7 +8,8 @@ Sources (``load_data(spec, task=...)``)
                                     (no label column needed with ``task="lm"``)
     FILE.txt                        unlabelled text, one document per line (blank lines skipped): LM data
     hf:NAME[:CONFIG[:SPLIT]]        a Hugging Face dataset: a hub name, a local folder written by
-                                    ``save_to_disk``, or any local path ``datasets.load_dataset`` takes
+                                    ``save_to_disk``, or any local path ``datasets.load_dataset`` takes; without
+                                    a split, :func:`pick_split`'s rule chooses one (never train for evaluation)
 
 Column names are matched case-insensitively; unnamed columns are auto-detected (TEXT_COLUMNS, PAIR_COLUMNS,
 LABEL_COLUMNS). A loaded dataset keeps its labels as found (names or ints): ``labels.align_labels`` maps them onto
@@ -134,18 +135,58 @@ def parse_hf_spec(spec: str) -> tuple[str, str | None, str | None]:
     return parts[0], parts[1] or None, parts[2] or None
 
 
-def _pick_split(obj, split: str | None, spec: str):
-    """A DatasetDict's split: the one asked for, else validation > test > train > the first."""
-    splits = list(obj.keys())
-    if split is None:
-        split = next((s for s in ("validation", "test", "train") if s in splits), splits[0] if splits else None)
-    if split not in splits:
-        raise DataError(f"{spec}: no split '{split}'. Splits found: {', '.join(splits) or 'none'}.")
-    return obj[split]
+ROLES = {"calib": "calibration", "select": "selection", "eval": "evaluation"}
+# the split an hf: spec without one reads: the first of these the dataset has (GLUE's MNLI has
+# validation_matched / validation_mismatched, no plain validation), then "test" only when it holds labels (GLUE's
+# test labels are all -1), then "train" for calibration or selection only: evaluating on training rows must be said
+EVAL_SPLITS = ("validation", "validation_matched", "validation_mismatched", "dev")
 
 
-def _read_hf(spec: str) -> tuple[list[str], dict[str, list], dict[str, list[str]]]:
-    """Columns of a Hugging Face dataset, plus the class names of its ClassLabel columns."""
+def _labelled(split_obj, label_col: str | None) -> bool:
+    """Whether a split holds real labels: a label column (``label_col`` or an auto-detected name) with at least one
+    value that is neither missing nor -1 (GLUE writes -1 for the hidden test labels)."""
+    by_lower = {c.lower(): c for c in split_obj.column_names}
+    name = by_lower.get(label_col.lower()) if label_col else next(
+        (by_lower[c] for c in LABEL_COLUMNS if c in by_lower), None)
+    return name is not None and any(v is not None and v != -1 for v in split_obj[name])
+
+
+def pick_split(splits: dict, split: str | None, spec: str, role: str = "eval", label_col: str | None = None,
+               lm: bool = False) -> str:
+    """The name of the split of a DatasetDict (``splits``: name -> split) that ``spec`` reads for ``role``.
+
+    The rule, when ``spec`` names no split: the first of ``EVAL_SPLITS`` present (validation, validation_matched,
+    validation_mismatched, dev); else "test" when it holds labels (or for language-model text, which needs none);
+    else "train" for the calibration or selection role only. The evaluation role never falls back to train: it
+    is refused with the splits found and the spec that names train explicitly. A named split that does not exist
+    is a DataError listing the splits found.
+    """
+    names = list(splits)
+    found = ", ".join(names) or "none"
+    if split is not None:
+        if split not in names:
+            raise DataError(f"{spec}: no split '{split}'. Splits found: {found}.")
+        return split
+    chosen = next((s for s in EVAL_SPLITS if s in names), None)
+    if chosen is None and "test" in names and (lm or _labelled(splits["test"], label_col)):
+        chosen = "test"
+    if chosen is None and "train" in names and role != "eval":
+        chosen = "train"
+    if chosen is None:
+        name, config, _ = parse_hf_spec(spec)
+        train = f" To evaluate on the training split, say so: hf:{name}:{config or ''}:train." \
+            if "train" in names else ""
+        raise DataError(f"{spec}: no split to use for {ROLES.get(role, role)} (looked for "
+                        f"{', '.join(EVAL_SPLITS)}, then a labelled test split). Splits found: {found}. Name one: "
+                        f"hf:NAME:CONFIG:SPLIT.{train}")
+    return chosen
+
+
+def _read_hf(spec: str, role: str = "eval", label_col: str | None = None,
+             lm: bool = False) -> tuple[list[str], dict[str, list], dict[str, list[str]], str | None]:
+    """Columns of a Hugging Face dataset, the class names of its ClassLabel columns, and the split read (None for
+    a single-split dataset); ``role``, ``label_col`` and ``lm`` decide the split when the spec names none
+    (:func:`pick_split`)."""
     import datasets  # deferred: a 1.5 s import that only hf: specs need
 
     name, config, split = parse_hf_spec(spec)
@@ -159,12 +200,14 @@ def _read_hf(spec: str) -> tuple[list[str], dict[str, list], dict[str, list[str]
     except (OSError, ValueError) as exc:  # not found, offline (ConnectionError), bad config or split
         raise DataError(f"Could not load Hugging Face dataset '{spec}': {exc}. Accepted: hf:NAME[:CONFIG[:SPLIT]] "
                         "with a hub name (needs the network) or a local dataset folder.") from None
+    chosen = split
     if isinstance(obj, (datasets.DatasetDict, dict)):
-        obj = _pick_split(obj, split, spec)
+        chosen = pick_split(obj, split, spec, role, label_col, lm)
+        obj = obj[chosen]
     elif saved and split is not None:
         raise DataError(f"{spec}: {local} holds a single split; drop ':{split}' from the spec.")
     class_names = {c: list(f.names) for c, f in obj.features.items() if isinstance(f, datasets.ClassLabel)}
-    return list(obj.column_names), {c: list(obj[c]) for c in obj.column_names}, class_names
+    return list(obj.column_names), {c: list(obj[c]) for c in obj.column_names}, class_names, chosen
 
 
 # -- columns -----------------------------------------------------------------------------------------------------
@@ -220,15 +263,34 @@ def columns_of(path: str | Path) -> list[str]:
     return _read_file(Path(path).expanduser())[0]
 
 
+def check_source(spec: str) -> None:
+    """Refuse, without reading it, a data spec that cannot name data: not a named data set, not ``hf:...`` of the
+    accepted form, and not an existing file of a supported type (a folder is named as ``hf:FOLDER``). The CLI
+    calls this for every data role before a model loads; ``load_data`` gives the same messages."""
+    if spec in NAMED_DATA:
+        return
+    if spec.startswith("hf:"):
+        parse_hf_spec(spec)
+        return
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        raise DataError(f"{spec} is a folder, not a data file. Accepted: {accepted()} (a dataset folder written "
+                        f"by save_to_disk is read as hf:{spec}).")
+    if not path.is_file():
+        raise DataError(f"Data file not found: {spec}. Accepted: {accepted()}.")
+
+
 def load_data(spec: str, text_col: str | None = None, pair_col: str | None = None,
-              label_col: str | None = None, task: str | None = None) -> TextDataset:
+              label_col: str | None = None, task: str | None = None, role: str = "eval") -> TextDataset:
     """Load ``spec`` (a named data set, a CSV/TSV/JSONL/TXT file, or hf:NAME[:CONFIG[:SPLIT]]) as a TextDataset.
 
     Column names are matched case-insensitively; unnamed columns are auto-detected (see TEXT_COLUMNS,
     PAIR_COLUMNS, LABEL_COLUMNS). Labels are kept as found: call ``align_labels`` before batching.
     ``task="lm"`` (or a .txt file, or an unlabelled named data set such as "demo-lm") loads unlabelled text for a
     language model: the text column only, no pairs, no labels, ``ds.task == "lm"``. Any other ``task`` loads
-    labelled data as before.
+    labelled data as before. ``role`` ("calib" | "select" | "eval") is what the rows are for: an ``hf:`` spec that
+    names no split picks one by :func:`pick_split`'s rule, which never reads train for evaluation; the split read
+    is ``ds.split``.
     """
     named = NAMED_DATA.get(spec)
     unlabelled = (named is not None and not named.labelled) or \
@@ -242,16 +304,12 @@ def load_data(spec: str, text_col: str | None = None, pair_col: str | None = Non
         ds = named.load()
         return as_lm_data(ds) if lm and ds.task != "lm" else ds
     class_names: dict[str, list[str]] = {}
+    split = None
+    check_source(spec)
     if spec.startswith("hf:"):
-        header, columns, class_names = _read_hf(spec)
+        header, columns, class_names, split = _read_hf(spec, role, label_col, lm)
     else:
-        path = Path(spec).expanduser()
-        if path.is_dir():
-            raise DataError(f"{spec} is a folder, not a data file. Accepted: {accepted()} (a dataset folder written "
-                            f"by save_to_disk is read as hf:{spec}).")
-        if not path.is_file():
-            raise DataError(f"Data file not found: {spec}. Accepted: {accepted()}.")
-        header, columns = _read_file(path)
+        header, columns = _read_file(Path(spec).expanduser())
     text, pair, label = _pick_columns(header, text_col, pair_col, label_col, spec, need_label=not lm)
     if lm:
         pair = label = None  # a language model reads one text per row and predicts its tokens: no labels
@@ -259,7 +317,7 @@ def load_data(spec: str, text_col: str | None = None, pair_col: str | None = Non
                      pairs=_texts(columns[pair], pair, spec) if pair else None,
                      labels=list(columns[label]) if label else None, label_names=class_names.get(label),
                      source=spec, columns={"text": text, "pair": pair, "label": label},
-                     task="lm" if lm else "classification")
+                     task="lm" if lm else "classification", split=split)
     if len(ds) == 0:
         raise DataError(f"{spec} has no rows: a dataset needs at least one "
                         f"{'document' if lm else 'labelled example'}.")

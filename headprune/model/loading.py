@@ -14,7 +14,7 @@ import pickle
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-from ..errors import DeviceError, ModelLoadError
+from ..errors import DeviceError, ModelLoadError, UntrainedHeadError
 from .arch import ModelAdapter, adapt
 from .device import OFFLOAD_HELP, parse_device_map, parse_dtype, resolve_device
 from .layers import DROPPED_LAYERS_KEY, drop_layers
@@ -40,6 +40,9 @@ class LoadedModel:
     source: str             # resolved location
     adapter: ModelAdapter
     device: torch.device
+    # weights of the task head that the checkpoint lacked, so transformers initialised them at random on load
+    # (a base or ...ForMaskedLM checkpoint read as a classifier); empty for a trained head (``check_head``)
+    untrained_head: list[str] = field(default_factory=list)
 
     @property
     def id2label(self) -> dict[int, str]:
@@ -140,6 +143,30 @@ def _load_pruned_folder(folder: Path, config, attn_implementation: str) -> nn.Mo
     return model
 
 
+def head_keys(model: nn.Module, missing) -> list[str]:
+    """The ``missing`` weight names (as ``from_pretrained``'s loading info reports them) that belong to the task
+    head, i.e. lie outside the base model (``classifier.*``, ``score.*``, ``lm_head.*``), tied weights aside."""
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    tied = getattr(model, "_tied_weights_keys", None) or {}
+    return sorted(k for k in missing if not (prefix and k.startswith(prefix + ".")) and k not in tied
+                  and "position_ids" not in k)
+
+
+def check_head(loaded: LoadedModel, allow: bool = False) -> None:
+    """Refuse to score or prune a model whose task head was initialised at random on load, unless ``allow``.
+
+    Raises UntrainedHeadError naming the missing weights and how to go on.
+    """
+    if loaded.untrained_head and not allow:
+        raise UntrainedHeadError(
+            f"{loaded.spec}: its task head was newly initialised on load: the checkpoint has no "
+            f"{', '.join(loaded.untrained_head[:4])}{' ...' if len(loaded.untrained_head) > 4 else ''} (it is a "
+            f"base or {', '.join(getattr(loaded.model.config, 'architectures', None) or ['other'])} checkpoint, "
+            "not a trained classifier). Scores, metrics and pruning decisions of a random head are noise. Fine-tune "
+            "the model on your task first (then give the fine-tuned folder), or pass --allow-untrained-head "
+            "(allow_untrained_head=True) to go on anyway.")
+
+
 def _eager_if_unsupported(build, attn_implementation: str):
     """``build(attn_implementation)``, or ``build("eager")`` when the family has no such kernel (DeBERTa-v2 and
     state-space models have no sdpa): a saved cut model must load the way its uncut original did."""
@@ -192,6 +219,7 @@ def load_model(spec: str, device: str | torch.device = "auto", attn_implementati
     except ValueError as exc:
         raise ModelLoadError(f"{spec}: {exc}") from exc
     try:
+        untrained: list[str] = []   # a saved pruned folder is loaded strictly: every weight is there
         if getattr(config, "headprune_kept_heads", None):
             model = _load_pruned_folder(path, config, attn_implementation)
             if torch_dtype is not None:
@@ -203,10 +231,12 @@ def load_model(spec: str, device: str | torch.device = "auto", attn_implementati
                 _load_state_dict_exists(path)
             placed = {} if placement is None else {
                 "device_map": placement, "offload_folder": offload_folder or tempfile.mkdtemp(prefix="headprune-")}
-            kwargs = dict(trust_remote_code=False, use_safetensors=None, dtype=torch_dtype, **placed)
-            model = _eager_if_unsupported(
+            kwargs = dict(trust_remote_code=False, use_safetensors=None, dtype=torch_dtype, output_loading_info=True,
+                          **placed)
+            model, info = _eager_if_unsupported(
                 lambda attn: auto_class(config).from_pretrained(source, attn_implementation=attn, **kwargs),
                 attn_implementation)
+            untrained = head_keys(model, info.get("missing_keys") or ())
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
     except ModelLoadError:
         raise
@@ -234,7 +264,7 @@ def load_model(spec: str, device: str | torch.device = "auto", attn_implementati
         dev = model.get_input_embeddings().weight.device
         dev = torch.device("cpu") if dev.type == "meta" else dev
     model.eval()
-    return LoadedModel(model, tokenizer, spec, source, adapter, dev)
+    return LoadedModel(model, tokenizer, spec, source, adapter, dev, untrained)
 
 
 def _check_map_names(model: nn.Module, placement: str | dict) -> None:

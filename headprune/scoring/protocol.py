@@ -83,9 +83,17 @@ class ScoringContext:
     progress: Progress | None = None         # called between batches; an exception it raises (errors.Cancelled)
     cache: dict = field(default_factory=dict)   # shared between criteria scored together (one pass for many)
     memory_budget: int | str | None = None   # bytes beyond the weights (model.memory; None: a share of free memory)
+    # selection batches: where a criterion makes its choices (HIES's α, SAP's k and candidate filtering), never
+    # the evaluation rows; None: the calibration batches, as before data roles existed (``selection``)
+    select: list[dict] | None = None
 
     def __post_init__(self):
         self.model = structural_copy(self.model)
+
+    @property
+    def selection(self) -> list[dict]:
+        """The batches choices are made on: the selection batches, else the calibration batches."""
+        return self.select or self.calib
 
     def report(self, fraction: float, message: str = "") -> None:
         if self.progress is not None:
