@@ -335,16 +335,15 @@ class Workspace:
 
     def calibration_draw(self, repeat: int) -> tuple[TextDataset, list[dict]]:
         """Repeat ``repeat``'s calibration rows and batches: repeat 0 is this workspace's own calibration set;
-        others are re-drawn, of the same size, from the calibration source's rows that no other role on that source
-        reads (``data.redraw_calibration``), so evaluation and selection rows are the same for every repeat."""
+        others are re-drawn, of the same size, from the calibration source's rows that evaluation does not read
+        (``data.redraw_calibration``), so every repeat is judged on the same evaluation rows. The selection rows
+        stay as they are; a later repeat may calibrate on some of them (a choice made on rows the criterion also
+        saw, never on evaluation rows), since a default selection set takes every row the others leave."""
         if repeat == 0:
             return self.calib, self.calib_batches
         spec = self.sources["calib"]
         source = self.source_data[spec]
-        taken = set()
-        for role, part in (("eval", self.eval), ("select", self.select)):
-            if part is not None and len(part) and self.sources.get(role) == spec:
-                taken |= set(row_hashes(part))
+        taken = set(row_hashes(self.eval)) if self.sources.get("eval") == spec else set()
         exclude = [i for i, h in enumerate(row_hashes(source)) if h in taken]
         calib = redraw_calibration(source, len(self.calib), self.seed, repeat, exclude)
         return calib, make_batches(self.loaded.tokenizer, calib, self.batch_size, self.max_length)

@@ -51,16 +51,16 @@ def split_calib_eval(ds: TextDataset, calib_size: int, eval_size: int | None,
 
 def redraw_calibration(ds: TextDataset, calib_size: int, seed: int, repeat: int,
                        exclude: Collection[int] = ()) -> TextDataset:
-    """Repeat ``repeat``'s calibration draw: ``calib_size`` rows of ``ds`` outside ``exclude`` (the rows other data
-    roles read from this source: evaluation, selection), drawn with the seed sequence (seed, repeat).
+    """Repeat ``repeat``'s calibration draw: ``calib_size`` rows of ``ds`` outside ``exclude`` (the rows evaluation
+    reads from this source), drawn with the seed sequence (seed, repeat).
 
     Repeat 0 is a workspace's own split (``Workspace.calibration_draw``); every repeat leaves the evaluation rows
     as they are, so the repeats differ only in what the criteria see.
     """
     pool = np.setdiff1d(np.arange(len(ds)), np.asarray(list(exclude), dtype=int))
     if calib_size > len(pool):
-        raise DataError(f"A calibration draw of {calib_size} rows does not fit the {len(pool)} rows the other "
-                        "roles leave.")
+        raise DataError(f"A calibration draw of {calib_size} rows does not fit the {len(pool)} rows evaluation "
+                        "leaves.")
     return ds.subset(np.random.default_rng([seed, repeat]).choice(pool, calib_size, replace=False))
 
 
