@@ -66,7 +66,7 @@ def read_scores(path: str) -> tuple[ScoreMap, dict]:
 
 def sap_level(scores: ScoreMap, sparsity: float) -> dict:
     """SAP's selection at ``sparsity`` in a SAP score file: {"best_k", "mask" (with "dropped_layers"), ...}."""
-    if scores.criterion not in SAP_CRITERIA:
+    if scores.criterion != "sap":   # sap-cf's mask is chosen by a tolerance, not at a sparsity
         raise MaskCommandError(f"--sparsity reads SAP's per-sparsity selection; this score file is "
                                f"'{scores.criterion}'. Use --ratio or --count, or score with --criterion sap.")
     levels = {float(k): v for k, v in (scores.meta.get("per_sparsity") or {}).items()}
