@@ -109,7 +109,8 @@ def build_workspace_for(loaded: LoadedModel, entry: ModelEntry, protocol: Protoc
     same = calib_role.source == eval_role.source
     calib_rows = _draw(calib_all, calib_role, "calib", calib_role.seed + repeat, eval_rows if same else None)
     calib, evals = calib_all.subset(calib_rows), evals_all.subset(eval_rows)
-    batches = [make_batches(loaded.tokenizer, part, protocol.batch_size, protocol.max_length) for part in (calib, evals)]
+    batches = [make_batches(loaded.tokenizer, part, protocol.batch_size, protocol.max_length)
+               for part in (calib, evals)]
     roles = {"calib": {**calib_role.to_json(), "seed": calib_role.seed + repeat, "rows": len(calib),
                        "hash": rows_hash(calib), "used": True},
              "eval": {**eval_role.to_json(), "rows": len(evals), "hash": rows_hash(evals), "used": True}}
