@@ -37,6 +37,11 @@ DENSE = "dense"
 TIMED_PARAMETERS = 600_000_000   # larger local models are not instantiated to time a pass (memory)
 
 
+def slug(text: str) -> str:
+    """``text`` as part of a file name: runs of other characters than letters, digits and ``._=-`` become "-"."""
+    return re.sub(r"[^A-Za-z0-9._=-]+", "-", text).strip("-") or "-"
+
+
 @dataclass(frozen=True)
 class Cell:
     """One result: a model's dense metrics, a criterion at a sparsity, or one trajectory; for one repeat."""
@@ -56,8 +61,7 @@ class Cell:
         """A stable file name: ``demo__his__s0.25__r1``."""
         what = f"s{self.sparsity:g}" if self.sparsity is not None else \
             ("inverse" if self.inverse else "order") if self.inverse is not None else ""
-        parts = [self.model, self.criterion] + ([what] if what else []) + [f"r{self.repeat}"]
-        return "__".join(re.sub(r"[^A-Za-z0-9._=-]+", "-", p) for p in parts)
+        return "__".join(slug(p) for p in [self.model, self.criterion] + ([what] if what else []) + [f"r{self.repeat}"])
 
     def to_json(self) -> dict:
         return {**asdict(self), "kind": self.kind, "key": self.key}

@@ -43,7 +43,7 @@ from ..provenance import versions
 from ..scoring import ScoreMap
 from ..trajectory import Trajectory, run_trajectory, spread
 from . import cells as adapter
-from .plan import DENSE, Cell, expand
+from .plan import DENSE, Cell, expand, slug
 from .spec import CriterionEntry, ModelEntry, Protocol
 
 Progress = Callable[[float, str], None]
@@ -184,7 +184,7 @@ class Runner:
 
     def score_file(self, cell: Cell, params: dict) -> Path:
         tag = hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:10]
-        return self.out / "scores" / f"{cell.model}__{cell.criterion}__r{cell.repeat}__{tag}.json"
+        return self.out / "scores" / f"{slug(cell.model)}__{slug(cell.criterion)}__r{cell.repeat}__{tag}.json"
 
     def scores_of(self, ctx, data, c: CriterionEntry, params: dict, cell: Cell) -> ScoreMap:
         """The criterion's ScoreMap for this repeat: read from ``scores/`` when an earlier run wrote it with the
@@ -349,7 +349,7 @@ def write_plots(protocol: Protocol, records: dict[str, dict], rows: list[dict], 
             random = [t for t in trajs if t.criterion == "random"]
             boxes = [{**spread(random), "name": f"random ({len(random)} orders)"}] if len(random) > 1 else []
             fig = viz.trajectory_figure([t for t in trajs if t not in random or not boxes], boxes)
-        stem = out / "plots" / _safe(entry.name)
+        stem = out / "plots" / slug(entry.name)
         write_atomic(stem.with_suffix(".html"), viz.figure_html(fig))
         written.append(str(stem.with_suffix(".html").relative_to(out)))
         try:
@@ -358,10 +358,6 @@ def write_plots(protocol: Protocol, records: dict[str, dict], rows: list[dict], 
         except RuntimeError as exc:   # kaleido needs a local Chrome: the HTML stands alone
             notes.append(f"{entry.name}: PNG skipped ({exc})")
     return written, notes
-
-
-def _safe(name: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in name)
 
 
 # -- the entry point -------------------------------------------------------------------------------------------
