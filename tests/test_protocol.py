@@ -174,25 +174,11 @@ def test_the_demo_plan_counts_the_work_of_a_local_model():
 
 # -- running: a tiny model, resumed --------------------------------------------------------------------------------
 
-def tiny_protocol(tmp_path, model_dir, csv_path, extra: str = "") -> Protocol:
-    text = f"""
-name = "tiny"
-models = ["{model_dir}"]
-sparsities = [0.25, 0.5]
-repeats = 2
-batch_size = 8
-{extra}
-[data.calib]
-source = "{csv_path}"
-size = 12
-[data.eval]
-source = "{csv_path}"
-size = 20
-[[criteria]]
-name = "ae"
-[[criteria]]
-name = "random"
-"""
+def tiny_protocol(tmp_path, model_dir, csv_path) -> Protocol:
+    """BASE on the tiny model and CSV (12 calibration and 20 evaluation rows drawn apart from one file)."""
+    text = BASE.replace('models = ["demo"]', f'models = ["{model_dir}"]\nbatch_size = 8') \
+        .replace('"demo:train"', f'"{csv_path}"').replace('source = "demo"', f'source = "{csv_path}"') \
+        .replace("size = 8", "size = 12").replace("size = 10", "size = 20")
     path = tmp_path / "tiny.toml"
     path.write_text(text, encoding="utf-8")
     return Protocol.read(path)
