@@ -92,8 +92,8 @@ def test_an_unknown_key_is_named_with_its_line(edit, key, fragment, after):
      "params", "accepted values"),
     (lambda t: t.replace('name = "ae"', 'name = "ae"\nparams = { eps = -1 }\n'), "criteria.0.params.eps",
      "params", "> 0"),
-    (lambda t: t.replace("repeats = 2", 'repeats = 2\nmetrics = ["acuracy"]'), "models.0.metrics", "metrics",
-     "accuracy"),
+    (lambda t: t.replace("repeats = 2", 'repeats = 2\nmetrics = ["acuracy"]'), "metrics", "metrics", "accuracy"),
+    (lambda t: t.replace("repeats = 2", 'repeats = 2\nheadline = "f2"'), "headline", "headline", "accuracy"),
     (lambda t: t.replace("repeats = 2", 'repeats = 2\nmemory_budget = "lots"'), "memory_budget", "memory_budget",
      ""),
 ])
@@ -103,8 +103,7 @@ def test_a_bad_value_is_named_with_its_line(edit, key, fragment, needle):
         Protocol.parse(text, "p.toml")
     message = str(err.value)
     assert f"'{key}'" in message and needle in message, message
-    if key != "models.0.metrics":   # a protocol-wide metrics list is checked per model: named, line of the list
-        assert f"line {line_of(text, fragment)}:" in message, message
+    assert f"line {line_of(text, fragment)}:" in message, message
 
 
 def test_a_trajectory_ratio_outside_0_1_and_both_kinds_are_refused():
@@ -160,6 +159,16 @@ def test_hies_table_1_asks_for_glue_dev_and_the_papers_ratios():
     mnli = next(m for m in protocol.models if m.name == "MNLI")
     assert mnli.data["eval"].source.endswith(":validation_matched") and mnli.data["calib"].source.endswith(":train")
     assert {m.name for m in protocol.models} == {"SST-2", "CoLA", "MRPC", "QQP", "STS-B", "QNLI", "MNLI", "RTE"}
+
+
+def test_plan_on_the_command_line_prints_every_cell(capsys):
+    assert main(["run", str(PROTOCOLS / "sap_fig5.toml"), "--plan", "--no-timing"]) == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert result["cells"] == 60 and len(result["models"]) == 6
+    assert "  CoLA__sap__s0.75__r0" in captured.err.splitlines() and "needs the model" in captured.err
+    assert main(["run", str(PROTOCOLS / "sap_fig5.toml")]) == 2
+    assert capsys.readouterr().err.startswith("error: --out DIR is needed")
 
 
 def test_the_demo_plan_counts_the_work_of_a_local_model():

@@ -31,9 +31,16 @@ def cmd_run(args) -> dict:
         raise RunError("--out DIR is needed to run a protocol (the folder its cells and table are written to); "
                        "--plan shows the cells without running them.")
     check_out(args.out)
+    bar = []
+
+    def progress(fraction: float, message: str) -> None:   # the bar starts after the estimate line
+        if not bar:
+            bar.append(tqdm_progress(f"protocol {protocol.name}"))
+        bar[0](fraction, message)
+
     try:
         return run_protocol(protocol, args.out, memory_budget=args.memory_budget, say=_say, plots=not args.no_plots,
-                            progress=tqdm_progress(f"protocol {protocol.name}"))
+                            progress=progress)
     except KeyboardInterrupt:
         raise Cancelled(f"Interrupted: the finished cells are kept in {args.out}/cells; run the same command again "
                         "to resume from there.") from None

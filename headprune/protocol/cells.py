@@ -14,6 +14,7 @@ metric)``; SAP's best k) replace them here in one place:
     headline_of           the headline metric (today: ``Task.headline``; ``headline(task, metric)`` later)
     score_cell            a criterion's ScoreMap (a criterion with a ``sparsity`` parameter, SAP, is scored at the
                           cell's sparsity unless the protocol fixed it)
+    mask_at               the mask of a ScoreMap at a sparsity (``kept_at``; SAP's best k and layer rule later)
     evaluate_cell         the metrics of the model under a mask on the evaluation rows
 """
 
@@ -25,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 from ..data import TextDataset, align_labels, calibration_texts, load_data, make_batches
 from ..errors import DataError
@@ -146,6 +148,12 @@ def scored_params(crit, params: dict, sparsity: float | None) -> dict:
 
 def score_cell(ctx: ScoringContext, crit, params: dict, sparsity: float | None) -> ScoreMap:
     return crit(ctx, scored_params(crit, params, sparsity))
+
+
+def mask_at(scores: ScoreMap, sparsity: float) -> HeadMask:
+    """The mask a cell evaluates: the heads ``scores`` keeps once ``round(sparsity * N)`` grid heads are pruned
+    (``ScoreMap.kept_at``; SAP's layer rule joins here when its API gives the mask at a sparsity)."""
+    return HeadMask(torch.from_numpy(scores.kept_at(sparsity)).to(torch.float32))
 
 
 def evaluate_cell(loaded: LoadedModel, data: CellData, mask: HeadMask | None, progress: Progress | None,

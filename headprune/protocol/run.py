@@ -142,7 +142,6 @@ class Runner:
                 self.run_model(entry, pending)
 
     def run_model(self, entry: ModelEntry, pending: list[Cell]) -> None:
-        self.report(0.0, f"loading {entry.model}")
         loaded = adapter.load_model_for(entry, self.protocol)
         data_cache: dict = {}
         by_repeat: dict[int, list[Cell]] = {}
@@ -176,8 +175,7 @@ class Runner:
         key = (cell.criterion, json.dumps(params, sort_keys=True, default=str))
         if key not in scores:
             scores[key] = self.scores_of(ctx, data, c, params, cell)
-        kept = scores[key].kept_at(cell.sparsity)
-        mask = HeadMask(torch.from_numpy(kept).to(torch.float32))
+        mask = adapter.mask_at(scores[key], cell.sparsity)
         metrics = adapter.evaluate_cell(loaded, data, mask, self.sub(cell), self.budget)
         return {"metrics": metrics, "scores": str(self.score_file(cell, params).relative_to(self.out)),
                 "score_params": scores[key].params}, mask

@@ -414,6 +414,9 @@ class Protocol(Located):
         for key in ("text", "source"):
             if key in obj:
                 raise top.fail(key, f"unknown key; '{key}' is recorded by headprune, not written in the file.")
+        if "metrics" in obj:   # checked here too, so an error names the protocol-wide key and its line
+            _metrics(top, "metrics", obj["metrics"])
+        _headline(top, obj.get("headline"))
         data = _read_data(obj.get("data", {}), ("data",), where)
         models = obj.get("models", [])
         if not isinstance(models, list):
