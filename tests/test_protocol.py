@@ -129,6 +129,18 @@ def test_the_cli_refuses_a_bad_protocol_before_any_model_loads(tmp_path, monkeyp
     assert not (tmp_path / "out").exists()
 
 
+def test_models_tables_override_the_protocols_roles_key_by_key_and_name_their_lines():
+    text = BASE.replace('models = ["demo"]\n', "") + \
+        '[[models]]\nmodel = "demo"\n\n[[models]]\nname = "B"\nmodel = "demo"\ndata.eval = { size = 5 }\n'
+    protocol = Protocol.parse(text)
+    a, b = protocol.models
+    assert (a.data["eval"].source, a.data["eval"].size) == ("demo", 10)
+    assert (b.data["eval"].source, b.data["eval"].size, b.data["calib"].size) == ("demo", 5, 8)
+    bad = text.replace("size = 5 }", "size = 0 }")
+    with pytest.raises(ProtocolError, match=rf"line {line_of(bad, 'size = 0')}: key 'models.1.data.eval.size'"):
+        Protocol.parse(bad)
+
+
 # -- the papers' protocols: parse and plan offline --------------------------------------------------------------
 
 @pytest.mark.parametrize("name, n_models, cells_per_model, ids", [
@@ -179,6 +191,16 @@ def test_the_demo_plan_counts_the_work_of_a_local_model():
     # ae: 1 forward pass, his: a backward too (GRADIENT_PASS = 3), random: 1; scored once per repeat
     assert p.calib_row_passes == 2 * calib * (1 + 3 + 1)
     assert p.eval_row_passes == evals * len(p.cells)
+
+
+def test_a_local_model_is_timed_without_its_weights(tmp_path, tiny_model_dir, tiny_csv, monkeypatch):
+    def no_weights(*args, **kwargs):
+        raise AssertionError("weights were read")
+
+    monkeypatch.setattr("headprune.model.loading.load_model", no_weights)
+    monkeypatch.setattr("safetensors.torch.load_file", no_weights)
+    [p] = plan(tiny_protocol(tmp_path, tiny_model_dir, tiny_csv))
+    assert p.grid == (3, 4) and p.seconds is not None and p.seconds > 0 and "at most" in p.text()
 
 
 # -- running: a tiny model, resumed --------------------------------------------------------------------------------
@@ -303,8 +325,9 @@ def test_a_trajectory_protocol_writes_orders_boxes_and_the_final_mask(tmp_path, 
         "[trajectory]\nstep = 3\nbudget = 0.5\ninverse = [false, true]\nrandom_boxes = 3\nreport_at = [0.25]\n"
     protocol = Protocol.parse(text, "traj.toml")
     out = tmp_path / "traj"
-    run_protocol(protocol, out, plots=False)
+    run_protocol(protocol, out, plots=False, memory_budget="512MiB")
     run = json.loads((out / "run.json").read_text())
+    assert run["memory_budget"] == "512MiB" and run["models"][0]["grid"] == [3, 4]
     kinds = {(c["criterion"], c["inverse"]) for c in run["cells"].values()}
     assert kinds == {("ae", False), ("ae", True), ("random", False)}
     assert sum(c["criterion"] == "random" for c in run["cells"].values()) == 3

@@ -11,7 +11,8 @@ for scoring; one pass over the evaluation rows per evaluation; a trajectory step
 ``estimate.LIVE_STEP``). A cell scored once for several sparsities counts its scoring in the first of them. Where
 a model's config is on this machine (a folder, a built demo, a hub id in the local cache) the grid is known and
 a random-initialised copy of the model (no weights read) times one forward pass (``estimate.forward_rate``),
-turning row-passes into seconds: an upper bound, each row counted at ``max_length`` tokens.
+turning row-passes into seconds: an upper bound, each row counted at ``max_length`` tokens (or the model's
+context when shorter).
 """
 
 from __future__ import annotations
@@ -191,8 +192,10 @@ def plan_model(protocol: Protocol, entry: ModelEntry, cells: list[Cell], time_it
     if n_params > TIMED_PARAMETERS:
         plan.note = f"seconds need the model ({n_params / 1e9:.1f} B parameters are not instantiated to time a pass)"
         return plan
-    per_token, _ = forward_rate(_random_init(config), [_synthetic_batch(protocol)], protocol.memory_budget)
-    plan.seconds = per_token * protocol.max_length * (calib + evals)
+    length = min(protocol.max_length, getattr(config, "max_position_embeddings", None) or protocol.max_length)
+    per_token, _ = forward_rate(_random_init(config), [_synthetic_batch(protocol.batch_size, length)],
+                                protocol.memory_budget)
+    plan.seconds = per_token * length * (calib + evals)
     return plan
 
 
@@ -201,10 +204,10 @@ def _random_init(config):
     return auto_class(config).from_config(config).eval()
 
 
-def _synthetic_batch(protocol: Protocol) -> dict:
-    rows = protocol.batch_size
-    return {"input_ids": torch.ones(rows, protocol.max_length, dtype=torch.long),
-            "attention_mask": torch.ones(rows, protocol.max_length, dtype=torch.long)}
+def _synthetic_batch(rows: int, length: int) -> dict:
+    """A batch of ``rows`` x ``length`` tokens (token 1 everywhere: the cost of a forward does not depend on ids)."""
+    return {"input_ids": torch.ones(rows, length, dtype=torch.long),
+            "attention_mask": torch.ones(rows, length, dtype=torch.long)}
 
 
 def plan(protocol: Protocol, time_it: bool = True) -> list[ModelPlan]:

@@ -218,7 +218,7 @@ class Runner:
             mask_path = self.out / "masks" / f"{cell.key}.json"
             write_atomic(mask_path, _json(mask.to_json()))
         record = {**cell.to_json(), "fingerprint": fingerprint(self.protocol, entry, cell), "seed": seed,
-                  "roles": data.roles, "task": data.task.kind, **result,
+                  "loaded": self.models[entry.name], "roles": data.roles, "task": data.task.kind, **result,
                   "mask": str(mask_path.relative_to(self.out)) if mask_path else None, "seconds": seconds}
         write_atomic(self.out / "cells" / f"{cell.key}.json", _json(record))   # last: the cell's commit point
         self.computed.append(cell.key)
@@ -389,9 +389,8 @@ def run_protocol(protocol: Protocol, out: str | Path, *, memory_budget=None, pro
     write_atomic(out / "results.csv", table_csv(rows, columns))
     write_atomic(out / "results.md", table_markdown(rows, columns))
     plotted, notes = write_plots(protocol, records, rows, out) if plots else ([], ["plots not asked for"])
-    models = [{**m.to_json(), **runner.models.get(m.name, {}),
-               "roles": next(r["roles"] for k, r in records.items() if r["model"] == m.name)}
-              for m in protocol.models]
+    first = {m.name: next(r for r in records.values() if r["model"] == m.name) for m in protocol.models}
+    models = [{**m.to_json(), **first[m.name]["loaded"], "roles": first[m.name]["roles"]} for m in protocol.models]
     run = {"protocol": {"source": protocol.source, "sha256": protocol.hash, "text": protocol.text,
                         "parameters": protocol.to_json()},
            "models": models, "versions": versions(), "memory_budget": runner.budget,
