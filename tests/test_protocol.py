@@ -245,6 +245,7 @@ def test_an_interrupted_run_resumes_without_recomputing_finished_cells(tmp_path,
     assert len(done) == 4 and counter.calls == 4
     assert not list(out.rglob("*.tmp")) and not (out / "results.csv").exists()
     stamps = {p.name: p.stat().st_mtime_ns for p in done}
+    (out / "cells" / ".killed.json.x1.tmp").write_text('{"half": ')   # what a SIGKILL mid-write would leave
 
     counter = Counting(monkeypatch)
     summary = run_protocol(protocol, out, plots=False)

@@ -379,6 +379,8 @@ def run_protocol(protocol: Protocol, out: str | Path, *, memory_budget=None, pro
     The run file's summary: paths written, cells computed and read, the table rows.
     """
     out = check_out(out)
+    for stale in out.rglob(".*.tmp"):   # a write cut short by a kill (SIGKILL skips write_atomic's clean-up)
+        stale.unlink()
     runner = Runner(protocol, out, memory_budget, progress, say)
     runner.run()
     records = {}
