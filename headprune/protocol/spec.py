@@ -348,6 +348,9 @@ class Protocol(Located):
     source: str = ""                               # the file's path
 
     def __post_init__(self):
+        for key in ("name", "description"):
+            if not isinstance(getattr(self, key), str) or (key == "name" and not self.name):
+                raise self.fail(key, f"expected text, got {getattr(self, key)!r}.")
         if not self.models:
             raise self.fail("models", "no model: list at least one model spec (models = [\"demo\"]).")
         if not self.criteria:
