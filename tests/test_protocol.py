@@ -318,6 +318,23 @@ def test_every_number_of_the_table_is_an_evaluation_of_its_mask(tmp_path, tiny_m
     assert "± " in (out / "results.md").read_text()
 
 
+def test_plots_are_written_with_plotly_and_skipped_with_a_note_without(tmp_path, tiny_model_dir, tiny_csv,
+                                                                        monkeypatch, one_thread):
+    import importlib.util
+
+    protocol = tiny_protocol(tmp_path, tiny_model_dir, tiny_csv).text.replace("repeats = 2", "repeats = 1")
+    protocol = Protocol.parse(protocol, "plots.toml")
+    out = tmp_path / "plots"
+    summary = run_protocol(protocol, out)
+    html = out / summary["plots"][0]
+    assert html.suffix == ".html" and "plotly" in html.read_text()[:5000].lower()
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "plotly" else real(name, *a))
+    summary = run_protocol(protocol, tmp_path / "plain")
+    assert summary["plots"] == [] and "plotly is not installed" in summary["notes"][0]
+    assert (tmp_path / "plain" / "results.md").exists()
+
+
 def test_a_trajectory_protocol_writes_orders_boxes_and_the_final_mask(tmp_path, tiny_model_dir, tiny_csv,
                                                                       one_thread):
     from headprune.model.mask import HeadMask
