@@ -300,6 +300,10 @@ def test_every_number_of_the_table_is_an_evaluation_of_its_mask(tmp_path, tiny_m
                 assert cell["metrics"]["accuracy"] == pytest.approx(again["accuracy"])
                 assert cell["metrics"]["mcc"] == pytest.approx(again["mcc"])
     assert len(hashes) == protocol.repeats              # a re-drawn calibration subset per repeat
+    seeds = {(c["criterion"], c["sparsity"], c["repeat"]): c.get("score_seed") for c in run["cells"].values()}
+    assert seeds[("ae", 0.25, 1)] == seeds[("ae", 0.5, 1)] == 1   # one score map per repeat, seed + repeat
+    random_seeds = {seeds[("random", s, r)] for s in (0.25, 0.5) for r in (0, 1)}
+    assert len(random_seeds) == 4                       # an independent random mask at every rate and repeat
     eval_hashes = {c["roles"]["eval"]["hash"] for c in run["cells"].values()}
     assert len(eval_hashes) == 1                        # the same evaluation rows in every cell
 

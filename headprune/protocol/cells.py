@@ -14,6 +14,7 @@ metric)``; SAP's best k) replace them here in one place:
     headline_of           the headline metric (today: ``Task.headline``; ``headline(task, metric)`` later)
     score_cell            a criterion's ScoreMap (a criterion with a ``sparsity`` parameter, SAP, is scored at the
                           cell's sparsity unless the protocol fixed it)
+    cell_seed             the seed of a cell's scoring (random: independent masks per sparsity)
     mask_at               the mask of a ScoreMap at a sparsity (``kept_at``; SAP's best k and layer rule later)
     evaluate_cell         the metrics of the model under a mask on the evaluation rows
 """
@@ -144,6 +145,14 @@ def scored_params(crit, params: dict, sparsity: float | None) -> dict:
     if sparsity is not None and "sparsity" in crit.params and "sparsity" not in params:
         return {**params, "sparsity": sparsity}
     return dict(params)
+
+
+def cell_seed(crit, seed: int, sparsity: float | None) -> int:
+    """The seed a criterion scores a cell with: the repeat's ``seed``; the random baseline draws an independent
+    mask at every sparsity (a seed of its own per (repeat, sparsity)), not nested masks of one order."""
+    if crit.name != "random" or sparsity is None:
+        return seed
+    return int(np.random.SeedSequence([seed, round(sparsity * 1_000_000)]).generate_state(1)[0])
 
 
 def score_cell(ctx: ScoringContext, crit, params: dict, sparsity: float | None) -> ScoreMap:

@@ -156,7 +156,7 @@ class Runner:
                 self.say(f"estimate: {self.estimate(loaded, entry, data, pending)}")
                 told = True
             seed = self.protocol.seed + repeat
-            ctx = adapter.scoring_context(loaded, data, seed, None, self.budget)
+            contexts: dict[int, object] = {}   # one per seed: criteria sharing a pass share it through its cache
             scores: dict[tuple, ScoreMap] = {}
             for cell in cells:
                 start = time.perf_counter()
@@ -164,31 +164,37 @@ class Runner:
                     result = {"metrics": adapter.evaluate_cell(loaded, data, None, self.sub(cell), self.budget)}
                     mask = None
                 elif cell.kind == "sparsity":
-                    result, mask = self.sparsity_cell(loaded, data, ctx, cell, scores)
+                    result, mask = self.sparsity_cell(loaded, entry, data, contexts, cell, scores, seed)
                 else:
                     result, mask = self.trajectory_cell(loaded, entry, data, cell, seed)
                 self.write_cell(entry, cell, data, result, mask, seed, time.perf_counter() - start)
 
-    def sparsity_cell(self, loaded, data, ctx, cell: Cell, scores: dict) -> tuple[dict, HeadMask]:
+    def sparsity_cell(self, loaded, entry: ModelEntry, data, contexts: dict, cell: Cell, scores: dict,
+                      seed: int) -> tuple[dict, HeadMask]:
         c = self.entry_of(cell)
         params = adapter.scored_params(c.criterion, dict(c.params), cell.sparsity)
-        key = (cell.criterion, json.dumps(params, sort_keys=True, default=str))
+        seed = adapter.cell_seed(c.criterion, seed, cell.sparsity)
+        key = (cell.criterion, json.dumps(params, sort_keys=True, default=str), seed)
         if key not in scores:
-            scores[key] = self.scores_of(ctx, data, c, params, cell)
+            if seed not in contexts:
+                contexts[seed] = adapter.scoring_context(loaded, data, seed, None, self.budget)
+            scores[key] = self.scores_of(contexts[seed], entry, data, c, params, cell)
         mask = adapter.mask_at(scores[key], cell.sparsity)
         metrics = adapter.evaluate_cell(loaded, data, mask, self.sub(cell), self.budget)
-        return {"metrics": metrics, "scores": str(self.score_file(cell, params).relative_to(self.out)),
-                "score_params": scores[key].params}, mask
+        return {"metrics": metrics, "scores": str(self.score_file(cell, params, seed).relative_to(self.out)),
+                "score_params": scores[key].params, "score_seed": seed}, mask
 
-    def score_file(self, cell: Cell, params: dict) -> Path:
-        tag = hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    def score_file(self, cell: Cell, params: dict, seed: int) -> Path:
+        tag = hashlib.sha256(json.dumps([params, seed], sort_keys=True, default=str).encode()).hexdigest()[:10]
         return self.out / "scores" / f"{slug(cell.model)}__{slug(cell.criterion)}__r{cell.repeat}__{tag}.json"
 
-    def scores_of(self, ctx, data, c: CriterionEntry, params: dict, cell: Cell) -> ScoreMap:
-        """The criterion's ScoreMap for this repeat: read from ``scores/`` when an earlier run wrote it with the
-        same data and seed, else scored and written."""
-        path = self.score_file(cell, params)
-        stamp = {"calib_hash": data.roles["calib"]["hash"], "seed": ctx.seed}
+    def scores_of(self, ctx, entry: ModelEntry, data, c: CriterionEntry, params: dict, cell: Cell) -> ScoreMap:
+        """The criterion's ScoreMap for this repeat: read from ``scores/`` when an earlier run wrote it for the
+        same model, criterion, parameters, rows, seed and batching, else scored and written."""
+        path = self.score_file(cell, params, ctx.seed)
+        stamp = {"model": entry.model, "criterion": c.name, "params": json.loads(json.dumps(params, default=str)),
+                 "calib_hash": data.roles["calib"]["hash"], "seed": ctx.seed, "batch_size": self.protocol.batch_size,
+                 "max_length": self.protocol.max_length, "dtype": self.protocol.dtype}
         saved = _read(path)
         if saved and saved.get("stamp") == stamp:
             return ScoreMap.from_json(saved)
