@@ -379,3 +379,15 @@ def test_the_demo_protocol_runs_from_the_command_line(tmp_path, capsys, demo_mod
         ["random", "0.5"]]
     assert len(list((out / "masks").glob("*.json"))) == 12
     assert os.path.getsize(out / "run.json") > 0
+
+
+def test_the_sparsity_figure_draws_each_criterion_with_its_sd_bars():
+    viz = pytest.importorskip("headprune.viz")
+    points = [{"criterion": "his", "sparsity": 0.5, "mean": 0.8, "sd": 0.02},
+              {"criterion": "his", "sparsity": 0.25, "mean": 0.84, "sd": None},
+              {"criterion": "random", "sparsity": 0.25, "mean": 0.7, "sd": 0.05}]
+    fig = viz.sparsity_figure(points, "accuracy", dense=0.85)
+    his, random = fig.data
+    assert list(his.x) == [25, 50] and list(his.y) == [0.84, 0.8] and list(his.error_y.array) == [0.0, 0.02]
+    assert random.name == "random" and list(random.error_y.array) == [0.05]
+    assert fig.layout.shapes[0].y0 == 0.85
