@@ -559,6 +559,28 @@ def trajectory_table(trajectories: Sequence, tolerance: float | None = None) -> 
     return pd.DataFrame(rows)
 
 
+def sparsity_figure(points: Sequence[Mapping], metric: str, dense: float | None = None) -> go.Figure:
+    """A metric vs sparsity, one line per criterion with ± sd bars over repeats (a protocol's results table).
+
+    ``points``: dicts with "criterion", "sparsity" (ratio), "mean" and "sd" (None or 0 with one repeat)."""
+    fig = go.Figure()
+    for name in dict.fromkeys(p["criterion"] for p in points):
+        mine = sorted((p for p in points if p["criterion"] == name), key=lambda p: p["sparsity"])
+        fig.add_trace(go.Scatter(x=[100 * p["sparsity"] for p in mine], y=[p["mean"] for p in mine],
+                                 error_y=dict(type="data", array=[p["sd"] or 0.0 for p in mine], visible=True),
+                                 mode="lines+markers", name=name,
+                                 line=dict(color=criterion_color(name))))
+    if dense is not None:
+        fig.add_hline(y=dense, line=dict(color=DENSE_COLOR, dash="dot"), annotation_text=f"dense {dense:.4f}",
+                      annotation_position="bottom left")
+    higher = HIGHER_IS_BETTER.get(metric, True)
+    fig.update_xaxes(title_text="heads pruned (%)", ticksuffix="%")
+    fig.update_yaxes(title_text=f"{metric} ({'higher' if higher else 'lower'} is better), mean ± sd")
+    fig.update_layout(height=460, margin=dict(l=10, r=10, t=10, b=10), font=FONT,
+                      legend=dict(orientation="h", y=1.02, yanchor="bottom"))
+    return fig
+
+
 # -- sizes ----------------------------------------------------------------------------------------------------------
 
 def size_table(report: Mapping[str, Mapping]) -> pd.DataFrame:

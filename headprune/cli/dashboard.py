@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from ..errors import HeadpruneError
+from ..protocol.spec import parse_toml
 
 CONFIG_FILE = Path(__file__).resolve().parents[1] / "resources" / "streamlit_config.toml"
 EXTRA_HINT = "pip install 'headprune[dashboard]'"
@@ -38,13 +39,7 @@ def app_path() -> Path:
 
 
 def _load_toml(path: Path) -> dict:
-    try:
-        import tomllib  # deferred: Python 3.11+ only (3.10 falls back to toml)
-    except ModuleNotFoundError:  # Python 3.10: streamlit depends on the `toml` package
-        import toml  # deferred: the 3.10 fallback, a dependency of streamlit
-
-        return toml.loads(path.read_text(encoding="utf-8"))
-    return tomllib.loads(path.read_text(encoding="utf-8"))
+    return parse_toml(path.read_text(encoding="utf-8"))
 
 
 def _flatten(table: dict, prefix: str = "") -> list[tuple[str, object]]:

@@ -1,0 +1,217 @@
+"""A protocol expanded into cells, each with the work it costs, without the network and without loading weights.
+
+Cells (one result each, resumable one by one):
+    sparsities    per model: one ``dense`` cell (the model as loaded, sparsity 0), then
+                  criterion x sparsity (> 0) x repeat
+    trajectory    per model: criterion x order (inverse or not) x repeat; the random criterion runs one order
+                  ``max(repeats, random_boxes)`` times (independent random orders: the boxes per ratio)
+
+Work is counted in row-passes: one forward pass over one row (``Criterion.work`` passes over the calibration rows
+for scoring; one pass over the evaluation rows per evaluation; a trajectory step re-evaluates about half the model,
+``estimate.LIVE_STEP``). A cell scored once for several sparsities counts its scoring in the first of them. Where
+a model's config is on this machine (a folder, a built demo, a hub id in the local cache) the grid is known and
+a random-initialised copy of the model (no weights read) times one forward pass (``estimate.forward_rate``),
+turning row-passes into seconds: an upper bound, each row counted at ``max_length`` tokens (or the model's
+context when shorter).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from accelerate import init_empty_weights
+from transformers import AutoConfig
+
+from ..criteria import get
+from ..estimate import LIVE_STEP, forward_rate, human_duration
+from ..model.arch import adapt
+from ..model.loading import NAMED_MODELS, auto_class, model_source_kind
+from ..scoring import ScoringContext
+from .cells import scored_params
+from .spec import ModelEntry, Protocol
+
+DENSE = "dense"
+TIMED_PARAMETERS = 600_000_000   # larger local models are not instantiated to time a pass (memory)
+
+
+def slug(text: str) -> str:
+    """``text`` as part of a file name: runs of other characters than letters, digits and ``._=-`` become "-"."""
+    return re.sub(r"[^A-Za-z0-9._=-]+", "-", text).strip("-") or "-"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One result: a model's dense metrics, a criterion at a sparsity, or one trajectory; for one repeat."""
+
+    model: str                       # ModelEntry.name
+    criterion: str                   # CriterionEntry.label, or "dense"
+    repeat: int = 0
+    sparsity: float | None = None    # sparsity cells
+    inverse: bool | None = None      # trajectory cells
+
+    @property
+    def kind(self) -> str:
+        return DENSE if self.criterion == DENSE else ("trajectory" if self.inverse is not None else "sparsity")
+
+    @property
+    def key(self) -> str:
+        """A stable file name: ``demo__his__s0.25__r1``."""
+        what = f"s{self.sparsity:g}" if self.sparsity is not None else \
+            ("inverse" if self.inverse else "order") if self.inverse is not None else ""
+        return "__".join(slug(p) for p in [self.model, self.criterion] + ([what] if what else []) + [f"r{self.repeat}"])
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "kind": self.kind, "key": self.key}
+
+
+def expand(protocol: Protocol) -> list[Cell]:
+    """Every cell of ``protocol`` in run order (model by model; repeats outer, so a repeat's scoring is shared)."""
+    cells = []
+    for entry in protocol.models:
+        if protocol.trajectory is None:
+            cells.append(Cell(entry.name, DENSE))
+            cells += [Cell(entry.name, c.label, r, sparsity=s) for r in range(protocol.repeats)
+                      for c in protocol.criteria for s in protocol.sparsities if s > 0]
+            continue
+        traj = protocol.trajectory
+        for c in protocol.criteria:
+            if c.name == "random":
+                cells += [Cell(entry.name, c.label, r, inverse=False)
+                          for r in range(max(protocol.repeats, traj.random_boxes))]
+            else:
+                cells += [Cell(entry.name, c.label, r, inverse=inv) for r in range(protocol.repeats)
+                          for inv in traj.inverse]
+        if traj.random_boxes and not any(c.name == "random" for c in protocol.criteria):
+            cells += [Cell(entry.name, "random", r, inverse=False) for r in range(traj.random_boxes)]
+    return cells
+
+
+# -- what a model is, offline ------------------------------------------------------------------------------------
+
+def local_config(spec: str):
+    """The model's config if it is on this machine (no network, no weights), else None.
+
+    A named model (a demo) is located by its build function, which returns at once when it is built (and builds
+    it offline otherwise); a hub id is looked up in the local Hugging Face cache only.
+    """
+    kind = model_source_kind(spec)
+    try:
+        if kind == "named":
+            return AutoConfig.from_pretrained(str(NAMED_MODELS[spec].build()))
+        if kind == "folder":
+            return AutoConfig.from_pretrained(str(Path(spec).expanduser()))
+        return AutoConfig.from_pretrained(spec, local_files_only=True)
+    except (OSError, ValueError):
+        return None
+
+
+def shell_model(config):
+    """The model of ``config`` with every parameter on the meta device: its shapes, no memory, no weights."""
+    with init_empty_weights(include_buffers=False):
+        return auto_class(config).from_config(config)
+
+
+@dataclass
+class ModelPlan:
+    """The work of one model's cells (module doc)."""
+
+    entry: ModelEntry
+    kind: str                        # "named" | "folder" | "hub"
+    cells: list[Cell]
+    grid: tuple[int, int] | None = None
+    calib_row_passes: float | None = None
+    eval_row_passes: float | None = None
+    seconds: float | None = None
+    note: str = ""
+
+    def to_json(self) -> dict:
+        return {"name": self.entry.name, "model": self.entry.model, "source": self.kind,
+                "grid": list(self.grid) if self.grid else None, "cells": len(self.cells),
+                "calib_row_passes": self.calib_row_passes, "eval_row_passes": self.eval_row_passes,
+                "seconds": self.seconds, "estimate": self.text(), "note": self.note}
+
+    def text(self) -> str:
+        if self.calib_row_passes is None:
+            return self.note
+        passes = f"{self.calib_row_passes:,.0f} calibration + {self.eval_row_passes:,.0f} evaluation row-passes"
+        if self.seconds is None:
+            return f"{passes}{'; ' + self.note if self.note else ''}"
+        return f"{passes}: at most {human_duration(self.seconds)} (one random-initialised forward timed)"
+
+
+def _rows(role) -> int | None:
+    return role.size
+
+
+def plan_model(protocol: Protocol, entry: ModelEntry, cells: list[Cell], time_it: bool = True) -> ModelPlan:
+    """The work of ``entry``'s cells; the grid and seconds where its config is on this machine (module doc)."""
+    kind = model_source_kind(entry.model)
+    plan = ModelPlan(entry, kind, cells)
+    config = local_config(entry.model)
+    if config is None:
+        plan.note = (f"the estimate needs the model: {entry.model} is a hub id whose config is not on this machine "
+                     "(the run downloads it)")
+        return plan
+    shell = shell_model(config)
+    adapter = adapt(shell)
+    plan.grid = adapter.grid_shape
+    n_calib, n_eval = _rows(entry.data["calib"]), _rows(entry.data["eval"])
+    if n_calib is None or n_eval is None:
+        plan.note = "a role of every row ('all'): its size is known once the data is read"
+        return plan
+    ctx = ScoringContext(shell, [], memory_budget=protocol.memory_budget)
+    units = plan.grid[0] * plan.grid[1]
+    calib = evals = 0.0
+    scored = set()
+    for cell in cells:
+        if cell.kind == DENSE:
+            evals += n_eval
+            continue
+        entry_c = next((c for c in protocol.criteria if c.label == cell.criterion), None)
+        crit = entry_c.criterion if entry_c is not None else get("random")   # random boxes
+        params = scored_params(crit, dict(entry_c.params) if entry_c else {}, cell.sparsity)
+        work = crit.work(ctx, crit.resolve_params(params))
+        if cell.kind == "sparsity":
+            key = (cell.criterion, cell.repeat, params.get("sparsity") if "sparsity" in crit.params else None)
+            calib += 0 if key in scored else n_calib * work
+            scored.add(key)
+            evals += n_eval
+            continue
+        traj = protocol.trajectory
+        steps = math.ceil(traj.spec(crit, params, False, 0, None).target(units, 0) / traj.step)
+        calib += n_calib * work * (max(steps, 1) / 2 if crit.dynamic else 1)
+        evals += n_eval * (1 + LIVE_STEP * steps)
+    plan.calib_row_passes, plan.eval_row_passes = calib, evals
+    n_params = sum(p.numel() for p in shell.parameters())
+    if not time_it:
+        return plan
+    if n_params > TIMED_PARAMETERS:
+        plan.note = f"seconds need the model ({n_params / 1e9:.1f} B parameters are not instantiated to time a pass)"
+        return plan
+    length = min(protocol.max_length, getattr(config, "max_position_embeddings", None) or protocol.max_length)
+    per_token, _ = forward_rate(_random_init(config), [_synthetic_batch(protocol.batch_size, length)],
+                                protocol.memory_budget)
+    plan.seconds = per_token * length * (calib + evals)
+    return plan
+
+
+def _random_init(config):
+    torch.manual_seed(0)
+    return auto_class(config).from_config(config).eval()
+
+
+def _synthetic_batch(rows: int, length: int) -> dict:
+    """A batch of ``rows`` x ``length`` tokens (token 1 everywhere: the cost of a forward does not depend on ids)."""
+    return {"input_ids": torch.ones(rows, length, dtype=torch.long),
+            "attention_mask": torch.ones(rows, length, dtype=torch.long)}
+
+
+def plan(protocol: Protocol, time_it: bool = True) -> list[ModelPlan]:
+    """The cells of ``protocol`` grouped by model, each group with its work (module doc)."""
+    cells = expand(protocol)
+    return [plan_model(protocol, entry, [c for c in cells if c.model == entry.name], time_it)
+            for entry in protocol.models]

@@ -1,0 +1,412 @@
+"""Running a protocol: every cell computed once, written atomically, then the table, masks, plots and run file.
+
+Layout of ``OUT``::
+
+    cells/<key>.json     one finished cell: its metrics (or trajectory), mask, seeds, role hashes, fingerprint
+    scores/<key>.json    a criterion's ScoreMap of one repeat (shared by the sparsities of that repeat)
+    masks/<key>.json     the mask of a cell (``HeadMask`` file format: {"pruned": {...}, "shape": [L, H]})
+    results.csv, results.md   the table: mean ± sd over repeats per (model, criterion, sparsity or order), metric
+    plots/<model>.html|png    metric vs sparsity (or the trajectories), when plotly (and kaleido) are installed
+    run.json             the protocol text and its sha256, models, data roles with the hashes of their rows,
+                         parameters, versions and every cell's result
+
+Resuming: a cell whose file exists with the same fingerprint (sha256 of everything that decides its result: model,
+roles, criterion and parameters, sparsity or order, repeat, seeds, batching) is read, not recomputed; so an
+interrupted run (``errors.Cancelled`` from the progress callback, a kill) loses at most the cell it was in. Files
+are written to a temporary name in their folder and renamed into place (``os.replace``), so none is ever half
+written. The standard deviation is the sample one (n − 1) over repeats.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import importlib
+import importlib.util
+import io
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..criteria import get
+from ..errors import HeadpruneError
+from ..estimate import TimeEstimate, device_name, estimate_trajectory, forward_rate, scoring_work, tokens
+from ..model.mask import HeadMask
+from ..model.task import Task
+from ..provenance import versions
+from ..scoring import ScoreMap
+from ..trajectory import Trajectory, run_trajectory, spread
+from . import cells as adapter
+from .plan import DENSE, Cell, expand, slug
+from .spec import CriterionEntry, ModelEntry, Protocol
+
+Progress = Callable[[float, str], None]
+Say = Callable[[str], None]
+
+
+class RunError(HeadpruneError):
+    pass
+
+
+# -- files -----------------------------------------------------------------------------------------------------
+
+def write_atomic(path: Path, text: str | bytes) -> None:
+    """``text`` to ``path`` whole or not at all: a temporary file in the same folder renamed over ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = text.encode("utf-8") if isinstance(text, str) else text
+    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise RunError(f"Could not write {path}: {exc.strerror or exc}. Accepted: a writable --out folder.") from exc
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _json(obj) -> str:
+    return json.dumps(obj, indent=1, default=lambda o: o.item() if isinstance(o, np.generic) else str(o))
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def check_out(out: str | Path) -> Path:
+    """``--out`` as a folder (created); a file there is refused before any model loads."""
+    path = Path(out).expanduser()
+    if path.exists() and not path.is_dir():
+        raise RunError(f"--out {out} is a file; give a folder (created if missing) for the protocol's results.")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def fingerprint(protocol: Protocol, entry: ModelEntry, cell: Cell) -> str:
+    """sha256 of everything that decides ``cell``'s result (module doc); not the other cells' settings."""
+    crit = next((c.to_json() for c in protocol.criteria if c.label == cell.criterion), {"name": cell.criterion})
+    what = {"cell": cell.to_json(), "model": entry.to_json(), "criterion": crit, "seed": protocol.seed,
+            "batch_size": protocol.batch_size, "max_length": protocol.max_length, "dtype": protocol.dtype,
+            "trajectory": protocol.trajectory.to_json() if protocol.trajectory and cell.kind == "trajectory"
+            else None}
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def finished(out: Path, protocol: Protocol, entry: ModelEntry, cell: Cell) -> dict | None:
+    """The cell's record when ``out`` holds it for this protocol's settings, else None."""
+    record = _read(out / "cells" / f"{cell.key}.json")
+    return record if record and record.get("fingerprint") == fingerprint(protocol, entry, cell) else None
+
+
+# -- running ---------------------------------------------------------------------------------------------------
+
+class Runner:
+    """Runs the cells of one protocol into ``out`` (module doc); :func:`run_protocol` is the entry point."""
+
+    def __init__(self, protocol: Protocol, out: Path, memory_budget=None, progress: Progress | None = None,
+                 say: Say | None = None):
+        self.protocol, self.out = protocol, out
+        self.budget = memory_budget if memory_budget is not None else protocol.memory_budget
+        self.progress, self.say = progress, say or (lambda text: None)
+        self.cells = expand(protocol)
+        self.done = 0
+        self.computed: list[str] = []
+        self.models: dict[str, dict] = {}
+
+    def report(self, fraction: float, message: str) -> None:
+        if self.progress is not None:
+            self.progress((self.done + min(max(fraction, 0.0), 1.0)) / len(self.cells), message)
+
+    def sub(self, cell: Cell) -> Progress:
+        return lambda f, m: self.report(f, f"{cell.key}: {m}")
+
+    def entry_of(self, cell: Cell) -> CriterionEntry | None:
+        return next((c for c in self.protocol.criteria if c.label == cell.criterion), None)
+
+    def run(self) -> None:
+        for entry in self.protocol.models:
+            mine = [c for c in self.cells if c.model == entry.name]
+            pending = [c for c in mine if finished(self.out, self.protocol, entry, c) is None]
+            self.done += len(mine) - len(pending)
+            if pending:
+                self.run_model(entry, pending)
+
+    def run_model(self, entry: ModelEntry, pending: list[Cell]) -> None:
+        loaded = adapter.load_model_for(entry, self.protocol)
+        data_cache: dict = {}
+        by_repeat: dict[int, list[Cell]] = {}
+        for cell in pending:
+            by_repeat.setdefault(cell.repeat, []).append(cell)
+        self.models[entry.name] = {"model": entry.model, "source": loaded.source, "arch": loaded.adapter.arch,
+                                   "grid": list(loaded.adapter.grid_shape), "device": str(loaded.device)}
+        told = False
+        for repeat, cells in sorted(by_repeat.items()):
+            data = adapter.build_workspace_for(loaded, entry, self.protocol, repeat, data_cache)
+            if not told:   # the expected duration, on its own line before the bar starts
+                self.say(f"estimate: {self.estimate(loaded, entry, data, pending)}")
+                told = True
+            seed = self.protocol.seed + repeat
+            contexts: dict[int, object] = {}   # one per seed: criteria sharing a pass share it through its cache
+            scores: dict[tuple, ScoreMap] = {}
+            for cell in cells:
+                start = time.perf_counter()
+                if cell.kind == DENSE:
+                    result = {"metrics": adapter.evaluate_cell(loaded, data, None, self.sub(cell), self.budget)}
+                    mask = None
+                elif cell.kind == "sparsity":
+                    result, mask = self.sparsity_cell(loaded, entry, data, contexts, cell, scores, seed)
+                else:
+                    result, mask = self.trajectory_cell(loaded, entry, data, cell, seed)
+                self.write_cell(entry, cell, data, result, mask, seed, time.perf_counter() - start)
+
+    def sparsity_cell(self, loaded, entry: ModelEntry, data, contexts: dict, cell: Cell, scores: dict,
+                      seed: int) -> tuple[dict, HeadMask]:
+        c = self.entry_of(cell)
+        params = adapter.scored_params(c.criterion, dict(c.params), cell.sparsity)
+        seed = adapter.cell_seed(c.criterion, seed, cell.sparsity)
+        key = (cell.criterion, json.dumps(params, sort_keys=True, default=str), seed)
+        if key not in scores:
+            if seed not in contexts:
+                contexts[seed] = adapter.scoring_context(loaded, data, seed, None, self.budget)
+            scores[key] = self.scores_of(contexts[seed], entry, data, c, params, cell)
+        mask = adapter.mask_at(scores[key], cell.sparsity)
+        metrics = adapter.evaluate_cell(loaded, data, mask, self.sub(cell), self.budget)
+        return {"metrics": metrics, "scores": str(self.score_file(cell, params, seed).relative_to(self.out)),
+                "score_params": scores[key].params, "score_seed": seed}, mask
+
+    def score_file(self, cell: Cell, params: dict, seed: int) -> Path:
+        tag = hashlib.sha256(json.dumps([params, seed], sort_keys=True, default=str).encode()).hexdigest()[:10]
+        return self.out / "scores" / f"{slug(cell.model)}__{slug(cell.criterion)}__r{cell.repeat}__{tag}.json"
+
+    def scores_of(self, ctx, entry: ModelEntry, data, c: CriterionEntry, params: dict, cell: Cell) -> ScoreMap:
+        """The criterion's ScoreMap for this repeat: read from ``scores/`` when an earlier run wrote it for the
+        same model, criterion, parameters, rows, seed and batching, else scored and written."""
+        path = self.score_file(cell, params, ctx.seed)
+        stamp = {"model": entry.model, "criterion": c.name, "params": json.loads(json.dumps(params, default=str)),
+                 "calib_hash": data.roles["calib"]["hash"], "seed": ctx.seed, "batch_size": self.protocol.batch_size,
+                 "max_length": self.protocol.max_length, "dtype": self.protocol.dtype}
+        saved = _read(path)
+        if saved and saved.get("stamp") == stamp:
+            return ScoreMap.from_json(saved)
+        ctx.progress = self.sub(cell)
+        scores = adapter.score_cell(ctx, c.criterion, params, None)
+        ctx.progress = None
+        write_atomic(path, _json({**scores.to_json(), "stamp": stamp}))
+        return scores
+
+    def trajectory_cell(self, loaded, entry: ModelEntry, data, cell: Cell, seed: int) -> tuple[dict, HeadMask]:
+        c = self.entry_of(cell)
+        crit, params = (c.criterion, dict(c.params)) if c else (get("random"), {})
+        spec = self.protocol.trajectory.spec(crit, params, bool(cell.inverse), seed,
+                                             adapter.headline_of(data.task, entry))
+        traj = run_trajectory(spec, loaded.model, data.calib_batches, data.eval_batches, tokenizer=loaded.tokenizer,
+                              texts=data.calib_texts(), device=loaded.device, progress=self.sub(cell),
+                              memory_budget=self.budget)
+        mask = HeadMask(loaded.adapter.live_grid().to(torch.float32))
+        for layer, head in traj.order():   # Algorithm 1's M: the heads left where the trajectory stopped
+            mask = mask.prune(layer, head)
+        return {"trajectory": traj.to_json()}, mask
+
+    def write_cell(self, entry: ModelEntry, cell: Cell, data, result: dict, mask: HeadMask | None, seed: int,
+                   seconds: float) -> None:
+        mask_path = None
+        if mask is not None:
+            mask_path = self.out / "masks" / f"{cell.key}.json"
+            write_atomic(mask_path, _json(mask.to_json()))
+        record = {**cell.to_json(), "fingerprint": fingerprint(self.protocol, entry, cell), "seed": seed,
+                  "loaded": self.models[entry.name], "roles": data.roles, "task": data.task.kind, **result,
+                  "mask": str(mask_path.relative_to(self.out)) if mask_path else None, "seconds": seconds}
+        write_atomic(self.out / "cells" / f"{cell.key}.json", _json(record))   # last: the cell's commit point
+        self.computed.append(cell.key)
+        self.done += 1
+        self.report(0.0, f"{cell.key} done")
+
+    def estimate(self, loaded, entry: ModelEntry, data, pending: list[Cell]) -> TimeEstimate:
+        """Expected duration of ``pending`` (``headprune.estimate``: one timed forward x counted passes)."""
+        rate = forward_rate(loaded.model, data.eval_batches, self.budget)
+        per_token = rate[0]
+        ctx = adapter.scoring_context(loaded, data, self.protocol.seed, None, self.budget)
+        seconds, scored = 0.0, set()
+        for cell in pending:
+            if cell.kind == "trajectory":
+                c = self.entry_of(cell)
+                crit, params = (c.criterion, dict(c.params)) if c else (get("random"), {})
+                spec = self.protocol.trajectory.spec(crit, params, bool(cell.inverse), 0, None)
+                seconds += estimate_trajectory(spec, loaded.model, data.calib_batches, data.eval_batches,
+                                               rate=rate, memory_budget=self.budget).seconds
+                continue
+            seconds += per_token * tokens(data.eval_batches)
+            if cell.kind == "sparsity" and (cell.criterion, cell.repeat) not in scored:
+                scored.add((cell.criterion, cell.repeat))
+                c = self.entry_of(cell)
+                params = adapter.scored_params(c.criterion, dict(c.params), cell.sparsity)
+                seconds += per_token * tokens(data.calib_batches) * scoring_work(ctx, [c.name], {c.name: params})
+        return TimeEstimate(seconds, f"protocol {self.protocol.name}, {len(pending)} cells of {entry.name}",
+                            device_name(loaded.model), rate[1])
+
+
+# -- the table -------------------------------------------------------------------------------------------------
+
+def mean_sd(values: list[float]) -> tuple[float, float | None]:
+    """Mean and sample standard deviation (n − 1; None for one value)."""
+    array = np.asarray(values, dtype=float)
+    return float(array.mean()), (float(array.std(ddof=1)) if len(array) > 1 else None)
+
+
+def value_at(traj: Trajectory, ratio: float, metric: str) -> float:
+    """The metric at the last recorded point whose pruned ratio is at most ``ratio`` (the dense model at 0)."""
+    ratios, values = traj.ratios(), traj.values(metric)
+    return float(values[np.flatnonzero(ratios <= ratio + 1e-9)[-1]])
+
+
+def table_rows(protocol: Protocol, records: dict[str, dict]) -> tuple[list[dict], list[str]]:
+    """(rows, metric columns): one row per (model, criterion, sparsity or order) with (mean, sd, n) per metric."""
+    rows, columns = [], []
+    groups: dict[tuple, list[dict]] = {}
+    for cell in expand(protocol):
+        where = cell.sparsity if cell.inverse is None else ("inverse" if cell.inverse else "order")
+        groups.setdefault((cell.model, cell.criterion, where), []).append(records[cell.key])
+    entries = {m.name: m for m in protocol.models}
+    for (model, criterion, where), recs in groups.items():
+        task = Task(recs[0]["task"])
+        if protocol.trajectory is None:
+            names = list(adapter.task_metrics(task, entries[model]))
+            values = {m: [r["metrics"][m] for r in recs] for m in names}
+            row = {"model": model, "criterion": criterion, "sparsity": 0.0 if where is None else where}
+        else:
+            trajs = [Trajectory.from_json(r["trajectory"]) for r in recs]
+            metric = trajs[0].metric
+            values = {f"auc {metric}": [t.auc() for t in trajs], "pruned at end": [t.ratios()[-1] for t in trajs]}
+            values |= {f"{metric} @ {r:g}": [value_at(t, r, metric) for t in trajs]
+                       for r in protocol.trajectory.report_at}
+            row = {"model": model, "criterion": criterion, "order": where}
+        row["repeats"] = len(recs)
+        for name, vals in values.items():
+            row[name] = mean_sd(vals)
+            columns += [name] if name not in columns else []
+        rows.append(row)
+    return rows, columns
+
+
+def _fmt(value: tuple | None) -> str:
+    if value is None:
+        return ""
+    mean, sd = value
+    return f"{mean:.4f}" if sd is None else f"{mean:.4f} ± {sd:.4f}"
+
+
+def table_csv(rows: list[dict], columns: list[str]) -> str:
+    keys = [k for k in ("model", "criterion", "sparsity", "order", "repeats") if k in rows[0]]
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(keys + [f"{c} {part}" for c in columns for part in ("mean", "sd")])
+    for row in rows:
+        cells = [row[k] for k in keys]
+        for c in columns:
+            mean, sd = row.get(c) or (None, None)
+            cells += ["" if mean is None else f"{mean:.6g}", "" if sd is None else f"{sd:.6g}"]
+        writer.writerow(cells)
+    return buffer.getvalue()
+
+
+def table_markdown(rows: list[dict], columns: list[str]) -> str:
+    keys = [k for k in ("model", "criterion", "sparsity", "order", "repeats") if k in rows[0]]
+    lines = ["| " + " | ".join(keys + columns) + " |", "|" + "---|" * (len(keys) + len(columns))]
+    for row in rows:
+        shown = [f"{row[k]:g}" if k == "sparsity" else str(row[k]) for k in keys]
+        lines.append("| " + " | ".join(shown + [_fmt(row.get(c)) for c in columns]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# -- plots (optional: plotly is the dashboard extra) -----------------------------------------------------------
+
+def write_plots(protocol: Protocol, records: dict[str, dict], rows: list[dict], out: Path) -> tuple[list[str], list]:
+    """One figure per model (HTML, and PNG where kaleido can render); (files written, notes of what was skipped).
+
+    ``headprune.viz`` is imported only here and only when plotly is installed: the library and the CLI run
+    without the dashboard extra (pyproject's "only headprune.viz draws" contract), so it is looked up by name."""
+    if importlib.util.find_spec("plotly") is None:
+        return [], ["plots skipped: plotly is not installed (pip install 'headprune[dashboard]')"]
+    viz = importlib.import_module("headprune.viz")
+    written, notes = [], []
+    for entry in protocol.models:
+        mine = [c for c in expand(protocol) if c.model == entry.name]
+        if protocol.trajectory is None:
+            dense = records[mine[0].key]
+            metric = adapter.headline_of(Task(dense["task"]), entry)
+            points = [{"criterion": r["criterion"], "sparsity": r["sparsity"], "mean": r[metric][0],
+                       "sd": r[metric][1]} for r in rows if r["model"] == entry.name and r["criterion"] != DENSE
+                      and metric in r]
+            fig = viz.sparsity_figure(points, metric, dense["metrics"].get(metric))
+        else:
+            trajs = [Trajectory.from_json(records[c.key]["trajectory"]) for c in mine]
+            random = [t for t in trajs if t.criterion == "random"]
+            boxes = [{**spread(random), "name": f"random ({len(random)} orders)"}] if len(random) > 1 else []
+            fig = viz.trajectory_figure([t for t in trajs if t not in random or not boxes], boxes)
+        stem = out / "plots" / slug(entry.name)
+        write_atomic(stem.with_suffix(".html"), viz.figure_html(fig))
+        written.append(str(stem.with_suffix(".html").relative_to(out)))
+        try:
+            write_atomic(stem.with_suffix(".png"), viz.figure_png(fig))
+            written.append(str(stem.with_suffix(".png").relative_to(out)))
+        except RuntimeError as exc:   # kaleido needs a local Chrome: the HTML stands alone
+            notes.append(f"{entry.name}: PNG skipped ({exc})")
+    return written, notes
+
+
+# -- the entry point -------------------------------------------------------------------------------------------
+
+def run_protocol(protocol: Protocol, out: str | Path, *, memory_budget=None, progress: Progress | None = None,
+                 say: Say | None = None, plots: bool = True) -> dict:
+    """Run every cell of ``protocol`` not yet finished in ``out``, then write the table, plots and run file.
+
+    Parameters
+    ----------
+    protocol : a validated Protocol (``Protocol.read``).
+    out : the results folder (created); cells already there with the same settings are not recomputed.
+    memory_budget : overrides the protocol's (``headprune.model.memory.resolve_budget``'s forms).
+    progress : ``(fraction, message)`` over the whole run; an exception it raises (``errors.Cancelled``) stops the
+        run after the cells finished so far, which stay written.
+    say : where lines for the user go (the estimate, before the bar).
+    plots : write the figures (skipped with a note without plotly).
+
+    Returns
+    -------
+    The run file's summary: paths written, cells computed and read, the table rows.
+    """
+    out = check_out(out)
+    for stale in out.rglob(".*.tmp"):   # a write cut short by a kill (SIGKILL skips write_atomic's clean-up)
+        stale.unlink()
+    runner = Runner(protocol, out, memory_budget, progress, say)
+    runner.run()
+    records = {}
+    for cell in runner.cells:
+        entry = next(m for m in protocol.models if m.name == cell.model)
+        records[cell.key] = finished(out, protocol, entry, cell)
+    rows, columns = table_rows(protocol, records)
+    write_atomic(out / "results.csv", table_csv(rows, columns))
+    write_atomic(out / "results.md", table_markdown(rows, columns))
+    plotted, notes = write_plots(protocol, records, rows, out) if plots else ([], ["plots not asked for"])
+    first = {m.name: next(r for r in records.values() if r["model"] == m.name) for m in protocol.models}
+    models = [{**m.to_json(), **first[m.name]["loaded"], "roles": first[m.name]["roles"]} for m in protocol.models]
+    run = {"protocol": {"source": protocol.source, "sha256": protocol.hash, "text": protocol.text,
+                        "parameters": protocol.to_json()},
+           "models": models, "versions": versions(), "memory_budget": runner.budget,
+           "computed": runner.computed, "reused": [k for k in records if k not in runner.computed],
+           "table": {"columns": columns, "rows": [{k: list(v) if isinstance(v, tuple) else v for k, v in r.items()}
+                                                   for r in rows]},
+           "plots": plotted, "notes": notes, "cells": records}
+    write_atomic(out / "run.json", _json(run))
+    return {"out": str(out), "results": ["results.csv", "results.md"], "plots": plotted, "notes": notes,
+            "cells": len(records), "computed": len(runner.computed), "reused": len(run["reused"]),
+            "table": table_markdown(rows, columns)}

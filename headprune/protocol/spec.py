@@ -1,0 +1,481 @@
+"""A protocol file: what one results table needs (models, data roles, criteria, sparsities or a trajectory,
+metrics, repeats), read from TOML and validated once, before any model loads.
+
+The file (``protocols/demo.toml`` is a commented example)::
+
+    name = "demo"                       # names the run (default: the file's stem)
+    models = ["demo"]                   # model specs; or [[models]] tables with their own data and metrics
+    sparsities = [0.25, 0.5]            # pruned ratios of the head grid, each in [0, 1] (0 = the dense model)
+    repeats = 2                         # re-drawn calibration subsets and criterion seeds (seed + repeat)
+    [data.calib]                        # what criteria score on; [data.select] (where choices are made) and
+    source = "demo:train"               # [data.eval] (what is reported) alike: source (any data spec), size
+    size = 64                           # (rows; "all" for eval), seed (of the draw), text_col/pair_col/label_col
+    [[criteria]]                        # one table per criterion: name, label (default: name), params
+    name = "his"
+
+or, instead of ``sparsities``, a ``[trajectory]`` table (step, budget, count, tolerance, inverse = [false, true],
+random_boxes = N independent random orders). A key this module does not know, or a bad value, is a
+:class:`ProtocolError` naming the key and its line in the file: TOML parsers give no line numbers for keys, so
+:class:`KeyLines` finds them by scanning the text for the table headers and keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..criteria import get
+from ..errors import HeadpruneError
+from ..evaluation.metrics import Metrics
+from ..limits import NON_NEGATIVE_INT, POSITIVE_INT, UNIT
+from ..model.device import DEVICES
+from ..model.memory import MemoryBudgetError, parse_budget
+from ..trajectory import TrajectoryError, TrajectorySpec
+
+ROLES = ("calib", "select", "eval")
+# metric names a protocol may ask for: every field of Metrics that is a metric (new metrics join by themselves)
+NOT_METRICS = ("n", "tokens")
+DTYPES = ("fp32", "bf16", "fp16")
+
+
+class ProtocolError(HeadpruneError):
+    """A protocol file that cannot run as written: the message names the file, the line and the key."""
+
+
+def metric_names() -> tuple[str, ...]:
+    """Metric names a protocol may list (``Metrics`` fields less the counts)."""
+    return tuple(f.name for f in dataclasses.fields(Metrics) if f.name not in NOT_METRICS)
+
+
+# -- where a key is written -------------------------------------------------------------------------------------
+
+_HEADER = re.compile(r"^\s*(\[\[?)\s*([^\[\]]+?)\s*\]\]?\s*(#.*)?$")
+_KEY = re.compile(r"""^\s*((?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*'))*)\s*=""")
+_INLINE_KEY = re.compile(r"""[{,]\s*([A-Za-z0-9_-]+|"[^"]*")\s*=""")
+
+
+def _split_dotted(text: str) -> list[str]:
+    return [p.strip().strip("\"'") for p in re.findall(r"""\s*("[^"]*"|'[^']*'|[^.]+)\s*(?:\.|$)""", text)]
+
+
+class KeyLines:
+    """The line of every table and key of a TOML text, by path: ``("criteria", 1, "params", "alpha")``.
+
+    Tables of an array (``[[criteria]]``) are numbered from 0 in order of appearance; keys of an inline table
+    (``params = { alpha = 0.3 }``) get the line of that inline table. A line is found by a scan of the text (a
+    header at the start of a line, then ``key =`` at the start of a line), skipping multi-line strings; a path
+    not found gives the line of its nearest written parent.
+    """
+
+    def __init__(self, text: str):
+        self.lines: dict[tuple, int] = {}
+        arrays: dict[tuple, int] = {}
+        table: tuple = ()
+        in_string = None
+        for number, line in enumerate(text.splitlines(), start=1):
+            if in_string:
+                if in_string in line:
+                    in_string = None
+                continue
+            header = _HEADER.match(line)
+            if header:
+                names = tuple(_split_dotted(header.group(2)))
+                path = self._resolve(names, arrays)
+                if header.group(1) == "[[":
+                    arrays[names] = arrays.get(names, -1) + 1
+                    path = self._resolve(names, arrays)
+                table = path
+                self.lines.setdefault(path, number)
+                continue
+            key = _KEY.match(line)
+            if key:
+                path = table + tuple(_split_dotted(key.group(1)))
+                self.lines.setdefault(path, number)
+                rest = line[key.end():]
+                for inner in _INLINE_KEY.findall(rest):
+                    self.lines.setdefault(path + (inner.strip("\"'"),), number)
+                for quote in ('"""', "'''"):
+                    if rest.count(quote) % 2 == 1:
+                        in_string = quote
+
+    @staticmethod
+    def _resolve(names: tuple, arrays: dict) -> tuple:
+        """A header's path with the index of every array of tables it passes through (``[[models]]`` then
+        ``[models.data.calib]`` is models, <last index>, data, calib)."""
+        path: tuple = ()
+        for i in range(len(names)):
+            path += (names[i],)
+            if names[:i + 1] in arrays:
+                path += (arrays[names[:i + 1]],)
+        return path
+
+    def line(self, path: tuple) -> int | None:
+        for end in range(len(path), 0, -1):
+            if path[:end] in self.lines:
+                return self.lines[path[:end]]
+        return None
+
+
+# -- the protocol ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class Located:
+    """What every part of a protocol shares: where it sits in the file, to name in errors."""
+
+    path: tuple = ()                     # e.g. ("models", 0, "data", "calib")
+    where: Callable[[tuple], str] | None = field(default=None, compare=False, repr=False)
+
+    def fail(self, key: str | int | None, problem: str) -> ProtocolError:
+        """A ProtocolError naming the key (dotted, e.g. ``data.calib.size``), its line and ``problem``."""
+        path = self.path + ((key,) if key is not None else ())
+        name = ".".join(str(p) for p in path) or "the file"
+        place = self.where(path) if self.where else ""
+        return ProtocolError(f"{place}key '{name}': {problem}")
+
+
+def _unknown(part: Located, given: Mapping, cls: type, extra: tuple = ()) -> None:
+    known = [f.name for f in dataclasses.fields(cls) if f.name not in ("path", "where")] + list(extra)
+    for key in given:
+        if key not in known:
+            raise part.fail(key, f"unknown key; accepted: {', '.join(sorted(known))}.")
+
+
+def _table(part: Located, key: str, value, kind: str = "a table") -> Mapping:
+    if not isinstance(value, Mapping):
+        raise part.fail(key, f"expected {kind}, got {value!r}.")
+    return value
+
+
+def _check(part: Located, key: str, value, limit, what: str) -> None:
+    problem = limit(value)
+    if problem:
+        raise part.fail(key, f"{what} {value!r} {problem}.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Role(Located):
+    """One data role: rows drawn (seeded) from a data spec. ``size`` None = every row."""
+
+    source: str
+    size: int | None = None
+    seed: int = 0
+    text_col: str | None = None
+    pair_col: str | None = None
+    label_col: str | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.source, str) or not self.source:
+            raise self.fail("source", f"expected a data spec (e.g. 'demo', 'demo:train', a file, "
+                                      f"hf:NAME[:CONFIG[:SPLIT]]), got {self.source!r}.")
+        if self.size is not None:
+            _check(self, "size", self.size, POSITIVE_INT, "size")
+        _check(self, "seed", self.seed, NON_NEGATIVE_INT, "seed")
+        for key in ("text_col", "pair_col", "label_col"):
+            if getattr(self, key) is not None and not isinstance(getattr(self, key), str):
+                raise self.fail(key, f"expected a column name, got {getattr(self, key)!r}.")
+
+    @classmethod
+    def read(cls, obj, path: tuple, where) -> Role:
+        part = Located(path=path[:-1], where=where)
+        obj = dict(_table(part, path[-1], obj, "a table: source, size, seed"))
+        part = Located(path=path, where=where)
+        _unknown(part, obj, cls)
+        if "source" not in obj:
+            raise part.fail("source", "missing: every data role names its source (a data spec).")
+        if obj.get("size") == "all":
+            obj["size"] = None
+        return cls(**obj, path=path, where=where)
+
+    def to_json(self) -> dict:
+        return {"source": self.source, "size": self.size, "seed": self.seed,
+                **{k: getattr(self, k) for k in ("text_col", "pair_col", "label_col") if getattr(self, k)}}
+
+
+@dataclass(frozen=True, kw_only=True)
+class CriterionEntry(Located):
+    """A criterion of the registry with its parameters (checked against its declared limits)."""
+
+    name: str
+    label: str = ""
+    params: Mapping = field(default_factory=dict)
+
+    def __post_init__(self):
+        try:
+            crit = get(self.name)
+        except HeadpruneError as exc:
+            raise self.fail("name", str(exc)) from None
+        if not isinstance(self.params, Mapping):
+            raise self.fail("params", f"expected a table of parameters, got {self.params!r}.")
+        params = Located(path=self.path + ("params",), where=self.where)
+        for key in self.params:   # one at a time, so the error names the line of the parameter at fault
+            try:
+                crit.resolve_params({key: self.params[key]})
+            except HeadpruneError as exc:
+                raise params.fail(key, str(exc)) from None
+        if not isinstance(self.label, str):
+            raise self.fail("label", f"expected text, got {self.label!r}.")
+        if not self.label:
+            object.__setattr__(self, "label", self.name)
+
+    @property
+    def criterion(self):
+        return get(self.name)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "label": self.label, "params": dict(self.params)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrajectoryPart(Located):
+    """A trajectory instead of sparsities: step, stop (budget/count/tolerance), orders and random boxes."""
+
+    step: int = 1
+    budget: float | None = None
+    count: int | None = None
+    tolerance: float | None = None
+    inverse: tuple = (False,)            # orders run: False = least important first (the criterion's order)
+    random_boxes: int = 0                # independent random orders (boxplots per ratio), 0 = none
+    report_at: tuple = ()                # ratios the table reports the metric at (the step at or below each)
+
+    def __post_init__(self):
+        inverse = self.inverse if isinstance(self.inverse, (list, tuple)) else (self.inverse,)
+        if not inverse or any(not isinstance(v, bool) for v in inverse):
+            raise self.fail("inverse", f"expected true, false or a list of them (orders to run), got "
+                                       f"{self.inverse!r}.")
+        object.__setattr__(self, "inverse", tuple(dict.fromkeys(inverse)))
+        _check(self, "random_boxes", self.random_boxes, NON_NEGATIVE_INT, "random_boxes")
+        if not isinstance(self.report_at, (list, tuple)):
+            raise self.fail("report_at", f"expected a list of ratios, got {self.report_at!r}.")
+        for ratio in self.report_at:
+            _check(self, "report_at", ratio, UNIT, "ratio")
+        object.__setattr__(self, "report_at", tuple(float(r) for r in self.report_at))
+        for key in ("step", "budget", "count", "tolerance"):
+            try:   # the trajectory's own limits, declared once in TrajectorySpec
+                TrajectorySpec(criterion=get("random"), **{key: getattr(self, key)})
+            except TrajectoryError as exc:
+                raise self.fail(key, str(exc)) from None
+
+    def spec(self, criterion, params: Mapping, inverse: bool, seed: int, metric: str | None) -> TrajectorySpec:
+        """The TrajectorySpec of one cell: ``criterion`` (a Criterion) with ``params``, one order, one seed."""
+        return TrajectorySpec(criterion=criterion, params=dict(params), inverse=inverse, step=self.step,
+                              budget=self.budget, count=self.count, tolerance=self.tolerance, metric=metric,
+                              seed=seed)
+
+    def to_json(self) -> dict:
+        return {k: getattr(self, k) for k in ("step", "budget", "count", "tolerance", "random_boxes")} | \
+            {"inverse": list(self.inverse), "report_at": list(self.report_at)}
+
+
+def _metrics(part: Located, key: str, value) -> tuple[str, ...]:
+    if not isinstance(value, (list, tuple)) or any(not isinstance(m, str) for m in value):
+        raise part.fail(key, f"expected a list of metric names, got {value!r}.")
+    for m in value:
+        if m not in metric_names():
+            raise part.fail(key, f"unknown metric '{m}'; accepted: {', '.join(metric_names())}.")
+    return tuple(value)
+
+
+def _headline(part: Located, value) -> str | None:
+    if value is not None and value not in metric_names():
+        raise part.fail("headline", f"unknown metric {value!r}; accepted: {', '.join(metric_names())}.")
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelEntry(Located):
+    """A model spec with its data roles (the protocol's, overridden key by key) and metrics."""
+
+    model: str
+    name: str = ""
+    data: Mapping = field(default_factory=dict)     # role -> Role
+    metrics: tuple = ()                             # () = the task's set
+    headline: str | None = None                     # None = the task's headline metric
+
+    def __post_init__(self):
+        if not isinstance(self.model, str) or not self.model:
+            raise self.fail("model", f"expected a model spec ('demo', a folder, a hub id), got {self.model!r}.")
+        object.__setattr__(self, "metrics", _metrics(self, "metrics", self.metrics))
+        object.__setattr__(self, "headline", _headline(self, self.headline))
+        for role in ("calib", "eval"):
+            if role not in self.data:
+                raise self.fail("data", f"no [data.{role}] role: a protocol names the {role} data (source, size, "
+                                        "seed) at the top or per model.")
+        if not self.name:
+            object.__setattr__(self, "name", self.model)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "model": self.model, "data": {k: r.to_json() for k, r in self.data.items()},
+                "metrics": list(self.metrics), "headline": self.headline}
+
+
+def _read_data(obj, path: tuple, where, inherited: Mapping | None = None) -> dict:
+    part = Located(path=path[:-1], where=where)
+    obj = _table(part, path[-1], obj, "a table of roles: calib, select, eval")
+    part = Located(path=path, where=where)
+    for key in obj:
+        if key not in ROLES:
+            raise part.fail(key, f"unknown data role; accepted: {', '.join(ROLES)}.")
+    roles = dict(inherited or {})
+    for key, value in obj.items():
+        if key in roles and isinstance(value, Mapping):   # a model's role overrides the protocol's key by key
+            value = {**roles[key].to_json(), **value}
+        roles[key] = Role.read(value, path + (key,), where)
+    return roles
+
+
+@dataclass(frozen=True, kw_only=True)
+class Protocol(Located):
+    """A whole protocol (module doc), validated on construction; :meth:`read` builds it from a file."""
+
+    name: str
+    description: str = ""
+    models: tuple = ()                   # ModelEntry
+    criteria: tuple = ()                 # CriterionEntry
+    sparsities: tuple = ()               # ratios; empty with a trajectory
+    trajectory: TrajectoryPart | None = None
+    repeats: int = 1
+    seed: int = 0
+    memory_budget: str | int | None = None
+    device: str = "auto"
+    dtype: str | None = None
+    batch_size: int = 32
+    max_length: int = 128
+    text: str = field(default="", repr=False)     # the file as written (hashed into the run file)
+    source: str = ""                               # the file's path
+
+    def __post_init__(self):
+        for key in ("name", "description"):
+            if not isinstance(getattr(self, key), str) or (key == "name" and not self.name):
+                raise self.fail(key, f"expected text, got {getattr(self, key)!r}.")
+        if not self.models:
+            raise self.fail("models", "no model: list at least one model spec (models = [\"demo\"]).")
+        if not self.criteria:
+            raise self.fail("criteria", "no criterion: add at least one [[criteria]] table with a name.")
+        names = [m.name for m in self.models]
+        if len(set(names)) < len(names):
+            raise self.fail("models", f"two models share a name ({', '.join(names)}); give each [[models]] table "
+                                      "a distinct name.")
+        labels = [c.label for c in self.criteria]
+        if len(set(labels)) < len(labels):
+            raise self.fail("criteria", f"two criteria share a label ({', '.join(labels)}); give each a distinct "
+                                        "label.")
+        if (self.trajectory is None) == (not self.sparsities):
+            raise self.fail("sparsities", "give either sparsities = [...] or a [trajectory] table (not both).")
+        if not isinstance(self.sparsities, (list, tuple)):
+            raise self.fail("sparsities", f"expected a list of ratios, got {self.sparsities!r}.")
+        for ratio in self.sparsities:
+            _check(self, "sparsities", ratio, UNIT, "sparsity")
+        object.__setattr__(self, "sparsities", tuple(sorted({float(r) for r in self.sparsities})))
+        _check(self, "repeats", self.repeats, POSITIVE_INT, "repeats")
+        _check(self, "seed", self.seed, NON_NEGATIVE_INT, "seed")
+        _check(self, "batch_size", self.batch_size, POSITIVE_INT, "batch_size")
+        _check(self, "max_length", self.max_length, POSITIVE_INT, "max_length")
+        if self.device not in DEVICES:
+            raise self.fail("device", f"unknown device {self.device!r}; accepted: {', '.join(DEVICES)}.")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise self.fail("dtype", f"unknown dtype {self.dtype!r}; accepted: {', '.join(DTYPES)}.")
+        if self.memory_budget is not None:
+            try:
+                parse_budget(str(self.memory_budget))
+            except MemoryBudgetError as exc:
+                raise self.fail("memory_budget", str(exc)) from None
+
+    @property
+    def hash(self) -> str:
+        """sha256 of the file as written."""
+        return hashlib.sha256(self.text.encode("utf-8")).hexdigest()
+
+    @classmethod
+    def read(cls, path: str | Path) -> Protocol:
+        """The protocol in the TOML file ``path`` (ProtocolError naming the line of any problem)."""
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ProtocolError(f"Cannot read protocol file {path}: {exc}. Accepted: a UTF-8 TOML file.") from None
+        return cls.parse(text, str(path), default_name=path.stem)
+
+    @classmethod
+    def parse(cls, text: str, source: str = "<protocol>", default_name: str = "protocol") -> Protocol:
+        """The protocol in TOML ``text`` (``source`` names it in errors)."""
+        try:
+            obj = parse_toml(text)
+        except ValueError as exc:   # tomllib.TOMLDecodeError and toml's TomlDecodeError are ValueErrors
+            raise ProtocolError(f"{source}: not valid TOML: {exc}.") from None
+        lines = KeyLines(text)
+
+        def where(path: tuple) -> str:
+            line = lines.line(path)
+            return f"{source}, line {line}: " if line else f"{source}: "
+
+        top = Located(where=where)
+        _unknown(top, obj, cls, extra=("data", "metrics", "headline"))
+        for key in ("text", "source"):
+            if key in obj:
+                raise top.fail(key, f"unknown key; '{key}' is recorded by headprune, not written in the file.")
+        if "metrics" in obj:   # checked here too, so an error names the protocol-wide key and its line
+            _metrics(top, "metrics", obj["metrics"])
+        _headline(top, obj.get("headline"))
+        data = _read_data(obj.get("data", {}), ("data",), where)
+        models = obj.get("models", [])
+        if not isinstance(models, list):
+            raise top.fail("models", f"expected a list of model specs or [[models]] tables, got {models!r}.")
+        entries = []
+        for i, item in enumerate(models):
+            here = Located(path=("models", i), where=where)
+            if isinstance(item, str):
+                item = {"model": item}
+            item = dict(_table(Located(path=("models",), where=where), i, item, "a model spec or a table"))
+            _unknown(here, item, ModelEntry)
+            if "model" not in item:
+                raise here.fail("model", "missing: each [[models]] table names its model spec.")
+            roles = _read_data(item.pop("data", {}), ("models", i, "data"), where, inherited=data)
+            item.setdefault("metrics", obj.get("metrics", ()))
+            item.setdefault("headline", obj.get("headline"))
+            entries.append(ModelEntry(**item, data=roles, path=("models", i), where=where))
+        crits = obj.get("criteria", [])
+        if not isinstance(crits, list):
+            raise top.fail("criteria", f"expected [[criteria]] tables or a list of names, got {crits!r}.")
+        criteria = []
+        for i, item in enumerate(crits):
+            if isinstance(item, str):
+                item = {"name": item}
+            item = _table(Located(path=("criteria",), where=where), i, item, "a criterion name or a table")
+            here = Located(path=("criteria", i), where=where)
+            _unknown(here, item, CriterionEntry)
+            if "name" not in item:
+                raise here.fail("name", "missing: each criterion names one of the registry (headprune criteria).")
+            criteria.append(CriterionEntry(**item, path=("criteria", i), where=where))
+        trajectory = None
+        if "trajectory" in obj:
+            part = _table(top, "trajectory", obj["trajectory"])
+            _unknown(Located(path=("trajectory",), where=where), part, TrajectoryPart)
+            trajectory = TrajectoryPart(**part, path=("trajectory",), where=where)
+        rest = {k: v for k, v in obj.items() if k not in ("data", "models", "criteria", "trajectory", "metrics",
+                                                         "headline")}
+        rest.setdefault("name", default_name)
+        return cls(**rest, models=tuple(entries), criteria=tuple(criteria), trajectory=trajectory, text=text,
+                   source=source, where=where)
+
+    def to_json(self) -> dict:
+        """Parameters as resolved (what the run file records next to the text and its hash)."""
+        return {"name": self.name, "description": self.description, "models": [m.to_json() for m in self.models],
+                "criteria": [c.to_json() for c in self.criteria], "sparsities": list(self.sparsities),
+                "trajectory": self.trajectory.to_json() if self.trajectory else None, "repeats": self.repeats,
+                "seed": self.seed, "memory_budget": self.memory_budget, "device": self.device, "dtype": self.dtype,
+                "batch_size": self.batch_size, "max_length": self.max_length}
+
+
+def parse_toml(text: str) -> dict:
+    """TOML text as a dict: ``tomllib`` (Python 3.11+), else the ``toml`` package."""
+    try:
+        import tomllib  # deferred: Python 3.11+ only (3.10 falls back to toml)
+    except ModuleNotFoundError:  # Python 3.10: streamlit depends on the `toml` package
+        import toml  # deferred: the 3.10 fallback, a dependency of streamlit
+
+        return toml.loads(text)
+    return tomllib.loads(text)
