@@ -63,17 +63,17 @@ def free_port() -> int:
 
 @contextmanager
 def streamlit_server(root: Path, env: dict, log: Path, start_timeout: float = 300, python: str = sys.executable,
-                     watcher: str | None = "none"):
-    """``python -m streamlit run app.py`` in ``root``; yields its URL once healthy, stops it on exit.
+                     watcher: str | None = "none", script: str = "app.py", flags: tuple[str, ...] = ()):
+    """``python -m streamlit run <script> <flags>`` in ``root``; yields its URL once healthy, stops it on exit.
 
     ``watcher`` is passed as ``--server.fileWatcherType``; None passes nothing, so the checkout's own
     ``.streamlit/config.toml`` decides (as for a user who types the README's command)."""
     port = free_port()
     watch = [] if watcher is None else ["--server.fileWatcherType", watcher]
     with open(log, "w") as out:
-        proc = subprocess.Popen([python, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
+        proc = subprocess.Popen([python, "-m", "streamlit", "run", script, "--server.headless", "true",
                                  "--server.port", str(port), "--server.address", "127.0.0.1",
-                                 "--browser.gatherUsageStats", "false", *watch],
+                                 "--browser.gatherUsageStats", "false", *watch, *flags],
                                 cwd=root, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
