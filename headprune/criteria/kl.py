@@ -138,7 +138,8 @@ def kl_raw_importance(model, batches: list[dict], mask: HeadMask | None = None, 
         if logits.shape[-1] < 2:
             raise CriterionError("KL importance needs a class distribution, but this model has a single output "
                                  "(regression). Use a gradient or entropy criterion for regression models.")
-        log_p, real = task.output_log_probs(logits, inputs)   # real: an LM's real positions, else None
+        # real: an LM's real positions (multiple choice: those predicting a continuation token), else None
+        log_p, real = task.output_log_probs(logits, {**inputs, "labels": batch.get("labels")})
         del logits
         for block, heads in chunks:
             gates = base.expand(len(heads), *base.shape).clone()
