@@ -4,7 +4,7 @@ import json
 
 import streamlit as st
 
-from dashboard.compute import run_trajectories, smaller_sizes, trajectories_estimate
+from dashboard.compute import run_trajectories, smaller_sizes, tracks_stability, trajectories_estimate
 from dashboard.ui import (
     cancel_button,
     cancelled_note,
@@ -41,7 +41,7 @@ with st.expander("Run trajectories", expanded=not sd.trajectories):
     tolerance = c5.slider(f"Tolerance τ (stop point: first {ws.metric} {past_tolerance})", 0.5, 1.0, 0.9,
                           step=0.01, key="traj-tolerance")
     stability = c6.checkbox("Record stability", value=False, key="traj-stability",
-                            disabled=ws.dataset.task != "classification")
+                            disabled=not tracks_stability(ws))
     n_runs = len(chosen) * (2 if inverse else 1) + seeds
     with guard("Could not estimate how long the trajectories take"):
         estimate_line(trajectories_estimate(ws, chosen, params, inverse, seeds, step, budget, stability),
