@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from headprune import criteria
 from headprune.criteria import onepass
 from headprune.criteria.kl import kl_raw_importance
 from headprune.data import TextDataset, load_data, make_batches, prefix_token_id, split_context_continuation
@@ -24,8 +25,13 @@ from headprune.errors import DataError
 from headprune.evaluation.live import LiveEvaluator
 from headprune.evaluation.metrics import evaluate
 from headprune.evaluation.stability import perturb_batches, stability
+from headprune.model.gating import gate_heads
+from headprune.model.hooks import structural_copy
 from headprune.model.mask import HeadMask
 from headprune.model.task import GOLD_KEY, IGNORE_INDEX, Task, TaskError, task_for
+from headprune.scoring import ScoringContext
+from headprune.trajectory import TrajectorySpec, run_trajectory
+from headprune.workspace import Workspace
 
 CORPUS = ["the film is good and the plot is very good", "a bad film with a bad plot", "the actors are fine",
           "it is a very long film about nothing", "good fun for the whole family", "dull, slow and far too long"]
@@ -57,8 +63,7 @@ def dataset(questions=QUESTIONS) -> TextDataset:
 
 def reference(model, tok, mask=None) -> dict:
     """acc, acc_norm, acc_bytes and stderrs from batch-of-one forwards and lm-eval's formulas written out."""
-    from headprune.model.gating import gate_heads
-
+    model = structural_copy(model)   # gated below: a private copy, as the library does
     right = {"acc": [], "acc_norm": [], "acc_bytes": []}
     gold_nll = []
     for context, choices, answer in QUESTIONS:
@@ -113,7 +118,7 @@ def test_split_rule_moves_trailing_space_and_handles_empty_context(tok):
 
 @pytest.mark.parametrize("pruned", [(), ((0, 1), (2, 3)), ((1, 0), (1, 1), (1, 2))])
 def test_metrics_equal_batch_of_one_hand_computation(model, tok, pruned):
-    mask = HeadMask.from_pruned({}, (3, 4)) if not pruned else HeadMask.ones((3, 4))
+    mask = HeadMask.ones((3, 4))
     for layer, head in pruned:
         mask = mask.prune(layer, head)
     batches = make_batches(tok, dataset(), batch_size=5)
@@ -197,9 +202,6 @@ def test_stability_perturbs_each_context_once_and_keeps_choices(model, tok):
 
 
 def test_trajectory_with_stability_runs_on_multiple_choice(model, tok):
-    from headprune import criteria
-    from headprune.trajectory import TrajectorySpec, run_trajectory
-
     batches = make_batches(tok, dataset(), batch_size=5)
     spec = TrajectorySpec(criterion=criteria.get("random"), step=4, budget=0.5, stability=True, drop=0.3)
     traj = run_trajectory(spec, model, batches, batches, tokenizer=tok)
@@ -233,9 +235,6 @@ def test_gold_row_loss_is_the_right_choices_nll(model, tok):
 
 
 def test_criteria_score_multiple_choice(model, tok):
-    from headprune import criteria
-    from headprune.scoring import ScoringContext
-
     batches = make_batches(tok, dataset(), batch_size=5)
     scores = criteria.get("his")(ScoringContext(model, batches))
     assert np.isfinite(scores.scores).all() and (scores.scores != 0).any()
@@ -295,3 +294,27 @@ def test_cli_refuses_bad_input_before_any_model_loads(tmp_path, rows, extra, mes
                            *extra], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.startswith("error:") and message in done.stderr
+
+
+def test_cli_evaluate_and_trajectory_on_a_saved_decoder(tmp_path, model, tok):
+    folder = tmp_path / "tiny-llama"
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    data = _jsonl(tmp_path / "q.jsonl", [{"context": c, "choices": ch, "answer": a} for c, ch, a in QUESTIONS])
+    common = ["--model", str(folder), "--data", data, "--calib-size", "3", "--eval-size", "4", "--seed", "1"]
+    done = subprocess.run([sys.executable, "-m", "headprune", "evaluate", *common], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    printed = json.loads(done.stdout)
+    assert printed["task"] == "multiple_choice" and printed["n"] == 4
+    ws = Workspace.build(str(folder), data, calib_size=3, eval_size=4, seed=1)
+    want = evaluate(ws.loaded.model, ws.eval_batches)
+    for name in ("acc", "acc_norm", "acc_bytes", "acc_stderr", "acc_norm_stderr", "acc_bytes_stderr", "loss"):
+        assert printed[name] == pytest.approx(getattr(want, name), abs=1e-6), name
+    out = tmp_path / "run.json"
+    done = subprocess.run([sys.executable, "-m", "headprune", "trajectory", *common, "--criterion", "his", "--step",
+                           "4", "--budget", "0.5", "--stability", "--out", str(out)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    run = json.loads(out.read_text())
+    assert run["metric"] == "acc" and run["dense"]["stability"] == 100.0 and [s["n_pruned"] for s in run["steps"]] == [4, 6]
