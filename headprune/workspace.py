@@ -165,6 +165,8 @@ class Workspace:
         else:
             dataset = align_labels(load_data(data, text_col, pair_col, label_col,
                                              task="lm" if kind.is_lm else "classification"), loaded.id2label)
+            if dataset.task == "multiple_choice":   # hf: data whose columns fit a field map, read as the LM's data
+                kind = Task("multiple_choice")
         calib_n, eval_n = fit_split_sizes(len(dataset), calib_size, eval_size)
         calib, evals = split_calib_eval(dataset, calib_n, eval_n, seed)
         report(0.8, "tokenizing")

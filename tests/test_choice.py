@@ -296,10 +296,27 @@ def test_cli_refuses_bad_input_before_any_model_loads(tmp_path, rows, extra, mes
     assert done.stderr.startswith("error:") and message in done.stderr
 
 
-def test_cli_evaluate_and_trajectory_on_a_saved_decoder(tmp_path, model, tok):
-    folder = tmp_path / "tiny-llama"
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory, model, tok):
+    """The tiny decoder and its tokenizer saved like a user's model folder."""
+    out = tmp_path_factory.mktemp("choice") / "tiny-llama"
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def test_hf_data_with_arc_fields_makes_the_workspace_multiple_choice(tmp_path, folder):
+    datasets = pytest.importorskip("datasets")
+    rows = {"question": [q[0] or "?" for q in QUESTIONS],
+            "choices": [{"text": q[1], "label": [chr(65 + i) for i in range(len(q[1]))]} for q in QUESTIONS],
+            "answerKey": [chr(65 + q[2]) for q in QUESTIONS]}
+    datasets.Dataset.from_dict(rows).save_to_disk(str(tmp_path / "arc"))
+    ws = Workspace.build(str(folder), f"hf:{tmp_path / 'arc'}", calib_size=2, eval_size=5)
+    assert ws.task.is_choice and ws.metric == "acc" and ws.dataset.columns["field_map"] == "arc"
+    assert ws.dataset.labels == [q[2] for q in QUESTIONS]
+
+
+def test_cli_evaluate_and_trajectory_on_a_saved_decoder(tmp_path, folder):
     data = _jsonl(tmp_path / "q.jsonl", [{"context": c, "choices": ch, "answer": a} for c, ch, a in QUESTIONS])
     common = ["--model", str(folder), "--data", data, "--calib-size", "3", "--eval-size", "4", "--seed", "1"]
     done = subprocess.run([sys.executable, "-m", "headprune", "evaluate", *common], capture_output=True, text=True,
@@ -317,4 +334,5 @@ def test_cli_evaluate_and_trajectory_on_a_saved_decoder(tmp_path, model, tok):
                           timeout=300)
     assert done.returncode == 0, done.stderr
     run = json.loads(out.read_text())
-    assert run["metric"] == "acc" and run["dense"]["stability"] == 100.0 and [s["n_pruned"] for s in run["steps"]] == [4, 6]
+    assert run["metric"] == "acc" and run["dense"]["stability"] == 100.0
+    assert [s["n_pruned"] for s in run["steps"]] == [4, 6]
