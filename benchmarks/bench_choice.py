@@ -12,16 +12,21 @@ question costs.
    itself only (a 4D boolean mask, position ids restarting after the context for each continuation), which
    transformers 5.23 passes through. Both score the same log-likelihoods (checked here); the ratio is timed over
    ``--questions`` questions, one question per forward (best of ``--repeats``), next to the ratio of tokens.
+
+``--untrained``: the same shapes without waiting for the demo's training -- an untrained model of the demo's config
+with a tokenizer of the demo's recipe (both timings depend on the shapes, not the weights; acc is then chance).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from transformers import LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared benchmark helpers
@@ -30,6 +35,7 @@ from bench_lm import toggle_walk  # noqa: E402
 from timing import best_of  # noqa: E402
 
 from headprune.data import split_context_continuation  # noqa: E402
+from headprune.demos.lm import demo_lm_train_dataset, model_config, train_tokenizer  # noqa: E402
 from headprune.evaluation.live import LiveEvaluator  # noqa: E402
 from headprune.workspace import Workspace  # noqa: E402
 
@@ -77,6 +83,15 @@ def loglik_packed(model, context, continuations) -> list[float]:
             for (s, e), c in zip(spans, continuations)]
 
 
+def untrained_demo_shape(folder: Path) -> str:
+    """An untrained LlamaForCausalLM of the LM demo's config and a tokenizer of its recipe, saved in ``folder``."""
+    tok = train_tokenizer(demo_lm_train_dataset().texts)
+    torch.manual_seed(0)
+    LlamaForCausalLM._from_config(model_config(len(tok)), attn_implementation="sdpa").save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return str(folder)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--eval-size", type=int, default=500)
@@ -85,12 +100,15 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--untrained", action="store_true", help="an untrained model of the demo's shape (no build)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    ws = Workspace.build("demo-lm", "demo-lm-cloze", calib_size=0, eval_size=args.eval_size, device="cpu")
+    spec = untrained_demo_shape(Path(tempfile.mkdtemp())) if args.untrained else "demo-lm"
+    ws = Workspace.build(spec, "demo-lm-cloze", calib_size=0, eval_size=args.eval_size, device="cpu")
     model, tok = ws.loaded.model, ws.loaded.tokenizer
     dense = ws.dense()
-    print(f"demo-lm on demo-lm-cloze: {len(ws.eval)} questions x 4 choices, {torch.get_num_threads()} threads; dense "
+    name = "untrained demo-lm shape" if args.untrained else "demo-lm"
+    print(f"{name} on demo-lm-cloze: {len(ws.eval)} questions x 4 choices, {torch.get_num_threads()} threads; dense "
           f"acc {dense.acc:.4f} ± {dense.acc_stderr:.4f}, acc_norm {dense.acc_norm:.4f} ± {dense.acc_norm_stderr:.4f}, "
           f"acc_bytes {dense.acc_bytes:.4f} ± {dense.acc_bytes_stderr:.4f}")
 
