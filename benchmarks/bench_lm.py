@@ -54,6 +54,36 @@ def plain(model, batches) -> None:
     model.zero_grad(set_to_none=True)
 
 
+def toggle_walk(live: LiveEvaluator, model, batches, toggles: int, seed: int, agree) -> tuple:
+    """A seeded random walk of single-head toggles: ``live.set_mask`` vs ``evaluate`` from scratch, timed per
+    toggle; ``agree(live metrics, full metrics)`` must hold at every step. Prints the ratio and a per-layer
+    breakdown; returns (the last live metrics, the last mask)."""
+    rng = random.Random(seed)
+    mask = live.mask
+    per_layer = defaultdict(lambda: [0.0, 0.0, 0])
+    total_live = total_full = 0.0
+    for _ in range(toggles):
+        layer, head = rng.randrange(mask.shape[0]), rng.randrange(mask.shape[1])
+        mask = mask.prune(layer, head) if mask.values[layer, head] else mask.restore(layer, head)
+        start = time.perf_counter()
+        got = live.set_mask(mask)
+        t_live = time.perf_counter() - start
+        start = time.perf_counter()
+        full = evaluate(model, batches, mask)
+        t_full = time.perf_counter() - start
+        assert agree(got, full), (got, full)
+        total_live, total_full = total_live + t_live, total_full + t_full
+        row = per_layer[layer]
+        row[0], row[1], row[2] = row[0] + t_live, row[1] + t_full, row[2] + 1
+    print(f"live toggle: {total_full / total_live:.2f}x a full re-evaluation over {toggles} toggles "
+          f"(target >= 1.5x; bound for 6 layers about 1.71x)")
+    for layer in sorted(per_layer):
+        t_live, t_full, n = per_layer[layer]
+        print(f"  layer {layer}: {n} toggles, live {t_live / n:.3f} s, full {t_full / n:.3f} s, "
+              f"{t_full / t_live:.2f}x")
+    return got, mask
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calib-size", type=int, default=128)
@@ -78,29 +108,8 @@ def main() -> None:
           "(target <= 1.3x)")
 
     live = LiveEvaluator(model, ws.eval_batches)
-    rng = random.Random(args.seed)
-    mask = live.mask
-    per_layer = defaultdict(lambda: [0.0, 0.0, 0])
-    total_live = total_full = 0.0
-    for _ in range(args.toggles):
-        layer, head = rng.randrange(mask.shape[0]), rng.randrange(mask.shape[1])
-        mask = mask.prune(layer, head) if mask.values[layer, head] else mask.restore(layer, head)
-        start = time.perf_counter()
-        got = live.set_mask(mask)
-        t_live = time.perf_counter() - start
-        start = time.perf_counter()
-        full = evaluate(model, ws.eval_batches, mask)
-        t_full = time.perf_counter() - start
-        assert abs(got.perplexity - full.perplexity) <= 1e-4 * full.perplexity, (got.perplexity, full.perplexity)
-        total_live, total_full = total_live + t_live, total_full + t_full
-        row = per_layer[layer]
-        row[0], row[1], row[2] = row[0] + t_live, row[1] + t_full, row[2] + 1
-    print(f"live toggle: {total_full / total_live:.2f}x a full re-evaluation over {args.toggles} toggles "
-          f"(target >= 1.5x; bound for 6 layers about 1.71x)")
-    for layer in sorted(per_layer):
-        t_live, t_full, n = per_layer[layer]
-        print(f"  layer {layer}: {n} toggles, live {t_live / n:.3f} s, full {t_full / n:.3f} s, "
-              f"{t_full / t_live:.2f}x")
+    got, mask = toggle_walk(live, model, ws.eval_batches, args.toggles, args.seed,
+                            lambda a, b: abs(a.perplexity - b.perplexity) <= 1e-4 * b.perplexity)
     print(f"final mask: {HeadMask(mask.values).n_pruned} heads pruned, perplexity {got.perplexity:.1f}")
 
 

@@ -16,9 +16,9 @@ from headprune.criteria import ScoreMap, get
 from headprune.criteria.onepass import score_many
 from headprune.estimate import TimeEstimate, estimate_evaluation, estimate_scoring, estimate_trajectory, forward_rate
 from headprune.evaluation.live import LiveEvaluator
-from headprune.evaluation.metrics import HIGHER_IS_BETTER, Metrics
+from headprune.evaluation.metrics import HIGHER_IS_BETTER, Metrics, choice_rows
 from headprune.evaluation.speed import compare_speed
-from headprune.evaluation.stability import agreement, perturb_batches
+from headprune.evaluation.stability import perturb_batches, same_answers
 from headprune.model.mask import HeadMask
 from headprune.model.surgery import prune_model
 from headprune.roles import RoleReport, RoleSpec, head_roles, kept_by_role, kept_curve, role_ablation
@@ -216,8 +216,37 @@ def session_metrics(ws: DashboardWorkspace, sd: SessionData, on_estimate=None,
     stability = None
     if sd.live_stable is not None:
         move_live(sd.live_stable, sd.mask)
-        stability = agreement(sd.live.logits, sd.live_stable.logits)
+        stability = same_answers(sd.live.predictions(), sd.live_stable.predictions())
     return metrics, stability
+
+
+def tracks_stability(ws: DashboardWorkspace) -> bool:
+    """Whether stability applies: a classifier's labels, or the picked choice of multiple-choice data."""
+    return ws.task.kind in ("classification", "multiple_choice")
+
+
+def choice_table(ws: DashboardWorkspace, sd: SessionData, question: int) -> dict | None:
+    """Evaluation question ``question`` of multiple-choice data: its context, and per choice the summed
+    log-likelihood of the model as loaded and under the session's mask (and per character: acc_norm's score), which
+    choice each picks, and the right one. None for other tasks or before the live evaluation exists.
+
+    Read from the per-row sums the live evaluators keep already (the workspace's source at the model as loaded, the
+    session's at its mask): no forward pass."""
+    if not ws.task.is_choice or sd.live is None:
+        return None
+    rows = choice_rows(ws.eval_batches)["question"] == question
+    dense = -source_evaluator(ws).logits[:, 0].numpy()[rows]
+    pruned = -sd.live.logits[:, 0].numpy()[rows]
+    choices = ws.eval.choices[question]
+    chars = [len(c) for c in choices]
+    return {"context": ws.eval.texts[question], "right": int(ws.eval.labels[question]),
+            "table": {"choice": choices,
+                      "right": [c == ws.eval.labels[question] for c in range(len(choices))],
+                      "log-likelihood, as loaded": dense.tolist(),
+                      "log-likelihood, pruned": pruned.tolist(),
+                      "per character, pruned": (pruned / chars).tolist(),
+                      "picked as loaded": [c == int(dense.argmax()) for c in range(len(choices))],
+                      "picked pruned": [c == int(pruned.argmax()) for c in range(len(choices))]}}
 
 
 def perturbed_batches(ws: DashboardWorkspace) -> list[dict]:

@@ -45,6 +45,7 @@ from .data import (
     align_labels,
     calibration_texts,
     content_hash,
+    is_choice_data,
     label_note,
     load_data,
     make_batches,
@@ -56,7 +57,7 @@ from .errors import DataError
 from .evaluation.metrics import HIGHER_IS_BETTER, Metrics, evaluate, headline, metric_set
 from .model.loading import LoadedModel, check_head, load_model
 from .model.mask import HeadMask
-from .model.task import Task, task_of
+from .model.task import Task, TaskError, is_language_model, task_of
 from .scoring import ScoringContext
 
 Progress = Callable[[float, str], None]
@@ -231,7 +232,9 @@ class Workspace:
               labels_by_position: bool = False, allow_untrained_head: bool = False, allow_overlap: bool = False,
               max_length: int = 128, batch_size: int = 32, seed: int = 0, device: str = "auto",
               loaded: LoadedModel | None = None, progress: Progress | None = None,
-              device_map: str | dict | None = None, dtype: str | None = None, task: str | None = None) -> Workspace:
+              device_map: str | dict | None = None, dtype: str | None = None, task: str | None = None,
+              context_col: str | None = None, choices_col: str | None = None,
+              answer_col: str | None = None) -> Workspace:
         """Load ``model`` and the data of each role, split and batch them.
 
         Parameters
@@ -253,19 +256,36 @@ class Workspace:
         progress : ``(fraction, message)`` callback.
         task : "lm" | "classification" | None (detected from the model's head); a task the head cannot compute is
             a ``headprune.task.TaskError``. Language-model data needs no label column.
+        context_col, choices_col, answer_col : columns of multiple-choice data (``headprune.data.choice``; None:
+            a field map's). Multiple-choice data (named, or columns that fit a field map) is read and checked
+            BEFORE the model loads, and makes the task "multiple_choice" (the model must be a causal LM).
 
         Returns
         -------
         The workspace. Metrics of the model as loaded are computed on first use (:meth:`dense`).
         """
         report = progress or (lambda f, m: None)
+        sources = {"eval": eval_data or data, "calib": calib_data or data, "select": select_data or data}
+        # multiple-choice data is read and checked BEFORE the model loads (a bad row costs no loading); a run's
+        # roles are all multiple choice or none (a question set cannot calibrate a classifier, nor text a question)
+        choices = {spec: load_data(spec, context_col=context_col, choices_col=choices_col, answer_col=answer_col)
+                   for spec in dict.fromkeys(sources.values())
+                   if is_choice_data(spec, context_col, choices_col, answer_col)}
+        if choices and len(choices) < len(set(sources.values())):
+            mixed = ", ".join(f"{role} {spec}" for role, spec in sources.items() if spec not in choices)
+            raise DataError(f"Some data roles are multiple-choice data ({', '.join(choices)}) and some are not "
+                            f"({mixed}). Accepted: every role multiple choice, or none.")
         if loaded is None:
             report(0.05, f"loading model {model}")
             loaded = load_model(model, device, device_map=device_map, dtype=dtype)
         check_head(loaded, allow_untrained_head)
         kind = task_of(loaded.model, task)
         report(0.5, "reading data")
-        sources = {"eval": eval_data or data, "calib": calib_data or data, "select": select_data or data}
+        if choices:
+            if not is_language_model(loaded.model):
+                raise TaskError(f"{data} is multiple-choice data, scored by a causal language model's log-likelihood "
+                                f"of each choice, but {model} is a classifier. Load a *ForCausalLM model.")
+            kind = Task("multiple_choice")
         wanted = {"eval": eval_size, "calib": calib_size, "select": select_size}
         parts: dict[str, TextDataset] = {}
         datasets: dict[str, TextDataset] = {}
@@ -275,9 +295,14 @@ class Workspace:
             # the strictest role that takes rows decides an hf: split: evaluation never reads train unless named
             # (a command that evaluates nothing, e.g. score with --eval-size 0, may score on train)
             deciding = [r for r in roles if wanted[r] is None or int(wanted[r]) > 0] or roles
-            ds = align_labels(load_data(spec, text_col, pair_col, label_col,
-                                        task="lm" if kind.is_lm else "classification", role=deciding[0]),
-                              loaded.id2label, label_map=label_map, by_position=labels_by_position)
+            if spec in choices:
+                ds = choices[spec]
+            else:
+                ds = align_labels(load_data(spec, text_col, pair_col, label_col,
+                                            task="lm" if kind.is_lm else "classification", role=deciding[0]),
+                                  loaded.id2label, label_map=label_map, by_position=labels_by_position)
+                if ds.task == "multiple_choice":   # hf: data whose columns fit a field map, read as the LM's data
+                    kind = Task("multiple_choice")
             datasets[spec] = ds
             notes += [n for n in (_split_note(spec, ds, deciding), label_note(ds)) if n]
             parts.update(split_roles(ds, fit_role_sizes(len(ds), {r: wanted[r] for r in roles}), seed))

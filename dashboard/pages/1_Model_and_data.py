@@ -72,6 +72,12 @@ data_kind = st.radio("Data source", list(DATA_SOURCES), format_func=DATA_SOURCES
                      index=list(DATA_SOURCES).index(dkind), key="md-data-kind")
 # a demo reads its own data set (the LM demo: the reviews as unlabelled text); any other model the labelled rows
 demo_data = model_spec if model_spec in NAMED_DATA else "demo"
+# a demo LM also reads the multiple-choice sets registered for it (demo-lm-cloze: acc / acc_norm)
+demo_sets = [demo_data] + [n for n, d in NAMED_DATA.items() if d.task == "multiple_choice" and n.startswith(demo_data)]
+if data_kind == "demo" and len(demo_sets) > 1:
+    demo_data = st.selectbox("Demo data set", demo_sets, key="md-demo-data",
+                             index=demo_sets.index(setup.data) if setup.data in demo_sets else 0,
+                             format_func=lambda n: f"{n}: {NAMED_DATA[n].description}")
 data_spec, data_label, columns = demo_data, demo_data, []
 if data_kind == "upload":
     upload = st.file_uploader("A UTF-8 file with a text column (and optionally a second text column for pairs) "
@@ -212,6 +218,8 @@ names = ws.dataset.label_names or []
 preview = pd.DataFrame({"text": ws.eval.texts[:20]})
 if ws.eval.pairs is not None:
     preview["pair"] = ws.eval.pairs[:20]
+if ws.eval.choices is not None:  # multiple choice: the text is the context, the label the right choice's index
+    preview["choices"] = [" | ".join(c) for c in ws.eval.choices[:20]]
 if ws.eval.labels is not None:  # language-model text has none
     preview["label"] = [names[y] if ws.dataset.task == "classification" and y < len(names) else y
                         for y in ws.eval.labels[:20]]

@@ -3,15 +3,18 @@
 import time
 
 import numpy as np
+import pandas as pd
 import streamlit as st
 
 from dashboard.compute import (
+    choice_table,
     criterion_mask,
     enable_stability,
     live_estimate,
     session_metrics,
     smaller_sizes,
     stored_roles,
+    tracks_stability,
 )
 from dashboard.session import SessionData
 from dashboard.store import DashboardWorkspace as Workspace
@@ -106,6 +109,22 @@ def numbers(ws: Workspace, sd: SessionData) -> None:
             st.caption(f"Last change: {sd.last_change}. Loss {metrics.loss:.4f}.")
 
 
+def choices(ws: Workspace, sd: SessionData) -> None:
+    """Multiple choice: one question's choices with their log-likelihoods before and after pruning."""
+    if not ws.task.is_choice or sd.live is None:
+        return
+    st.markdown("**What the pruned model now prefers**")
+    question = int(st.number_input(f"Question (0-{len(ws.eval) - 1} of the evaluation split)", min_value=0,
+                                   max_value=len(ws.eval) - 1, value=0, key="prune-question"))
+    shown = choice_table(ws, sd, question)
+    st.caption(f"Context: {shown['context']}")
+    st.dataframe(pd.DataFrame(shown["table"]), hide_index=True, width="stretch",
+                 column_config={k: st.column_config.NumberColumn(format="%.3f") for k in shown["table"]
+                                if k.startswith(("log", "per"))})
+    st.caption("Summed log-likelihood of each choice's tokens after the context; acc picks the highest, acc_norm "
+               "the highest per character.")
+
+
 def one_head_controls(ws: Workspace, sd: SessionData) -> None:
     st.markdown("**Prune or restore one head**")
     options = head_options(ws)
@@ -154,10 +173,11 @@ def role_controls(ws: Workspace, sd: SessionData) -> None:
 
 def options(ws: Workspace, sd: SessionData) -> None:
     st.markdown("**Options**")
-    if ws.dataset.task == "classification":
+    if tracks_stability(ws):
         want = st.toggle("Track stability", value=sd.live_stable is not None, key="prune-stability",
-                         help="Share of evaluation texts whose prediction survives dropping 10% of their words "
-                              "(costs a second live evaluation).")
+                         help="Share of evaluation texts whose prediction (for multiple choice: the picked choice, "
+                              "the context perturbed) survives dropping 10% of their words (costs a second live "
+                              "evaluation).")
         if want and sd.live_stable is None:
             with guard("Could not prepare stability"), \
                     st.status("Preparing stability: the evaluation texts with 10% of their words dropped …") as status:
@@ -221,6 +241,7 @@ def live_view() -> None:
     with metric_row:
         numbers(ws, sd)
     with grid_col:
+        choices(ws, sd)
         cuttable(ws, sd)
     with side:
         one_head_controls(ws, sd)

@@ -10,6 +10,7 @@ from dashboard.compute import (
     open_step,
     run_trajectories,
     smaller_sizes,
+    tracks_stability,
     trajectories_estimate,
 )
 from dashboard.ui import (
@@ -49,7 +50,7 @@ with st.expander("Run trajectories", expanded=not sd.trajectories):
     tolerance = c5.slider(f"Tolerance τ (stop point: first {ws.metric} {past_tolerance})", 0.5, 1.0, 0.9,
                           step=0.01, key="traj-tolerance")
     stability = c6.checkbox("Record stability", value=False, key="traj-stability",
-                            disabled=ws.dataset.task != "classification")
+                            disabled=not tracks_stability(ws))
     n_runs = len(chosen) * (2 if inverse else 1) + seeds
     with guard("Could not estimate how long the trajectories take"):
         estimate_line(trajectories_estimate(ws, chosen, params, inverse, seeds, step, budget, stability),

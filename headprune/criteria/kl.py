@@ -72,7 +72,7 @@ from ..model.hooks import structural_copy
 from ..model.layers import record_layer_inputs, start_at_layer
 from ..model.mask import HeadMask
 from ..model.memory import Shapes, plan_for, seq_len, split_batch
-from ..model.task import task_of
+from ..model.task import task_for
 from ..scoring import Criterion, Param, ScoreMap, ScoringContext, register
 
 VARIANTS = ("as-written", "normalized")
@@ -111,7 +111,7 @@ def kl_raw_importance(model, batches: list[dict], mask: HeadMask | None = None, 
     """
     model = structural_copy(model)  # gated and stood in below: never the caller's (maybe shared) model
     adapter = adapt(model)
-    task = task_of(model)
+    task = task_for(model, batches)   # multiple-choice batches: the continuation positions' distributions
     device = next(model.parameters()).device
     plan = plan_for(model, memory_budget, device)
     base = (mask.values if mask is not None else torch.ones(adapter.grid_shape)).to(device)
@@ -138,7 +138,8 @@ def kl_raw_importance(model, batches: list[dict], mask: HeadMask | None = None, 
         if logits.shape[-1] < 2:
             raise CriterionError("KL importance needs a class distribution, but this model has a single output "
                                  "(regression). Use a gradient or entropy criterion for regression models.")
-        log_p, real = task.output_log_probs(logits, inputs)   # real: an LM's real positions, else None
+        # real: an LM's real positions (multiple choice: those predicting a continuation token), else None
+        log_p, real = task.output_log_probs(logits, {**inputs, "labels": batch.get("labels")})
         del logits
         for block, heads in chunks:
             gates = base.expand(len(heads), *base.shape).clone()
