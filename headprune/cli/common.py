@@ -23,7 +23,7 @@ from ..model.device import DEVICES, parse_device_map
 from ..model.loading import LoadedModel
 from ..model.mask import HeadMask, dropped_layers
 from ..model.memory import DEFAULT_SHARE, MemoryBudgetError, parse_budget
-from ..model.task import REQUESTABLE, task_of
+from ..model.task import REQUESTABLE
 from ..workspace import DEFAULT_SELECT_SIZE, DefaultSize, Workspace
 
 MODEL_HELP = "'demo' or 'demo-lm' (built offline on first use), a model folder, or a Hugging Face model id"
@@ -176,15 +176,13 @@ def add_metric_arg(p: argparse.ArgumentParser, what: str) -> None:
                         "e.g. mcc for CoLA, f1 for MRPC/QQP)")
 
 
-def metric_choice(args, loaded: LoadedModel, source: str | None = None) -> tuple[tuple[str, ...], str]:
-    """(metric set, headline) of this run (``evaluation.metrics.metric_set`` / ``headline``) for the model's task
-    and the data spec ``source`` (default: the evaluation data, ``--eval-data`` else ``--data``); ``--metric`` must
-    be one the task reports."""
-    task = task_of(loaded.model, getattr(args, "task", None))
-    source = (getattr(args, "eval_data", None) or args.data) if source is None else source
-    n_classes = int(loaded.model.config.num_labels) if task.kind == "classification" else None
-    return (metric_set(task, source, n_classes=n_classes),
-            headline(task, getattr(args, "metric", None), source, n_classes=n_classes))
+def metric_choice(args, ws: Workspace) -> tuple[tuple[str, ...], str]:
+    """(metric set, headline) of this run (``evaluation.metrics.metric_set`` / ``headline``) for the workspace's
+    task (the data decides multiple choice) and its evaluation source (a GLUE name gives GLUE's set); ``--metric``
+    must be one the task reports."""
+    source = ws.sources.get("eval") or args.data
+    return (metric_set(ws.task, source, n_classes=ws.n_classes),
+            headline(ws.task, getattr(args, "metric", None), source, n_classes=ws.n_classes))
 
 
 def check_positive(value: int | None, option: str, what: str, doc: str) -> None:

@@ -24,10 +24,10 @@ from .common import (
     add_memory_arg,
     add_metric_arg,
     add_model_args,
+    build_workspace,
     check_args,
     check_positive,
     load_mask,
-    load_model_and_data,
     mask_dropped_layers,
     metric_choice,
     summary,
@@ -59,9 +59,10 @@ def cmd_demo(args) -> dict:
 def cmd_evaluate(args) -> dict:
     check_args(args, evaluation="evaluation")
     # nothing is scored: no calibration rows are drawn, unless --calib-data names them (recorded, overlap-checked)
-    loaded, _, evals, info = load_model_and_data(args, calib_size=None if args.calib_data else 0)
+    ws = build_workspace(args, calib_size=None if args.calib_data else 0)
+    loaded, evals, info = ws.loaded, ws.eval_batches, {**ws.info(), "model": args.model, "data": args.data}
     mask = load_mask(args, loaded)
-    names, head = metric_choice(args, loaded)
+    names, head = metric_choice(args, ws)
     dropped = mask_dropped_layers(args, loaded)
     with skip_layers(loaded.adapter, dropped):   # SAP's whole-layer rule travels with its mask file
         metrics = evaluate(loaded.model, evals, mask, progress=tqdm_progress("evaluate"),

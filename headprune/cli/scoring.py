@@ -156,7 +156,7 @@ def cmd_trajectory(args) -> dict:
                           stability=args.stability, drop=args.drop, model_name=args.model,
                           independent=crit.name == "random" and args.repeats > 1)
     ws = build_workspace(args)
-    names, head = metric_choice(args, ws.loaded)
+    names, head = metric_choice(args, ws)
     info = {**ws.info(), "model": args.model, "data": args.data}
     spec = replace(spec, metric=head, metric_set=names, data_info=info)
     n_runs = max(args.seeds, args.repeats)
