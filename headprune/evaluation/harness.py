@@ -74,6 +74,7 @@ class HarnessSpec:
     apply        "gate" | "cut": how the mask's heads are removed (module doc)
     seed         lm-eval's random, numpy, torch and few-shot seeds
     bootstrap_iters  lm-eval's bootstrap for the standard errors of non-mean metrics (acc's is closed-form)
+    loglikelihoods   also report every request's log-likelihood (lm-eval's logged samples, without the documents)
     """
 
     tasks: tuple[str, ...]
@@ -84,6 +85,7 @@ class HarnessSpec:
     apply: str = "gate"
     seed: int = 0
     bootstrap_iters: int = 1000
+    loglikelihoods: bool = False
 
     def __post_init__(self):
         tasks = tuple(t.strip() for t in self.tasks if t.strip())
@@ -243,13 +245,15 @@ def run_lm_eval(model, tokenizer, tasks: Tasks | HarnessSpec, mask: HeadMask | N
     with torch.no_grad(), gate_heads(work, gates):
         lm = harness_model(work, tokenizer, spec.batch_size, progress)
         out = simple_evaluate(lm, tasks=list(spec.tasks), task_manager=tasks.manager, num_fewshot=spec.num_fewshot,
-                              limit=spec.limit, bootstrap_iters=spec.bootstrap_iters, log_samples=False,
+                              limit=spec.limit, bootstrap_iters=spec.bootstrap_iters,
+                              log_samples=spec.loglikelihoods,
                               random_seed=spec.seed, numpy_random_seed=spec.seed, torch_random_seed=spec.seed,
                               fewshot_random_seed=spec.seed)
     seconds = time.perf_counter() - start
     if progress is not None:
         progress(1.0, "done")
-    return {**report(out), "apply": spec.apply, "pruned_heads": 0 if mask is None else mask.n_pruned,
+    extra = {"loglikelihoods": loglikelihoods(out)} if spec.loglikelihoods else {}
+    return {**report(out), **extra, "apply": spec.apply, "pruned_heads": 0 if mask is None else mask.n_pruned,
             "seconds": seconds}
 
 
@@ -262,6 +266,15 @@ def report(out: dict) -> dict:
     """The JSON-safe part of ``simple_evaluate``'s output (REPORTED keys): values JSON cannot write become text,
     NaN stays NaN (lm-eval writes "N/A" for a standard error it did not compute)."""
     return {key: _jsonable(out[key]) for key in REPORTED if key in out}
+
+
+def loglikelihoods(out: dict) -> dict[str, list[list[float]]]:
+    """Per task, per document (in document order), the log-likelihood lm-eval scored for each of its requests
+    (each choice of a multiple-choice question), from ``simple_evaluate(..., log_samples=True)``'s samples."""
+    return {task: [[float(resp[0]) if isinstance(resp, (list, tuple)) else float(resp)
+                    for resp in sample["filtered_resps"]]
+                   for sample in sorted(samples, key=lambda s: s["doc_id"])]
+            for task, samples in out.get("samples", {}).items()}
 
 
 def _jsonable(value):
