@@ -33,7 +33,7 @@ import numpy as np
 from .errors import HeadpruneError
 from .evaluation.live import LiveEvaluator
 from .evaluation.metrics import HIGHER_IS_BETTER, gather_labels, headline_metric
-from .evaluation.stability import DEFAULT_DROP, agreement, perturb_batches
+from .evaluation.stability import DEFAULT_DROP, agreement, perturb_batches, same_answers
 from .limits import Interval
 from .model.arch import adapt
 from .model.mask import HeadMask
@@ -222,9 +222,10 @@ def run_trajectory(spec: TrajectorySpec, model, calib: list[dict], eval_batches:
     n_units = mask.values.numel()
     target = spec.target(n_units, mask.n_pruned)
     clean = evaluator.fork() if evaluator is not None else LiveEvaluator(model, eval_batches, mask)
-    if spec.stability and clean.task.is_lm:
-        raise TrajectoryError("Stability compares the labels a classifier predicts before and after a word drop; a "
-                              "language model predicts no labels. Run the trajectory without stability.")
+    if spec.stability and clean.task.is_lm and not clean.task.is_choice:
+        raise TrajectoryError("Stability compares the answers a model gives before and after a word drop (a "
+                              "classifier's labels, or the picked choice of multiple-choice data); a language "
+                              "model on plain text gives none. Run the trajectory without stability.")
     if spec.stability:
         noisy = LiveEvaluator(model, perturbed if perturbed is not None else
                               perturb_batches(eval_batches, tokenizer, spec.drop, spec.seed), mask)
@@ -234,6 +235,8 @@ def run_trajectory(spec: TrajectorySpec, model, calib: list[dict], eval_batches:
         if not spec.stability:
             return metrics, None
         noisy.set_mask(mask)
+        if clean.task.is_choice:
+            return metrics, same_answers(clean.predictions(), noisy.predictions())
         return metrics, agreement(clean.logits, noisy.logits)
 
     dense, dense_stability = measure()

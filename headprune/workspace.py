@@ -25,12 +25,20 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .data import TextDataset, align_labels, calibration_texts, load_data, make_batches, split_calib_eval
+from .data import (
+    TextDataset,
+    align_labels,
+    calibration_texts,
+    is_choice_data,
+    load_data,
+    make_batches,
+    split_calib_eval,
+)
 from .errors import DataError
 from .evaluation.metrics import Metrics, evaluate, headline_metric
 from .model.loading import LoadedModel, load_model
 from .model.mask import HeadMask
-from .model.task import Task, task_of
+from .model.task import Task, TaskError, is_language_model, task_of
 from .scoring import ScoringContext
 
 Progress = Callable[[float, str], None]
@@ -115,7 +123,8 @@ class Workspace:
               eval_size: int | None = DefaultSize(DEFAULT_EVAL_SIZE), max_length: int = 128, batch_size: int = 32,
               seed: int = 0, device: str = "auto", loaded: LoadedModel | None = None,
               progress: Progress | None = None, device_map: str | dict | None = None,
-              dtype: str | None = None, task: str | None = None) -> Workspace:
+              dtype: str | None = None, task: str | None = None, context_col: str | None = None,
+              choices_col: str | None = None, answer_col: str | None = None) -> Workspace:
         """Load ``model`` and ``data``, split and batch them.
 
         Parameters
@@ -131,19 +140,31 @@ class Workspace:
         progress : ``(fraction, message)`` callback.
         task : "lm" | "classification" | None (detected from the model's head); a task the head cannot compute is
             a ``headprune.task.TaskError``. Language-model data needs no label column.
+        context_col, choices_col, answer_col : columns of multiple-choice data (``headprune.data.choice``; None:
+            a field map's). Multiple-choice data (named, or columns that fit a field map) is read and checked
+            BEFORE the model loads, and makes the task "multiple_choice" (the model must be a causal LM).
 
         Returns
         -------
         The workspace. Metrics of the model as loaded are computed on first use (:meth:`dense`).
         """
         report = progress or (lambda f, m: None)
+        choice = None
+        if is_choice_data(data, context_col, choices_col, answer_col):  # bad rows refused before the model loads
+            choice = load_data(data, context_col=context_col, choices_col=choices_col, answer_col=answer_col)
         if loaded is None:
             report(0.05, f"loading model {model}")
             loaded = load_model(model, device, device_map=device_map, dtype=dtype)
         kind = task_of(loaded.model, task)
         report(0.5, "reading data")
-        dataset = align_labels(load_data(data, text_col, pair_col, label_col,
-                                         task="lm" if kind.is_lm else "classification"), loaded.id2label)
+        if choice is not None:
+            if not is_language_model(loaded.model):
+                raise TaskError(f"{data} is multiple-choice data, scored by a causal language model's log-likelihood "
+                                f"of each choice, but {model} is a classifier. Load a *ForCausalLM model.")
+            kind, dataset = Task("multiple_choice"), choice
+        else:
+            dataset = align_labels(load_data(data, text_col, pair_col, label_col,
+                                             task="lm" if kind.is_lm else "classification"), loaded.id2label)
         calib_n, eval_n = fit_split_sizes(len(dataset), calib_size, eval_size)
         calib, evals = split_calib_eval(dataset, calib_n, eval_n, seed)
         report(0.8, "tokenizing")

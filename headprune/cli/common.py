@@ -82,6 +82,13 @@ def add_data_args(p: argparse.ArgumentParser, calib_size: int = 128, eval_size: 
     g.add_argument("--text-col", help="text column (default: auto-detect text, sentence, review, ...)")
     g.add_argument("--pair-col", help="second text column for sentence pairs (default: auto-detect)")
     g.add_argument("--label-col", help="label column (default: auto-detect label, labels, category, ...)")
+    g.add_argument("--context-col", help="multiple-choice data: context column (default: a field map's -- HellaSwag "
+                   "ctx, ARC question, PIQA goal, or context)")
+    g.add_argument("--choices-col", help="multiple-choice data: a column holding the list of choices (a JSON list "
+                   "in CSV; col.key for a list inside an object, e.g. choices.text), or several columns separated "
+                   "by commas, one per choice (default: endings, choices.text, sol1,sol2 or choices)")
+    g.add_argument("--answer-col", help="multiple-choice data: the right choice's index, digit or letter (default: "
+                   "label, answerKey or answer)")
     g.add_argument("--task", choices=REQUESTABLE,
                    help="lm (next-token loss, perplexity; data needs no labels) or classification (default: "
                         "detected from the model's head)")
@@ -145,7 +152,9 @@ def build_workspace(args, calib_size: int | None = None) -> Workspace:
                            eval_size=args.eval_size, max_length=args.max_length, batch_size=args.batch_size,
                            seed=args.seed, device=getattr(args, "device", "auto"),
                            device_map=getattr(args, "device_map", None), dtype=getattr(args, "dtype", None),
-                           task=getattr(args, "task", None))
+                           task=getattr(args, "task", None), context_col=getattr(args, "context_col", None),
+                           choices_col=getattr(args, "choices_col", None),
+                           answer_col=getattr(args, "answer_col", None))
 
 
 def load_model_and_data(args, calib_size: int | None = None) -> tuple[LoadedModel, list[dict], list[dict], dict]:

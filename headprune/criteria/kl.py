@@ -72,7 +72,7 @@ from ..model.hooks import structural_copy
 from ..model.layers import record_layer_inputs, start_at_layer
 from ..model.mask import HeadMask
 from ..model.memory import Shapes, plan_for, seq_len, split_batch
-from ..model.task import task_of
+from ..model.task import task_for
 from ..scoring import Criterion, Param, ScoreMap, ScoringContext, register
 
 VARIANTS = ("as-written", "normalized")
@@ -111,7 +111,7 @@ def kl_raw_importance(model, batches: list[dict], mask: HeadMask | None = None, 
     """
     model = structural_copy(model)  # gated and stood in below: never the caller's (maybe shared) model
     adapter = adapt(model)
-    task = task_of(model)
+    task = task_for(model, batches)   # multiple-choice batches: the continuation positions' distributions
     device = next(model.parameters()).device
     plan = plan_for(model, memory_budget, device)
     base = (mask.values if mask is not None else torch.ones(adapter.grid_shape)).to(device)

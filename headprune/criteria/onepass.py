@@ -54,7 +54,7 @@ from ..model.capture import record_attention
 from ..model.gating import AFTER_GATE, gate_heads
 from ..model.hooks import Stage, attached, post_hook, pre_hook
 from ..model.memory import plan_for, planned_batches
-from ..model.task import Task
+from ..model.task import GOLD_KEY, Task
 from ..scoring import Criterion, Param, ScoreMap, ScoringContext, get
 
 OBJECTIVES = ("loss", "logits_norm")
@@ -64,7 +64,7 @@ GRADIENT_KINDS = ("his", "taylor", "gnorm")
 # -- objectives ------------------------------------------------------------------------------------------------
 
 def objective_value(logits: torch.Tensor, labels: torch.Tensor | None, objective: str,
-                    attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+                    attention_mask: torch.Tensor | None = None, gold: torch.Tensor | None = None) -> torch.Tensor:
     """The scalar backpropagated for ``objective``.
 
     "loss" and "logits_norm" are sums over examples of per-example terms (cross-entropy, or squared error for a
@@ -74,12 +74,15 @@ def objective_value(logits: torch.Tensor, labels: torch.Tensor | None, objective
     Language models (logits (B, T, V)): rows never interact in a causal decoder either, so the same holds with
     per-row terms averaged over the row's real positions -- "loss" is the row-mean next-token cross-entropy
     L_b of ``headprune.task`` (labels = the input ids), "logits_norm" is (1/n_b) Σ_t ‖z_bt‖₂ over the row's n_b
-    real positions, "batch_logits_norm" is ‖Z‖_F over the real positions of the batch.
+    real positions, "batch_logits_norm" is ‖Z‖_F over the real positions of the batch. Multiple-choice rows
+    (``gold`` given: which row holds the right choice): "loss" is the right choice's −ll, the other rows 0.
     """
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     if objective == "loss":  # the task's own per-example loss (headprune.task), summed over the batch
         kind = "lm" if logits.ndim == 3 else "regression" if logits.shape[-1] == 1 else "classification"
-        return Task(kind).per_example_loss(logits, {"labels": labels}).sum()
+        if gold is not None:
+            kind = "multiple_choice"
+        return Task(kind).per_example_loss(logits, {"labels": labels, GOLD_KEY: gold}).sum()
     if logits.ndim == 3:
         real = attention_mask.to(logits.device).bool()
         norms = logits.norm(dim=-1) * real
@@ -223,7 +226,8 @@ def run_pass(model, batches: list[dict], keys, mask=None, device=None, progress=
             tensors = _differentiated(rec, mine)
             if not tensors:  # every head is gone
                 continue
-            grads = torch.autograd.grad(objective_value(logits, labels, objective, inputs["attention_mask"]), tensors,
+            value = objective_value(logits, labels, objective, inputs["attention_mask"], batch.get(GOLD_KEY))
+            grads = torch.autograd.grad(value, tensors,
                                         retain_graph=j < len(objectives) - 1, allow_unused=True)
             grad_of = {id(t): (torch.zeros_like(t) if g is None else g) for t, g in zip(tensors, grads)}
             for key in mine:

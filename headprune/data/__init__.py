@@ -3,6 +3,7 @@
     sources.py   named data sets (registered by the demos), CSV/TSV/JSONL/TXT files, Hugging Face datasets
     labels.py    labels as found -> the model's label ids (or float targets for a regression head)
     batches.py   seeded calibration/evaluation split; tokenized, length-sorted, padded batches
+    choice.py    multiple-choice questions: field maps, the context/continuation split rule, whole-question batches
     dataset.py   TextDataset
 
 The public names are importable from here: ``from headprune.data import load_data, make_batches, ...``.
@@ -16,6 +17,16 @@ from .batches import (
     model_inputs,
     split_calib_eval,
 )
+from .choice import (
+    FIELD_MAPS,
+    ChoiceFields,
+    ChoiceWarning,
+    choice_dataset,
+    choice_fields,
+    make_choice_batches,
+    prefix_token_id,
+    split_context_continuation,
+)
 from .dataset import NON_INPUT_KEYS, TextDataset, as_lm_data
 from .labels import align_labels
 from .sources import (
@@ -26,12 +37,15 @@ from .sources import (
     NamedData,
     accepted,
     columns_of,
+    is_choice_data,
     load_data,
     parse_hf_spec,
     register_dataset,
 )
 
-__all__ = ["LABEL_COLUMNS", "NAMED_DATA", "NON_INPUT_KEYS", "PAIR_COLUMNS", "TEXT_COLUMNS", "NamedData",
+__all__ = ["FIELD_MAPS", "ChoiceFields", "ChoiceWarning", "choice_dataset", "choice_fields", "is_choice_data",
+           "make_choice_batches", "prefix_token_id", "split_context_continuation",
+           "LABEL_COLUMNS", "NAMED_DATA", "NON_INPUT_KEYS", "PAIR_COLUMNS", "TEXT_COLUMNS", "NamedData",
            "TextDataset", "TruncationWarning", "accepted", "align_labels", "as_lm_data", "batch_texts",
            "calibration_texts", "columns_of", "load_data", "make_batches", "model_inputs", "parse_hf_spec",
            "register_dataset", "split_calib_eval"]

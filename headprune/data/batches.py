@@ -19,6 +19,7 @@ import torch
 from ..errors import DataError
 from ..model.task import IGNORE_INDEX, lm_labels
 from ..model.tokenizer import context_of, pad_token_of
+from .choice import make_choice_batches
 from .dataset import NON_INPUT_KEYS, TextDataset
 
 
@@ -85,11 +86,15 @@ def make_batches(tokenizer, ds: TextDataset, batch_size: int = 32, max_length: i
     longest row. Labels are a LongTensor, or a FloatTensor for regression; for language-model data (``ds.task ==
     "lm"``) they are the input ids with padding set to -100 (``headprune.task.lm_labels``); other data without
     labels gives batches without "labels". Pass ``model_inputs(batch)`` to a model, not the batch itself.
+    Multiple-choice data gives one row per (question, choice), a question's rows in one batch
+    (``headprune.data.choice.make_choice_batches``).
     """
     if len(ds) == 0:
         raise DataError(f"{ds.source} is empty: nothing to batch.")
     if batch_size < 1 or max_length < 2:
         raise DataError(f"batch_size must be >= 1 and max_length >= 2; got {batch_size} and {max_length}.")
+    if ds.task == "multiple_choice":
+        return make_choice_batches(tokenizer, ds, batch_size, max_length, sort_by_length)
     if ds.labels is not None and any(not isinstance(v, (int, float)) for v in ds.labels):
         raise DataError(f"{ds.source}: labels are names, not ids; call align_labels(ds, model.config.id2label).")
     enc = _encode(tokenizer, ds, max_length)

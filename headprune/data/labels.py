@@ -39,8 +39,8 @@ def align_labels(ds: TextDataset, id2label: dict[int, str]) -> TextDataset:
     are used; else the unknown labels are reported. Deciding per dataset, not per row, keeps "0"/"1" files and
     named files unambiguous, and maps e.g. MNLI datasets onto models whose label order differs.
     """
-    if ds.task == "lm":
-        return ds  # language-model data is its own target
+    if ds.task in ("lm", "multiple_choice"):
+        return ds  # language-model data is its own target; a multiple-choice answer is an index into its choices
     if ds.labels is None:
         raise DataError(f"{ds.source} has no labels; evaluation and label-based criteria need a label column.")
     names = [str(id2label[i]) for i in sorted(id2label)]

@@ -9,6 +9,10 @@ Sources (``load_data(spec, task=...)``)
     FILE.txt                        unlabelled text, one document per line (blank lines skipped): LM data
     hf:NAME[:CONFIG[:SPLIT]]        a Hugging Face dataset: a hub name, a local folder written by
                                     ``save_to_disk``, or any local path ``datasets.load_dataset`` takes
+    multiple choice                 a file or hf: data set whose columns fit a field map of
+                                    ``headprune.data.choice`` (HellaSwag, ARC, PIQA, generic context/choices/answer)
+                                    or named by ``context_col``/``choices_col``/``answer_col``: ``task`` becomes
+                                    "multiple_choice" (the data decides; a named set registers its own task)
 
 Column names are matched case-insensitively; unnamed columns are auto-detected (TEXT_COLUMNS, PAIR_COLUMNS,
 LABEL_COLUMNS). A loaded dataset keeps its labels as found (names or ints): ``labels.align_labels`` maps them onto
@@ -25,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DataError
+from .choice import choice_dataset, choice_fields
 from .dataset import TextDataset, as_lm_data
 
 TEXT_COLUMNS = ("text", "sentence", "review", "content", "document", "comment", "tweet", "utterance", "query")
@@ -44,14 +49,17 @@ class NamedData:
     description: str
     load: Callable[[], TextDataset]
     labelled: bool = True
+    task: str | None = None     # "multiple_choice" for a set of questions (read as is, whatever the task asked)
 
 
 NAMED_DATA: dict[str, NamedData] = {}
 
 
-def register_dataset(name: str, description: str, load: Callable[[], TextDataset], labelled: bool = True) -> None:
-    """Make ``load_data(name)`` return ``load()`` (labelled data is also readable as LM text with task="lm")."""
-    NAMED_DATA[name] = NamedData(name, description, load, labelled)
+def register_dataset(name: str, description: str, load: Callable[[], TextDataset], labelled: bool = True,
+                     task: str | None = None) -> None:
+    """Make ``load_data(name)`` return ``load()`` (labelled data is also readable as LM text with task="lm";
+    ``task="multiple_choice"``: a set of questions, see ``headprune.data.choice``)."""
+    NAMED_DATA[name] = NamedData(name, description, load, labelled, task)
 
 
 def accepted() -> str:
@@ -220,17 +228,38 @@ def columns_of(path: str | Path) -> list[str]:
     return _read_file(Path(path).expanduser())[0]
 
 
+def is_choice_data(spec: str, context_col: str | None = None, choices_col: str | None = None,
+                   answer_col: str | None = None) -> bool:
+    """Whether ``spec`` is multiple-choice data, from its name or its file's columns, without a model (so the CLI
+    and the workspace read it, and refuse bad rows, before any model loads); hf: data counts when a choice column
+    is named (reading it to look costs a download)."""
+    if any((context_col, choices_col, answer_col)):
+        return True
+    named = NAMED_DATA.get(spec)
+    if named is not None:
+        return named.task == "multiple_choice"
+    path = Path(spec).expanduser()
+    if spec.startswith("hf:") or not path.is_file() or FILE_FORMATS.get(path.suffix.lower()) in (None, "txt"):
+        return False
+    return choice_fields(columns_of(path)) is not None
+
+
 def load_data(spec: str, text_col: str | None = None, pair_col: str | None = None,
-              label_col: str | None = None, task: str | None = None) -> TextDataset:
+              label_col: str | None = None, task: str | None = None, *, context_col: str | None = None,
+              choices_col: str | None = None, answer_col: str | None = None) -> TextDataset:
     """Load ``spec`` (a named data set, a CSV/TSV/JSONL/TXT file, or hf:NAME[:CONFIG[:SPLIT]]) as a TextDataset.
 
     Column names are matched case-insensitively; unnamed columns are auto-detected (see TEXT_COLUMNS,
     PAIR_COLUMNS, LABEL_COLUMNS). Labels are kept as found: call ``align_labels`` before batching.
     ``task="lm"`` (or a .txt file, or an unlabelled named data set such as "demo-lm") loads unlabelled text for a
     language model: the text column only, no pairs, no labels, ``ds.task == "lm"``. Any other ``task`` loads
-    labelled data as before.
+    labelled data as before. Multiple-choice data (a named set registered as such, columns that fit a field map,
+    or ``context_col``/``choices_col``/``answer_col`` given) loads as questions, ``ds.task == "multiple_choice"``,
+    unless ``task="classification"`` asks for a classifier's labelled rows.
     """
     named = NAMED_DATA.get(spec)
+    if named is not None and named.task == "multiple_choice":
+        return named.load()
     unlabelled = (named is not None and not named.labelled) or \
         (named is None and not spec.startswith("hf:") and Path(spec).suffix.lower() == ".txt")
     if unlabelled and task not in (None, "lm"):
@@ -252,6 +281,9 @@ def load_data(spec: str, text_col: str | None = None, pair_col: str | None = Non
         if not path.is_file():
             raise DataError(f"Data file not found: {spec}. Accepted: {accepted()}.")
         header, columns = _read_file(path)
+    fields = choice_fields(header, context_col, choices_col, answer_col, spec) if task != "classification" else None
+    if fields is not None:
+        return choice_dataset(header, columns, fields, spec)
     text, pair, label = _pick_columns(header, text_col, pair_col, label_col, spec, need_label=not lm)
     if lm:
         pair = label = None  # a language model reads one text per row and predicts its tokens: no labels

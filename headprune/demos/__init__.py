@@ -29,6 +29,9 @@ register_dataset("demo:train", "the 9,000 reviews the demos were fine-tuned on (
                  "recovery data)", fine_tuning)
 register_dataset("demo-lm:train", "the same 9,000 training reviews as unlabelled text", lm.demo_lm_train_dataset,
                  labelled=False)
+register_dataset("demo-lm-cloze", "cloze questions from the held-out reviews for demo-lm: the start of a review "
+                 "and four endings, its own and three others' (multiple choice)", lm.demo_lm_cloze_dataset,
+                 labelled=False, task="multiple_choice")
 register_model("demo-circuit", "3-layer Llama LM trained to copy repeated word blocks: an induction circuit "
                "(built offline once)", circuit.ensure_demo_circuit_model)
 register_dataset("demo-circuit", "repeated random word blocks, scored on the repeated half",

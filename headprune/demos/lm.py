@@ -14,6 +14,10 @@ No pretrained decoder ships on the package registries, so it is trained here (``
                 linear decay, gradient norm clipped at 1) on the token-weighted next-token loss
                 (``headprune.model.task``) over length-bucketed batches of BATCH_SIZE rows in seeded order, rows cut at
                 MAX_LENGTH tokens, seed 0, always on CPU with 2 threads
+Cloze set (``load_data("demo-lm-cloze")``, multiple choice, ``demo_lm_cloze_dataset``): every held-out review of at
+least CLOZE_MIN_WORDS words gives a question: its first CLOZE_CONTEXT (60 %) of words as the context, four endings as
+choices -- its own rest and the rests of three other held-out reviews drawn with a seed -- in seeded order;
+``write_cloze_jsonl`` writes it as JSONL (context / choices / answer) for lm-evaluation-harness.
 Reported on the held-out rows: perplexity = exp(token-weighted mean next-token loss) next to an add-one unigram
 baseline's on the same targets and tokenizer (``unigram_perplexity``), and next-token accuracy.
 Cached like every demo (``build.build_cached``: temporary folder, atomic rename, file lock).
@@ -29,6 +33,8 @@ kernels differ between CPUs.
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 import time
 from collections import Counter
@@ -76,6 +82,49 @@ def demo_lm_dataset() -> TextDataset:
 def demo_lm_train_dataset() -> TextDataset:
     """The rows the LM demo was trained on, as unlabelled text (``source="demo-lm:train"``)."""
     return replace(as_lm_data(reviews().subset(demo_split()[0])), source="demo-lm:train")
+
+
+CLOZE_CONTEXT = 0.6      # share of a review's words given as the context
+CLOZE_MIN_WORDS = 6      # shorter reviews make no question (a context and an ending of a few words each)
+CLOZE_CHOICES = 4
+
+
+@functools.lru_cache(maxsize=4)
+def cloze_questions(seed: int = SEED) -> tuple[tuple[str, tuple[str, ...], int], ...]:
+    """(context, choices, answer index) of every eligible held-out review (module doc), in corpus order."""
+    texts = [t for t in reviews().subset(demo_split()[1]).texts if len(t.split()) >= CLOZE_MIN_WORDS]
+    cut = [math.ceil(CLOZE_CONTEXT * len(t.split())) for t in texts]
+    contexts = [" ".join(t.split()[:k]) for t, k in zip(texts, cut)]
+    endings = [" ".join(t.split()[k:]) for t, k in zip(texts, cut)]
+    rng = np.random.default_rng(seed)
+    questions = []
+    for i, (context, ending) in enumerate(zip(contexts, endings)):
+        others = rng.choice(len(texts) - 1, CLOZE_CHOICES - 1, replace=False)
+        choices = [ending] + [endings[j + (j >= i)] for j in others]   # j + (j >= i) skips review i itself
+        order = rng.permutation(CLOZE_CHOICES)
+        questions.append((context, tuple(choices[k] for k in order), int(np.flatnonzero(order == 0)[0])))
+    return tuple(questions)
+
+
+def demo_lm_cloze_dataset(n: int | None = None, seed: int = SEED) -> TextDataset:
+    """The cloze set as multiple-choice data (``source="demo-lm-cloze"``): the first ``n`` questions (None: all)."""
+    questions = cloze_questions(seed)[:n]
+    return TextDataset(texts=[q[0] for q in questions], labels=[q[2] for q in questions],
+                       choices=[list(q[1]) for q in questions], source="demo-lm-cloze", task="multiple_choice",
+                       columns={"context": "context", "choices": "choices", "answer": "answer", "field_map": "generic"})
+
+
+def write_cloze_jsonl(path, n: int | None = None, seed: int = SEED) -> Path:
+    """Write the first ``n`` cloze questions (None: all) as JSONL, one {"context", "choices", "answer"} object per
+    line (the generic field map; an lm-eval task reads it with ``doc_to_text: "{{context}}"``,
+    ``doc_to_choice: "{{choices}}"``, ``doc_to_target: "{{answer}}"``). Written atomically; returns the path."""
+    path = Path(path)
+    lines = [json.dumps({"context": c, "choices": list(ch), "answer": a}, ensure_ascii=False)
+             for c, ch, a in cloze_questions(seed)[:n]]
+    staged = path.with_name(f".{path.name}.tmp")
+    staged.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    staged.replace(path)
+    return path
 
 
 def train_tokenizer(texts: list[str]):

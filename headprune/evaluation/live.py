@@ -46,6 +46,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -58,8 +59,16 @@ from ..model.gating import BEFORE_GATE, gate_heads
 from ..model.hooks import StandIn, attached, pre_hook, structural_copy, wrapped_forward
 from ..model.layers import input_of, layer_stand_ins, replay_stand_ins
 from ..model.mask import HeadMask
-from ..model.task import IGNORE_INDEX, lm_row_stats, task_of
-from .metrics import Metrics, dataset_order, gather_labels, metrics_from_lm_stats, metrics_from_logits
+from ..model.task import IGNORE_INDEX, Task, lm_row_stats, task_for
+from .metrics import (
+    Metrics,
+    choice_predictions,
+    dataset_order,
+    gather_labels,
+    metrics_from_choice_stats,
+    metrics_from_lm_stats,
+    metrics_from_logits,
+)
 from .progressive import Estimate, ratio_estimate, visit_order
 
 Progress = Callable[[float, str], None]
@@ -164,11 +173,13 @@ class LiveEvaluator:
     ``evaluate(model, batches, mask)`` (tests/test_live.py proves both for random toggle sequences).
     Batches without labels give logits but no metrics. ``fast_paths=False`` keeps only the layer cache (the
     plain layer forwards run everywhere); ``cache_device="cpu"`` keeps the caches off the GPU.
+    ``task``: default from the data and the head (``task.task_for``: (question, choice) batches are multiple
+    choice, whose rows are kept as an LM's per-row sums and whose metrics are acc / acc_norm / acc_bytes).
     """
 
     def __init__(self, model: nn.Module, batches: Sequence[dict], mask: HeadMask | None = None,
                  fast_paths: bool = True, cache_device: torch.device | str | None = None,
-                 progress: Progress | None = None, seed: int = 0):
+                 progress: Progress | None = None, seed: int = 0, task: Task | None = None):
         if not batches:
             raise DataError("Live evaluation needs at least one evaluation batch; the evaluation set is empty.")
         self.model = structural_copy(model).eval()
@@ -176,7 +187,7 @@ class LiveEvaluator:
         self.device = next(model.parameters()).device
         self.cache_device = torch.device(cache_device) if cache_device is not None else self.device
         self.batches = list(batches)
-        self.task = task_of(self.model)
+        self.task = task or task_for(self.model, self.batches)
         self._order = dataset_order(self.batches)
         # batches are (re)evaluated in a seeded random order so that the ones done so far are a random sample
         # (headprune.progressive); _pending: the (start layer, mask) of a run that did not finish
@@ -226,9 +237,18 @@ class LiveEvaluator:
         return all("labels" in b for b in self.batches)
 
     def metrics(self) -> Metrics:
+        if self.task.is_choice:
+            return metrics_from_choice_stats(self.logits, self.batches)
         if self.task.is_lm:
             return metrics_from_lm_stats(self.logits)
         return metrics_from_logits(self.logits, gather_labels(self.batches))
+
+    def predictions(self) -> torch.Tensor:
+        """(n,) what the model answers under the current mask: a classifier's class per row, or the picked choice
+        per question (multiple choice); what stability compares."""
+        if self.task.is_choice:
+            return torch.as_tensor(choice_predictions(self.logits, self.batches)[0])
+        return self.logits.argmax(-1)
 
     def set_mask(self, mask: HeadMask, progress: Progress | None = None,
                  on_estimate: Callable[[Estimate], None] | None = None) -> Metrics | None:
@@ -263,6 +283,10 @@ class LiveEvaluator:
         if not self.has_labels or self.task.kind == "regression":
             return None
         sizes = self._units_per_batch
+        if self.task.is_choice:  # acc over whole questions (a question's rows never span two batches)
+            totals = [int(np.equal(*choice_predictions(self._logits[b][dataset_order([self.batches[b]])],
+                                                       [self.batches[b]])).sum()) for b in batches_done]
+            return ratio_estimate(totals, [sizes[b] for b in batches_done], sizes, "acc")
         if self.task.is_lm:  # token-weighted loss, shown as perplexity (progressive.py)
             totals = [float(self._logits[b][:, 0].sum()) for b in batches_done]
             return ratio_estimate(totals, [sizes[b] for b in batches_done], sizes, "perplexity",
@@ -273,7 +297,9 @@ class LiveEvaluator:
     @functools.cached_property
     def _units_per_batch(self) -> list[int]:
         """What each batch's headline metric averages over -- rows, or an LM's next-token targets; fixed by the
-        data, so counted once and not again after every batch of every run."""
+        data, so counted once and not again after every batch of every run. Multiple choice: questions."""
+        if self.task.is_choice:
+            return [len(set(b["index"])) for b in self.batches]
         if self.task.is_lm:
             return [int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in self.batches]
         return [len(b["labels"]) for b in self.batches]

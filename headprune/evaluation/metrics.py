@@ -12,6 +12,10 @@ Regression head (one output, STS-B style): Pearson r, Spearman ρ (Pearson of av
 Language model (``headprune.task``, token-weighted over every real next-token target of every row):
     loss = Σ ℓ / Σ n_b (mean next-token cross-entropy), perplexity = exp(loss), next-token accuracy; lower
     perplexity is better.
+Multiple choice (``headprune.model.task`` module doc, lm-evaluation-harness's definitions): each choice scored by
+    the summed log-likelihood of its continuation tokens; acc = argmax of the sums, acc_norm = argmax of sum /
+    len(choice) in characters, acc_bytes = sum / UTF-8 bytes, each with the standard error of the mean of the 0/1
+    correctness (sample standard deviation / √Q); loss = mean −ll of the right choices; n = questions.
 """
 
 from __future__ import annotations
@@ -30,8 +34,19 @@ from ..model.gating import gate_heads
 from ..model.hooks import structural_copy
 from ..model.mask import HeadMask
 from ..model.memory import plan_for, planned_batches
+from ..model.task import (
+    BYTES_KEY,
+    CHARS_KEY,
+    CHOICE_KEY,
+    GOLD_KEY,
+    IGNORE_INDEX,
+    Task,
+    choice_metrics,
+    lm_metrics,
+    lm_row_stats,
+    task_for,
+)
 from ..model.task import HIGHER_IS_BETTER as TASK_HIGHER_IS_BETTER
-from ..model.task import IGNORE_INDEX, Task, lm_metrics, lm_row_stats, task_of
 
 
 @dataclass
@@ -47,6 +62,12 @@ class Metrics:
     perplexity: float | None = None
     next_token_accuracy: float | None = None
     tokens: int | None = None          # LM: next-token targets the loss averages over
+    acc: float | None = None           # multiple choice (lm-eval's names): argmax of summed log-likelihoods
+    acc_norm: float | None = None      # ... of log-likelihood / choice length in characters
+    acc_bytes: float | None = None     # ... of log-likelihood / choice length in UTF-8 bytes
+    acc_stderr: float | None = None
+    acc_norm_stderr: float | None = None
+    acc_bytes_stderr: float | None = None
 
     def to_dict(self) -> dict:
         """The metrics that apply to this task (classification, regression or language modelling)."""
@@ -61,8 +82,9 @@ HIGHER_IS_BETTER = TASK_HIGHER_IS_BETTER
 def headline_metric(metrics: Metrics | dict) -> tuple[str, bool]:
     """The metric a summary leads with, and whether higher is better.
 
-    Accuracy for a classifier, Pearson r for a regression head (one output), perplexity for a language model
-    (lower is better); a metrics dict with none of these falls back to the loss (lower is better).
+    Accuracy for a classifier, acc for multiple choice, Pearson r for a regression head (one output), perplexity
+    for a language model (lower is better); a metrics dict with none of these falls back to the loss (lower is
+    better).
 
     Parameters
     ----------
@@ -73,7 +95,7 @@ def headline_metric(metrics: Metrics | dict) -> tuple[str, bool]:
     (name, higher_is_better).
     """
     values = metrics.to_dict() if isinstance(metrics, Metrics) else metrics
-    name = next((m for m in ("accuracy", "pearson", "perplexity") if values.get(m) is not None), "loss")
+    name = next((m for m in ("accuracy", "acc", "pearson", "perplexity") if values.get(m) is not None), "loss")
     return name, HIGHER_IS_BETTER[name]
 
 
@@ -179,6 +201,34 @@ def metrics_from_lm_stats(stats: torch.Tensor) -> Metrics:
     return Metrics(**lm_metrics(stats))
 
 
+def choice_rows(batches: list[dict]) -> dict[str, np.ndarray]:
+    """Per-row facts of multiple-choice ``batches`` in dataset order (the order ``lm_stats`` returns): question,
+    choice, gold, chars, bytes, each (R,)."""
+    order = dataset_order(batches).numpy()
+    rows = {"question": np.asarray([q for b in batches for q in b["index"]])}
+    for name, key in (("choice", CHOICE_KEY), ("gold", GOLD_KEY), ("chars", CHARS_KEY), ("bytes", BYTES_KEY)):
+        rows[name] = torch.cat([b[key] for b in batches]).numpy()
+    return {k: v[order] for k, v in rows.items()}
+
+
+def metrics_from_choice_stats(stats: torch.Tensor, batches: list[dict]) -> Metrics:
+    """Multiple-choice metrics (module doc) from ``lm_stats`` rows of ``batches`` (row log-likelihood = −Σ ℓ)."""
+    rows = choice_rows(batches)
+    return Metrics(**choice_metrics(-stats[:, 0].numpy(), rows["question"], rows["gold"], rows["chars"],
+                                    rows["bytes"]))
+
+
+def choice_predictions(stats: torch.Tensor, batches: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+    """(picked, right), each (Q,) in question order: the choice with the highest summed log-likelihood (acc's pick,
+    the first of tied maxima) of each question, and the right choice."""
+    rows = choice_rows(batches)
+    ll, q = -stats[:, 0].numpy(), rows["question"]
+    cuts = np.flatnonzero(q[1:] != q[:-1]) + 1
+    picked = np.asarray([int(np.argmax(part)) for part in np.split(ll, cuts)])
+    right = np.asarray([int(np.flatnonzero(part)[0]) for part in np.split(rows["gold"], cuts)])
+    return picked, right
+
+
 def _require_labels(batches: list[dict]) -> None:
     if not batches:
         raise DataError("Evaluation needs at least one example, but the evaluation set is empty. Accepted: an "
@@ -216,11 +266,15 @@ def metrics_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> Metrics:
 def evaluate(model, batches: list[dict], mask: HeadMask | None = None, device=None, progress=None,
              task: Task | None = None, memory_budget: int | str | None = None) -> Metrics:
     """Metrics of ``model`` (gated by ``mask``) on labelled ``batches`` (LM batches: labels = input ids); see the
-    module doc for the equations. ``task`` defaults to the one the model's head computes (``task.task_of``).
+    module doc for the equations. ``task`` defaults to the one the data and the model's head make
+    (``task.task_for``: multiple choice for (question, choice) batches).
     ``memory_budget``: bytes beyond the weights a batch may hold (``headprune.model.memory``; default: a share of
     the free memory); batches are cut to fit it."""
     _require_labels(batches)
-    if (task or task_of(model)).is_lm:
+    task = task or task_for(model, batches)
+    if task.is_choice:
+        return metrics_from_choice_stats(lm_stats(model, batches, mask, device, progress, memory_budget), batches)
+    if task.is_lm:
         return metrics_from_lm_stats(lm_stats(model, batches, mask, device, progress, memory_budget))
     labels = gather_labels(batches)
     return metrics_from_logits(predict(model, batches, mask, device, progress, memory_budget), labels)

@@ -12,6 +12,12 @@ once with a seed so every mask of a trajectory sees the same perturbed inputs.
 Words are whitespace-separated words of the decoded text of each segment (sentence pairs keep their two
 segments), re-tokenized with the model's tokenizer. Without a tokenizer, sub-word tokens stand in for words
 (the first and last real token -- [CLS]/[SEP] or <s>/</s> -- are always kept).
+
+Multiple choice: the prediction is the picked choice (acc's argmax of summed log-likelihoods) of each question,
+so stability(mask) = 100 · (1/Q) Σ_q [pick_mask(q) = pick_mask(q̃)]. Only the context is perturbed, once per question
+(one draw shared by all its choices, so the choices still compete on the same context); the choices are kept
+whole. The context's words are those of its decoded tokens (after the prefix token), re-encoded without special
+tokens; without a tokenizer the context's tokens (not the prefix) are dropped instead.
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ import numpy as np
 import torch
 
 from ..errors import DataError
-from .metrics import predict
+from ..model.task import IGNORE_INDEX, is_choice_batch
+from .metrics import choice_predictions, lm_stats, predict
 
 DEFAULT_DROP = 0.1
 
@@ -64,14 +71,53 @@ def _pad(rows: list[dict], pad_id: int) -> dict:
     return out
 
 
+def _drop_context(context: list[int], tokenizer, p: float, rng) -> list[int]:
+    """A multiple-choice row's context ids (prefix token first) with words dropped; the prefix is kept."""
+    prefix, body = context[:1], context[1:]
+    if not body:
+        return context
+    if tokenizer is None:
+        keep = rng.random(len(body)) >= p
+        return prefix + ([t for t, k in zip(body, keep) if k] or body[:1])
+    return prefix + tokenizer.encode(drop_words(tokenizer.decode(body), p, rng), add_special_tokens=False)
+
+
+def _perturb_choice_batch(batch: dict, tokenizer, p: float, rng, pad_id: int) -> dict:
+    """``batch`` of (question, choice) rows with each question's context perturbed once (module doc)."""
+    valid = batch["attention_mask"].bool()
+    target = batch["labels"] != IGNORE_INDEX
+    contexts: dict[int, list[int]] = {}
+    rows = []
+    for i, q in enumerate(batch["index"]):
+        ids, scored = batch["input_ids"][i][valid[i]], target[i][valid[i]]
+        if q not in contexts:
+            contexts[q] = _drop_context(ids[~scored].tolist(), tokenizer, p, rng)
+        rows.append((contexts[q], ids[scored].tolist()))
+    width = max(len(c) + len(t) for c, t in rows)
+    new = {"input_ids": torch.full((len(rows), width), pad_id, dtype=torch.long),
+           "attention_mask": torch.zeros((len(rows), width), dtype=torch.long),
+           "labels": torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)}
+    for i, (context, continuation) in enumerate(rows):
+        n = len(context) + len(continuation)
+        new["input_ids"][i, :n] = torch.tensor(context + continuation)
+        new["attention_mask"][i, :n] = 1
+        new["labels"][i, len(context):n] = torch.tensor(continuation)
+    new.update({k: v for k, v in batch.items() if k not in new})
+    return new
+
+
 def perturb_batches(batches: list[dict], tokenizer=None, p: float = DEFAULT_DROP, seed: int = 0) -> list[dict]:
-    """Copies of ``batches`` with words dropped (see module doc); labels and ``index`` are carried over."""
+    """Copies of ``batches`` with words dropped (see module doc); labels and ``index`` are carried over.
+    Multiple-choice batches: each question's context perturbed once, its choices kept."""
     if not 0.0 <= p < 1.0:
         raise DataError(f"Word-drop probability must lie in [0, 1); got {p}.")
     rng = np.random.default_rng(seed)
     pad_id = getattr(tokenizer, "pad_token_id", None) or 0
     out = []
     for batch in batches:
+        if is_choice_batch(batch):
+            out.append(_perturb_choice_batch(batch, tokenizer, p, rng, pad_id))
+            continue
         keys = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch]
         valid = batch["attention_mask"].bool()
         rows = [_perturb_row({k: batch[k][i][valid[i]] for k in keys}, tokenizer, p, rng) for i in range(len(valid))]
@@ -81,14 +127,21 @@ def perturb_batches(batches: list[dict], tokenizer=None, p: float = DEFAULT_DROP
     return out
 
 
+def same_answers(clean, perturbed) -> float:
+    """Percentage of entries equal in two (n,) prediction vectors (classes, or picked choices)."""
+    return 100.0 * float(np.mean(np.asarray(clean) == np.asarray(perturbed)))
+
+
 def agreement(clean_logits: torch.Tensor, perturbed_logits: torch.Tensor) -> float:
     """Percentage of rows whose argmax class is the same in both."""
     if clean_logits.shape[-1] < 2:
         raise DataError("Stability compares predicted classes; a regression head has none.")
-    same = clean_logits.argmax(-1) == perturbed_logits.argmax(-1)
-    return 100.0 * same.double().mean().item()
+    return same_answers(clean_logits.argmax(-1), perturbed_logits.argmax(-1))
 
 
 def stability(model, batches: list[dict], perturbed: list[dict], mask=None, device=None) -> float:
     """stability(mask) of the module doc, on ``batches`` and their ``perturbed`` copies."""
+    if is_choice_batch(batches[0]):
+        return same_answers(*(choice_predictions(lm_stats(model, b, mask, device), b)[0]
+                              for b in (batches, perturbed)))
     return agreement(predict(model, batches, mask, device), predict(model, perturbed, mask, device))

@@ -1,4 +1,5 @@
-"""The one place that knows the task kinds: "classification", "regression" and "lm" (causal language modelling).
+"""The one place that knows the task kinds: "classification", "regression", "lm" (causal language modelling) and
+"multiple_choice" (a causal LM choosing among answers by their log-likelihood).
 
 Evaluation, live evaluation, trajectories and criteria ask a :class:`Task` for the loss, the metrics' direction and
 the output distribution, instead of testing ``num_labels`` or the model class themselves.
@@ -24,10 +25,27 @@ Language-model loss (labels = the input ids, padding masked; see ``headprune.dat
 
 Classification loss: L_b = −log softmax(z_b)[y_b];  regression (one output): L_b = (z_b − y_b)².
 
+Multiple choice (``multiple_choice``; data with a context, choices and the right one's index, see
+``headprune.data.choice``; a causal LM's head, chosen from the DATA: :func:`task_for`)
+    One row per (question q, choice c): <prefix> context + continuation, labels = the continuation's token ids and
+    IGNORE_INDEX elsewhere, so the LM token loss above sums over the continuation only. The choice's score is its
+    summed log-likelihood (lm-evaluation-harness ``loglikelihood``)
+        ll_{q,c} = Σ_{t in continuation} log softmax(z_{t−1})[y_t] = −Σ_t ℓ_{b,t},
+    and with g_q the right choice (lm-eval ``api/task.py``, ``np.argmax``: the first of tied maxima):
+        acc       = (1/Q) Σ_q [argmax_c ll_{q,c} = g_q]
+        acc_norm  = (1/Q) Σ_q [argmax_c ll_{q,c} / len(choice_c) = g_q]      (length in characters, no separator)
+        acc_bytes = (1/Q) Σ_q [argmax_c ll_{q,c} / bytes(choice_c) = g_q]    (UTF-8 bytes)
+    each with lm-eval's standard error (``api/metrics.py`` ``mean_stderr``): sample standard deviation (n − 1) of the
+    0/1 correctness over √Q. Loss (criteria that need one): the negative log-likelihood of the right choice only,
+        L_q = −ll_{q,g_q}   (summed over its tokens, not averaged: the quantity acc compares);
+    rows of the other choices contribute 0 (``per_example_loss``), and ``loss`` is the mean over questions.
+
 Output distribution (for KL between an intact and an ablated model)
     classification: softmax(z_b) over the classes, one row per example;
     lm: softmax(z_{b,t}) over the vocabulary at every real (non-padding) position t of every row, including the last
     (a next-token distribution needs no target); rows keep their (B, T) layout so a caller can average per row.
+    multiple_choice: softmax(z_{b,t}) at the positions that predict a continuation token (t with y_{b,t+1} a
+    target): what the choice's score is made of; the context's own next-token predictions do not decide an answer.
     Classes are compared in float64; a vocabulary-sized distribution in float32 (a float64 copy of (B, T, V) per
     ablation would dominate the memory of KL scoring).
 """
@@ -36,15 +54,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ..errors import HeadpruneError
 
-KINDS = ("classification", "regression", "lm")
+KINDS = ("classification", "regression", "lm", "multiple_choice")
 REQUESTABLE = ("lm", "classification")   # what --task accepts; regression is a classifier head with one output
 IGNORE_INDEX = -100                       # label of a padding target (the transformers / PyTorch convention)
 _LM_CLASS_MARKS = ("ForCausalLM", "LMHeadModel")
+# Per-row keys of a multiple-choice batch (headprune.data.choice), besides the LM ones and ``index`` (= the question):
+# which choice the row holds, whether it is the right one, and the choice's length in characters and UTF-8 bytes.
+CHOICE_KEY, GOLD_KEY, CHARS_KEY, BYTES_KEY = "choice", "gold", "choice_chars", "choice_bytes"
+CHOICE_KEYS = (CHOICE_KEY, GOLD_KEY, CHARS_KEY, BYTES_KEY)
 
 
 class TaskError(HeadpruneError):
@@ -63,12 +86,18 @@ class Task:
 
     @property
     def is_lm(self) -> bool:
-        return self.kind == "lm"
+        """A causal LM's next-token output: language modelling, and multiple choice (scored from the same tokens)."""
+        return self.kind in ("lm", "multiple_choice")
+
+    @property
+    def is_choice(self) -> bool:
+        return self.kind == "multiple_choice"
 
     @property
     def headline(self) -> str:
         """Name of the ``Metrics`` field a summary leads with."""
-        return {"classification": "accuracy", "regression": "pearson", "lm": "perplexity"}[self.kind]
+        return {"classification": "accuracy", "regression": "pearson", "lm": "perplexity",
+                "multiple_choice": "acc"}[self.kind]
 
     @property
     def higher_is_better(self) -> bool:
@@ -79,6 +108,9 @@ class Task:
         """(B,) loss L_b of each row (module doc): row-mean next-token cross-entropy for LM, cross-entropy or
         squared error for a classifier. Differentiable (criteria take gradients of it)."""
         labels = batch["labels"].to(logits.device)
+        if self.is_choice:   # −ll of the right choice's row, 0 for the other rows (module doc)
+            token_loss, _ = lm_token_losses(logits, labels)
+            return token_loss.sum(-1) * batch[GOLD_KEY].to(logits.device).to(token_loss.dtype)
         if self.is_lm:
             token_loss, real = lm_token_losses(logits, labels)
             return token_loss.sum(-1) / real.sum(-1).clamp(min=1)
@@ -87,7 +119,10 @@ class Task:
         return F.cross_entropy(logits, labels.long(), reduction="none")
 
     def loss(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
-        """Scalar loss of a batch: token-weighted mean for LM (Σ ℓ / Σ n_b), mean over rows for a classifier."""
+        """Scalar loss of a batch: token-weighted mean for LM (Σ ℓ / Σ n_b), mean over rows for a classifier, mean
+        over the batch's questions of the right choice's −ll for multiple choice."""
+        if self.is_choice:
+            return self.per_example_loss(logits, batch).sum() / batch[GOLD_KEY].sum().clamp(min=1)
         if self.is_lm:
             token_loss, real = lm_token_losses(logits, batch["labels"].to(logits.device))
             return token_loss.sum() / real.sum().clamp(min=1)
@@ -97,16 +132,22 @@ class Task:
         """(log p, real): the log-distributions compared by KL (module doc) and which entries are real.
 
         classification / regression: log p (B, C) float64, real None (every row counts);
-        lm: log p (B, T, V) float32 and real (B, T) bool, the real (non-padding) positions of each row.
+        lm: log p (B, T, V) float32 and real (B, T) bool, the real (non-padding) positions of each row;
+        multiple_choice: the same log p, real = the positions predicting a continuation token.
         """
         if not self.is_lm:
             return F.log_softmax(logits.double(), dim=-1), None
+        if self.is_choice:
+            targets = batch["labels"].to(logits.device)[:, 1:] != IGNORE_INDEX
+            return F.log_softmax(logits.float(), dim=-1), F.pad(targets, (0, 1), value=False)
         return F.log_softmax(logits.float(), dim=-1), batch["attention_mask"].to(logits.device).bool()
 
 
 # The direction of every metric ``headprune.evaluate.Metrics`` can hold.
 HIGHER_IS_BETTER = {"accuracy": True, "macro_f1": True, "mcc": True, "pearson": True, "spearman": True,
-                    "next_token_accuracy": True, "loss": False, "mse": False, "perplexity": False}
+                    "next_token_accuracy": True, "loss": False, "mse": False, "perplexity": False,
+                    "acc": True, "acc_norm": True, "acc_bytes": True}
+CHOICE_METRICS = ("acc", "acc_norm", "acc_bytes")   # the multiple-choice task's metric set (lm-eval's names)
 
 
 def lm_labels(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -149,9 +190,63 @@ def lm_metrics(stats: torch.Tensor) -> dict:
             "next_token_accuracy": correct / tokens}
 
 
+def choice_metrics(loglik, question, gold, chars, n_bytes) -> dict:
+    """acc, acc_norm, acc_bytes and their ``*_stderr`` (module doc) from per-row arrays in dataset order.
+
+    Parameters
+    ----------
+    loglik : (R,) summed log-likelihood ll_{q,c} of each row's continuation (= −Σ ℓ of ``lm_row_stats``).
+    question : (R,) question of each row; a question's rows are consecutive, in choice order.
+    gold : (R,) bool, the right choice's row; chars, n_bytes : (R,) the choice's length in characters / bytes.
+
+    Returns
+    -------
+    {"n": questions, "loss": mean −ll of the right choices, "acc", "acc_norm", "acc_bytes", "acc_stderr", ...}.
+    """
+    ll, q = np.asarray(loglik, dtype=np.float64), np.asarray(question)
+    gold, chars, n_bytes = np.asarray(gold, bool), np.asarray(chars, np.float64), np.asarray(n_bytes, np.float64)
+    starts = np.flatnonzero(np.r_[True, q[1:] != q[:-1]])
+    ends = np.r_[starts[1:], len(q)]
+    if len(starts) == 0:
+        raise TaskError("No questions to score: the multiple-choice data is empty.")
+    right = {name: np.empty(len(starts)) for name in CHOICE_METRICS}
+    gold_ll = np.empty(len(starts))
+    for i, (a, b) in enumerate(zip(starts, ends)):
+        g = int(np.flatnonzero(gold[a:b])[0])
+        gold_ll[i] = ll[a + g]
+        for name, score in (("acc", ll[a:b]), ("acc_norm", ll[a:b] / chars[a:b]),
+                            ("acc_bytes", ll[a:b] / n_bytes[a:b])):
+            right[name][i] = float(np.argmax(score) == g)
+    n = len(starts)
+    out = {"n": n, "loss": float(-gold_ll.mean())}
+    for name, values in right.items():
+        out[name] = float(values.mean())
+        out[f"{name}_stderr"] = float(values.std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
+    return out
+
+
 def is_language_model(model) -> bool:
     """True for a model with a language-model head (``*ForCausalLM`` / ``*LMHeadModel``)."""
     return any(mark in type(model).__name__ for mark in _LM_CLASS_MARKS)
+
+
+def is_choice_batch(batch: dict) -> bool:
+    """True for a batch of (question, choice) rows (``headprune.data.choice``)."""
+    return GOLD_KEY in batch
+
+
+def task_for(model, batches, requested: str | None = None) -> Task:
+    """The task of ``model`` on ``batches``: multiple choice when the batches hold (question, choice) rows (the
+    DATA decides; the model must be a causal LM), else :func:`task_of` from the head."""
+    if batches and is_choice_batch(batches[0]):
+        if not is_language_model(model):
+            raise TaskError(f"Multiple-choice data is scored by a causal language model's log-likelihood of each "
+                            f"choice, but {type(model).__name__} is a classifier. Load a *ForCausalLM model.")
+        if requested not in (None, "auto", "lm"):
+            raise TaskError(f"--task {requested} does not fit multiple-choice data; leave --task out (the data "
+                            "makes the task multiple choice on a causal LM).")
+        return Task("multiple_choice")
+    return task_of(model, requested)
 
 
 def task_of(model, requested: str | None = None) -> Task:
