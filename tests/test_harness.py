@@ -21,6 +21,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors  # noqa: E4
 from transformers import PreTrainedTokenizerFast  # noqa: E402
 
 from headprune.cli import main  # noqa: E402
+from headprune.data import load_data, make_choice_batches  # noqa: E402
+from headprune.demos.lm import write_cloze_jsonl  # noqa: E402
 from headprune.evaluation.harness import (  # noqa: E402
     SHIPPED_TASKS,
     HarnessError,
@@ -29,6 +31,7 @@ from headprune.evaluation.harness import (  # noqa: E402
     resolve_tasks,
     run_lm_eval,
 )
+from headprune.evaluation.metrics import evaluate, lm_stats  # noqa: E402
 from headprune.model.export import export_model  # noqa: E402
 from headprune.model.hooks import attached_names  # noqa: E402
 from headprune.model.mask import HeadMask  # noqa: E402
@@ -146,6 +149,24 @@ def test_stock_lm_eval_on_the_masked_export_equals_lm_eval_through_headprune(tmp
     assert gated["apply"] == "gate" and cut["apply"] == "cut" and gated["pruned_heads"] == 28
 
 
+@pytest.mark.parametrize("end_token", [False, True], ids=["start-token", "start-and-end-token"])
+@pytest.mark.parametrize("mask", [None, heavy_mask()], ids=["dense", "masked"])
+def test_headprunes_own_multiple_choice_equals_lm_eval_on_the_same_task(task_dir, tasks, mask, end_token):
+    """headprune's acc and acc_norm (data.choice batches, evaluation.metrics) on the task's JSONL equal lm-eval's
+    on its YAML, and so does every choice's log-likelihood, dense and under a mask, for a tokenizer that adds a
+    start token only and for one that also appends an end token (the LM demo's kind)."""
+    model, tokenizer = tiny_decoder("llama"), word_tokenizer(end_token)
+    harness = run_lm_eval(model, tokenizer, tasks, mask)
+    ds = load_data(str(task_dir / "tiny_mc.jsonl"))
+    assert ds.task == "multiple_choice"
+    batches = make_choice_batches(tokenizer, ds, batch_size=8, max_length=64)
+    own = evaluate(model, batches, mask)
+    assert (own.acc, own.acc_norm) == scores(harness)
+    ll = -lm_stats(model, batches, mask)[:, 0].double().view(len(QUESTIONS), 4)
+    torch.testing.assert_close(ll, torch.tensor(harness["loglikelihoods"]["tiny_mc"], dtype=torch.float64), rtol=0, atol=1e-4)
+    assert own.acc_stderr == pytest.approx(harness["results"]["tiny_mc"]["acc_stderr,none"])
+
+
 def test_an_end_token_appended_by_the_tokenizer_changes_nothing(tasks):
     """The LM demo's tokenizer reads a row as <s> text </s>: stock lm-eval then splits after the context's </s>,
     dropping the choice's first token. Through headprune the one split rule gives what a start-token-only
@@ -229,6 +250,13 @@ def test_cli_refuses_an_unknown_task_before_any_model_loads(tmp_path, monkeypatc
 def test_lm_eval_options_without_lm_eval_are_refused(capsys):
     assert main(["evaluate", "--model", "demo-lm", "--lm-eval-limit", "3"]) == 2
     assert "--lm-eval-limit set without --lm-eval" in capsys.readouterr().err
+
+
+def test_the_shipped_cloze_rows_are_what_the_demos_writer_writes(tmp_path):
+    """The shipped task's rows are the first 500 questions of demo-lm-cloze (regenerate them with
+    ``write_cloze_jsonl(path, n=500)`` when the cloze recipe changes)."""
+    shipped = SHIPPED_TASKS / "demo_lm_cloze" / "demo_lm_cloze.jsonl"
+    assert shipped.read_bytes() == write_cloze_jsonl(tmp_path / "rows.jsonl", n=500).read_bytes()
 
 
 def test_shipped_task_is_found_without_include():

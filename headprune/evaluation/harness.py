@@ -11,10 +11,12 @@ what lm-eval uses), with the pruned heads applied one of two ways (``HarnessSpec
     cut   ``model.surgery.prune_model``: a smaller deep copy, faster per forward once the mask removes a lot of a
           big model, at the price of holding a second copy of the weights while it runs.
 
-The context/continuation split is the one rule of headprune's own multiple-choice scoring: ``_encode_pair`` of the
-harness model is overridden to call it (lm-eval's own split takes a tokenizer's ``encode`` with special tokens, so
-a tokenizer that appends an end token to every encode -- the LM demo's ``<bos> $A <eos>`` -- has lm-eval drop the
-choice's first token and score the end token instead).
+The context/continuation split is the one rule of headprune's own multiple-choice scoring
+(``data.choice.split_context_continuation``): ``_encode_pair`` of the harness model is overridden to call it.
+lm-eval's own split encodes with the tokenizer's special tokens, so a tokenizer that appends an end token to every
+encode -- the LM demo's ``<bos> $A <eos>`` -- has lm-eval drop the choice's first token and score the end token
+instead. For a tokenizer that adds only a start token (Llama's) the rule and stock lm-eval give the same ids
+(tests/test_harness.py runs stock lm-eval on the masked export to show it).
 
 Tasks are checked against lm-eval's ``TaskManager`` before any model loads (``resolve_tasks``): first the shipped
 offline tasks (``SHIPPED_TASKS``: ``demo_lm_cloze``) and the ``include`` folders alone (instant), then lm-eval's
@@ -38,6 +40,7 @@ from pathlib import Path
 
 import torch
 
+from ..data.choice import split_context_continuation
 from ..errors import HeadpruneError
 from ..limits import NON_NEGATIVE_INT, POSITIVE_INT
 from ..model.gating import gate_heads
@@ -163,18 +166,6 @@ def resolve_tasks(spec: HarnessSpec, check_data: bool = True) -> Tasks:
 
 
 # -- the model lm-eval sees -----------------------------------------------------------------------------------------
-
-def split_context_continuation(tokenizer, context: str, continuation: str, separator: str = " "):
-    """PLACEHOLDER until helper "choice"'s headprune.data.choice is merged (same rule)."""
-    continuation = separator + continuation
-    spaces = len(context) - len(context.rstrip())
-    if spaces:
-        context, continuation = context[:-spaces], context[-spaces:] + continuation
-    whole = tokenizer.encode(context + continuation, add_special_tokens=False)
-    context_ids = tokenizer.encode(context, add_special_tokens=False) if context else []
-    prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
-    return [prefix, *context_ids], list(whole[len(context_ids):])
-
 
 @cache
 def _harness_model_class():
