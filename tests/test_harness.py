@@ -163,7 +163,8 @@ def test_headprunes_own_multiple_choice_equals_lm_eval_on_the_same_task(task_dir
     own = evaluate(model, batches, mask)
     assert (own.acc, own.acc_norm) == scores(harness)
     ll = -lm_stats(model, batches, mask)[:, 0].double().view(len(QUESTIONS), 4)
-    torch.testing.assert_close(ll, torch.tensor(harness["loglikelihoods"]["tiny_mc"], dtype=torch.float64), rtol=0, atol=1e-4)
+    theirs = torch.tensor(harness["loglikelihoods"]["tiny_mc"], dtype=torch.float64)
+    torch.testing.assert_close(ll, theirs, rtol=0, atol=1e-4)
     assert own.acc_stderr == pytest.approx(harness["results"]["tiny_mc"]["acc_stderr,none"])
 
 
@@ -263,3 +264,39 @@ def test_shipped_task_is_found_without_include():
     tasks = resolve_tasks(HarnessSpec(tasks=("demo_lm_cloze",)), check_data=True)
     assert str(SHIPPED_TASKS) in tasks.spec.include_paths()
     assert "demo_lm_cloze" in tasks.manager.all_tasks
+
+
+def cloze_task(folder, n: int):
+    """The LM demo's cloze set as a plain local task (dataset_path: json, absolute data_files), not the shipped one."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = write_cloze_jsonl(folder / "cloze_local.jsonl", n=n)
+    yaml = (SHIPPED_TASKS / "demo_lm_cloze" / "demo_lm_cloze.yaml").read_text(encoding="utf-8")
+    local = f"dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {rows}"
+    yaml = yaml.replace("task: demo_lm_cloze", "task: cloze_local").replace(
+        "custom_dataset: !function cloze_rows.load", local)
+    (folder / "cloze_local.yaml").write_text(yaml, encoding="utf-8")
+    return folder
+
+
+def test_cli_runs_the_cloze_task_offline_on_the_lm_demo(tmp_path, monkeypatch, capsys):
+    """`evaluate --model demo-lm --lm-eval TASK --lm-eval-include DIR` with the hub unreachable: a local task and the
+    shipped one (found without --lm-eval-include) score the same first questions alike, and --mask is applied."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    mask_file = tmp_path / "mask.json"
+    mask_file.write_text(json.dumps({"pruned": {"0": [0, 1, 2, 3], "3": [5]}}))
+    runs = {}
+    for name, extra in (("cloze_local", ["--lm-eval-include", str(cloze_task(tmp_path / "t", 5))]),
+                        ("demo_lm_cloze", [])):
+        for masked in (False, True):
+            argv = ["evaluate", "--model", "demo-lm", "--lm-eval", name, "--lm-eval-limit", "5", "--device", "cpu",
+                    *extra, *(["--mask", str(mask_file)] if masked else [])]
+            assert main(argv) == 0, capsys.readouterr().err[-2000:]
+            out = json.loads(capsys.readouterr().out)
+            runs[name, masked] = out["lm_eval"]
+            assert out["lm_eval"]["n-samples"][name]["effective"] == 5
+            assert out["lm_eval"]["pruned_heads"] == (5 if masked else 0)
+            assert out["software"]["lm_eval"] == "0.4.13"
+    for masked in (False, True):
+        assert scores(runs["cloze_local", masked], "cloze_local") == scores(runs["demo_lm_cloze", masked],
+                                                                          "demo_lm_cloze")
