@@ -185,8 +185,8 @@ def harness_estimate(ws: DashboardWorkspace, sd: SessionData, tasks: Tasks) -> T
     one = store().memo(f"lmeval-estimate|{ws.key}|{tasks.spec}", lambda: estimate_harness(
         ws.loaded.model, ws.loaded.tokenizer, tasks, ws.eval_batches or ws.calib_batches,
         memory_budget=memory_budget()))
-    runs = sum(r is None for r in harness_runs(ws, sd, tasks).values()) if sd.mask.n_pruned else \
-        int(harness_runs(ws, sd, tasks)["dense"] is None)
+    done = harness_runs(ws, sd, tasks)
+    runs = sum(done[name] is None for name in (("dense", "mask") if sd.mask.n_pruned else ("dense",)))
     return TimeEstimate(one.seconds * runs, one.what + (" dense and under the mask" if runs == 2 else ""),
                         one.device, one.basis)
 
