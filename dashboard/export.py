@@ -1,5 +1,6 @@
 """What the Export page hands out: the session's run file, figures as PNG, and the pruned model (zipped) in one of
-``headprune.model.export.FORMATS``: a headprune checkpoint, a masked stock checkpoint or a uniform stock cut.
+``headprune.model.export.FORMATS``: a headprune checkpoint, a masked stock checkpoint or a uniform stock cut; and
+lm-evaluation-harness's numbers for the current mask beside the dense ones (``run_harness``).
 
 Built downloads are kept in the session (``SessionData.exports``), keyed by what they depend on, so a page rerun
 hands out the same bytes without building them again.
@@ -15,12 +16,15 @@ from dataclasses import asdict
 from pathlib import Path
 
 from headprune import viz
+from headprune.estimate import TimeEstimate, estimate_harness
+from headprune.evaluation.harness import HarnessError, HarnessSpec, Tasks, lm_eval_version, resolve_tasks, run_lm_eval
 from headprune.evaluation.metrics import evaluate
 from headprune.model.export import FORMATS, UNIFORM_TYPES, export_model, family_problem, round_to_uniform
 from headprune.model.sizes import size_report
 
+from .config import memory_budget
 from .session import SessionData
-from .store import DashboardWorkspace, mask_key
+from .store import DashboardWorkspace, mask_key, store
 from .threads import compute_slot
 
 Progress = Callable[[float, str], None]
@@ -141,3 +145,87 @@ def _exported_zip(ws: DashboardWorkspace, sd: SessionData, format: str, progress
     return {"zip": buffer.getvalue(), "size": size_report(ws.loaded.model, written["model"]),
             "metric": ws.metric_of(metrics), "note": written["note"], "loads_in": written["loads_in"],
             "rounding": rounding}
+
+
+# -- lm-evaluation-harness on the current mask --------------------------------------------------------------------
+
+HARNESS_TASKS = "demo_lm_cloze"   # offline, shipped with headprune; hellaswag,arc_easy,arc_challenge need the network
+
+
+def harness_problem(ws: DashboardWorkspace) -> str | None:
+    """Why lm-eval cannot run on this workspace (lm-eval missing, not a language model), or None."""
+    try:
+        lm_eval_version()
+    except HarnessError as exc:
+        return str(exc)
+    if not ws.adapter.causal or ws.loaded.model.get_output_embeddings() is None:
+        return ("lm-evaluation-harness scores the answers of a language model (a causal LM head); the loaded model "
+                "is a classifier.")
+    return None
+
+
+def harness_tasks(ws: DashboardWorkspace, names: str, limit: int | None) -> Tasks:
+    """The tasks ``names`` ("demo_lm_cloze", "arc_easy,hellaswag") checked against lm-eval's index (HarnessError
+    names an unknown one), kept for every session: lm-eval's own index takes seconds to build."""
+    spec = HarnessSpec.from_text(names, limit=limit, batch_size=ws.setup.batch_size, seed=ws.setup.seed)
+    return store().memo(f"lmeval-tasks|{spec}", lambda: resolve_tasks(spec))
+
+
+def _harness_key(ws: DashboardWorkspace, tasks: Tasks, mask) -> str:
+    return f"lmeval|{ws.key}|{tasks.spec}|{mask_key(mask)}"
+
+
+def harness_runs(ws: DashboardWorkspace, sd: SessionData, tasks: Tasks) -> dict:
+    """{"dense": run_lm_eval result or None, "mask": ... or None}: what some session computed already."""
+    return {"dense": store().get(_harness_key(ws, tasks, None)), "mask": store().get(_harness_key(ws, tasks, sd.mask))}
+
+
+def harness_estimate(ws: DashboardWorkspace, sd: SessionData, tasks: Tasks) -> TimeEstimate:
+    """Expected duration of the runs ``run_harness`` still has to do (dense and/or under the mask)."""
+    one = store().memo(f"lmeval-estimate|{ws.key}|{tasks.spec}", lambda: estimate_harness(
+        ws.loaded.model, ws.loaded.tokenizer, tasks, ws.eval_batches or ws.calib_batches,
+        memory_budget=memory_budget()))
+    done = harness_runs(ws, sd, tasks)
+    runs = sum(done[name] is None for name in (("dense", "mask") if sd.mask.n_pruned else ("dense",)))
+    return TimeEstimate(one.seconds * runs, one.what + (" dense and under the mask" if runs == 2 else ""),
+                        one.device, one.basis)
+
+
+def run_harness(ws: DashboardWorkspace, sd: SessionData, tasks: Tasks, progress: Progress | None = None) -> dict:
+    """lm-eval on the loaded model as it is (dense) and under the session mask, each stored once computed (a
+    Cancel stops between two batches and stores nothing of the run it stopped). Returns ``harness_runs``."""
+    report = progress or (lambda f, m: None)
+    masks = (None, sd.mask) if sd.mask.n_pruned else (None,)
+    todo = [mask for mask in masks if store().get(_harness_key(ws, tasks, mask)) is None]
+    with compute_slot():
+        for i, mask in enumerate(todo):
+            what = "under the mask" if mask is not None else "dense"
+            result = run_lm_eval(ws.loaded.model, ws.loaded.tokenizer, tasks, mask,
+                                 progress=lambda f, m, i=i, what=what: report((i + f) / len(todo), f"{what}: {m}"))
+            store().put(_harness_key(ws, tasks, mask), result)
+    report(1.0, "done")
+    return harness_runs(ws, sd, tasks)
+
+
+def harness_rows(runs: dict) -> list[dict]:
+    """One row per task and metric: dense, under the mask, change (None where a run is missing)."""
+    dense, masked = runs.get("dense"), runs.get("mask")
+    first = dense or masked
+    if first is None:
+        return []
+    rows = []
+    for task, values in first["results"].items():
+        for key in values:
+            metric, _, filtered = key.partition(",")
+            if not filtered or "_stderr" in metric:
+                continue
+            pair = [None if r is None else _number(r["results"][task].get(key)) for r in (dense, masked)]
+            stderr = None if masked is None else _number(masked["results"][task].get(f"{metric}_stderr,{filtered}"))
+            rows.append({"task": task, "metric": metric, "dense": pair[0], "under the mask": pair[1],
+                         "change": None if None in pair else pair[1] - pair[0], "± (under the mask)": stderr})
+    return rows
+
+
+def _number(value) -> float | None:
+    """A value of lm-eval's results as a float ("N/A", a standard error it did not compute, as None)."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

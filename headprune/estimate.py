@@ -8,6 +8,8 @@ KL's intact pass plus its partial ablated passes, HIES's α sweep), so
     scoring       t ≈ r · N_calib · W                      N: tokens of the batches (padding included), W: work
     live warm-up  t ≈ r · N_eval                           one full pass over the evaluation batches
     trajectory    t ≈ seeds · (r · N_calib · W · S_score + r · N_eval · (1 + LIVE_STEP · n_steps))
+    lm-eval       t ≈ r · N_requests          N_requests: tokens of every request lm-eval will score (context +
+                                              continuation of each choice, ``harness.count_requests``)
 
 with S_score = 1 for a static criterion and n_steps / 2 for one re-scored after every step on a model that shrinks
 to nothing (a mean of half the model), and LIVE_STEP = 1/2: a step's re-evaluation runs the layers from the first
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from .data import model_inputs
+from .evaluation.harness import Tasks, count_requests
 from .model.arch import adapt
 from .model.device import autocast
 from .model.memory import plan_for, split_batch
@@ -152,3 +155,12 @@ def estimate_trajectory(spec: TrajectorySpec, model, calib: list[dict], eval_bat
     seconds = first + seeds * (scoring + evaluation)
     return TimeEstimate(seconds, f"trajectory of {spec.criterion.name} ({steps} steps)", device_name(model), basis)
 
+
+def estimate_harness(model, tokenizer, tasks: Tasks, batches: list[dict], rate: tuple[float, str] | None = None,
+                     memory_budget: int | str | None = None) -> TimeEstimate:
+    """Expected duration of an lm-eval run of ``tasks`` on ``model`` (module doc): the rate timed on ``batches``
+    (any batches of this model), times the tokens of the requests the tasks will score."""
+    per_token, basis = _rate(model, batches, rate, memory_budget)
+    n_requests, n_tokens = count_requests(tasks, tokenizer)
+    return TimeEstimate(per_token * n_tokens, f"lm-eval {', '.join(tasks.spec.tasks)} ({n_requests} requests)",
+                        device_name(model), basis)

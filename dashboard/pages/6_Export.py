@@ -5,18 +5,33 @@ import json
 import streamlit as st
 
 from dashboard.export import (
+    HARNESS_TASKS,
     build_pruned_model,
     built_model,
     compare_uniform,
     compared_metrics,
     export_formats,
+    harness_estimate,
+    harness_problem,
+    harness_rows,
+    harness_runs,
+    harness_tasks,
     render_png,
     rendered_png,
     run_file,
+    run_harness,
     runtime_rows,
     uniform_preview,
 )
-from dashboard.ui import guard, page, progress_bar, speed_section
+from dashboard.ui import (
+    cancel_button,
+    cancelled_note,
+    estimate_line,
+    guard,
+    page,
+    progress_bar,
+    speed_section,
+)
 from headprune import viz
 
 ws, sd = page("Export")
@@ -109,4 +124,37 @@ if built is not None:
     c2.dataframe(viz.size_table(built["size"]).style.format({"removed (%)": "{:.1f}", "MB before": "{:.2f}",
                                                              "MB after": "{:.2f}"}),
                  hide_index=True, width="stretch")
+
+st.subheader("lm-evaluation-harness")
+problem = harness_problem(ws)
+if problem:
+    st.info(problem)
+else:
+    c1, c2 = st.columns([3, 1])
+    names = c1.text_input("Tasks (comma-separated)", HARNESS_TASKS, key="export-lmeval-tasks",
+                          help="lm-eval task names. demo_lm_cloze ships with headprune and runs offline; hellaswag, "
+                               "arc_easy and arc_challenge download their data from the Hugging Face hub once.")
+    limit = c2.number_input("Examples per task", min_value=1, value=50, step=10, key="export-lmeval-limit")
+    tasks = None
+    with guard("Could not find the lm-eval tasks"):
+        with st.spinner("Looking the tasks up in lm-eval's index …"):
+            tasks = harness_tasks(ws, names, int(limit))
+    if tasks is not None:
+        with guard("Could not estimate how long lm-eval takes"):
+            estimate_line(harness_estimate(ws, sd, tasks), "Lower the examples per task.")
+        cancelled_note("export-lmeval-cancel")
+        if st.button("lm-eval", key="export-lmeval", type="primary",
+                     help="Run the tasks on the model as loaded (dense) and under the current mask (heads gated "
+                          "on a copy, exactly as removed)"):
+            with guard("lm-eval did not finish"):
+                cancel_button("export-lmeval-cancel")
+                bar = progress_bar(f"lm-eval {names}")
+                run_harness(ws, sd, tasks, bar)
+                bar.done()
+        rows = harness_rows(harness_runs(ws, sd, tasks))
+        if rows:
+            st.dataframe(rows, hide_index=True, width="stretch")
+            st.caption(f"lm-evaluation-harness, at most {int(limit)} examples per task, the task's own few-shot "
+                       "setting (0 for most); ± is lm-eval's standard error.")
+
 speed_section(ws, sd, "export-speed")

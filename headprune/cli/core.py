@@ -11,6 +11,7 @@ from ..demos.circuit import demo_circuit_info, ensure_demo_circuit_model
 from ..demos.classifier import demo_info, ensure_demo_model
 from ..demos.lm import demo_lm_info, ensure_demo_lm_model
 from ..errors import HeadpruneError
+from ..evaluation.harness import APPLY, HarnessError, HarnessSpec, resolve_tasks, run_lm_eval
 from ..evaluation.metrics import evaluate
 from ..evaluation.speed import compare_speed
 from ..model.export import FORMATS, ExportError, export_model, round_to_uniform, type_problem
@@ -18,6 +19,7 @@ from ..model.layers import skip_layers
 from ..model.loading import check_head, load_model
 from ..model.mask import HeadMask
 from ..model.sizes import size_report
+from ..provenance import versions
 from .common import (
     add_data_args,
     add_mask_arg,
@@ -57,6 +59,13 @@ def cmd_demo(args) -> dict:
 
 
 def cmd_evaluate(args) -> dict:
+    if args.lm_eval:
+        return _evaluate_lm_eval(args)
+    given = [option for option, value in (("--lm-eval-limit", args.lm_eval_limit), ("--num-fewshot", args.num_fewshot),
+                                          ("--lm-eval-include", args.lm_eval_include)) if value is not None]
+    if given:
+        raise HarnessError(f"{', '.join(given)} set without --lm-eval: name the lm-eval tasks to run, e.g. "
+                           "--lm-eval arc_easy, or leave the lm-eval options out.")
     check_args(args, evaluation="evaluation")
     # nothing is scored: no calibration rows are drawn, unless --calib-data names them (recorded, overlap-checked)
     ws = build_workspace(args, calib_size=None if args.calib_data else 0)
@@ -76,6 +85,21 @@ def cmd_evaluate(args) -> dict:
     return {**values, "metric_set": list(names), "headline": head, "metrics": {m: values[m] for m in names},
             **summary(info), "mask": args.mask, "pruned_heads": int(gone.sum()),
             **({"dropped_layers": dropped} if dropped else {})}
+
+
+def _evaluate_lm_eval(args) -> dict:
+    """``evaluate --lm-eval TASKS``: lm-evaluation-harness on the loaded model under ``--mask`` (--data unused).
+    Tasks, their data and the mask file are checked before the model loads."""
+    spec = HarnessSpec.from_text(args.lm_eval, limit=args.lm_eval_limit, include=tuple(args.lm_eval_include or ()),
+                                 num_fewshot=args.num_fewshot, batch_size=args.batch_size, apply=args.lm_eval_apply,
+                                 seed=args.seed)
+    check_args(args)
+    tasks = resolve_tasks(spec)
+    loaded = load_model(args.model, args.device, device_map=args.device_map, dtype=args.dtype)
+    mask = load_mask(args, loaded)
+    result = run_lm_eval(loaded.model, loaded.tokenizer, tasks, mask, progress=tqdm_progress("lm-eval"))
+    return {"model": args.model, "mask": args.mask, "device": str(loaded.device), "dtype": args.dtype,
+            "device_map": args.device_map, "lm_eval": result, "software": versions("lm_eval")}
 
 
 def cmd_prune(args) -> dict:
@@ -146,6 +170,23 @@ def _check_uniform_family(spec: str) -> None:
         raise ExportError(problem)
 
 
+def add_lm_eval_args(p) -> None:
+    g = p.add_argument_group("lm-evaluation-harness (extra 'eval')")
+    g.add_argument("--lm-eval", metavar="TASKS",
+                   help="run lm-evaluation-harness tasks instead of --data, comma-separated (hellaswag,arc_easy,"
+                        "arc_challenge need the network once; demo_lm_cloze ships offline), on the model as loaded "
+                        "(--device, --device-map, --dtype) under --mask; prints lm-eval's results verbatim")
+    g.add_argument("--lm-eval-limit", type=int, default=None, metavar="N", help="examples per task (default: all)")
+    g.add_argument("--lm-eval-include", action="append", default=None, metavar="DIR",
+                   help="a folder of lm-eval task YAMLs (e.g. offline tasks reading local JSONL); repeatable")
+    g.add_argument("--num-fewshot", type=int, default=None, metavar="K",
+                   help="examples in each prompt (default: the task's own, 0 for most)")
+    g.add_argument("--lm-eval-apply", default="gate", choices=APPLY,
+                   help="how the mask's heads are removed: gate (headprune's gating on a copy: exact, no extra "
+                        "memory; default) or cut (a smaller copy by surgery: faster forwards, a second copy of "
+                        "the weights while it runs)")
+
+
 def add_commands(sub) -> None:
     p = sub.add_parser("demo", help="build (once, offline) or locate the demo sentiment model")
     p.add_argument("--lm", action="store_true",
@@ -163,6 +204,7 @@ def add_commands(sub) -> None:
     add_mask_arg(p)
     add_memory_arg(p)
     add_metric_arg(p, "printed as 'headline'")
+    add_lm_eval_args(p)
     p.set_defaults(handler=cmd_evaluate)
 
     p = sub.add_parser("prune", help="remove the heads of a mask from the weights and save the smaller model")

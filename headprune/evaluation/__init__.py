@@ -1,5 +1,6 @@
 """The evaluation layer: how good a model is under a head mask, how fast, and how that changes click by click.
 
+    harness.py      lm-evaluation-harness on the in-memory model under a mask (optional extra)
     metrics.py      evaluate / predict / lm_stats: accuracy, macro-F1, MCC, Pearson, perplexity (one place)
     live.py         LiveEvaluator: re-evaluate from the changed layer up after a mask change
     progressive.py  the running estimate with its 95% interval while batches arrive
