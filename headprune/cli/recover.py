@@ -53,7 +53,8 @@ def spec_of(args) -> RecoverySpec:
     return RecoverySpec(method=args.method, epochs=args.epochs, steps=args.steps, lr=args.lr,
                         batch_size=args.batch_size, seed=args.seed, lora_rank=args.lora_rank,
                         lora_alpha=args.lora_alpha, temperature=args.temperature, alpha=args.alpha,
-                        max_length=args.max_length, weight_decay=args.weight_decay, warmup=args.warmup)
+                        max_length=args.max_length, weight_decay=args.weight_decay, warmup=args.warmup,
+                        freeze_embeddings=args.freeze_embeddings)
 
 
 def paths_of(out: str) -> tuple[Path, Path, Path]:
@@ -236,6 +237,8 @@ def add_commands(sub) -> None:
                         "budget asks for it)")
     t.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (default: 0.01)")
     t.add_argument("--warmup", type=float, default=0.1, help="share of the steps warming up (default: 0.1)")
+    t.add_argument("--freeze-embeddings", action="store_true",
+                   help="keep the input embeddings fixed in full fine-tuning (faster on small encoders)")
     t.add_argument("--seed", type=int, default=0, help="seed of data draws, order, dropout and LoRA (default: 0)")
     t.add_argument("--lora-rank", type=int, default=8, help="LoRA rank r (default: 8)")
     t.add_argument("--lora-alpha", type=float, default=None, help="LoRA alpha (default: 2 r)")

@@ -293,6 +293,8 @@ class RecoveryRun:
         self.device = next(model.parameters()).device if not offloaded else resolve_device("auto")
         if spec.lora:
             self.student = self._with_lora(self.student)
+        elif spec.freeze_embeddings:
+            self.student.get_input_embeddings().weight.requires_grad_(False)
         self.trainable, self.parameters = trainable_counts(self.student)
         self.rows = Rows(tokenizer, train, spec.max_length)
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
@@ -334,7 +336,7 @@ class RecoveryRun:
         batch = collate([self.rows[i] for i in range(min(self.micro_batch, len(self.rows)))], self.pad_id)
         batch = {k: v.to(self.device) for k, v in batch.items()}
         self.student.to(self.device)
-        with gate_heads(self.adapter.model, self.mask if self.mode == "gated" else None, self.adapter):
+        with self.gates():
             self._time_step(batch)  # warm-up: first-call allocations are not the rate
             seconds = self._time_step(batch)
         self.student.zero_grad(set_to_none=True)
@@ -385,9 +387,15 @@ class RecoveryRun:
 
     def run(self, *, resume: bool = False, progress: Progress | None = None,
             on_loss: Callable[[int, float], None] | None = None) -> RecoveryResult:
-        """Train; returns the recovered model (LoRA merged, pruned heads absent or zero). A ``Cancelled`` raised
-        by ``progress`` between steps propagates: the checkpoints of finished epochs stay in ``work_dir``."""
-        last = self._check_work_dir(resume)
+        """Train and finish: the recovered model (LoRA merged, pruned heads absent or zero). A ``Cancelled``
+        raised by ``progress`` between steps propagates: the checkpoints of finished epochs stay in ``work_dir``."""
+        return self.finish(*self.train(resume=resume, progress=progress, on_loss=on_loss))
+
+    def train(self, *, resume: bool = False, progress: Progress | None = None,
+              on_loss: Callable[[int, float], None] | None = None) -> tuple[nn.Module, _Report, Trainer, float]:
+        """The training alone: (trained model, peft-wrapped for LoRA and not merged yet, its report, the
+        Trainer, seconds). ``finish`` turns them into a RecoveryResult."""
+        self.resumed_from = self._check_work_dir(resume)
         report = _Report(progress, on_loss, self._keep_zero if self.mode == "gated" else None)
         trainer = _RecoveryTrainer(model=self.student, args=self.arguments(), train_dataset=self.rows,
                                    data_collator=lambda rows: collate(rows, self.pad_id),
@@ -396,16 +404,23 @@ class RecoveryRun:
         for noisy in (PrinterCallback, ProgressCallback):   # they print to stdout, where the CLI's JSON goes
             trainer.remove_callback(noisy)
         start = time.perf_counter()
-        with gate_heads(self.adapter.model, self.mask if self.mode == "gated" else None, self.adapter):
-            trainer.train(resume_from_checkpoint=last)
-        seconds = time.perf_counter() - start
-        model = trainer.model
+        with self.gates():
+            trainer.train(resume_from_checkpoint=self.resumed_from)
+        trainer.model.eval()
+        return trainer.model, report, trainer, time.perf_counter() - start
+
+    def gates(self):
+        """The gates the student trains under: the mask in gated mode, none when cut."""
+        return gate_heads(self.adapter.model, self.mask if self.mode == "gated" else None, self.adapter)
+
+    def finish(self, model: nn.Module, report: _Report, trainer: Trainer, seconds: float) -> RecoveryResult:
+        """Merge LoRA into the weights (in place), zero the pruned heads again in gated mode, and record."""
         if self.spec.lora:
             model = model.merge_and_unload()
         model.eval()
         self._keep_zero()
         return RecoveryResult(model, self.mode, self.mask, report.losses, int(trainer.state.global_step), seconds,
-                              self.trainable, self.parameters, last, self.plan())
+                              self.trainable, self.parameters, self.resumed_from, self.plan())
 
 
 __all__ = ["MODES", "Progress", "RecoveryResult", "RecoveryRun", "Rows", "Cancelled", "check_teacher", "collate",
