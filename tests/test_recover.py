@@ -313,3 +313,18 @@ def test_bad_input_is_refused_before_a_model_loads(folders, monkeypatch, capsys,
     assert err.startswith("error:"), err
     assert re.search(message, err), err
     assert not (folders / "out").exists()
+
+
+@pytest.mark.parametrize("name", ["sap_fig6", "demo_recover"])
+def test_recovery_protocols_parse(name):
+    """The shipped recovery protocols are TOML whose [recovery] table is a valid RecoverySpec, with a training
+    source disjoint in name from the evaluation source of every model (parse only: sap_fig6 needs the network)."""
+    import tomllib
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[1] / "protocols" / f"{name}.toml").read_text(encoding="utf-8")
+    protocol = tomllib.loads(text)
+    spec = RecoverySpec(**protocol["recovery"])
+    assert spec.epochs >= 1 and protocol["sparsities"]
+    for model in protocol["models"] if isinstance(protocol["models"][0], dict) else [protocol]:
+        assert model["data"]["train"]["source"] != model["data"]["eval"]["source"]
+    assert ("NEEDS THE NETWORK" in text) == (name == "sap_fig6")
