@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("headprune", "dashboard")
 # The only imports allowed inside a function: each defers a heavy or optional module, and says so on its line.
-DEFERRED = {"spacy", "datasets", "fcntl", "tomllib", "toml"}
+DEFERRED = {"spacy", "datasets", "fcntl", "tomllib", "toml", "peft"}
 
 
 def sources() -> list[Path]:
