@@ -22,6 +22,7 @@ LINKS = {"2_Head_scores.py": "See which heads matter (heatmaps)",
          "7_Roles.py": "What do the heads do? (previous-token, induction, sink, syntactic …)",
          "4_Prune.py": "Prune heads and watch the metric move",
          "3_Attention.py": "What does a head look at?",
+         "8_Recover.py": "Train the pruned model back (fine-tune, LoRA, distil)",
          "5_Trajectories.py": "Prune step by step: the metric vs heads removed",
          "6_Export.py": "Download the mask, scores, figures and the pruned model",
          "1_Model_and_data.py": "Use your own model or data"}

@@ -8,12 +8,17 @@ structural copy.
 
 from __future__ import annotations
 
+import io
+import tempfile
+import zipfile
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
 from headprune.criteria import ScoreMap, get
 from headprune.criteria.onepass import score_many
+from headprune.data import align_labels, load_data
 from headprune.estimate import TimeEstimate, estimate_evaluation, estimate_scoring, estimate_trajectory, forward_rate
 from headprune.evaluation.live import LiveEvaluator
 from headprune.evaluation.metrics import HIGHER_IS_BETTER, Metrics, choice_rows
@@ -21,6 +26,7 @@ from headprune.evaluation.speed import compare_speed
 from headprune.evaluation.stability import perturb_batches, same_answers
 from headprune.model.mask import HeadMask
 from headprune.model.surgery import prune_model
+from headprune.recovery import RecoveryRun, RecoverySpec, export_recovered, stage_metrics
 from headprune.roles import RoleReport, RoleSpec, head_roles, kept_by_role, kept_curve, role_ablation
 from headprune.syntax import build_arcs, syntactic_profile
 from headprune.trajectory import Trajectory, TrajectorySpec, run_trajectory, spread
@@ -408,3 +414,84 @@ def smaller_sizes(ws: DashboardWorkspace) -> str:
     return (f"To make it shorter, lower the calibration examples (now {len(ws.calib)}), the evaluation examples "
             f"(now {len(ws.eval)}) or the max length (now {ws.setup.max_length} tokens) on Model & data, or choose "
             "fewer criteria.")
+
+
+# -- recovery after pruning (issue 24) ---------------------------------------------------------------------------
+
+RECOVERY_TRAIN = {"demo": "demo:train", "demo-lm": "demo-lm:train"}   # the demos' fine-tuning split: offline
+
+
+def recovery_train_source(ws: DashboardWorkspace) -> str:
+    """The default training data of the Recover step: a demo's fine-tuning split, else the loaded data."""
+    return RECOVERY_TRAIN.get(ws.setup.model, ws.setup.data)
+
+
+def _recovery_key(sd: SessionData, spec: RecoverySpec, train: str, train_size: int, format: str) -> str:
+    return f"recover|{mask_key(sd.mask)}|{params_key(spec.to_json())}|{train}|{train_size}|{format}"
+
+
+def _recovery_run(ws: DashboardWorkspace, sd: SessionData, spec: RecoverySpec, train: str, train_size: int,
+                  format: str, work_dir: str) -> RecoveryRun:
+    rows = load_data(train, ws.setup.text_col, ws.setup.pair_col, ws.setup.label_col,
+                     task="lm" if ws.task.is_lm else "classification")
+    rows = rows.subset(range(min(train_size, len(rows))))
+    rows = rows if ws.task.is_lm else align_labels(rows, ws.loaded.id2label)
+    return RecoveryRun(spec, ws.loaded.model, ws.loaded.tokenizer, sd.mask, rows, work_dir=work_dir, task=ws.task,
+                       gated_export=format == "masked", memory_budget=memory_budget())
+
+
+def recovery_estimate(ws: DashboardWorkspace, sd: SessionData, spec: RecoverySpec, train: str, train_size: int,
+                      format: str) -> TimeEstimate:
+    """Expected training time: one timed forward + backward × the run's steps (stored per mask and settings)."""
+    def compute():
+        with tempfile.TemporaryDirectory() as work, compute_slot():
+            return _recovery_run(ws, sd, spec, train, train_size, format, work).estimate()
+
+    return store().memo(f"{_recovery_key(sd, spec, train, train_size, format)}|estimate|{ws.key}", compute)
+
+
+def stored_recovery(sd: SessionData, spec: RecoverySpec, train: str, train_size: int, format: str) -> dict | None:
+    """This session's recovery for its current mask and these settings, if it ran (``run_recovery``)."""
+    return sd.exports.get(_recovery_key(sd, spec, train, train_size, format))
+
+
+def run_recovery(ws: DashboardWorkspace, sd: SessionData, spec: RecoverySpec, train: str, train_size: int,
+                 format: str, progress: Progress | None = None, on_loss=None) -> dict:
+    """Recover the session mask's model on ``train_size`` rows of ``train`` (a private copy; checkpoints in a
+    temporary folder), then evaluate dense / pruned / recovered on the evaluation split. An exception from
+    ``progress`` (Cancel) stops training between steps and nothing is stored.
+
+    Returns {"result": RecoveryResult, "metrics": {"dense", "pruned", "recovered"}, "format"} (kept for
+    ``stored_recovery``)."""
+    report = progress or (lambda f, m: None)
+    with tempfile.TemporaryDirectory() as work, compute_slot():
+        run = _recovery_run(ws, sd, spec, train, train_size, format, work)
+        result = run.run(progress=lambda f, m: report(0.85 * f, m), on_loss=on_loss)
+        metrics = stage_metrics(ws.loaded.model, sd.mask, result, ws.eval_batches, task=ws.task,
+                                dense_is_original=not ws.n_cut, memory_budget=memory_budget(),
+                                progress=lambda f, m: report(0.85 + 0.15 * f, m))
+    done = {"result": result, "metrics": metrics, "format": format}
+    sd.exports[_recovery_key(sd, spec, train, train_size, format)] = done
+    return done
+
+
+def recovery_table(done: dict) -> list[dict]:
+    """One row per metric: dense, pruned, recovered (None where it does not apply)."""
+    metrics = done["metrics"]
+    names = [k for k in metrics["recovered"] if k not in ("n", "tokens")]
+    return [{"metric": name, **{stage: (metrics[stage] or {}).get(name) for stage in ("dense", "pruned", "recovered")}}
+            for name in names]
+
+
+def recovered_zip(ws: DashboardWorkspace, done: dict) -> bytes:
+    """The recovered model written in its format (``recovery.export_recovered``), zipped."""
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "recovered"
+        export_recovered(done["result"], ws.loaded.model, ws.loaded.tokenizer, folder, done["format"],
+                         extra={"source_model": ws.setup.model, "recovery": done["metrics"]})
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as zf:
+            for f in sorted(folder.rglob("*")):
+                if f.is_file():
+                    zf.write(f, Path(f"headprune-recovered-{done['format']}") / f.relative_to(folder))
+    return buffer.getvalue()

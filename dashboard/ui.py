@@ -96,6 +96,7 @@ PAGES = (  # (file in dashboard/pages, title, icon, url path); dashboard/app.py 
     ("7_Roles.py", "Roles", ":material/psychology:", "roles"),
     ("3_Attention.py", "Attention", ":material/visibility:", "attention"),
     ("4_Prune.py", "Prune", ":material/content_cut:", "prune"),
+    ("8_Recover.py", "Recover", ":material/healing:", "recover"),
     ("5_Trajectories.py", "Trajectories", ":material/trending_down:", "trajectories"),
     ("6_Export.py", "Export", ":material/download:", "export"),
 )

@@ -134,16 +134,24 @@ def masked_model(model: nn.Module, mask: HeadMask) -> nn.Module:
     Its outputs equal ``gate_heads(model, mask)``'s. ``model`` must be uncut (a headprune checkpoint is not the
     original architecture any more). Raises ExportError.
     """
-    adapter = adapt(model)
-    _check_uncut(adapter, "masked")
-    keep = _binary(mask, adapter)
+    _check_uncut(adapt(model), "masked")
     target = copy.deepcopy(model)
-    for block in adapt(target).blocks:
+    zero_pruned_heads(target, mask)
+    _stock_config(target)
+    return target
+
+
+def zero_pruned_heads(model: nn.Module, mask: HeadMask) -> nn.Module:
+    """Zero, in place, the weights of the heads ``mask`` prunes (O columns, Q rows, K/V rows no kept head reads:
+    the module docstring's masked layout); heads already cut are ignored. Returns ``model``. Recovery calls it on
+    the model it trains under gates, so a pruned head stays at zero whatever an optimizer or a LoRA merge wrote."""
+    adapter = adapt(model)
+    keep = _binary(mask, adapter)
+    for block in adapter.blocks:
         pruned = [h for h in block.kept if not keep[block.index, h]]
         if pruned:
             _mask_block(block, pruned)
-    _stock_config(target)
-    return target
+    return model
 
 
 # -- uniform cuts -----------------------------------------------------------------------------------------------
@@ -226,16 +234,17 @@ def uniform_problem(model: nn.Module, mask: HeadMask) -> str | None:
     return None
 
 
-def uniform_model(model: nn.Module, mask: HeadMask) -> nn.Module:
+def uniform_model(model: nn.Module, mask: HeadMask, cut: nn.Module | None = None) -> nn.Module:
     """``surgery.prune_model(model, mask)`` with a stock config: num_attention_heads = q, num_key_value_heads = n,
     head_dim = d_h, no headprune keys. Raises ExportError (:func:`uniform_problem`) when the mask or family does
-    not allow it."""
+    not allow it. ``cut``: that cut made already (and since fine-tuned, by recovery), used in place of a new one
+    (its config is rewritten in place)."""
     problem = uniform_problem(model, mask)
     if problem:
         raise ExportError(problem)
     q, n = uniform_shape(model, mask)
     head_dim = adapt(model).blocks[0].head_size
-    cut = prune_model(model, mask)
+    cut = prune_model(model, mask) if cut is None else cut
     for block in adapt(cut).blocks:  # surgery's equal-per-group layout is stock repeat_kv: K/V once, in order
         if not len(set(block.kv_sources)) == len(block.kv_sources) == n or block.n_live != q:
             raise ExportError(f"Block {block.index} was cut to {block.n_live} query / {block.kv_sources} key/value "
@@ -346,14 +355,15 @@ def _write_stock(model: nn.Module, tokenizer, out: Path) -> Path:
 
 
 def export_model(model: nn.Module, tokenizer, mask: HeadMask, out: str | Path, format: str = "headprune",
-                 extra: dict | None = None, dropped_layers: Sequence[int] = ()) -> dict:
+                 extra: dict | None = None, dropped_layers: Sequence[int] = (), cut: nn.Module | None = None) -> dict:
     """Write ``model`` pruned by ``mask`` to the folder ``out`` in ``format`` (:data:`FORMATS`).
 
     Returns {"format", "out", "loads_in", "saves_compute", "note", "model"} where "model" is the written model
     (for size reports). Nothing half-written is left: every format writes into a temporary folder and renames
     it. ``extra`` (headprune format only) is saved as headprune.json. ``dropped_layers`` (a mask's
     whole-layer rule, ``model.mask.dropped_layers``) are skipped for good in the written model; only the headprune
-    format can record them. Raises ExportError.
+    format can record them. ``cut``: ``prune_model(model, mask)`` made already (recovery fine-tunes it), written
+    instead of a new cut (formats headprune and uniform; masked starts from ``model``). Raises ExportError.
     """
     if format not in FORMATS:
         raise ExportError(f"Unknown export format {format!r}; accepted: {', '.join(FORMATS)}.")
@@ -361,8 +371,11 @@ def export_model(model: nn.Module, tokenizer, mask: HeadMask, out: str | Path, f
         raise ExportError(f"The mask drops whole layers {list(dropped_layers)} (SAP's layer rule); only the headprune "
                           f"format records a dropped layer, {format!r} cannot. Accepted: --format headprune.")
     out = Path(out)
+    if format == "masked" and cut is not None:
+        raise ExportError("The masked export keeps the original architecture; a cut model cannot be written as "
+                          "one. Export it with format 'headprune' or 'uniform'.")
     if format == "headprune":
-        written = prune_model(model, mask)
+        written = prune_model(model, mask) if cut is None else cut
         drop_layers(adapt(written), dropped_layers)
         save_pruned(written, tokenizer, out, extra=extra)
         note = "A headprune checkpoint: smaller and faster, loaded by headprune.load_model (any mask)."
@@ -371,7 +384,7 @@ def export_model(model: nn.Module, tokenizer, mask: HeadMask, out: str | Path, f
         _write_stock(written, tokenizer, out)
         note = MASKED_NOTE
     else:
-        written = uniform_model(model, mask)
+        written = uniform_model(model, mask, cut)
         _write_stock(written, tokenizer, out)
         note = "A stock checkpoint with fewer heads per layer: plain transformers loads the smaller model."
     info = FORMATS[format]

@@ -1,0 +1,75 @@
+"""Recover: train the pruned model back (fine-tuning, LoRA or distillation), pruned heads kept pruned."""
+
+import streamlit as st
+
+from dashboard.compute import (
+    recovered_zip,
+    recovery_estimate,
+    recovery_table,
+    recovery_train_source,
+    run_recovery,
+    stored_recovery,
+)
+from dashboard.export import export_formats
+from dashboard.ui import cancel_button, cancelled_note, estimate_line, guard, page, progress_bar
+from headprune.recovery import METHODS, RecoverySpec
+
+ws, sd = page("Recover", "Pruning costs accuracy; a little training on what is left wins much of it back. The pruned "
+                         "heads stay pruned: the cut model is trained, or, for the masked export, the original one "
+                         "with those heads gated and held at zero.")
+st.caption(f"The current mask prunes {sd.n_gated} heads (change it on the Prune page)"
+           + (f", on top of the {ws.n_cut} cut out of the loaded model." if ws.n_cut else "."))
+
+c1, c2, c3, c4 = st.columns(4)
+method = c1.selectbox("Method", METHODS, key="recover-method",
+                      help="finetune: every kept parameter; lora: low-rank adapters (peft), merged on export; "
+                           "distill: fine-tuning plus a KL to the dense model's outputs (Hinton et al.)")
+epochs = c2.number_input("Epochs", min_value=1, max_value=20, value=1, key="recover-epochs")
+steps = c3.number_input("Steps (0: whole epochs)", min_value=0, value=0, key="recover-steps")
+lr = c4.number_input("Learning rate", min_value=1e-6, max_value=1e-1, value=5e-4 if "lora" in method else 5e-5,
+                     format="%.6f", key="recover-lr")
+c1, c2, c3 = st.columns(3)
+train = c1.text_input("Training data", recovery_train_source(ws), key="recover-train",
+                      help="any data spec; the demos' fine-tuning split by default (offline)")
+train_size = c2.number_input("Training rows", min_value=1, value=500, key="recover-train-size")
+formats = export_formats(ws)
+fmt = c3.radio("Export as", list(formats), format_func=lambda name: formats[name]["label"], horizontal=True,
+               key="recover-format")
+
+spec = None
+with guard("These settings cannot be used"):
+    spec = RecoverySpec(method=method, epochs=int(epochs), steps=int(steps) or None, lr=float(lr), batch_size=16,
+                        max_length=ws.setup.max_length, freeze_embeddings=not ws.task.is_lm)
+if spec is None:
+    st.stop()
+done = stored_recovery(sd, spec, train, int(train_size), fmt)
+cancelled_note("recover-cancel")
+if done is None:
+    with guard("Could not estimate the run"):
+        estimate_line(recovery_estimate(ws, sd, spec, train, int(train_size), fmt),
+                      "Fewer training rows or steps make it shorter.")
+    if st.button("Recover", type="primary", key="recover-run"):
+        cancel_button("recover-cancel")
+        chart, losses = st.empty(), []
+
+        def plot_loss(step: int, loss: float) -> None:
+            losses.append(loss)
+            chart.line_chart({"training loss": losses}, x_label="step", height=220)
+
+        with guard("Could not recover the model"):
+            bar = progress_bar("training")
+            done = run_recovery(ws, sd, spec, train, int(train_size), fmt, bar, plot_loss)
+            bar.done()
+
+if done is not None:
+    result = done["result"]
+    st.subheader("Dense, pruned and recovered")
+    st.table(recovery_table(done))
+    st.caption(f"{result.steps} steps in {result.seconds:.0f} s, {result.trainable_parameters:,} trainable "
+               f"parameters ({result.mode} model), on {len(ws.eval)} evaluation texts.")
+    st.line_chart({"training loss": [loss for _, loss in result.losses]}, x_label="step", height=220)
+    if st.button("Build the recovered model", key="recover-build"):
+        with guard("Could not write the recovered model"):
+            st.download_button("Recovered model (zip)", recovered_zip(ws, done),
+                               file_name=f"headprune-recovered-{fmt}.zip", mime="application/zip",
+                               key="recover-download", type="primary")

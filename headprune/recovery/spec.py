@@ -1,0 +1,91 @@
+"""What a recovery run is asked to do: one keyword-only spec, validated once, before anything loads.
+
+Methods (:data:`METHODS`):
+    finetune       every parameter of the kept structure trained (SAP §4.2's "retrain for a few epochs", encoders)
+    lora           low-rank adapters (peft) on the kept heads' Q/K/V/O projections, merged on export (decoders,
+                   large models); a classifier's head is trained in full (peft's SEQ_CLS ``modules_to_save``)
+    distill        full fine-tuning on the task loss plus a temperature-scaled KL to a frozen dense teacher
+    lora+distill   LoRA with the distillation loss
+Distillation (Hinton et al. 2015): with student logits z_s, teacher logits z_t, temperature T and weight α,
+    L = (1 − α) · L_task + α · T² · KL(softmax(z_t / T) ‖ softmax(z_s / T))
+(the T² keeps the soft term's gradient scale independent of T); for a language model the KL is averaged over
+every real (non-padding) position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ..errors import HeadpruneError
+from ..limits import POSITIVE, POSITIVE_INT, UNIT, Interval
+
+METHODS = ("finetune", "lora", "distill", "lora+distill")
+DEFAULT_LR = {"finetune": 5e-5, "distill": 5e-5, "lora": 5e-4, "lora+distill": 5e-4}
+WARMUP = Interval(0, 1, closed="left")     # share of the steps with a rising learning rate: [0, 1)
+
+
+class RecoveryError(HeadpruneError):
+    """A recovery setting, teacher or run folder that cannot be used (the message says what is accepted)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecoverySpec:
+    """Hyper-parameters of one recovery run (``lr`` None: the method's default, :data:`DEFAULT_LR`).
+
+    ``epochs`` passes over the training rows, or ``steps`` optimizer steps when given (it wins over epochs).
+    ``batch_size`` is the effective batch: the memory planner may split it into micro-batches whose gradients
+    are accumulated (``RecoveryRun.plan``). ``alpha`` and ``temperature`` only matter for distillation,
+    ``lora_rank`` / ``lora_alpha`` only for LoRA (alpha None: 2 × rank). ``freeze_embeddings`` keeps the input
+    embeddings fixed in full fine-tuning (as the demo's own fine-tuning does): on a small encoder they are half the
+    parameters and most of an optimizer step's time.
+    """
+
+    method: str = "finetune"
+    epochs: int = 1
+    steps: int | None = None
+    lr: float | None = None
+    batch_size: int = 16
+    seed: int = 0
+    weight_decay: float = 0.01
+    warmup: float = 0.1
+    lora_rank: int = 8
+    lora_alpha: float | None = None
+    temperature: float = 2.0
+    alpha: float = 0.5
+    max_length: int = 128
+    freeze_embeddings: bool = False
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise RecoveryError(f"Unknown recovery method {self.method!r}. Accepted: {', '.join(METHODS)}.")
+        checks = [("epochs", self.epochs, POSITIVE_INT, "passes over the training data"),
+                  ("steps", self.steps, POSITIVE_INT, "optimizer steps"),
+                  ("lr", self.lr, POSITIVE, "the learning rate"),
+                  ("batch-size", self.batch_size, POSITIVE_INT, "rows per optimizer step"),
+                  ("weight-decay", self.weight_decay, Interval(0, None), "AdamW's weight decay"),
+                  ("warmup", self.warmup, WARMUP, "share of the steps with a rising learning rate"),
+                  ("lora-rank", self.lora_rank, POSITIVE_INT, "the rank of the LoRA adapters"),
+                  ("lora-alpha", self.lora_alpha, POSITIVE, "LoRA's scale numerator"),
+                  ("temperature", self.temperature, POSITIVE, "the distillation temperature T"),
+                  ("alpha", self.alpha, UNIT, "the weight of the distillation term"),
+                  ("max-length", self.max_length, Interval(2, None, integer=True), "tokens per row")]
+        for name, value, limit, what in checks:
+            problem = None if value is None else limit(value)
+            if problem:
+                raise RecoveryError(f"--{name} {value}: {what} {problem}.")
+
+    @property
+    def learning_rate(self) -> float:
+        return self.lr if self.lr is not None else DEFAULT_LR[self.method]
+
+    @property
+    def lora(self) -> bool:
+        return self.method.startswith("lora")
+
+    @property
+    def distill(self) -> bool:
+        return self.method.endswith("distill")
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "lr": self.learning_rate,
+                "lora_alpha": (self.lora_alpha or 2 * self.lora_rank) if self.lora else None}
