@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from headprune.cli import main
+from headprune.data import content_hash
 from headprune.errors import Cancelled
 from headprune.protocol import KeyLines, Protocol, ProtocolError, expand, plan
 from headprune.protocol import cells as adapter
@@ -160,8 +161,8 @@ def test_the_papers_protocols_parse_and_plan_without_the_network(name, n_models,
     assert set(ids) <= {p.entry.model for p in plans}
     for p in plans:
         assert p.kind == "hub" and "needs the model" in p.text()
-        assert p.entry.data["eval"].source.startswith("hf:") and p.entry.data["calib"].source != \
-            p.entry.data["eval"].source or p.entry.data["calib"].seed == p.entry.data["eval"].seed
+        assert p.entry.data["eval"].source.startswith("hf:")
+        assert "select" not in p.entry.data or p.entry.data["select"].source != p.entry.data["eval"].source
 
 
 def test_hies_table_1_asks_for_glue_dev_and_the_papers_ratios():
@@ -284,7 +285,7 @@ def test_every_number_of_the_table_is_an_evaluation_of_its_mask(tmp_path, tiny_m
         data = adapter.build_workspace_for(loaded, entry, protocol, repeat)
         calib_rows = {(t, y) for t, y in zip(data.calib.texts, data.calib.labels)}
         assert len(data.calib) == 12 and len(data.eval) == 20
-        assert data.roles["eval"]["hash"] == adapter.rows_hash(data.eval)
+        assert data.roles["eval"]["hash"] == content_hash(data.eval)
         assert calib_rows != {(t, y) for t, y in zip(data.eval.texts, data.eval.labels)}
         hashes.add(data.roles["calib"]["hash"])
         for crit in ("ae", "random"):
@@ -293,6 +294,7 @@ def test_every_number_of_the_table_is_an_evaluation_of_its_mask(tmp_path, tiny_m
                             and c["sparsity"] == sparsity and c["repeat"] == repeat)
                 assert cell["roles"]["calib"]["hash"] == data.roles["calib"]["hash"]
                 mask = HeadMask.load(out / cell["mask"], loaded.adapter.grid_shape)
+                assert cell["dropped_layers"] == []
                 scores = ScoreMap.from_json(json.loads((out / cell["scores"]).read_text()))
                 assert torch.equal(mask.keep_bool(), torch.from_numpy(scores.kept_at(sparsity)))
                 assert mask.n_pruned == round(sparsity * 12)
