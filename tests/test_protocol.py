@@ -393,3 +393,79 @@ def test_the_sparsity_figure_draws_each_criterion_with_its_sd_bars():
     assert list(his.x) == [25, 50] and list(his.y) == [0.84, 0.8] and list(his.error_y.array) == [0.0, 0.02]
     assert random.name == "random" and list(random.error_y.array) == [0.05]
     assert fig.layout.shapes[0].y0 == 0.85
+
+
+# -- the data-roles, metric-set and SAP APIs reach the cells --------------------------------------------------------
+
+def roles_protocol(tmp_path, model_dir, csv_path, criteria: str, sparsities: str = "[0.5]") -> Protocol:
+    """One repeat on the tiny model: 12 calibration, 10 selection and 20 evaluation rows of one CSV (disjoint)."""
+    text = (f'name = "roles"\nmodels = ["{model_dir}"]\nsparsities = {sparsities}\nbatch_size = 8\n\n'
+            f'[data.calib]\nsource = "{csv_path}"\nsize = 12\n\n[data.select]\nsource = "{csv_path}"\nsize = 10\n\n'
+            f'[data.eval]\nsource = "{csv_path}"\nsize = 20\n\n{criteria}')
+    path = tmp_path / "roles.toml"
+    path.write_text(text, encoding="utf-8")
+    return Protocol.read(path)
+
+
+def test_sap_cells_use_sap_at_their_sparsity_with_k_chosen_on_the_selection_rows(tmp_path, tiny_model_dir,
+                                                                                tiny_csv, monkeypatch, one_thread):
+    from headprune.criteria import get
+    from headprune.criteria import sap as sap_module
+    from headprune.evaluation.metrics import evaluate
+    from headprune.model.layers import skip_layers
+    from headprune.model.loading import load_model
+    from headprune.model.mask import HeadMask, dropped_layers
+
+    seen = []   # the batches SAP's k sweep reads (ctx.selection)
+    original = sap_module.calibration_metric
+    monkeypatch.setattr(sap_module, "calibration_metric", lambda ctx, name: seen.append(ctx.selection)
+                        or original(ctx, name))
+    # layer_threshold = 1: at 50 % of a 3 x 4 grid (6 heads) some layer loses 2 heads, so the layer rule fires
+    protocol = roles_protocol(tmp_path, tiny_model_dir, tiny_csv,
+                              '[[criteria]]\nname = "sap"\nparams = { k_max = 2, layer_threshold = 1 }\n')
+    out = tmp_path / "out"
+    run_protocol(protocol, out, plots=False)
+    run = json.loads((out / "run.json").read_text())
+
+    loaded = load_model(str(tiny_model_dir), "cpu")
+    cache: dict = {}
+    data = adapter.build_workspace_for(loaded, protocol.models[0], protocol, 0, cache)
+    [ws] = cache.values()
+    assert len(data.select_batches) == 2 and data.roles["select"]["used"] and data.roles["select"]["size"] == 10
+    # SAP's sweep read the selection batches, never the calibration or evaluation ones
+    assert seen and all(torch.equal(b["input_ids"], ref["input_ids"]) for s in seen
+                        for b, ref in zip(s, data.select_batches))
+    [cell] = [c for c in run["cells"].values() if c["criterion"] == "sap"]
+    stamp = json.loads((out / cell["scores"]).read_text())["stamp"]
+    assert stamp["select_hash"] == cell["roles"]["select"]["hash"] == content_hash(ws.select)
+
+    # the cell's mask is SAP's own at 0.5 with its best k (per_sparsity), and its layer rule travels in the file
+    ctx = adapter.scoring_context(loaded, data, protocol.seed, None, None)
+    expected = get("sap").per_sparsity(ctx, [0.5], {"k_max": 2, "layer_threshold": 1})[0.5]
+    saved = json.loads((out / cell["mask"]).read_text())
+    mask = HeadMask.from_json(saved, loaded.adapter.grid_shape)
+    assert torch.equal(mask.keep_bool(), expected.mask.keep_bool())
+    assert expected.dropped_layers and cell["dropped_layers"] == expected.dropped_layers
+    assert dropped_layers(saved, 3) == expected.dropped_layers
+    with skip_layers(loaded.adapter, expected.dropped_layers):
+        again = evaluate(loaded.model, data.eval_batches, mask).to_dict()
+    assert cell["metrics"]["accuracy"] == pytest.approx(again["accuracy"])
+    assert cell["metrics"]["loss"] == pytest.approx(again["loss"])
+
+
+def test_a_glue_named_evaluation_source_reports_glues_metric_set(tmp_path, tiny_model_dir, tiny_csv, one_thread):
+    from headprune.evaluation.metrics import GLUE_METRICS
+
+    glue_csv = tmp_path / "mrpc_dev.csv"
+    glue_csv.write_text(Path(tiny_csv).read_text(encoding="utf-8"), encoding="utf-8")
+    protocol = roles_protocol(tmp_path, tiny_model_dir, str(glue_csv), '[[criteria]]\nname = "ae"\n')
+    run_protocol(protocol, tmp_path / "out", plots=False)
+    run = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert run["table"]["columns"] == list(GLUE_METRICS["mrpc"]) == ["f1", "accuracy"]
+    header = (tmp_path / "out" / "results.csv").read_text().splitlines()[0]
+    assert header == "model,criterion,sparsity,repeats,f1 mean,f1 sd,accuracy mean,accuracy sd"
+    # the same rows under a neutral name: the classifier's own set
+    plain = roles_protocol(tmp_path, tiny_model_dir, tiny_csv, '[[criteria]]\nname = "ae"\n')
+    run_protocol(plain, tmp_path / "plain", plots=False)
+    columns = json.loads((tmp_path / "plain" / "run.json").read_text())["table"]["columns"]
+    assert columns[0] == "accuracy" and {"f1", "macro_f1", "mcc"} <= set(columns)   # a two-class classifier's
