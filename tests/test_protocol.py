@@ -97,6 +97,17 @@ def test_an_unknown_key_is_named_with_its_line(edit, key, fragment, after):
     (lambda t: t.replace("repeats = 2", 'repeats = 2\nheadline = "f2"'), "headline", "headline", "accuracy"),
     (lambda t: t.replace("repeats = 2", 'repeats = 2\nmemory_budget = "lots"'), "memory_budget", "memory_budget",
      ""),
+    (lambda t: t.replace("repeats = 2", 'repeats = 2\nlabel_map = ["pos"]'), "label_map", "label_map",
+     "a table of data label"),
+    (lambda t: t.replace("repeats = 2", 'repeats = 2\nlabel_map = { pos = 1.5 }'), "label_map", "label_map",
+     "a table of data label"),
+    (lambda t: t.replace("repeats = 2", 'repeats = 2\nlabels_by_position = "yes"'), "labels_by_position",
+     "labels_by_position", "true or false"),
+    (lambda t: t.replace('models = ["demo"]\n', "") + '[[models]]\nmodel = "demo"\nallow_untrained_head = 1\n',
+     "models.0.allow_untrained_head", "allow_untrained_head", "true or false"),
+    (lambda t: t.replace('size = 8', 'size = 8\nseed = 1'), "data.calib.seed", "seed = 1", "protocol's seed"),
+    (lambda t: t.replace('size = 10', 'size = 10\ntext_col = "b"').replace('size = 8', 'size = 8\ntext_col = "a"'),
+     "data.eval.text_col", 'text_col = "b"', "one column name per key"),
 ])
 def test_a_bad_value_is_named_with_its_line(edit, key, fragment, needle):
     text = edit(BASE)
@@ -105,6 +116,18 @@ def test_a_bad_value_is_named_with_its_line(edit, key, fragment, needle):
     message = str(err.value)
     assert f"'{key}'" in message and needle in message, message
     assert f"line {line_of(text, fragment)}:" in message, message
+
+
+def test_label_guards_are_inherited_by_models_and_recorded():
+    text = BASE.replace('models = ["demo"]\n', 'label_map = { good = "pos", bad = "neg" }\n') + \
+        '[[models]]\nmodel = "demo"\n\n[[models]]\nname = "B"\nmodel = "demo"\nlabels_by_position = true\n' \
+        'allow_untrained_head = true\nlabel_map = { good = 1 }\n'
+    a, b = Protocol.parse(text).models
+    assert dict(a.label_map) == {"good": "pos", "bad": "neg"} and not a.labels_by_position
+    assert dict(b.label_map) == {"good": 1} and b.labels_by_position and b.allow_untrained_head
+    assert b.to_json()["allow_untrained_head"] is True and "allow_untrained_head" not in a.to_json()
+    mnli = next(m for m in Protocol.read(PROTOCOLS / "hies_table1.toml").models if m.name == "MNLI")
+    assert sorted(mnli.label_map) == ["contradiction", "entailment", "neutral"]   # GLUE's names -> textattack's
 
 
 def test_a_trajectory_ratio_outside_0_1_and_both_kinds_are_refused():
