@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from headprune.cli import main
+from headprune.data import content_hash
 from headprune.errors import Cancelled
 from headprune.protocol import KeyLines, Protocol, ProtocolError, expand, plan
 from headprune.protocol import cells as adapter
@@ -96,6 +97,17 @@ def test_an_unknown_key_is_named_with_its_line(edit, key, fragment, after):
     (lambda t: t.replace("repeats = 2", 'repeats = 2\nheadline = "f2"'), "headline", "headline", "accuracy"),
     (lambda t: t.replace("repeats = 2", 'repeats = 2\nmemory_budget = "lots"'), "memory_budget", "memory_budget",
      ""),
+    (lambda t: t.replace("repeats = 2", 'repeats = 2\nlabel_map = ["pos"]'), "label_map", "label_map",
+     "a table of data label"),
+    (lambda t: t.replace("repeats = 2", 'repeats = 2\nlabel_map = { pos = 1.5 }'), "label_map", "label_map",
+     "a table of data label"),
+    (lambda t: t.replace("repeats = 2", 'repeats = 2\nlabels_by_position = "yes"'), "labels_by_position",
+     "labels_by_position", "true or false"),
+    (lambda t: t.replace('models = ["demo"]\n', "") + '[[models]]\nmodel = "demo"\nallow_untrained_head = 1\n',
+     "models.0.allow_untrained_head", "allow_untrained_head", "true or false"),
+    (lambda t: t.replace('size = 8', 'size = 8\nseed = 1'), "data.calib.seed", "seed = 1", "protocol's seed"),
+    (lambda t: t.replace('size = 10', 'size = 10\ntext_col = "b"').replace('size = 8', 'size = 8\ntext_col = "a"'),
+     "data.eval.text_col", 'text_col = "b"', "one column name per key"),
 ])
 def test_a_bad_value_is_named_with_its_line(edit, key, fragment, needle):
     text = edit(BASE)
@@ -104,6 +116,18 @@ def test_a_bad_value_is_named_with_its_line(edit, key, fragment, needle):
     message = str(err.value)
     assert f"'{key}'" in message and needle in message, message
     assert f"line {line_of(text, fragment)}:" in message, message
+
+
+def test_label_guards_are_inherited_by_models_and_recorded():
+    text = BASE.replace('models = ["demo"]\n', 'label_map = { good = "pos", bad = "neg" }\n') + \
+        '[[models]]\nmodel = "demo"\n\n[[models]]\nname = "B"\nmodel = "demo"\nlabels_by_position = true\n' \
+        'allow_untrained_head = true\nlabel_map = { good = 1 }\n'
+    a, b = Protocol.parse(text).models
+    assert dict(a.label_map) == {"good": "pos", "bad": "neg"} and not a.labels_by_position
+    assert dict(b.label_map) == {"good": 1} and b.labels_by_position and b.allow_untrained_head
+    assert b.to_json()["allow_untrained_head"] is True and "allow_untrained_head" not in a.to_json()
+    mnli = next(m for m in Protocol.read(PROTOCOLS / "hies_table1.toml").models if m.name == "MNLI")
+    assert sorted(mnli.label_map) == ["contradiction", "entailment", "neutral"]   # GLUE's names -> textattack's
 
 
 def test_a_trajectory_ratio_outside_0_1_and_both_kinds_are_refused():
@@ -160,8 +184,8 @@ def test_the_papers_protocols_parse_and_plan_without_the_network(name, n_models,
     assert set(ids) <= {p.entry.model for p in plans}
     for p in plans:
         assert p.kind == "hub" and "needs the model" in p.text()
-        assert p.entry.data["eval"].source.startswith("hf:") and p.entry.data["calib"].source != \
-            p.entry.data["eval"].source or p.entry.data["calib"].seed == p.entry.data["eval"].seed
+        assert p.entry.data["eval"].source.startswith("hf:")
+        assert "select" not in p.entry.data or p.entry.data["select"].source != p.entry.data["eval"].source
 
 
 def test_hies_table_1_asks_for_glue_dev_and_the_papers_ratios():
@@ -284,7 +308,7 @@ def test_every_number_of_the_table_is_an_evaluation_of_its_mask(tmp_path, tiny_m
         data = adapter.build_workspace_for(loaded, entry, protocol, repeat)
         calib_rows = {(t, y) for t, y in zip(data.calib.texts, data.calib.labels)}
         assert len(data.calib) == 12 and len(data.eval) == 20
-        assert data.roles["eval"]["hash"] == adapter.rows_hash(data.eval)
+        assert data.roles["eval"]["hash"] == content_hash(data.eval)
         assert calib_rows != {(t, y) for t, y in zip(data.eval.texts, data.eval.labels)}
         hashes.add(data.roles["calib"]["hash"])
         for crit in ("ae", "random"):
@@ -293,6 +317,7 @@ def test_every_number_of_the_table_is_an_evaluation_of_its_mask(tmp_path, tiny_m
                             and c["sparsity"] == sparsity and c["repeat"] == repeat)
                 assert cell["roles"]["calib"]["hash"] == data.roles["calib"]["hash"]
                 mask = HeadMask.load(out / cell["mask"], loaded.adapter.grid_shape)
+                assert cell["dropped_layers"] == []
                 scores = ScoreMap.from_json(json.loads((out / cell["scores"]).read_text()))
                 assert torch.equal(mask.keep_bool(), torch.from_numpy(scores.kept_at(sparsity)))
                 assert mask.n_pruned == round(sparsity * 12)
@@ -373,7 +398,8 @@ def test_the_demo_protocol_runs_from_the_command_line(tmp_path, capsys, demo_mod
     table = (out / "results.md").read_text()
     assert result["table"] == table and result["computed"] == 13
     lines = table.splitlines()
-    assert lines[0] == "| model | criterion | sparsity | repeats | accuracy | macro_f1 | mcc |"
+    # a two-class classifier's metric set (metric_set: f1 applies to two classes), no GLUE name in the sources
+    assert lines[0] == "| model | criterion | sparsity | repeats | accuracy | f1 | macro_f1 | mcc |"
     assert [line.split(" | ")[1:3] for line in lines[2:]] == [
         ["dense", "0"], ["ae", "0.25"], ["ae", "0.5"], ["his", "0.25"], ["his", "0.5"], ["random", "0.25"],
         ["random", "0.5"]]
@@ -391,3 +417,79 @@ def test_the_sparsity_figure_draws_each_criterion_with_its_sd_bars():
     assert list(his.x) == [25, 50] and list(his.y) == [0.84, 0.8] and list(his.error_y.array) == [0.0, 0.02]
     assert random.name == "random" and list(random.error_y.array) == [0.05]
     assert fig.layout.shapes[0].y0 == 0.85
+
+
+# -- the data-roles, metric-set and SAP APIs reach the cells --------------------------------------------------------
+
+def roles_protocol(tmp_path, model_dir, csv_path, criteria: str, sparsities: str = "[0.5]") -> Protocol:
+    """One repeat on the tiny model: 12 calibration, 10 selection and 20 evaluation rows of one CSV (disjoint)."""
+    text = (f'name = "roles"\nmodels = ["{model_dir}"]\nsparsities = {sparsities}\nbatch_size = 8\n\n'
+            f'[data.calib]\nsource = "{csv_path}"\nsize = 12\n\n[data.select]\nsource = "{csv_path}"\nsize = 10\n\n'
+            f'[data.eval]\nsource = "{csv_path}"\nsize = 20\n\n{criteria}')
+    path = tmp_path / "roles.toml"
+    path.write_text(text, encoding="utf-8")
+    return Protocol.read(path)
+
+
+def test_sap_cells_use_sap_at_their_sparsity_with_k_chosen_on_the_selection_rows(tmp_path, tiny_model_dir,
+                                                                                tiny_csv, monkeypatch, one_thread):
+    from headprune.criteria import get
+    from headprune.criteria import sap as sap_module
+    from headprune.evaluation.metrics import evaluate
+    from headprune.model.layers import skip_layers
+    from headprune.model.loading import load_model
+    from headprune.model.mask import HeadMask, dropped_layers
+
+    seen = []   # the batches SAP's k sweep reads (ctx.selection)
+    original = sap_module.calibration_metric
+    monkeypatch.setattr(sap_module, "calibration_metric", lambda ctx, name: seen.append(ctx.selection)
+                        or original(ctx, name))
+    # layer_threshold = 1: at 50 % of a 3 x 4 grid (6 heads) some layer loses 2 heads, so the layer rule fires
+    protocol = roles_protocol(tmp_path, tiny_model_dir, tiny_csv,
+                              '[[criteria]]\nname = "sap"\nparams = { k_max = 2, layer_threshold = 1 }\n')
+    out = tmp_path / "out"
+    run_protocol(protocol, out, plots=False)
+    run = json.loads((out / "run.json").read_text())
+
+    loaded = load_model(str(tiny_model_dir), "cpu")
+    cache: dict = {}
+    data = adapter.build_workspace_for(loaded, protocol.models[0], protocol, 0, cache)
+    [ws] = cache.values()
+    assert len(data.select_batches) == 2 and data.roles["select"]["used"] and data.roles["select"]["size"] == 10
+    # SAP's sweep read the selection batches, never the calibration or evaluation ones
+    assert seen and all(torch.equal(b["input_ids"], ref["input_ids"]) for s in seen
+                        for b, ref in zip(s, data.select_batches))
+    [cell] = [c for c in run["cells"].values() if c["criterion"] == "sap"]
+    stamp = json.loads((out / cell["scores"]).read_text())["stamp"]
+    assert stamp["select_hash"] == cell["roles"]["select"]["hash"] == content_hash(ws.select)
+
+    # the cell's mask is SAP's own at 0.5 with its best k (per_sparsity), and its layer rule travels in the file
+    ctx = adapter.scoring_context(loaded, data, protocol.seed, None, None)
+    expected = get("sap").per_sparsity(ctx, [0.5], {"k_max": 2, "layer_threshold": 1})[0.5]
+    saved = json.loads((out / cell["mask"]).read_text())
+    mask = HeadMask.from_json(saved, loaded.adapter.grid_shape)
+    assert torch.equal(mask.keep_bool(), expected.mask.keep_bool())
+    assert expected.dropped_layers and cell["dropped_layers"] == expected.dropped_layers
+    assert dropped_layers(saved, 3) == expected.dropped_layers
+    with skip_layers(loaded.adapter, expected.dropped_layers):
+        again = evaluate(loaded.model, data.eval_batches, mask).to_dict()
+    assert cell["metrics"]["accuracy"] == pytest.approx(again["accuracy"])
+    assert cell["metrics"]["loss"] == pytest.approx(again["loss"])
+
+
+def test_a_glue_named_evaluation_source_reports_glues_metric_set(tmp_path, tiny_model_dir, tiny_csv, one_thread):
+    from headprune.evaluation.metrics import GLUE_METRICS
+
+    glue_csv = tmp_path / "mrpc_dev.csv"
+    glue_csv.write_text(Path(tiny_csv).read_text(encoding="utf-8"), encoding="utf-8")
+    protocol = roles_protocol(tmp_path, tiny_model_dir, str(glue_csv), '[[criteria]]\nname = "ae"\n')
+    run_protocol(protocol, tmp_path / "out", plots=False)
+    run = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert run["table"]["columns"] == list(GLUE_METRICS["mrpc"]) == ["f1", "accuracy"]
+    header = (tmp_path / "out" / "results.csv").read_text().splitlines()[0]
+    assert header == "model,criterion,sparsity,repeats,f1 mean,f1 sd,accuracy mean,accuracy sd"
+    # the same rows under a neutral name: the classifier's own set
+    plain = roles_protocol(tmp_path, tiny_model_dir, tiny_csv, '[[criteria]]\nname = "ae"\n')
+    run_protocol(plain, tmp_path / "plain", plots=False)
+    columns = json.loads((tmp_path / "plain" / "run.json").read_text())["table"]["columns"]
+    assert columns[0] == "accuracy" and {"f1", "macro_f1", "mcc"} <= set(columns)   # a two-class classifier's

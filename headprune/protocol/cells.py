@@ -1,48 +1,44 @@
-"""The one place a protocol run calls the data, metric and scoring APIs: switch these functions, nothing else.
+"""The one place a protocol run calls the data, metric and scoring APIs.
 
 Every call the runner (``headprune.protocol.run``) makes into data roles, metric sets and criteria goes through
-the functions below, so the APIs being built next to this one (data roles: ``Workspace.build(calib_data=,
-select_data=, eval_data=)`` and ``ws.roles()``; metric sets: ``metric_set(task, source)``, ``headline(task,
-metric)``; SAP's best k) replace them here in one place:
+the functions below:
 
-    build_workspace_for   the calibration and evaluation rows of one model and repeat (today: each role read with
-                          ``data.load_data``, drawn with a seed, batched with ``make_batches``; calibration and
-                          evaluation drawn disjointly when they name the same source). The selection role is
-                          recorded but not used yet.
-    rows_hash             sha256 of a role's rows (``data.content_hash`` once it exists)
-    task_metrics          the metrics a table reports (today: the task kind's; ``metric_set`` later)
-    headline_of           the headline metric (today: ``Task.headline``; ``headline(task, metric)`` later)
+    build_workspace_for   the calibration, selection and evaluation rows of one model and repeat: one
+                          ``Workspace.build`` per model with the protocol's seed (roles sharing a source are
+                          disjoint subsets of one permutation of it), then ``ws.calibration_draw(repeat)``: the
+                          evaluation and selection rows stay, the calibration rows are re-drawn per repeat outside
+                          the evaluation rows. ``ws.roles()`` is recorded, with the repeat's calibration hash.
+    task_metrics          the metrics a table reports (``metric_set(task, eval source)``: GLUE's for a GLUE name)
+    headline_of           the headline metric (``headline(task, metric, eval source)``)
+    scoring_context       the criteria's context: calibration batches, choices (HIES's α, SAP's k) made on the
+                          selection batches
     score_cell            a criterion's ScoreMap (a criterion with a ``sparsity`` parameter, SAP, is scored at the
                           cell's sparsity unless the protocol fixed it)
     cell_seed             the seed of a cell's scoring (random: independent masks per sparsity)
-    mask_at               the mask of a ScoreMap at a sparsity (``kept_at``; SAP's best k and layer rule later)
-    evaluate_cell         the metrics of the model under a mask on the evaluation rows
+    mask_at               the mask of a ScoreMap at a sparsity (``kept_at``; for SAP its own selection at that
+                          sparsity with its best k, and the layers its layer rule drops)
+    evaluate_cell         the metrics of the model under a mask (those layers skipped) on the evaluation rows
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from ..data import TextDataset, align_labels, calibration_texts, load_data, make_batches
-from ..errors import DataError
-from ..evaluation.metrics import evaluate
+from ..data import TextDataset, calibration_texts, content_hash
+from ..evaluation.metrics import evaluate, headline, metric_set
+from ..model.layers import skip_layers
 from ..model.loading import LoadedModel, load_model
 from ..model.mask import HeadMask
-from ..model.task import Task, task_of
+from ..model.task import Task
 from ..scoring import ScoreMap, ScoringContext
-from .spec import ModelEntry, Protocol, Role
+from ..workspace import DEFAULT_CALIB_SIZE, DEFAULT_SELECT_SIZE, DefaultSize, Workspace
+from .spec import ModelEntry, Protocol
 
 Progress = Callable[[float, str], None]
-
-# the metrics of each task kind a table reports when the protocol names none (metric_set(task, source) at merge)
-TASK_METRICS = {"classification": ("accuracy", "macro_f1", "mcc"), "regression": ("pearson", "spearman"),
-                "lm": ("perplexity", "next_token_accuracy", "loss")}
 
 
 @dataclass
@@ -54,7 +50,10 @@ class CellData:
     calib_batches: list[dict]
     eval_batches: list[dict]
     task: Task
-    roles: dict = field(default_factory=dict)   # role -> {source, size, seed, hash, used}
+    roles: dict = field(default_factory=dict)   # role -> {source, split, size, seed, hash, used}
+    select_batches: list[dict] = field(default_factory=list)   # where choices are made; []: the calibration rows
+    eval_source: str | None = None              # the evaluation role's data spec (GLUE names pick GLUE's metrics)
+    n_classes: int | None = None                # the classifier's outputs (f1 applies to two only)
 
     def calib_texts(self) -> list:
         return calibration_texts(self.calib, self.calib_batches)
@@ -65,78 +64,63 @@ def load_model_for(entry: ModelEntry, protocol: Protocol) -> LoadedModel:
     return load_model(entry.model, protocol.device, dtype=protocol.dtype)
 
 
-def rows_hash(ds: TextDataset) -> str:
-    """sha256 over the rows (text, pair, label) in order: the same rows give the same hash."""
-    digest = hashlib.sha256()
-    for i in range(len(ds)):
-        row = [ds.texts[i], None if ds.pairs is None else ds.pairs[i], None if ds.labels is None else ds.labels[i]]
-        digest.update(json.dumps(row, ensure_ascii=False).encode("utf-8"))
-        digest.update(b"\n")
-    return digest.hexdigest()
+def workspace_for(loaded: LoadedModel, entry: ModelEntry, protocol: Protocol) -> Workspace:
+    """The model's workspace: every role read once, split with the protocol's seed (roles on one source disjoint).
 
-
-def _draw(ds: TextDataset, role: Role, name: str, seed: int, exclude: np.ndarray | None = None) -> np.ndarray:
-    """Row indices of ``role``: ``role.size`` rows (all when None) of a seeded permutation, ``exclude`` left out."""
-    rows = np.random.default_rng(seed).permutation(len(ds))
-    if exclude is not None:
-        rows = rows[~np.isin(rows, exclude)]
-    if role.size is not None and role.size > len(rows):
-        raise DataError(f"data.{name}.size = {role.size}: {role.source} has only {len(rows)} rows for the "
-                        f"{name} role{' (the evaluation rows are left out)' if exclude is not None else ''}. "
-                        f"Accepted: a size of at most {len(rows)}.")
-    return rows if role.size is None else rows[:role.size]
+    A role's ``size`` is kept exactly; no size ("all") is every row left for evaluation and the workspace's
+    default (shrinking to fit) for calibration and selection; no ``[data.select]`` role carves no selection rows
+    (choices are then made on the calibration rows)."""
+    roles = entry.data
+    calib, evals, select = roles["calib"], roles["eval"], roles.get("select")
+    return Workspace.build(
+        entry.model, evals.source, calib_data=calib.source, eval_data=evals.source,
+        select_data=select.source if select else None,
+        calib_size=calib.size if calib.size is not None else DefaultSize(DEFAULT_CALIB_SIZE),
+        eval_size=evals.size,
+        select_size=(DefaultSize(DEFAULT_SELECT_SIZE) if select.size is None else select.size) if select else 0,
+        seed=protocol.seed, loaded=loaded, batch_size=protocol.batch_size, max_length=protocol.max_length,
+        **entry.columns(), label_map=entry.label_map, labels_by_position=entry.labels_by_position,
+        allow_untrained_head=entry.allow_untrained_head)
 
 
 def build_workspace_for(loaded: LoadedModel, entry: ModelEntry, protocol: Protocol, repeat: int,
                         cache: dict | None = None) -> CellData:
-    """The calibration and evaluation rows of ``entry`` for ``repeat`` (module doc).
-
-    The evaluation rows are the same in every repeat (seed ``eval.seed``); the calibration rows are re-drawn per
-    repeat (seed ``calib.seed + repeat``), disjoint from the evaluation rows when both roles name one source.
-    ``cache`` keeps the data sets read (a run reads each source once).
-    """
+    """The rows of ``entry`` for ``repeat`` (module doc): the evaluation and selection rows of the model's
+    workspace, the calibration rows of ``ws.calibration_draw(repeat)``. ``cache`` keeps the workspace per model
+    (a run reads each source once)."""
     cache = {} if cache is None else cache
-    task = task_of(loaded.model, None)
-
-    def read(role: Role) -> TextDataset:
-        key = (role.source, role.text_col, role.pair_col, role.label_col, task.kind)
-        if key not in cache:
-            ds = load_data(role.source, role.text_col, role.pair_col, role.label_col,
-                           task="lm" if task.is_lm else "classification")
-            cache[key] = align_labels(ds, loaded.id2label)
-        return cache[key]
-
-    calib_role, eval_role = entry.data["calib"], entry.data["eval"]
-    evals_all, calib_all = read(eval_role), read(calib_role)
-    eval_rows = _draw(evals_all, eval_role, "eval", eval_role.seed)
-    same = calib_role.source == eval_role.source
-    calib_rows = _draw(calib_all, calib_role, "calib", calib_role.seed + repeat, eval_rows if same else None)
-    calib, evals = calib_all.subset(calib_rows), evals_all.subset(eval_rows)
-    batches = [make_batches(loaded.tokenizer, part, protocol.batch_size, protocol.max_length)
-               for part in (calib, evals)]
-    roles = {"calib": {**calib_role.to_json(), "seed": calib_role.seed + repeat, "rows": len(calib),
-                       "hash": rows_hash(calib), "used": True},
-             "eval": {**eval_role.to_json(), "rows": len(evals), "hash": rows_hash(evals), "used": True}}
-    if "select" in entry.data:   # read by the data-roles API (HIES's α, SAP's k, stopping rules); not yet used
-        roles["select"] = {**entry.data["select"].to_json(), "used": False}
-    return CellData(calib, evals, batches[0], batches[1], task, roles)
+    key = (entry.name, entry.model)
+    if key not in cache:
+        cache[key] = workspace_for(loaded, entry, protocol)
+    ws = cache[key]
+    calib, calib_batches = ws.calibration_draw(repeat)
+    roles = ws.roles()
+    roles["calib"] |= {"size": len(calib), "hash": content_hash(calib), "repeat": repeat}
+    for role in roles:
+        roles[role]["used"] = bool(roles[role]["size"])
+    return CellData(calib, ws.eval, calib_batches, ws.eval_batches, ws.task, roles, list(ws.select_batches),
+                    ws.sources["eval"], ws.n_classes)
 
 
-def task_metrics(task: Task, entry: ModelEntry) -> tuple[str, ...]:
-    """The metrics the table reports for ``entry``: the protocol's, else the task kind's set."""
-    return entry.metrics or TASK_METRICS[task.kind]
+def task_metrics(task: Task, entry: ModelEntry, eval_source: str | None, n_classes: int | None
+                 ) -> tuple[str, ...]:
+    """The metrics the table reports for ``entry``: the protocol's, else the task's set for the evaluation source
+    (``metric_set``: GLUE's for a data spec naming a GLUE task; f1 only for two classes)."""
+    return entry.metrics or metric_set(task, eval_source, n_classes=n_classes)
 
 
-def headline_of(task: Task, entry: ModelEntry) -> str:
-    """The metric plots and trajectories read: the protocol's headline, else the task's."""
-    return entry.headline or task.headline
+def headline_of(task: Task, entry: ModelEntry, eval_source: str | None, n_classes: int | None) -> str:
+    """The metric plots and trajectories read: the protocol's headline, else GLUE's or the task's (``headline``)."""
+    return headline(task, entry.headline, eval_source, n_classes=n_classes)
 
 
 def scoring_context(loaded: LoadedModel, data: CellData, seed: int, progress: Progress | None,
                     memory_budget) -> ScoringContext:
-    """One context per (model, repeat): criteria sharing a pass (``shares_pass``) share it through its cache."""
+    """One context per (model, repeat): criteria sharing a pass (``shares_pass``) share it through its cache;
+    choices (HIES's α, SAP's k) are made on the selection batches (the calibration batches when there are none)."""
     return ScoringContext(loaded.model, data.calib_batches, None, loaded.device, loaded.tokenizer,
-                          data.calib_texts(), seed=seed, progress=progress, memory_budget=memory_budget)
+                          data.calib_texts(), seed=seed, progress=progress, memory_budget=memory_budget,
+                          select=data.select_batches or None)
 
 
 def scored_params(crit, params: dict, sparsity: float | None) -> dict:
@@ -159,14 +143,23 @@ def score_cell(ctx: ScoringContext, crit, params: dict, sparsity: float | None) 
     return crit(ctx, scored_params(crit, params, sparsity))
 
 
-def mask_at(scores: ScoreMap, sparsity: float) -> HeadMask:
-    """The mask a cell evaluates: the heads ``scores`` keeps once ``round(sparsity * N)`` grid heads are pruned
-    (``ScoreMap.kept_at``; SAP's layer rule joins here when its API gives the mask at a sparsity)."""
-    return HeadMask(torch.from_numpy(scores.kept_at(sparsity)).to(torch.float32))
+def mask_at(scores: ScoreMap, sparsity: float) -> tuple[HeadMask, list[int]]:
+    """The mask a cell evaluates and the layers it drops whole.
+
+    For ``sap`` scored at the cell's sparsity (``scored_params``): SAP's own selection at that sparsity with its
+    best k (chosen on the selection rows) and its layer rule, as ``SAP.per_sparsity(ctx, [sparsity])`` gives it
+    (the ScoreMap's ``sap_mask`` / ``sap_dropped_layers`` are that result: one parse and sweep, kept in the score
+    file). Otherwise the heads ``scores`` keeps once ``round(sparsity * N)`` grid heads are pruned (``kept_at``)."""
+    if scores.criterion == "sap" and scores.params.get("sparsity") == sparsity and "sap_mask" in scores.meta:
+        mask = HeadMask.from_json(scores.meta["sap_mask"], scores.shape)
+        return mask, [int(layer) for layer in scores.meta.get("sap_dropped_layers", [])]
+    return HeadMask(torch.from_numpy(scores.kept_at(sparsity)).to(torch.float32)), []
 
 
 def evaluate_cell(loaded: LoadedModel, data: CellData, mask: HeadMask | None, progress: Progress | None,
-                  memory_budget) -> dict:
-    """Every metric of the task on the evaluation rows, the model gated by ``mask`` (None: as loaded)."""
-    return evaluate(loaded.model, data.eval_batches, mask, progress=progress, task=data.task,
-                    memory_budget=memory_budget).to_dict()
+                  memory_budget, dropped_layers: list[int] | tuple = ()) -> dict:
+    """Every metric of the task on the evaluation rows, the model gated by ``mask`` (None: as loaded) and
+    ``dropped_layers`` skipped (SAP's layer rule, as ``headprune evaluate`` reads it from a mask file)."""
+    with skip_layers(loaded.adapter, dropped_layers):
+        return evaluate(loaded.model, data.eval_batches, mask, progress=progress, task=data.task,
+                        memory_budget=memory_budget).to_dict()

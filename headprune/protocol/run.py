@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from ..criteria import get
+from ..criteria.sap import layer_rule_json
 from ..errors import HeadpruneError
 from ..estimate import TimeEstimate, device_name, estimate_trajectory, forward_rate, scoring_work, tokens
 from ..model.mask import HeadMask
@@ -160,17 +161,18 @@ class Runner:
             scores: dict[tuple, ScoreMap] = {}
             for cell in cells:
                 start = time.perf_counter()
+                dropped: list[int] = []
                 if cell.kind == DENSE:
                     result = {"metrics": adapter.evaluate_cell(loaded, data, None, self.sub(cell), self.budget)}
                     mask = None
                 elif cell.kind == "sparsity":
-                    result, mask = self.sparsity_cell(loaded, entry, data, contexts, cell, scores, seed)
+                    result, mask, dropped = self.sparsity_cell(loaded, entry, data, contexts, cell, scores, seed)
                 else:
                     result, mask = self.trajectory_cell(loaded, entry, data, cell, seed)
-                self.write_cell(entry, cell, data, result, mask, seed, time.perf_counter() - start)
+                self.write_cell(entry, cell, data, result, mask, seed, time.perf_counter() - start, dropped)
 
     def sparsity_cell(self, loaded, entry: ModelEntry, data, contexts: dict, cell: Cell, scores: dict,
-                      seed: int) -> tuple[dict, HeadMask]:
+                      seed: int) -> tuple[dict, HeadMask, list[int]]:
         c = self.entry_of(cell)
         params = adapter.scored_params(c.criterion, dict(c.params), cell.sparsity)
         seed = adapter.cell_seed(c.criterion, seed, cell.sparsity)
@@ -179,10 +181,10 @@ class Runner:
             if seed not in contexts:
                 contexts[seed] = adapter.scoring_context(loaded, data, seed, None, self.budget)
             scores[key] = self.scores_of(contexts[seed], entry, data, c, params, cell)
-        mask = adapter.mask_at(scores[key], cell.sparsity)
-        metrics = adapter.evaluate_cell(loaded, data, mask, self.sub(cell), self.budget)
+        mask, dropped = adapter.mask_at(scores[key], cell.sparsity)
+        metrics = adapter.evaluate_cell(loaded, data, mask, self.sub(cell), self.budget, dropped)
         return {"metrics": metrics, "scores": str(self.score_file(cell, params, seed).relative_to(self.out)),
-                "score_params": scores[key].params, "score_seed": seed}, mask
+                "score_params": scores[key].params, "score_seed": seed}, mask, dropped
 
     def score_file(self, cell: Cell, params: dict, seed: int) -> Path:
         tag = hashlib.sha256(json.dumps([params, seed], sort_keys=True, default=str).encode()).hexdigest()[:10]
@@ -193,7 +195,8 @@ class Runner:
         same model, criterion, parameters, rows, seed and batching, else scored and written."""
         path = self.score_file(cell, params, ctx.seed)
         stamp = {"model": entry.model, "criterion": c.name, "params": json.loads(json.dumps(params, default=str)),
-                 "calib_hash": data.roles["calib"]["hash"], "seed": ctx.seed, "batch_size": self.protocol.batch_size,
+                 "calib_hash": data.roles["calib"]["hash"], "select_hash": data.roles["select"]["hash"],
+                 "seed": ctx.seed, "batch_size": self.protocol.batch_size,
                  "max_length": self.protocol.max_length, "dtype": self.protocol.dtype}
         saved = _read(path)
         if saved and saved.get("stamp") == stamp:
@@ -208,7 +211,7 @@ class Runner:
         c = self.entry_of(cell)
         crit, params = (c.criterion, dict(c.params)) if c else (get("random"), {})
         spec = self.protocol.trajectory.spec(crit, params, bool(cell.inverse), seed,
-                                             adapter.headline_of(data.task, entry))
+                                             adapter.headline_of(data.task, entry, data.eval_source, data.n_classes))
         traj = run_trajectory(spec, loaded.model, data.calib_batches, data.eval_batches, tokenizer=loaded.tokenizer,
                               texts=data.calib_texts(), device=loaded.device, progress=self.sub(cell),
                               memory_budget=self.budget)
@@ -218,14 +221,16 @@ class Runner:
         return {"trajectory": traj.to_json()}, mask
 
     def write_cell(self, entry: ModelEntry, cell: Cell, data, result: dict, mask: HeadMask | None, seed: int,
-                   seconds: float) -> None:
+                   seconds: float, dropped: list[int]) -> None:
         mask_path = None
-        if mask is not None:
+        if mask is not None:   # SAP's layer rule travels in the mask file (``headprune evaluate --mask`` reads it)
             mask_path = self.out / "masks" / f"{cell.key}.json"
-            write_atomic(mask_path, _json(mask.to_json()))
+            write_atomic(mask_path, _json(layer_rule_json(mask, dropped) if dropped else mask.to_json()))
         record = {**cell.to_json(), "fingerprint": fingerprint(self.protocol, entry, cell), "seed": seed,
-                  "loaded": self.models[entry.name], "roles": data.roles, "task": data.task.kind, **result,
-                  "mask": str(mask_path.relative_to(self.out)) if mask_path else None, "seconds": seconds}
+                  "loaded": self.models[entry.name], "roles": data.roles, "task": data.task.kind,
+                  "n_classes": data.n_classes, **result,
+                  "mask": str(mask_path.relative_to(self.out)) if mask_path else None, "dropped_layers": dropped,
+                  "seconds": seconds}
         write_atomic(self.out / "cells" / f"{cell.key}.json", _json(record))   # last: the cell's commit point
         self.computed.append(cell.key)
         self.done += 1
@@ -269,6 +274,11 @@ def value_at(traj: Trajectory, ratio: float, metric: str) -> float:
     return float(values[np.flatnonzero(ratios <= ratio + 1e-9)[-1]])
 
 
+def eval_of(record: dict) -> tuple[str | None, int | None]:
+    """(evaluation source, classes) of a cell record: what picks the metric set and headline of its table."""
+    return record["roles"]["eval"]["source"], record.get("n_classes")
+
+
 def table_rows(protocol: Protocol, records: dict[str, dict]) -> tuple[list[dict], list[str]]:
     """(rows, metric columns): one row per (model, criterion, sparsity or order) with (mean, sd, n) per metric."""
     rows, columns = [], []
@@ -280,7 +290,7 @@ def table_rows(protocol: Protocol, records: dict[str, dict]) -> tuple[list[dict]
     for (model, criterion, where), recs in groups.items():
         task = Task(recs[0]["task"])
         if protocol.trajectory is None:
-            names = list(adapter.task_metrics(task, entries[model]))
+            names = list(adapter.task_metrics(task, entries[model], *eval_of(recs[0])))
             values = {m: [r["metrics"][m] for r in recs] for m in names}
             row = {"model": model, "criterion": criterion, "sparsity": 0.0 if where is None else where}
         else:
@@ -343,7 +353,7 @@ def write_plots(protocol: Protocol, records: dict[str, dict], rows: list[dict], 
         mine = [c for c in expand(protocol) if c.model == entry.name]
         if protocol.trajectory is None:
             dense = records[mine[0].key]
-            metric = adapter.headline_of(Task(dense["task"]), entry)
+            metric = adapter.headline_of(Task(dense["task"]), entry, *eval_of(dense))
             points = [{"criterion": r["criterion"], "sparsity": r["sparsity"], "mean": r[metric][0],
                        "sd": r[metric][1]} for r in rows if r["model"] == entry.name and r["criterion"] != DENSE
                       and metric in r]

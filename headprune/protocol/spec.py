@@ -7,14 +7,18 @@ The file (``protocols/demo.toml`` is a commented example)::
     models = ["demo"]                   # model specs; or [[models]] tables with their own data and metrics
     sparsities = [0.25, 0.5]            # pruned ratios of the head grid, each in [0, 1] (0 = the dense model)
     repeats = 2                         # re-drawn calibration subsets and criterion seeds (seed + repeat)
-    [data.calib]                        # what criteria score on; [data.select] (where choices are made) and
-    source = "demo:train"               # [data.eval] (what is reported) alike: source (any data spec), size
-    size = 64                           # (rows; "all" for eval), seed (of the draw), text_col/pair_col/label_col
+    [data.calib]                        # what criteria score on; [data.select] (where choices are made: HIES's
+    source = "demo:train"               # α, SAP's k) and [data.eval] (what is reported) alike: source (any data
+    size = 64                           # spec), size (rows; "all" for eval), text_col/pair_col/label_col
+    # label_map = { entailment = "LABEL_1" }   # data label -> model label (top level or per [[models]] table);
+    # labels_by_position = true, allow_untrained_head = true: the data-roles guards, as the CLI's flags
     [[criteria]]                        # one table per criterion: name, label (default: name), params
     name = "his"
 
 or, instead of ``sparsities``, a ``[trajectory]`` table (step, budget, count, tolerance, inverse = [false, true],
-random_boxes = N independent random orders). A key this module does not know, or a bad value, is a
+random_boxes = N independent random orders). Roles are drawn with the protocol's ``seed`` (roles on one
+source are disjoint; each repeat re-draws the calibration rows outside the evaluation rows). A key this module
+does not know, or a bad value, is a
 :class:`ProtocolError` naming the key and its line in the file: TOML parsers give no line numbers for keys, so
 :class:`KeyLines` finds them by scanning the text for the table headers and keys.
 """
@@ -158,11 +162,10 @@ def _check(part: Located, key: str, value, limit, what: str) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class Role(Located):
-    """One data role: rows drawn (seeded) from a data spec. ``size`` None = every row."""
+    """One data role: rows drawn (with the protocol's seed) from a data spec. ``size`` None = every row."""
 
     source: str
     size: int | None = None
-    seed: int = 0
     text_col: str | None = None
     pair_col: str | None = None
     label_col: str | None = None
@@ -173,7 +176,6 @@ class Role(Located):
                                       f"hf:NAME[:CONFIG[:SPLIT]]), got {self.source!r}.")
         if self.size is not None:
             _check(self, "size", self.size, POSITIVE_INT, "size")
-        _check(self, "seed", self.seed, NON_NEGATIVE_INT, "seed")
         for key in ("text_col", "pair_col", "label_col"):
             if getattr(self, key) is not None and not isinstance(getattr(self, key), str):
                 raise self.fail(key, f"expected a column name, got {getattr(self, key)!r}.")
@@ -183,6 +185,10 @@ class Role(Located):
         part = Located(path=path[:-1], where=where)
         obj = dict(_table(part, path[-1], obj, "a table: source, size, seed"))
         part = Located(path=path, where=where)
+        if "seed" in obj:
+            raise part.fail("seed", "a data role has no seed of its own: every role is drawn with the protocol's "
+                                    "seed (roles on one source are disjoint subsets of one permutation). Accepted: "
+                                    "source, size, text_col, pair_col, label_col.")
         _unknown(part, obj, cls)
         if "source" not in obj:
             raise part.fail("source", "missing: every data role names its source (a data spec).")
@@ -191,7 +197,7 @@ class Role(Located):
         return cls(**obj, path=path, where=where)
 
     def to_json(self) -> dict:
-        return {"source": self.source, "size": self.size, "seed": self.seed,
+        return {"source": self.source, "size": self.size,
                 **{k: getattr(self, k) for k in ("text_col", "pair_col", "label_col") if getattr(self, k)}}
 
 
@@ -294,6 +300,9 @@ class ModelEntry(Located):
     data: Mapping = field(default_factory=dict)     # role -> Role
     metrics: tuple = ()                             # () = the task's set
     headline: str | None = None                     # None = the task's headline metric
+    label_map: Mapping | None = None                # data label -> model id or label name (data.align_labels)
+    labels_by_position: bool = False                # match unnamed labels by position
+    allow_untrained_head: bool = False              # go on with a task head initialised on load
 
     def __post_init__(self):
         if not isinstance(self.model, str) or not self.model:
@@ -304,12 +313,44 @@ class ModelEntry(Located):
             if role not in self.data:
                 raise self.fail("data", f"no [data.{role}] role: a protocol names the {role} data (source, size, "
                                         "seed) at the top or per model.")
+        _label_guards(self, self)
+        self.columns()   # one column name per key for every role: the workspace reads every source alike
         if not self.name:
             object.__setattr__(self, "name", self.model)
 
+    def columns(self) -> dict:
+        """text_col / pair_col / label_col as the roles name them (a ProtocolError when two roles disagree)."""
+        out = {}
+        for key in ("text_col", "pair_col", "label_col"):
+            named = {role: getattr(r, key) for role, r in self.data.items() if getattr(r, key) is not None}
+            if len(set(named.values())) > 1:
+                role = sorted(named)[-1]
+                raise self.data[role].fail(key, f"{named[role]!r} differs from another role's "
+                                                f"({', '.join(f'{r}: {v}' for r, v in named.items())}); the roles "
+                                                "of a model read their sources with one column name per key.")
+            out[key] = next(iter(named.values()), None)
+        return out
+
     def to_json(self) -> dict:
         return {"name": self.name, "model": self.model, "data": {k: r.to_json() for k, r in self.data.items()},
-                "metrics": list(self.metrics), "headline": self.headline}
+                "metrics": list(self.metrics), "headline": self.headline,
+                **{k: getattr(self, k) for k in GUARDS if getattr(self, k)}}
+
+
+GUARDS = ("label_map", "labels_by_position", "allow_untrained_head")   # the data-roles guards a protocol sets
+
+
+def _label_guards(part: Located, given) -> None:
+    """``label_map`` a table of data label -> model id or label name; the two flags true or false."""
+    value = getattr(given, "label_map", None) if not isinstance(given, Mapping) else given.get("label_map")
+    if value is not None and (not isinstance(value, Mapping) or any(
+            not isinstance(v, (str, int)) or isinstance(v, bool) for v in value.values())):
+        raise part.fail("label_map", f"expected a table of data label = model label name or id (e.g. "
+                                     f"{{ entailment = \"LABEL_1\" }}), got {value!r}.")
+    for key in GUARDS[1:]:
+        flag = getattr(given, key, False) if not isinstance(given, Mapping) else given.get(key, False)
+        if not isinstance(flag, bool):
+            raise part.fail(key, f"expected true or false, got {flag!r}.")
 
 
 def _read_data(obj, path: tuple, where, inherited: Mapping | None = None) -> dict:
@@ -413,13 +454,14 @@ class Protocol(Located):
             return f"{source}, line {line}: " if line else f"{source}: "
 
         top = Located(where=where)
-        _unknown(top, obj, cls, extra=("data", "metrics", "headline"))
+        _unknown(top, obj, cls, extra=("data", "metrics", "headline") + GUARDS)
         for key in ("text", "source"):
             if key in obj:
                 raise top.fail(key, f"unknown key; '{key}' is recorded by headprune, not written in the file.")
         if "metrics" in obj:   # checked here too, so an error names the protocol-wide key and its line
             _metrics(top, "metrics", obj["metrics"])
         _headline(top, obj.get("headline"))
+        _label_guards(top, obj)   # checked here too, so an error names the protocol-wide key and its line
         data = _read_data(obj.get("data", {}), ("data",), where)
         models = obj.get("models", [])
         if not isinstance(models, list):
@@ -436,6 +478,9 @@ class Protocol(Located):
             roles = _read_data(item.pop("data", {}), ("models", i, "data"), where, inherited=data)
             item.setdefault("metrics", obj.get("metrics", ()))
             item.setdefault("headline", obj.get("headline"))
+            for key in GUARDS:
+                if key in obj:
+                    item.setdefault(key, obj[key])
             entries.append(ModelEntry(**item, data=roles, path=("models", i), where=where))
         crits = obj.get("criteria", [])
         if not isinstance(crits, list):
@@ -456,7 +501,7 @@ class Protocol(Located):
             _unknown(Located(path=("trajectory",), where=where), part, TrajectoryPart)
             trajectory = TrajectoryPart(**part, path=("trajectory",), where=where)
         rest = {k: v for k, v in obj.items() if k not in ("data", "models", "criteria", "trajectory", "metrics",
-                                                         "headline")}
+                                                         "headline") + GUARDS}
         rest.setdefault("name", default_name)
         return cls(**rest, models=tuple(entries), criteria=tuple(criteria), trajectory=trajectory, text=text,
                    source=source, where=where)
