@@ -319,8 +319,9 @@ def test_bad_input_is_refused_before_a_model_loads(folders, monkeypatch, capsys,
 def test_recovery_protocols_parse(name):
     """The shipped recovery protocols are TOML whose [recovery] table is a valid RecoverySpec, with a training
     source disjoint in name from the evaluation source of every model (parse only: sap_fig6 needs the network)."""
-    import tomllib
     from pathlib import Path
+
+    import tomllib
     text = (Path(__file__).resolve().parents[1] / "protocols" / f"{name}.toml").read_text(encoding="utf-8")
     protocol = tomllib.loads(text)
     spec = RecoverySpec(**protocol["recovery"])
