@@ -21,7 +21,11 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def model(arch="bert", seed=0):
     """A tiny model whose heads matter: peakier attention and larger head outputs than the random init, so
     removing a head changes the others' gradients (the premise of Greedy-Gnorm)."""
-    m = tiny_model(arch, seed=seed)
+    return sharpen(tiny_model(arch, seed=seed))
+
+
+def sharpen(m):
+    """``m`` (in place) with the peakier attention and larger head outputs ``model`` describes."""
     with torch.no_grad():
         for block in adapt(m).blocks:
             for linear, factor in ((block.query, 6), (block.key, 6), (block.value, 8), (block.output, 8)):
