@@ -17,7 +17,8 @@ the SELECTION rows, never the evaluation rows it reports: a second LiveEvaluator
 follows the same mask, and every step records its metrics under "select_metrics" (the start's in
 ``Trajectory.select_dense``) beside the evaluation "metrics", so the stop can be audited. Without selection
 batches (the data left none) the stop reads the evaluation metric, as it always did: the fallback; the CLI and
-the dashboard pass selection batches whenever the data leaves some.
+the dashboard pass selection batches whenever the data leaves some (the dashboard's runs carry no tolerance: its
+τ is applied afterwards, through ``tolerance_ratio``, to what each run recorded, i.e. the evaluation rows).
 
 Summaries (``Trajectory.summary``):
     auc              (1/r_end) ∫_0^{r_end} m(r) dr, trapezoid over the recorded points (r = pruned ratio, m the
