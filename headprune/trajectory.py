@@ -11,11 +11,21 @@ left and the elapsed time. It stops at a budget (a ratio of the grid, or a head 
 the first step whose metric falls below τ × the dense metric -- or, for a lower-is-better metric such as
 perplexity, rises above the dense metric / τ), or when every head is gone.
 
+Where the tolerance reads its metric: a stopping rule is a choice, so with selection batches (``select``, the
+selection role: ``--select-data`` or a disjoint selection share of ``--data``) it reads the headline metric on
+the SELECTION rows, never the evaluation rows it reports: a second LiveEvaluator over the selection batches
+follows the same mask, and every step records its metrics under "select_metrics" (the start's in
+``Trajectory.select_dense``) beside the evaluation "metrics", so the stop can be audited. Without selection
+batches (the data left none) the stop reads the evaluation metric, as it always did: the fallback; the CLI and
+the dashboard pass selection batches whenever the data leaves some (the dashboard's runs carry no tolerance: its
+τ is applied afterwards, through ``tolerance_ratio``, to what each run recorded, i.e. the evaluation rows).
+
 Summaries (``Trajectory.summary``):
     auc              (1/r_end) ∫_0^{r_end} m(r) dr, trapezoid over the recorded points (r = pruned ratio, m the
                      metric; the dense model is r = 0): the mean metric over the range pruned, so a curve flat at
                      the dense metric scores the dense metric.
-    tolerance_ratio  the largest ratio reached before m first falls below τ × m(0) (τ = the run's tolerance).
+    tolerance_ratio  the largest ratio reached before m first falls below τ × m(0) (τ = the run's tolerance; m the
+                     metric the stop reads, ``Trajectory.stop_values``: the selection rows' when recorded).
 
 Repeats (``run_repeats``): the same spec run on several calibration draws (``CalibrationDraw``: re-drawn rows,
 each with its content hash) with criterion seeds seed, seed+1, ...; ``repeat_summary`` gives, per step, the mean and
@@ -89,6 +99,7 @@ class Trajectory:
     start_pruned: list = field(default_factory=list)   # [layer, head] already gone at the start (a cut model)
     metric_set: list = field(default_factory=list)     # the metrics the task reports (evaluation.metrics.metric_set)
     repeat: int = 0                                     # which calibration draw (run_repeats); data["calib_hash"]
+    select_dense: dict = field(default_factory=dict)   # start metrics on the selection rows the stop read ({}: none)
 
     @property
     def n_units(self) -> int:
@@ -100,6 +111,14 @@ class Trajectory:
     def values(self, metric: str | None = None) -> np.ndarray:
         metric = metric or self.metric
         return np.array([self.dense[metric]] + [s["metrics"][metric] for s in self.steps], dtype=float)
+
+    def stop_values(self) -> np.ndarray:
+        """The headline metric the tolerance reads, per point: on the selection rows when the run recorded them
+        (module doc), else on the evaluation rows (``values``)."""
+        if self.select_dense and all("select_metrics" in s for s in self.steps):
+            return np.array([self.select_dense[self.metric]] +
+                            [s["select_metrics"][self.metric] for s in self.steps], dtype=float)
+        return self.values()
 
     def order(self) -> list[tuple[int, int]]:
         return [tuple(h) for s in self.steps for h in s["removed"]]
@@ -127,7 +146,7 @@ class Trajectory:
     def stop_index(self) -> int:
         """The stopping point (module doc): the last step, or after a tolerance stop the last step within it."""
         if self.stop == "tolerance" and self.tolerance is not None:
-            values = self.values()
+            values = self.stop_values()
             below = [i for i, v in enumerate(values) if degraded(v, values[0], self.tolerance, self.higher_is_better)]
             return max(below[0] - 1, 0) if below else len(self.steps)
         return len(self.steps)
@@ -140,7 +159,7 @@ class Trajectory:
         tau = self.tolerance if tau is None else tau
         if tau is None:
             return None
-        r, v = self.ratios(), self.values()
+        r, v = self.ratios(), self.stop_values()
         below = np.flatnonzero([degraded(x, v[0], tau, self.higher_is_better) for x in v])
         return float(r[below[0] - 1] if below.size else r[-1])
 
@@ -251,7 +270,8 @@ def run_trajectory(spec: TrajectorySpec, model, calib: list[dict], eval_batches:
                    texts: list | None = None, device=None, scores: ScoreMap | None = None,
                    evaluator: LiveEvaluator | None = None, perturbed: list[dict] | None = None,
                    progress=None, memory_budget: int | str | None = None,
-                   select: list[dict] | None = None) -> Trajectory:
+                   select: list[dict] | None = None,
+                   select_evaluator: LiveEvaluator | None = None) -> Trajectory:
     """Prune ``model`` step by step as ``spec`` says (see module doc) and return the Trajectory.
 
     ``calib``: calibration batches the criterion scores on (``texts``: their raw texts, for criteria that parse
@@ -263,7 +283,9 @@ def run_trajectory(spec: TrajectorySpec, model, calib: list[dict], eval_batches:
     hooked or changed: scoring and evaluation run on private copies. ``memory_budget``: what scoring may hold
     beyond the weights (``headprune.model.memory``). ``progress`` is called after every step; an exception it
     raises (``errors.Cancelled``) stops the run and nothing of it is returned. ``select``: the selection batches
-    a criterion makes its choices on (HIES's α, SAP's k; ``ScoringContext.select``), never ``eval_batches``.
+    a criterion makes its choices on (HIES's α, SAP's k; ``ScoringContext.select``), never ``eval_batches``;
+    with a tolerance the stop is decided on them too (module doc). ``select_evaluator``: a LiveEvaluator on
+    ``select`` at the starting model to fork, as ``evaluator``.
     """
     crit = spec.criterion
     resolved = crit.prepare(ScoringContext(model, calib, seed=spec.seed), dict(spec.params))
@@ -276,6 +298,11 @@ def run_trajectory(spec: TrajectorySpec, model, calib: list[dict], eval_batches:
     n_units = mask.values.numel()
     target = spec.target(n_units, mask.n_pruned)
     clean = evaluator.fork() if evaluator is not None else LiveEvaluator(model, eval_batches, mask)
+    # the stop's own evaluator on the selection rows (module doc), moved with the same mask as ``clean``
+    chooser = None
+    if select and spec.tolerance is not None:
+        gather_labels(select)
+        chooser = select_evaluator.fork() if select_evaluator is not None else LiveEvaluator(model, select, mask)
     if spec.stability and clean.task.is_lm and not clean.task.is_choice:
         raise TrajectoryError("Stability compares the answers a model gives before and after a word drop (a "
                               "classifier's labels, or the picked choice of multiple-choice data); a language "
@@ -295,6 +322,11 @@ def run_trajectory(spec: TrajectorySpec, model, calib: list[dict], eval_batches:
 
     dense, dense_stability = measure()
     metric = _metric_of(spec, dense)
+    chosen = chooser.set_mask(mask).to_dict() if chooser is not None else {}
+    if chooser is not None and metric not in chosen:
+        raise TrajectoryError(f"The tolerance reads '{metric}' on the selection rows, which give "
+                              f"{', '.join(m for m in chosen if m in TOLERANCE_METRICS)}: choose one of those.")
+    stop_dense = (chosen or dense)[metric]   # what the stop compares with: the selection rows' when there are some
     traj = Trajectory(crit.name, resolved, spec.inverse, spec.step, spec.seed, list(mask.shape),
                       adapt(model).unit_name, metric,
                       {**dense, "stability": dense_stability, "params": parameters_left(model, mask),
@@ -302,7 +334,8 @@ def run_trajectory(spec: TrajectorySpec, model, calib: list[dict], eval_batches:
                       budget=spec.budget, count=spec.count, tolerance=spec.tolerance, model=spec.model_name,
                       data=dict(spec.data_info), versions=versions(),
                       start_pruned=[list(h) for h in (mask.values == 0).nonzero().tolist()],
-                      metric_set=list(spec.metric_set), repeat=int(spec.data_info.get("repeat", 0)))
+                      metric_set=list(spec.metric_set), repeat=int(spec.data_info.get("repeat", 0)),
+                      select_dense=chosen)
     start_mask = mask
     work = copy.deepcopy(model) if crit.dynamic else model  # re-scored on a physically cut (faster) copy
     queue: list[tuple[int, int]] | None = None
@@ -325,15 +358,17 @@ def run_trajectory(spec: TrajectorySpec, model, calib: list[dict], eval_batches:
         if crit.dynamic:
             prune_model(work, mask, inplace=True)
         metrics, kept = measure()
+        chosen = chooser.set_mask(mask).to_dict() if chooser is not None else {}
         traj.steps.append({"removed": [list(h) for h in removed], "n_pruned": mask.n_pruned,
                            "ratio": mask.n_pruned / n_units, "metrics": metrics, "stability": kept,
                            "params": parameters_left(model, mask), "seconds": time.perf_counter() - start,
                            **({"pruned": [list(h) for h in (mask.values == 0).nonzero().tolist()]}
-                              if spec.independent else {})})
+                              if spec.independent else {}),
+                           **({"select_metrics": chosen} if chooser is not None else {})})
         if progress is not None:
             progress(mask.n_pruned / target, f"{mask.n_pruned}/{n_units} pruned, {metric} {metrics[metric]:.4f}")
         if spec.tolerance is not None and \
-                degraded(metrics[metric], dense[metric], spec.tolerance, HIGHER_IS_BETTER[metric]):
+                degraded((chosen or metrics)[metric], stop_dense, spec.tolerance, HIGHER_IS_BETTER[metric]):
             traj.stop = "tolerance"
             return traj
     traj.stop = "end" if mask.n_pruned == n_units else "budget"
@@ -364,14 +399,18 @@ def run_repeats(spec: TrajectorySpec, model, draws: Sequence[CalibrationDraw], e
                 **kwargs) -> list[Trajectory]:
     """One trajectory per calibration draw, repeat r with criterion seed spec.seed + r (module doc).
 
-    The runs share one first pass over ``eval_batches`` (a LiveEvaluator forked for each) and, with stability,
-    one set of word-dropped batches. Each run file records its repeat and calibration hash in ``data``.
+    The runs share one first pass over ``eval_batches`` (a LiveEvaluator forked for each), with a tolerance and
+    selection batches (``select``) one over them too (the stop's, forked for each), and, with stability, one set
+    of word-dropped batches. Each run file records its repeat and calibration hash in ``data``.
     ``kwargs`` go to :func:`run_trajectory`.
     """
     if not draws:
         raise TrajectoryError("Repeats need at least one calibration draw.")
     if "evaluator" not in kwargs:
         kwargs["evaluator"] = LiveEvaluator(model, eval_batches, HeadMask(adapt(model).live_grid().float()))
+    if kwargs.get("select") and spec.tolerance is not None and kwargs.get("select_evaluator") is None:
+        kwargs["select_evaluator"] = LiveEvaluator(model, kwargs["select"],
+                                                   HeadMask(adapt(model).live_grid().float()))
     if spec.stability and kwargs.get("perturbed") is None:
         kwargs["perturbed"] = perturb_batches(eval_batches, kwargs.get("tokenizer"), spec.drop, spec.seed)
     runs, n = [], len(draws)

@@ -180,11 +180,12 @@ def test_trajectory_masks_and_model_at_the_end_of_a_budget(fmt, tiny_model_dir, 
 
 
 def test_trajectory_stop_point_is_the_last_step_within_tolerance(demo_model_path, tmp_path, capsys):
-    """On the demo, accuracy falls past τ = 0.9 within half the heads: the stop mask and model are the step before."""
+    """On the demo, accuracy falls past τ = 0.9 within half the heads: the stop mask and model are the step before.
+    The stop reads the selection rows (the share of demo that evaluation and calibration leave), never evaluation."""
     run, stop = _saved_masks_and_model_score_as_the_run(
         "demo", ["--data", "demo", "--eval-size", 60], ["--calib-size", 16, "--criterion", "ae", "--step", 4,
                                                         "--tolerance", 0.9, "--budget", 0.5], tmp_path, capsys)
-    accuracy = [run["dense"]["accuracy"]] + [s["metrics"]["accuracy"] for s in run["steps"]]
+    accuracy = [run["select_dense"]["accuracy"]] + [s["select_metrics"]["accuracy"] for s in run["steps"]]
     assert run["stop"] == "tolerance" and stop == len(run["steps"]) - 1 > 0
     assert accuracy[-1] < 0.9 * accuracy[0] <= min(accuracy[:stop + 1])
 

@@ -13,7 +13,7 @@ from headprune.model.arch import adapt
 from headprune.model.mask import HeadMask
 from headprune.model.surgery import prune_model
 from headprune.testing import random_batch, tiny_model
-from headprune.trajectory import Trajectory, TrajectoryError, TrajectorySpec, run_seeds, spread
+from headprune.trajectory import Trajectory, TrajectoryError, TrajectorySpec, run_seeds, run_trajectory, spread
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -21,7 +21,11 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def model(arch="bert", seed=0):
     """A tiny model whose heads matter: peakier attention and larger head outputs than the random init, so
     removing a head changes the others' gradients (the premise of Greedy-Gnorm)."""
-    m = tiny_model(arch, seed=seed)
+    return sharpen(tiny_model(arch, seed=seed))
+
+
+def sharpen(m):
+    """``m`` (in place) with the peakier attention and larger head outputs ``model`` describes."""
     with torch.no_grad():
         for block in adapt(m).blocks:
             for linear, factor in ((block.query, 6), (block.key, 6), (block.value, 8), (block.output, 8)):
@@ -199,3 +203,43 @@ def test_select_alpha_reports_the_best_wauc():
     assert result["wauc"][str(result["best_alpha"])] == max(result["wauc"].values())
     with pytest.raises(TrajectoryError, match=r"\[0, 1\]"):
         select_alpha(m, CALIB, alphas=(0.5, 1.5))
+
+
+SELECT = [random_batch(batch_size=8, seq_len=10, seed=20 + i) for i in range(2)]
+
+
+def _first_degraded(values, tau) -> int | None:
+    return next((i for i, v in enumerate(values) if v < tau * values[0]), None)
+
+
+def test_tolerance_stop_reads_the_selection_rows_when_given():
+    """Issue 22: the stop is a choice, made on the selection rows; evaluation is still what every step reports."""
+    m = model()
+    with torch.no_grad():
+        evals, select = self_labelled(m, EVAL), self_labelled(m, SELECT)
+    spec = TrajectorySpec(criterion=get("random"), tolerance=0.6, seed=0)
+    traj = run_trajectory(spec, m, CALIB, evals, select=select)
+    # the selection metric of every saved mask, computed independently
+    chosen = [evaluate(m, select, traj.mask_at(i)).accuracy for i in range(len(traj.steps) + 1)]
+    assert traj.select_dense["accuracy"] == chosen[0]
+    assert [s["select_metrics"]["accuracy"] for s in traj.steps] == pytest.approx(chosen[1:], abs=1e-9)
+    assert traj.stop == "tolerance" and _first_degraded(chosen, 0.6) == len(traj.steps)
+    # the evaluation rows are still what each step reports, and they alone would have stopped earlier
+    assert [s["metrics"]["accuracy"] for s in traj.steps] == \
+        pytest.approx([evaluate(m, evals, traj.mask_at(i)).accuracy for i in range(1, len(traj.steps) + 1)])
+    assert _first_degraded(traj.values(), 0.6) < len(traj.steps)
+    assert traj.stop_index() == len(traj.steps) - 1 and traj.tolerance_ratio() == traj.ratios()[-2]
+    # without selection rows: the old rule, on the evaluation metric, and nothing of selection recorded
+    plain = run_trajectory(spec, m, CALIB, evals)
+    assert plain.select_dense == {} and all("select_metrics" not in s for s in plain.steps)
+    assert plain.stop == "tolerance" and _first_degraded(plain.values(), 0.6) == len(plain.steps) < len(traj.steps)
+    assert plain.order() == traj.order()[:len(plain.steps)]
+    assert plain.stop_index() == len(plain.steps) - 1 and plain.tolerance_ratio() == plain.ratios()[-2]
+    # repeats fork one selection evaluator per run: each run's stop is still its own selection rows' reading
+    for run in run_seeds(spec, m, CALIB, evals, seeds=2, select=select):
+        chosen = [evaluate(m, select, run.mask_at(i)).accuracy for i in range(len(run.steps) + 1)]
+        assert [s["select_metrics"]["accuracy"] for s in run.steps] == pytest.approx(chosen[1:], abs=1e-9)
+        assert run.stop == "tolerance" and _first_degraded(chosen, 0.6) == len(run.steps)
+    # a saved run keeps what the stop read
+    again = Trajectory.from_json(traj.to_json())
+    assert again.stop_index() == traj.stop_index() and again.tolerance_ratio() == traj.tolerance_ratio()
