@@ -122,7 +122,7 @@ def test_evaluate_prints_every_metric_of_the_set(tiny_model_dir, tiny_csv, tmp_p
 def test_a_bad_metric_is_refused(tiny_model_dir, tiny_csv, capsys):
     # a name no task reports: refused before the model loads (nothing on stderr before the error line)
     rc, _, err = _run(["evaluate", "--model", tiny_model_dir, "--data", tiny_csv, "--metric", "bleu"], capsys)
-    assert rc == 2 and err.startswith("error: --metric bleu: unknown metric")
+    assert rc == 2 and err.startswith("error: --metric 'bleu' is unknown; accepted: accuracy")
     # a metric of another task: known once the model's head is (after loading)
     rc, _, err = _run(["evaluate", "--model", tiny_model_dir, "--data", tiny_csv, "--metric", "perplexity"], capsys)
     assert rc == 2 and "error: --metric perplexity: not reported for a classification task" in err

@@ -113,7 +113,7 @@ KIND_METRICS = {"classification": ("accuracy", "f1", "macro_f1", "mcc"),
                 "regression": ("pearson", "spearman", "mse"),
                 "lm": ("loss", "perplexity", "next_token_accuracy"),
                 "multiple_choice": CHOICE_METRICS}
-METRIC_NAMES = tuple(dict.fromkeys(m for names in KIND_METRICS.values() for m in names)) + ("loss",)
+METRIC_NAMES = tuple(dict.fromkeys([m for names in KIND_METRICS.values() for m in names] + ["loss"]))
 # GLUE's metrics per task, headline first (Wang et al. 2019, Table 1); module doc gives the naming rule
 GLUE_METRICS = {"cola": ("mcc",), "sst2": ("accuracy",), "mrpc": ("f1", "accuracy"), "qqp": ("f1", "accuracy"),
                 "stsb": ("pearson", "spearman"), "mnli": ("accuracy",), "qnli": ("accuracy",),
@@ -157,7 +157,7 @@ def headline(task: Task, metric: str | None = None, dataset_source: str | None =
 def check_metric_name(metric: str | None) -> None:
     """Refuse, before any model loads, a ``--metric`` no task reports (MetricError listing every name)."""
     if metric is not None and metric not in METRIC_NAMES:
-        raise MetricError(f"--metric {metric}: unknown metric. Accepted: {', '.join(METRIC_NAMES)}.")
+        raise MetricError(f"--metric '{metric}' is unknown; accepted: {', '.join(METRIC_NAMES)}.")
 
 
 def binary_f1(y_true: np.ndarray, y_pred: np.ndarray, positive: int = 1) -> float:

@@ -142,15 +142,19 @@ def _disk_file(cache_dir, key: str) -> Path:
     return Path(cache_dir).expanduser() / f"parses-{key}.jsonl"
 
 
-def _read_disk(path: Path, key: str) -> None:
+def _read_disk(path: Path, key: str) -> set[str]:
+    """Load ``path``'s parses into memory; returns the texts the file holds."""
     if not path.is_file():
-        return
+        return set()
+    held = set()
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
             parse = Parse.from_json(json.loads(line))
         except (json.JSONDecodeError, KeyError, TypeError):
             continue  # a line cut short by an interrupted run: parse that text again
         _MEMORY.setdefault((key, parse.text), parse)
+        held.add(parse.text)
+    return held
 
 
 def parse_texts(texts: Sequence[str], parser=None, cache_dir=None, batch_size: int = 64,
@@ -159,16 +163,16 @@ def parse_texts(texts: Sequence[str], parser=None, cache_dir=None, batch_size: i
     nlp = load_parser(parser)
     key = pipeline_key(nlp)
     path = _disk_file(cache_dir, key) if cache_dir is not None else None
-    if path is not None:
-        _read_disk(path, key)
+    on_disk = _read_disk(path, key) if path is not None else set()
     todo = sorted({t for t in texts if (key, t) not in _MEMORY})
-    new = []
     for n, doc in enumerate(nlp.pipe(todo, batch_size=batch_size)):
         parse = Parse.from_doc(doc)
         _MEMORY[(key, parse.text)] = parse
-        new.append(parse)
         if progress is not None and (n + 1) % batch_size == 0:
             progress((n + 1) / len(todo), f"parsed {n + 1}/{len(todo)} texts")
+    # every text this run read goes to the disk cache once, also those parsed earlier in this process (the disk
+    # cache must not depend on what else the process happened to parse first)
+    new = [_MEMORY[(key, t)] for t in dict.fromkeys(texts) if t not in on_disk] if path is not None else []
     if path is not None and new:
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a", encoding="utf-8") as f:
