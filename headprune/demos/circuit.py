@@ -20,6 +20,14 @@ criterion keeps against that ground truth (README "The circuit demo"; tests/test
     data        ``load_data("demo-circuit")``: EVAL_ROWS repeats drawn with seed EVAL_SEED, as text with
                 ``targets_from`` at the second copy's second word, so next-token accuracy (and perplexity) is
                 measured on the repeated half only; chance is 1 / VOCAB_WORDS
+    choices     ``load_data("demo-circuit-choice")`` (multiple choice, ``demo_circuit_choice_dataset``): one question
+                per block of ``repeat_rows(vocabulary(), CHOICE_ROWS, CHOICE_SEED)`` (the held-out blocks of
+                ``load_data("demo-circuit")``): the context "r r[:j]" ([BOS] + r + r[:j] once tokenized), j
+                drawn in 1..n-1 (the second copy's first word cannot be predicted); the right choice r[j] and
+                CHOICE_OPTIONS - 1 distractors drawn without replacement from the OTHER words of r, in seeded
+                order. Every choice already occurs in the context, so a model that copies any word of the block is
+                at chance (1 / CHOICE_OPTIONS); only the word after the current word's earlier occurrence
+                (induction) is right
 Cached like every demo (``build.build_cached``).
 """
 
@@ -60,6 +68,9 @@ WEIGHT_DECAY = 0.01
 THREADS = 1
 EVAL_ROWS = 256
 EVAL_SEED = 1
+CHOICE_ROWS = 256
+CHOICE_SEED = 1
+CHOICE_OPTIONS = 4
 WORD = re.compile(r"\w+|[^\w\s]")
 
 
@@ -101,6 +112,30 @@ def repeat_rows(words: list[str], rows: int, seed: int) -> TextDataset:
 def demo_circuit_dataset() -> TextDataset:
     """EVAL_ROWS held-out repeats (seed EVAL_SEED), scored on the repeated half (module doc)."""
     return replace(repeat_rows(vocabulary(), EVAL_ROWS, EVAL_SEED), source="demo-circuit")
+
+
+def choice_questions(rows: int = CHOICE_ROWS, seed: int = CHOICE_SEED) -> list[tuple[str, list[str], int]]:
+    """(context, choices, answer index) of ``rows`` induction questions (module doc, "choices"), seeded."""
+    rng = np.random.default_rng(seed)
+    questions = []
+    for text in repeat_rows(vocabulary(), rows, seed).texts:
+        words = text.split()
+        block = words[:len(words) // 2]
+        j = int(rng.integers(1, len(block)))
+        others = [w for k, w in enumerate(block) if k != j]
+        options = [block[j], *(others[k] for k in rng.choice(len(others), CHOICE_OPTIONS - 1, replace=False))]
+        order = rng.permutation(CHOICE_OPTIONS)
+        questions.append((" ".join(block + block[:j]), [options[k] for k in order],
+                          int(np.flatnonzero(order == 0)[0])))
+    return questions
+
+
+def demo_circuit_choice_dataset(rows: int = CHOICE_ROWS, seed: int = CHOICE_SEED) -> TextDataset:
+    """The induction questions as multiple-choice data (``source="demo-circuit-choice"``; module doc)."""
+    questions = choice_questions(rows, seed)
+    return TextDataset(texts=[q[0] for q in questions], labels=[q[2] for q in questions],
+                       choices=[q[1] for q in questions], source="demo-circuit-choice", task="multiple_choice",
+                       columns={"context": "context", "choices": "choices", "answer": "answer", "field_map": "generic"})
 
 
 def training_batches(tokenizer, words: list[str]) -> list[dict]:
