@@ -566,7 +566,7 @@ def test_recovered_cells_evaluate_the_recovered_model_and_resume(tmp_path, tiny_
     assert sorted(p.stem for p in (out / "cells").glob("*.json")) == sorted(first[:2])
     summary = run_protocol(protocol, out, plots=False)
     assert summary["computed"] == 3 and summary["reused"] == 2
-    assert not (out / "recovery").exists() or not any((out / "recovery").iterdir())   # checkpoints gone once written
+    assert not (out / "recovery").exists()   # checkpoints gone once the recovered cells are written
 
     run = json.loads((out / "run.json").read_text())
     loaded = load_model(str(tiny_model_dir), "cpu")

@@ -449,6 +449,8 @@ def run_protocol(protocol: Protocol, out: str | Path, *, memory_budget=None, pro
         stale.unlink()
     runner = Runner(protocol, out, memory_budget, progress, say)
     runner.run()
+    if (out / "recovery").is_dir() and not any((out / "recovery").iterdir()):   # every recovered cell written
+        (out / "recovery").rmdir()
     records = {}
     for cell in runner.cells:
         entry = next(m for m in protocol.models if m.name == cell.model)
