@@ -591,7 +591,7 @@ def test_recovered_cells_evaluate_the_recovered_model_and_resume(tmp_path, tiny_
         assert cell["metrics"]["accuracy"] == pytest.approx(again["accuracy"])
         assert cell["metrics"]["mcc"] == pytest.approx(again["mcc"])
         assert cell["stages"]["pruned"]["accuracy"] == pytest.approx(pruned["metrics"]["accuracy"])
-        assert cell["roles"]["eval"]["hash"] == pruned["roles"]["eval"]["hash"]
+        assert cell["roles"]["eval"]["hash"] == pruned["roles"]["eval"]["hash"] and cell["roles"]["train"] == train_role
 
     with open(out / "results.csv", newline="") as f:
         rows = list(csv.DictReader(f))

@@ -264,7 +264,8 @@ class Runner:
             mask_path = self.out / "masks" / f"{cell.key}.json"
             write_atomic(mask_path, _json(layer_rule_json(mask, dropped) if dropped else mask.to_json()))
         record = {**cell.to_json(), "fingerprint": fingerprint(self.protocol, entry, cell), "seed": seed,
-                  "loaded": self.models[entry.name], "roles": data.roles, "task": data.task.kind,
+                  "loaded": self.models[entry.name], "task": data.task.kind,
+                  "roles": {**data.roles, **({"train": result["recovery"]["train"]} if cell.recovered else {})},
                   "n_classes": data.n_classes, **result,
                   "mask": str(mask_path.relative_to(self.out)) if mask_path else None, "dropped_layers": dropped,
                   "seconds": seconds}
