@@ -171,6 +171,7 @@ def test_models_tables_override_the_protocols_roles_key_by_key_and_name_their_li
     ("hies_table1", 8, 1 + 4 * 3, ["textattack/bert-base-uncased-SST-2", "textattack/bert-base-uncased-MNLI"]),
     ("sap_fig5", 6, 1 + 3 * 3, ["textattack/bert-base-uncased-STS-B"]),
     ("greedy_gnorm_fig3", 4, 2 * 2 * 3 + 10, ["prajjwal1/albert-base-v2-mnli"]),
+    ("sap_fig6", 6, 1 + 2 * 1 * 2, ["textattack/bert-base-uncased-MNLI"]),   # pruned + recovered per sparsity
 ])
 def test_the_papers_protocols_parse_and_plan_without_the_network(name, n_models, cells_per_model, ids, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -493,3 +494,138 @@ def test_a_glue_named_evaluation_source_reports_glues_metric_set(tmp_path, tiny_
     run_protocol(plain, tmp_path / "plain", plots=False)
     columns = json.loads((tmp_path / "plain" / "run.json").read_text())["table"]["columns"]
     assert columns[0] == "accuracy" and {"f1", "macro_f1", "mcc"} <= set(columns)   # a two-class classifier's
+
+
+# -- recovery after pruning ([recovery] and [data.train]) ------------------------------------------------------------
+
+RECOVERY = """
+[data.train]
+source = "{csv}"
+size = 24
+
+[recovery]
+steps = 3
+batch_size = 8
+lr = 1e-3
+"""
+
+
+def recovery_protocol(tmp_path, model_dir, csv_path) -> Protocol:
+    """The tiny protocol at one sparsity and repeat, every pruned cell recovered for 3 steps on 24 rows."""
+    text = tiny_protocol(tmp_path, model_dir, csv_path).text.replace("repeats = 2", "repeats = 1") \
+        .replace("sparsities = [0.25, 0.5]", "sparsities = [0.5]") + RECOVERY.format(csv=csv_path)
+    return Protocol.parse(text, str(tmp_path / "recover.toml"))
+
+
+def test_a_recovery_table_is_checked_key_by_key_with_its_line():
+    text = BASE + '\n[data.train]\nsource = "demo:train"\nsize = 16\n\n[recovery]\nmethod = "finetune"\nepochs = 0\n'
+    with pytest.raises(ProtocolError, match=f"line {line_of(text, 'epochs = 0')}: key 'recovery.epochs'"):
+        Protocol.parse(text)
+    bad = text.replace("epochs = 0", "epoch = 1")
+    with pytest.raises(ProtocolError, match=f"line {line_of(bad, 'epoch = 1')}: key 'recovery.epoch': unknown"):
+        Protocol.parse(bad)
+    bad = text.replace('method = "finetune"', 'method = "prune-more"').replace("epochs = 0", "epochs = 1")
+    with pytest.raises(ProtocolError, match="key 'recovery.method'.*finetune, lora"):
+        Protocol.parse(bad)
+    alone = BASE + '\n[recovery]\nepochs = 1\n'
+    with pytest.raises(ProtocolError, match=r"\[data.train\]"):
+        Protocol.parse(alone)
+    good = Protocol.parse(text.replace("epochs = 0", "epochs = 2"))
+    assert good.recovery.epochs == 2 and good.recovery.seed == good.seed and good.models[0].data["train"].size == 16
+    assert [c.key for c in expand(good)][:3] == ["demo__dense__r0", "demo__ae__s0.25__r0",
+                                                 "demo__ae__s0.25__r0__recovered"]
+
+
+def test_the_recovery_demo_plan_counts_its_training_rows():
+    protocol = Protocol.read(PROTOCOLS / "demo_recover.toml")
+    (p,) = plan(protocol, time_it=False)
+    # 3 criteria x 2 sparsities recovered, 1 epoch over 256 rows, a training row-pass counted as 3 forwards
+    assert len(p.cells) == 1 + 3 * 2 * 2 and p.train_row_passes == 3 * 2 * 256 * 3
+    assert "training row-passes" in p.text()
+
+
+def test_recovered_cells_evaluate_the_recovered_model_and_resume(tmp_path, tiny_model_dir, tiny_csv, monkeypatch,
+                                                                 one_thread):
+    from headprune.data import row_hashes
+    from headprune.evaluation.metrics import evaluate
+    from headprune.model.loading import load_model
+    from headprune.model.mask import HeadMask
+    from headprune.recovery import RecoveryRun
+
+    protocol = recovery_protocol(tmp_path, tiny_model_dir, tiny_csv)
+    out = tmp_path / "out"
+
+    def cancel_in_recovery(fraction, message):
+        if "__recovered:" in message:
+            raise Cancelled()
+
+    with pytest.raises(Cancelled):   # cancelled inside the first recovered cell: the cells before it stay
+        run_protocol(protocol, out, progress=cancel_in_recovery, plots=False)
+    first = [c.key for c in expand(protocol)[:3]]
+    assert first[2].endswith("__recovered")
+    assert sorted(p.stem for p in (out / "cells").glob("*.json")) == sorted(first[:2])
+    summary = run_protocol(protocol, out, plots=False)
+    assert summary["computed"] == 3 and summary["reused"] == 2
+    assert not (out / "recovery").exists()   # checkpoints gone once the recovered cells are written
+
+    run = json.loads((out / "run.json").read_text())
+    loaded = load_model(str(tiny_model_dir), "cpu")
+    entry = protocol.models[0]
+    data = adapter.build_workspace_for(loaded, entry, protocol, 0)
+    recovered = [c for c in run["cells"].values() if c["kind"] == "recovered"]
+    assert len(recovered) == 2
+    for cell in recovered:
+        pruned = next(c for c in run["cells"].values() if c["kind"] == "sparsity"
+                      and c["criterion"] == cell["criterion"])
+        train_role = cell["recovery"]["train"]
+        assert train_role["size"] == 24 and cell["recovery"]["steps"] == 3
+        train = adapter.train_rows(loaded, entry, protocol, data)
+        assert content_hash(train) == train_role["hash"]
+        assert not set(row_hashes(train)) & set(row_hashes(data.eval))   # never trained on what is reported
+        mask = HeadMask.load(out / pruned["mask"], loaded.adapter.grid_shape)
+        assert HeadMask.load(out / cell["mask"], loaded.adapter.grid_shape).to_json() == mask.to_json()
+        # an independent recovery of the same mask on the same rows, evaluated on the cell's evaluation rows
+        result = RecoveryRun(protocol.recovery, loaded.model, loaded.tokenizer, mask, train,
+                             work_dir=tmp_path / f"again-{cell['criterion']}", task=data.task).run()
+        again = evaluate(result.model, data.eval_batches, mask if result.mode == "gated" else None).to_dict()
+        assert cell["metrics"]["accuracy"] == pytest.approx(again["accuracy"])
+        assert cell["metrics"]["mcc"] == pytest.approx(again["mcc"])
+        assert cell["stages"]["pruned"]["accuracy"] == pytest.approx(pruned["metrics"]["accuracy"])
+        assert cell["roles"]["eval"]["hash"] == pruned["roles"]["eval"]["hash"] and cell["roles"]["train"] == train_role
+
+    with open(out / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["criterion"], r["stage"]) for r in rows] == [
+        ("dense", "dense"), ("ae", "pruned"), ("ae", "recovered"), ("random", "pruned"), ("random", "recovered")]
+    for row in rows[2::2]:
+        cell = next(c for c in recovered if c["criterion"] == row["criterion"])
+        assert float(row["accuracy mean"]) == pytest.approx(cell["metrics"]["accuracy"], abs=1e-6)
+    assert "| stage |" in (out / "results.md").read_text()
+
+    # finished recovered cells are read, not trained again; a changed recovery setting retrains only them
+    monkeypatch.setattr(adapter, "recover_cell", lambda *a, **k: (_ for _ in ()).throw(AssertionError("trained")))
+    assert run_protocol(protocol, out, plots=False)["computed"] == 0
+    monkeypatch.undo()
+    changed = Protocol.parse(protocol.text.replace("steps = 3", "steps = 2"), protocol.source)
+    assert run_protocol(changed, out, plots=False)["computed"] == 2
+
+
+def test_the_recovery_demo_protocol_runs_from_the_command_line(tmp_path, capsys, demo_model_path):
+    """protocols/demo_recover.toml end to end: HIS, SAP and random at 50 % and 75 %, each recovered (a few
+    minutes on 2 shared cores)."""
+    out = tmp_path / "demo_recover"
+    assert main(["run", str(PROTOCOLS / "demo_recover.toml"), "--out", str(out), "--no-plots"]) == 0
+    captured = capsys.readouterr()
+    assert "estimate: protocol demo_recover" in captured.err
+    result = json.loads(captured.out)
+    assert result["computed"] == 13
+    lines = result["table"].splitlines()
+    assert lines[0] == "| model | criterion | sparsity | stage | repeats | accuracy | f1 | macro_f1 | mcc |"
+    assert [line.split(" | ")[1:4] for line in lines[2:]] == [["dense", "0", "dense"]] + [
+        [crit, s, stage] for crit in ("his", "sap", "random") for s in ("0.5", "0.75")
+        for stage in ("pruned", "recovered")]
+    run = json.loads((out / "run.json").read_text())
+    for cell in run["cells"].values():
+        if cell["kind"] == "recovered":
+            assert cell["recovery"]["train"]["size"] == 256 and cell["recovery"]["train"]["source"] == "demo:train"
+            assert cell["roles"]["eval"]["size"] == 200

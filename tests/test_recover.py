@@ -329,3 +329,28 @@ def test_recovery_protocols_parse(name):
     for model in protocol["models"] if isinstance(protocol["models"][0], dict) else [protocol]:
         assert model["data"]["train"]["source"] != model["data"]["eval"]["source"]
     assert ("NEEDS THE NETWORK" in text) == (name == "sap_fig6")
+
+
+def test_the_cli_records_its_data_roles_as_the_workspace_does(tiny_model_dir, tiny_csv):
+    """``recover``'s evaluation rows are the data roles' evaluation role, and the training role is recorded with
+    the same fields (source, split, size, seed, content hash)."""
+    import argparse
+
+    from headprune.cli.recover import eval_data
+    from headprune.data import content_hash, load_data
+    from headprune.model.loading import load_model
+    from headprune.recovery import data_role
+    from headprune.workspace import Workspace
+
+    loaded = load_model(str(tiny_model_dir), "cpu")
+    args = argparse.Namespace(model=str(tiny_model_dir), data=tiny_csv, eval_data=None, text_col=None, pair_col=None,
+                              label_col=None, eval_size=15, max_length=32, batch_size=4, seed=3, task=None)
+    evals, batches, role = eval_data(args, loaded)
+    ws = Workspace.build(str(tiny_model_dir), tiny_csv, calib_size=0, select_size=0, eval_size=15, seed=3,
+                         loaded=loaded, max_length=32, batch_size=4)
+    assert role == ws.roles()["eval"] and role["hash"] == content_hash(evals) and len(evals) == 15
+    assert set(evals.texts) <= set(load_data(tiny_csv).texts)   # a draw of the source (labels aligned to ids)
+    assert sum(len(b["input_ids"]) for b in batches) == 15
+    train = load_data(tiny_csv).subset(list(range(10)))
+    recorded = data_role(train, tiny_csv, 3)
+    assert set(recorded) == set(role) and recorded["hash"] == content_hash(train)

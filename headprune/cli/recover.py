@@ -19,12 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data import TextDataset, align_labels, load_data, make_batches, split_calib_eval
+from ..data import TextDataset, align_labels, load_data
 from ..errors import DataError, HeadpruneError
 from ..model.export import FORMATS, round_to_uniform, type_problem
 from ..model.loading import NAMED_MODELS, LoadedModel, load_model, model_source_kind
 from ..model.mask import HeadMask
-from ..model.task import REQUESTABLE, Task, task_of
+from ..model.task import REQUESTABLE, task_of
 from ..recovery import (
     METHODS,
     RecoveryError,
@@ -37,6 +37,7 @@ from ..recovery import (
     stage_metrics,
     teacher_problem,
 )
+from ..workspace import DefaultSize, Workspace
 from .common import DATA_HELP, add_mask_arg, add_memory_arg, add_model_args, check_args, load_mask, tqdm_progress
 from .output import write_json
 
@@ -99,17 +100,18 @@ def read_train_data(args, lm: bool) -> tuple[TextDataset, str]:
     return ds, source
 
 
-def eval_data(args, loaded: LoadedModel, task: Task) -> tuple[TextDataset, list[dict], dict]:
-    """(evaluation rows, their batches, their data role) for ``--eval-data`` (default ``--data``), as ``evaluate``
-    draws them today: a seeded ``--eval-size`` subset of the source. The one place to switch to the shared data
-    roles (``Workspace.build(..., eval_data=...)``) once they exist."""
-    source = args.eval_data or args.data
-    ds = align_labels(load_data(source, args.text_col, args.pair_col, args.label_col,
-                                task="lm" if task.is_lm else "classification"), loaded.id2label)
-    size = None if args.eval_size is None else min(args.eval_size, len(ds))
-    _, evals = split_calib_eval(ds, 0, size, args.seed)
-    return evals, make_batches(loaded.tokenizer, evals, args.batch_size, args.max_length), \
-        data_role(evals, source, args.seed)
+def eval_data(args, loaded: LoadedModel) -> tuple[TextDataset, list[dict], dict]:
+    """(evaluation rows, their batches, their data role) for ``--eval-data`` (default ``--data``): the evaluation
+    role of a ``Workspace`` over the loaded model (the same seeded draw, label alignment and batching as
+    ``evaluate``), recorded by ``Workspace.roles()``."""
+    ws = Workspace.build(args.model, args.data, eval_data=args.eval_data, text_col=args.text_col,
+                         pair_col=args.pair_col, label_col=args.label_col, calib_size=0, select_size=0,
+                         eval_size=args.eval_size if args.eval_size is None else DefaultSize(args.eval_size),
+                         allow_untrained_head=True, max_length=args.max_length, batch_size=args.batch_size,
+                         seed=args.seed, loaded=loaded, task=args.task)
+    for note in ws.notes:
+        print(f"note: {note}", file=sys.stderr)
+    return ws.eval, ws.eval_batches, ws.roles()["eval"]
 
 
 def check_recover_args(args) -> tuple[RecoverySpec, dict | None]:
@@ -177,7 +179,7 @@ def cmd_recover(args) -> dict:
         teacher_loaded = load_model(args.teacher, loaded.device)
         check_teacher(loaded.model, loaded.tokenizer, teacher_loaded.model, teacher_loaded.tokenizer)
         teacher, teacher_tok = teacher_loaded.model, teacher_loaded.tokenizer
-    evals, eval_batches, eval_role = eval_data(args, loaded, task)
+    _, eval_batches, eval_role = eval_data(args, loaded)
 
     run = RecoveryRun(spec, loaded.model, loaded.tokenizer, mask, train, work_dir=work, teacher=teacher,
                       teacher_tokenizer=teacher_tok, gated_export=args.format == "masked",

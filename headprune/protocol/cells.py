@@ -18,6 +18,10 @@ the functions below:
     mask_at               the mask of a ScoreMap at a sparsity (``kept_at``; for SAP its own selection at that
                           sparsity with its best k, and the layers its layer rule drops)
     evaluate_cell         the metrics of the model under a mask (those layers skipped) on the evaluation rows
+    train_rows            recovery's training rows (``[data.train]``): a seeded draw with the protocol's seed of the
+                          rows of its source that are not evaluation rows (compared by content hash)
+    recover               ``recovery.recover_cell`` on a cell's mask: the pruned model trained on the train rows,
+                          evaluated dense / pruned / recovered on the cell's evaluation rows
 """
 
 from __future__ import annotations
@@ -28,12 +32,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..data import TextDataset, calibration_texts, content_hash
+from ..data import TextDataset, align_labels, calibration_texts, content_hash, load_data, row_hashes
 from ..evaluation.metrics import evaluate, headline, metric_set
 from ..model.layers import skip_layers
 from ..model.loading import LoadedModel, load_model
 from ..model.mask import HeadMask
 from ..model.task import Task
+from ..recovery import recover_cell
 from ..scoring import ScoreMap, ScoringContext
 from ..workspace import DEFAULT_CALIB_SIZE, DEFAULT_SELECT_SIZE, DefaultSize, Workspace
 from .spec import ModelEntry, Protocol
@@ -163,3 +168,36 @@ def evaluate_cell(loaded: LoadedModel, data: CellData, mask: HeadMask | None, pr
     with skip_layers(loaded.adapter, dropped_layers):
         return evaluate(loaded.model, data.eval_batches, mask, progress=progress, task=data.task,
                         memory_budget=memory_budget).to_dict()
+
+
+def train_rows(loaded: LoadedModel, entry: ModelEntry, protocol: Protocol, data: CellData) -> TextDataset:
+    """The rows recovery trains on: ``[data.train]``'s source without the evaluation rows (by content hash, so a
+    train role on the evaluation source never trains on what is reported), a seeded draw of ``size`` (the protocol's
+    seed; None: every row left), labels aligned to the model's as the other roles' are."""
+    role = entry.data["train"]
+    ds = load_data(role.source, **entry.columns(), task="lm" if data.task.is_lm else "classification", role="train")
+    if not data.task.is_lm:
+        ds = align_labels(ds, loaded.id2label, label_map=entry.label_map, by_position=entry.labels_by_position)
+    held = set(row_hashes(data.eval))
+    free = np.flatnonzero([h not in held for h in row_hashes(ds)])
+    if role.size is not None and role.size > len(free):
+        raise role.fail("size", f"{role.size} training rows asked for, but {role.source} has only {len(free)} rows "
+                                f"outside the evaluation rows. Accepted: at most {len(free)}, or \"all\".")
+    order = np.random.default_rng(protocol.seed).permutation(free)
+    return ds.subset(np.sort(order[:role.size] if role.size is not None else order))
+
+
+def recover(loaded: LoadedModel, data: CellData, train: TextDataset, mask: HeadMask, protocol: Protocol,
+            work_dir, progress: Progress | None, memory_budget) -> dict:
+    """A recovered cell's result: ``recover_cell`` (the loaded model is copied, never trained in place) on the
+    train rows, then {"metrics": the recovered model's metric set on the cell's evaluation rows, "stages": dense /
+    pruned / recovered, "recovery": method, spec, steps, losses, training seconds, the train role}. An interrupted
+    run resumes from the last checkpoint in ``work_dir``; ``progress`` may raise ``Cancelled``."""
+    role = {"source": train.source, "split": train.split, "size": len(train), "seed": protocol.seed,
+            "hash": content_hash(train)}
+    result, record = recover_cell(protocol.recovery, loaded.model, loaded.tokenizer, mask, train, data.eval_batches,
+                                  work_dir=work_dir, task=data.task, roles={"train": role}, progress=progress,
+                                  resume=True, memory_budget=memory_budget)
+    return {"metrics": record["metrics"]["recovered"], "stages": record["metrics"],
+            "recovery": {k: record[k] for k in ("method", "spec", "mode", "steps", "train_seconds", "losses")}
+            | {"train": role}}

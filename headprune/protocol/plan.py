@@ -35,6 +35,8 @@ from .cells import scored_params
 from .spec import ModelEntry, Protocol
 
 DENSE = "dense"
+RECOVERED = "recovered"
+TRAIN_PASS = 3   # a training step's row-pass: forward + backward, about three forwards
 TIMED_PARAMETERS = 600_000_000   # larger local models are not instantiated to time a pass (memory)
 
 
@@ -52,20 +54,32 @@ class Cell:
     repeat: int = 0
     sparsity: float | None = None    # sparsity cells
     inverse: bool | None = None      # trajectory cells
+    recovered: bool = False          # the sparsity cell's model trained back ([recovery]): its own cell
 
     @property
     def kind(self) -> str:
+        if self.recovered:
+            return RECOVERED
         return DENSE if self.criterion == DENSE else ("trajectory" if self.inverse is not None else "sparsity")
+
+    @property
+    def pruned(self) -> Cell:
+        """The sparsity cell a recovered cell starts from (its mask)."""
+        return Cell(self.model, self.criterion, self.repeat, sparsity=self.sparsity)
 
     @property
     def key(self) -> str:
         """A stable file name: ``demo__his__s0.25__r1``."""
         what = f"s{self.sparsity:g}" if self.sparsity is not None else \
             ("inverse" if self.inverse else "order") if self.inverse is not None else ""
-        return "__".join(slug(p) for p in [self.model, self.criterion] + ([what] if what else []) + [f"r{self.repeat}"])
+        parts = [self.model, self.criterion] + ([what] if what else []) + [f"r{self.repeat}"]
+        return "__".join(slug(p) for p in parts + (["recovered"] if self.recovered else []))
 
     def to_json(self) -> dict:
-        return {**asdict(self), "kind": self.kind, "key": self.key}
+        out = {**asdict(self), "kind": self.kind, "key": self.key}
+        if not self.recovered:   # a pruned cell's record (and fingerprint) as before recovery existed
+            del out["recovered"]
+        return out
 
 
 def expand(protocol: Protocol) -> list[Cell]:
@@ -74,8 +88,9 @@ def expand(protocol: Protocol) -> list[Cell]:
     for entry in protocol.models:
         if protocol.trajectory is None:
             cells.append(Cell(entry.name, DENSE))
-            cells += [Cell(entry.name, c.label, r, sparsity=s) for r in range(protocol.repeats)
-                      for c in protocol.criteria for s in protocol.sparsities if s > 0]
+            stages = (False, True) if protocol.recovery is not None else (False,)
+            cells += [Cell(entry.name, c.label, r, sparsity=s, recovered=rec) for r in range(protocol.repeats)
+                      for c in protocol.criteria for s in protocol.sparsities if s > 0 for rec in stages]
             continue
         traj = protocol.trajectory
         for c in protocol.criteria:
@@ -125,6 +140,7 @@ class ModelPlan:
     grid: tuple[int, int] | None = None
     calib_row_passes: float | None = None
     eval_row_passes: float | None = None
+    train_row_passes: float = 0.0    # recovery ([recovery]): rows x epochs x TRAIN_PASS
     seconds: float | None = None
     note: str = ""
 
@@ -132,12 +148,14 @@ class ModelPlan:
         return {"name": self.entry.name, "model": self.entry.model, "source": self.kind,
                 "grid": list(self.grid) if self.grid else None, "cells": len(self.cells),
                 "calib_row_passes": self.calib_row_passes, "eval_row_passes": self.eval_row_passes,
+                "train_row_passes": self.train_row_passes,
                 "seconds": self.seconds, "estimate": self.text(), "note": self.note}
 
     def text(self) -> str:
         if self.calib_row_passes is None:
             return self.note
-        passes = f"{self.calib_row_passes:,.0f} calibration + {self.eval_row_passes:,.0f} evaluation row-passes"
+        passes = f"{self.calib_row_passes:,.0f} calibration + {self.eval_row_passes:,.0f} evaluation" + \
+            (f" + {self.train_row_passes:,.0f} training" if self.train_row_passes else "") + " row-passes"
         if self.seconds is None:
             return f"{passes}{'; ' + self.note if self.note else ''}"
         return f"{passes}: at most {human_duration(self.seconds)} (one random-initialised forward timed)"
@@ -145,6 +163,14 @@ class ModelPlan:
 
 def _rows(role) -> int | None:
     return role.size
+
+
+def recovery_rows(protocol: Protocol, entry: ModelEntry) -> int:
+    """Rows one recovered cell trains on: epochs x the train role's rows, or steps x batch size."""
+    spec = protocol.recovery
+    if spec.steps is not None:
+        return spec.steps * spec.batch_size
+    return spec.epochs * (entry.data["train"].size or 0)
 
 
 def plan_model(protocol: Protocol, entry: ModelEntry, cells: list[Cell], time_it: bool = True) -> ModelPlan:
@@ -160,7 +186,7 @@ def plan_model(protocol: Protocol, entry: ModelEntry, cells: list[Cell], time_it
     adapter = adapt(shell)
     plan.grid = adapter.grid_shape
     n_calib, n_eval = _rows(entry.data["calib"]), _rows(entry.data["eval"])
-    if n_calib is None or n_eval is None:
+    if n_calib is None or n_eval is None or ("train" in entry.data and entry.data["train"].size is None):
         plan.note = "a role of every row ('all'): its size is known once the data is read"
         return plan
     ctx = ScoringContext(shell, [], memory_budget=protocol.memory_budget)
@@ -170,6 +196,10 @@ def plan_model(protocol: Protocol, entry: ModelEntry, cells: list[Cell], time_it
     for cell in cells:
         if cell.kind == DENSE:
             evals += n_eval
+            continue
+        if cell.kind == RECOVERED:   # train, then dense / pruned / recovered evaluated (recover_cell)
+            plan.train_row_passes += TRAIN_PASS * recovery_rows(protocol, entry)
+            evals += 3 * n_eval
             continue
         entry_c = next((c for c in protocol.criteria if c.label == cell.criterion), None)
         crit = entry_c.criterion if entry_c is not None else get("random")   # random boxes
@@ -195,7 +225,7 @@ def plan_model(protocol: Protocol, entry: ModelEntry, cells: list[Cell], time_it
     length = min(protocol.max_length, getattr(config, "max_position_embeddings", None) or protocol.max_length)
     per_token, _ = forward_rate(_random_init(config), [_synthetic_batch(protocol.batch_size, length)],
                                 protocol.memory_budget)
-    plan.seconds = per_token * length * (calib + evals)
+    plan.seconds = per_token * length * (calib + evals + plan.train_row_passes)
     return plan
 
 

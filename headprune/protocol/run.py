@@ -4,8 +4,11 @@ Layout of ``OUT``::
 
     cells/<key>.json     one finished cell: its metrics (or trajectory), mask, seeds, role hashes, fingerprint
     scores/<key>.json    a criterion's ScoreMap of one repeat (shared by the sparsities of that repeat)
+    recovery/<key>/      a recovered cell's training checkpoints while it runs ([recovery]; deleted once written)
     masks/<key>.json     the mask of a cell (``HeadMask`` file format: {"pruned": {...}, "shape": [L, H]})
-    results.csv, results.md   the table: mean ± sd over repeats per (model, criterion, sparsity or order), metric
+    results.csv, results.md   the table: mean ± sd over repeats per (model, criterion, sparsity or order), metric;
+                         with [recovery] a "stage" column: dense, pruned, or recovered (the pruned cell's mask
+                         trained back on data.train, evaluated on the same evaluation rows)
     plots/<model>.html|png    metric vs sparsity (or the trajectories), when plotly (and kaleido) are installed
     run.json             the protocol text and its sha256, models, data roles with the hashes of their rows,
                          parameters, versions and every cell's result
@@ -26,6 +29,7 @@ import importlib.util
 import io
 import json
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -44,7 +48,7 @@ from ..provenance import versions
 from ..scoring import ScoreMap
 from ..trajectory import Trajectory, run_trajectory, spread
 from . import cells as adapter
-from .plan import DENSE, Cell, expand, slug
+from .plan import DENSE, RECOVERED, TRAIN_PASS, Cell, expand, recovery_rows, slug
 from .spec import CriterionEntry, ModelEntry, Protocol
 
 Progress = Callable[[float, str], None]
@@ -96,7 +100,12 @@ def check_out(out: str | Path) -> Path:
 def fingerprint(protocol: Protocol, entry: ModelEntry, cell: Cell) -> str:
     """sha256 of everything that decides ``cell``'s result (module doc); not the other cells' settings."""
     crit = next((c.to_json() for c in protocol.criteria if c.label == cell.criterion), {"name": cell.criterion})
-    what = {"cell": cell.to_json(), "model": entry.to_json(), "criterion": crit, "seed": protocol.seed,
+    model = entry.to_json()
+    if cell.recovered:   # what recovery trains on and how: only a recovered cell's result depends on them
+        model["recovery"] = protocol.recovery.to_json()
+    else:
+        model["data"].pop("train", None)
+    what = {"cell": cell.to_json(), "model": model, "criterion": crit, "seed": protocol.seed,
             "batch_size": protocol.batch_size, "max_length": protocol.max_length, "dtype": protocol.dtype,
             "trajectory": protocol.trajectory.to_json() if protocol.trajectory and cell.kind == "trajectory"
             else None}
@@ -165,6 +174,8 @@ class Runner:
                 if cell.kind == DENSE:
                     result = {"metrics": adapter.evaluate_cell(loaded, data, None, self.sub(cell), self.budget)}
                     mask = None
+                elif cell.kind == RECOVERED:
+                    result, mask, dropped = self.recovered_cell(loaded, entry, data, data_cache, cell)
                 elif cell.kind == "sparsity":
                     result, mask, dropped = self.sparsity_cell(loaded, entry, data, contexts, cell, scores, seed)
                 else:
@@ -185,6 +196,32 @@ class Runner:
         metrics = adapter.evaluate_cell(loaded, data, mask, self.sub(cell), self.budget, dropped)
         return {"metrics": metrics, "scores": str(self.score_file(cell, params, seed).relative_to(self.out)),
                 "score_params": scores[key].params, "score_seed": seed}, mask, dropped
+
+    def recovered_cell(self, loaded, entry: ModelEntry, data, cache: dict, cell: Cell
+                       ) -> tuple[dict, HeadMask, list[int]]:
+        """The pruned cell's mask (its mask file: written before, or by an earlier run) recovered on the train rows
+        (``adapter.recover``); checkpoints in ``recovery/<key>/`` until the cell is written, kept only for a run
+        with the same fingerprint (a changed setting starts the training over)."""
+        pruned = self.out / "masks" / f"{cell.pruned.key}.json"
+        saved = _read(pruned)
+        if saved is None:
+            raise RunError(f"{pruned} is missing or unreadable: the recovered cell {cell.key} starts from its pruned "
+                           "cell's mask. Delete cells/ entries of that cell to recompute it.")
+        mask = HeadMask.from_json(saved, loaded.adapter.grid_shape)
+        if "train" not in cache:   # one draw per model: the evaluation rows do not change between repeats
+            cache["train"] = adapter.train_rows(loaded, entry, self.protocol, data)
+        work = self.out / "recovery" / cell.key
+        stamp = fingerprint(self.protocol, entry, cell)
+        if (_read(work / "fingerprint.json") or {}).get("fingerprint") != stamp:
+            shutil.rmtree(work, ignore_errors=True)
+            write_atomic(work / "fingerprint.json", _json({"fingerprint": stamp}))
+        result = adapter.recover(loaded, data, cache["train"], mask, self.protocol, work / "run", self.sub(cell),
+                                 self.budget)
+        dropped = [int(layer) for layer in saved.get("dropped_layers", [])]
+        if dropped:   # SAP's layer rule skips whole layers; recovery trains the heads' mask only
+            result["note"] = (f"the pruned cell also skips layers {dropped} (SAP's layer rule); recovery trained "
+                              "and evaluated the head mask with those layers kept")
+        return result, mask, []
 
     def score_file(self, cell: Cell, params: dict, seed: int) -> Path:
         tag = hashlib.sha256(json.dumps([params, seed], sort_keys=True, default=str).encode()).hexdigest()[:10]
@@ -227,11 +264,14 @@ class Runner:
             mask_path = self.out / "masks" / f"{cell.key}.json"
             write_atomic(mask_path, _json(layer_rule_json(mask, dropped) if dropped else mask.to_json()))
         record = {**cell.to_json(), "fingerprint": fingerprint(self.protocol, entry, cell), "seed": seed,
-                  "loaded": self.models[entry.name], "roles": data.roles, "task": data.task.kind,
+                  "loaded": self.models[entry.name], "task": data.task.kind,
+                  "roles": {**data.roles, **({"train": result["recovery"]["train"]} if cell.recovered else {})},
                   "n_classes": data.n_classes, **result,
                   "mask": str(mask_path.relative_to(self.out)) if mask_path else None, "dropped_layers": dropped,
                   "seconds": seconds}
         write_atomic(self.out / "cells" / f"{cell.key}.json", _json(record))   # last: the cell's commit point
+        if cell.recovered:   # the cell is whole: its checkpoints are no longer needed
+            shutil.rmtree(self.out / "recovery" / cell.key, ignore_errors=True)
         self.computed.append(cell.key)
         self.done += 1
         self.report(0.0, f"{cell.key} done")
@@ -250,6 +290,10 @@ class Runner:
                 seconds += estimate_trajectory(spec, loaded.model, data.calib_batches, data.eval_batches,
                                                rate=rate, memory_budget=self.budget).seconds
                 continue
+            if cell.kind == RECOVERED:   # training (forward + backward) and three evaluations (recover_cell)
+                per_row = tokens(data.eval_batches) / max(len(data.eval), 1)
+                seconds += per_token * (2 * tokens(data.eval_batches)
+                                        + TRAIN_PASS * per_row * recovery_rows(self.protocol, entry))
             seconds += per_token * tokens(data.eval_batches)
             if cell.kind == "sparsity" and (cell.criterion, cell.repeat) not in scored:
                 scored.add((cell.criterion, cell.repeat))
@@ -285,9 +329,10 @@ def table_rows(protocol: Protocol, records: dict[str, dict]) -> tuple[list[dict]
     groups: dict[tuple, list[dict]] = {}
     for cell in expand(protocol):
         where = cell.sparsity if cell.inverse is None else ("inverse" if cell.inverse else "order")
-        groups.setdefault((cell.model, cell.criterion, where), []).append(records[cell.key])
+        stage = RECOVERED if cell.recovered else (DENSE if cell.kind == DENSE else "pruned")
+        groups.setdefault((cell.model, cell.criterion, where, stage), []).append(records[cell.key])
     entries = {m.name: m for m in protocol.models}
-    for (model, criterion, where), recs in groups.items():
+    for (model, criterion, where, stage), recs in groups.items():
         task = Task(recs[0]["task"])
         if protocol.trajectory is None:
             names = list(adapter.task_metrics(task, entries[model], *eval_of(recs[0])))
@@ -300,12 +345,17 @@ def table_rows(protocol: Protocol, records: dict[str, dict]) -> tuple[list[dict]
             values |= {f"{metric} @ {r:g}": [value_at(t, r, metric) for t in trajs]
                        for r in protocol.trajectory.report_at}
             row = {"model": model, "criterion": criterion, "order": where}
+        if protocol.recovery is not None:   # pruned and recovered rows side by side: the stage tells them apart
+            row["stage"] = stage
         row["repeats"] = len(recs)
         for name, vals in values.items():
             row[name] = mean_sd(vals)
             columns += [name] if name not in columns else []
         rows.append(row)
     return rows, columns
+
+
+KEYS = ("model", "criterion", "sparsity", "order", "stage", "repeats")   # a row's identifying columns
 
 
 def _fmt(value: tuple | None) -> str:
@@ -316,7 +366,7 @@ def _fmt(value: tuple | None) -> str:
 
 
 def table_csv(rows: list[dict], columns: list[str]) -> str:
-    keys = [k for k in ("model", "criterion", "sparsity", "order", "repeats") if k in rows[0]]
+    keys = [k for k in KEYS if k in rows[0]]
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(keys + [f"{c} {part}" for c in columns for part in ("mean", "sd")])
@@ -330,7 +380,7 @@ def table_csv(rows: list[dict], columns: list[str]) -> str:
 
 
 def table_markdown(rows: list[dict], columns: list[str]) -> str:
-    keys = [k for k in ("model", "criterion", "sparsity", "order", "repeats") if k in rows[0]]
+    keys = [k for k in KEYS if k in rows[0]]
     lines = ["| " + " | ".join(keys + columns) + " |", "|" + "---|" * (len(keys) + len(columns))]
     for row in rows:
         shown = [f"{row[k]:g}" if k == "sparsity" else str(row[k]) for k in keys]
@@ -354,7 +404,8 @@ def write_plots(protocol: Protocol, records: dict[str, dict], rows: list[dict], 
         if protocol.trajectory is None:
             dense = records[mine[0].key]
             metric = adapter.headline_of(Task(dense["task"]), entry, *eval_of(dense))
-            points = [{"criterion": r["criterion"], "sparsity": r["sparsity"], "mean": r[metric][0],
+            points = [{"criterion": r["criterion"] + (" (recovered)" if r.get("stage") == RECOVERED else ""),
+                       "sparsity": r["sparsity"], "mean": r[metric][0],
                        "sd": r[metric][1]} for r in rows if r["model"] == entry.name and r["criterion"] != DENSE
                       and metric in r]
             fig = viz.sparsity_figure(points, metric, dense["metrics"].get(metric))
@@ -399,6 +450,8 @@ def run_protocol(protocol: Protocol, out: str | Path, *, memory_budget=None, pro
         stale.unlink()
     runner = Runner(protocol, out, memory_budget, progress, say)
     runner.run()
+    if (out / "recovery").is_dir() and not any((out / "recovery").iterdir()):   # every recovered cell written
+        (out / "recovery").rmdir()
     records = {}
     for cell in runner.cells:
         entry = next(m for m in protocol.models if m.name == cell.model)

@@ -38,9 +38,10 @@ from ..evaluation.metrics import Metrics
 from ..limits import NON_NEGATIVE_INT, POSITIVE_INT, UNIT
 from ..model.device import DEVICES
 from ..model.memory import MemoryBudgetError, parse_budget
+from ..recovery.spec import RecoverySpec
 from ..trajectory import TrajectoryError, TrajectorySpec
 
-ROLES = ("calib", "select", "eval")
+ROLES = ("calib", "select", "eval", "train")   # train: recovery's rows ([recovery])
 # metric names a protocol may ask for: every field of Metrics that is a metric (new metrics join by themselves)
 NOT_METRICS = ("n", "tokens")
 DTYPES = ("fp32", "bf16", "fp16")
@@ -385,6 +386,7 @@ class Protocol(Located):
     dtype: str | None = None
     batch_size: int = 32
     max_length: int = 128
+    recovery: RecoverySpec | None = None         # [recovery]: every pruned cell also recovered on data.train
     text: str = field(default="", repr=False)     # the file as written (hashed into the run file)
     source: str = ""                               # the file's path
 
@@ -419,6 +421,13 @@ class Protocol(Located):
             raise self.fail("device", f"unknown device {self.device!r}; accepted: {', '.join(DEVICES)}.")
         if self.dtype is not None and self.dtype not in DTYPES:
             raise self.fail("dtype", f"unknown dtype {self.dtype!r}; accepted: {', '.join(DTYPES)}.")
+        if self.recovery is not None and self.trajectory is not None:
+            raise self.fail("recovery", "recovery applies to sparsity cells; a [trajectory] protocol has none. "
+                                        "Accepted: [recovery] with sparsities = [...].")
+        for entry in self.models:
+            if (self.recovery is None) != ("train" not in entry.data):
+                raise entry.fail("data", "a [recovery] table and a [data.train] role go together: recovery trains "
+                                         "on the train role's rows. Accepted: both (recovered cells) or neither.")
         if self.memory_budget is not None:
             try:
                 parse_budget(str(self.memory_budget))
@@ -495,15 +504,17 @@ class Protocol(Located):
             if "name" not in item:
                 raise here.fail("name", "missing: each criterion names one of the registry (headprune criteria).")
             criteria.append(CriterionEntry(**item, path=("criteria", i), where=where))
+        recovery = _read_recovery(obj, top, where) if "recovery" in obj else None
         trajectory = None
         if "trajectory" in obj:
             part = _table(top, "trajectory", obj["trajectory"])
             _unknown(Located(path=("trajectory",), where=where), part, TrajectoryPart)
             trajectory = TrajectoryPart(**part, path=("trajectory",), where=where)
         rest = {k: v for k, v in obj.items() if k not in ("data", "models", "criteria", "trajectory", "metrics",
-                                                         "headline") + GUARDS}
+                                                         "headline", "recovery") + GUARDS}
         rest.setdefault("name", default_name)
-        return cls(**rest, models=tuple(entries), criteria=tuple(criteria), trajectory=trajectory, text=text,
+        return cls(**rest, models=tuple(entries), criteria=tuple(criteria), trajectory=trajectory, recovery=recovery,
+                   text=text,
                    source=source, where=where)
 
     def to_json(self) -> dict:
@@ -512,7 +523,29 @@ class Protocol(Located):
                 "criteria": [c.to_json() for c in self.criteria], "sparsities": list(self.sparsities),
                 "trajectory": self.trajectory.to_json() if self.trajectory else None, "repeats": self.repeats,
                 "seed": self.seed, "memory_budget": self.memory_budget, "device": self.device, "dtype": self.dtype,
-                "batch_size": self.batch_size, "max_length": self.max_length}
+                "batch_size": self.batch_size, "max_length": self.max_length,
+                "recovery": self.recovery.to_json() if self.recovery else None}
+
+
+def _read_recovery(obj: Mapping, top: Located, where) -> RecoverySpec:
+    """The [recovery] table as a RecoverySpec (its keys are the spec's fields); the protocol's seed and max_length
+    unless set. Each key is checked on its own first, so a bad value is named with its key and line."""
+    given = dict(_table(top, "recovery", obj["recovery"], "a table of recovery settings (RecoverySpec's fields)"))
+    part = Located(path=("recovery",), where=where)
+    known = [f.name for f in dataclasses.fields(RecoverySpec)]
+    for key, value in given.items():
+        if key not in known:
+            raise part.fail(key, f"unknown key; accepted: {', '.join(known)}.")
+        try:
+            RecoverySpec(**{key: value})
+        except (HeadpruneError, TypeError) as exc:
+            raise part.fail(key, str(exc)) from None
+    given.setdefault("seed", obj.get("seed", 0))
+    given.setdefault("max_length", obj.get("max_length", 128))
+    try:
+        return RecoverySpec(**given)
+    except (HeadpruneError, TypeError) as exc:
+        raise part.fail(None, str(exc)) from None
 
 
 def parse_toml(text: str) -> dict:

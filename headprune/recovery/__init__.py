@@ -16,10 +16,9 @@ from .train import (
     distill_kl,
     lora_targets,
     recovery_loss,
-    rows_hash,
     teacher_problem,
 )
 
 __all__ = ["DEFAULT_LR", "METHODS", "MODES", "RecoveryError", "RecoveryResult", "RecoveryRun", "RecoverySpec",
            "check_teacher", "data_role", "distill_kl", "export_recovered", "headline_gain", "lora_targets",
-           "recover_cell", "recovery_loss", "rows_hash", "run_record", "stage_metrics", "teacher_problem"]
+           "recover_cell", "recovery_loss", "run_record", "stage_metrics", "teacher_problem"]

@@ -25,7 +25,6 @@ micro-batch may hold and the rest is gradient accumulation. peft (the ``recover`
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import math
 import time
@@ -40,7 +39,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.trainer_utils import get_last_checkpoint
 
-from ..data import TextDataset, make_batches, model_inputs
+from ..data import TextDataset, content_hash, make_batches, model_inputs
 from ..errors import Cancelled
 from ..estimate import TimeEstimate, device_name
 from ..model.arch import adapt
@@ -60,19 +59,10 @@ MODES = ("cut", "gated")
 
 # -- data ------------------------------------------------------------------------------------------------------
 
-def rows_hash(ds: TextDataset) -> str:
-    """sha256 over the rows (text, pair, label) in order: which rows a run used, comparable across runs."""
-    digest = hashlib.sha256()
-    for i in range(len(ds)):
-        row = [ds.texts[i], None if ds.pairs is None else ds.pairs[i], None if ds.labels is None else ds.labels[i]]
-        digest.update(json.dumps(row, default=str).encode("utf-8"))
-        digest.update(b"\n")
-    return digest.hexdigest()
-
-
 def data_role(ds: TextDataset, source: str, seed: int | None) -> dict:
-    """What a run file records of one data role: source, rows, seed of the draw, content hash."""
-    return {"source": source, "size": len(ds), "seed": seed, "hash": rows_hash(ds)}
+    """What a run file records of one data role, with the fields of ``Workspace.roles()``: source, the Hugging Face
+    split read (or None), rows, seed of the draw, content hash (``data.content_hash``)."""
+    return {"source": source, "split": ds.split, "size": len(ds), "seed": seed, "hash": content_hash(ds)}
 
 
 class Rows(torch.utils.data.Dataset):
@@ -424,5 +414,5 @@ class RecoveryRun:
 
 
 __all__ = ["MODES", "Progress", "RecoveryResult", "RecoveryRun", "Rows", "Cancelled", "check_teacher", "collate",
-           "data_role", "distill_kl", "lora_targets", "recovery_loss", "rows_hash", "teacher_problem",
+           "data_role", "distill_kl", "lora_targets", "recovery_loss", "teacher_problem",
            "trainable_counts"]
