@@ -36,7 +36,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from ..criteria import get
 from ..criteria.sap import layer_rule_json
@@ -251,11 +250,10 @@ class Runner:
                                              adapter.headline_of(data.task, entry, data.eval_source, data.n_classes))
         traj = run_trajectory(spec, loaded.model, data.calib_batches, data.eval_batches, tokenizer=loaded.tokenizer,
                               texts=data.calib_texts(), device=loaded.device, progress=self.sub(cell),
-                              memory_budget=self.budget)
-        mask = HeadMask(loaded.adapter.live_grid().to(torch.float32))
-        for layer, head in traj.order():   # Algorithm 1's M: the heads left where the trajectory stopped
-            mask = mask.prune(layer, head)
-        return {"trajectory": traj.to_json()}, mask
+                              memory_budget=self.budget, select=data.select_batches or None)
+        # Algorithm 1's M: the heads left at the stopping point (after a tolerance stop, the last step within it,
+        # read on the selection rows when there are some), as `trajectory --save-mask stop` writes it
+        return {"trajectory": traj.to_json()}, traj.mask_at(traj.stop_index())
 
     def write_cell(self, entry: ModelEntry, cell: Cell, data, result: dict, mask: HeadMask | None, seed: int,
                    seconds: float, dropped: list[int]) -> None:
