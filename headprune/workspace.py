@@ -44,7 +44,7 @@ from .data import (
     TextDataset,
     align_labels,
     calibration_texts,
-    content_hash,
+    data_role,
     is_choice_data,
     label_note,
     load_data,
@@ -411,9 +411,8 @@ class Workspace:
         """Each data role as a run file records it: {"calib" | "select" | "eval": {"source": spec, "split": the
         Hugging Face split read or None, "size": rows, "seed": seed of the draw, "hash": sha256 of the rows}}."""
         parts = {"calib": self.calib, "select": self.select, "eval": self.eval}
-        return {role: {"source": self.sources.get(role, part.source if part is not None else None),
-                       "split": None if part is None else part.split, "size": 0 if part is None else len(part),
-                       "seed": self.seed, "hash": content_hash(part if part is not None else TextDataset([]))}
+        return {role: data_role(TextDataset([]) if part is None else part,
+                                self.sources.get(role, part.source if part is not None else None), self.seed)
                 for role, part in parts.items()}
 
     def label_mapping(self) -> dict | None:

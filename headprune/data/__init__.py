@@ -28,7 +28,7 @@ from .choice import (
     prefix_token_id,
     split_context_continuation,
 )
-from .dataset import NON_INPUT_KEYS, TextDataset, as_lm_data, content_hash, row_hashes
+from .dataset import NON_INPUT_KEYS, TextDataset, as_lm_data, content_hash, data_role, row_hashes
 from .labels import align_labels, label_note, parse_label_map
 from .sources import (
     EVAL_SPLITS,
@@ -51,7 +51,7 @@ from .sources import (
 __all__ = ["EVAL_SPLITS", "FIELD_MAPS", "LABEL_COLUMNS", "NAMED_DATA", "NON_INPUT_KEYS", "PAIR_COLUMNS", "ROLES",
            "TEXT_COLUMNS", "ChoiceFields", "ChoiceWarning", "NamedData", "TextDataset", "TruncationWarning", "accepted",
            "align_labels", "as_lm_data", "batch_texts", "calibration_texts", "check_source", "choice_dataset",
-           "choice_fields", "columns_of", "content_hash", "is_choice_data", "label_note", "load_data",
+           "choice_fields", "columns_of", "content_hash", "data_role", "is_choice_data", "label_note", "load_data",
            "make_batches", "make_choice_batches", "model_inputs", "parse_hf_spec", "parse_label_map", "pick_split",
            "prefix_token_id", "redraw_calibration", "register_dataset", "row_hashes", "split_calib_eval",
            "split_context_continuation"]

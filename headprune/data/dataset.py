@@ -76,3 +76,9 @@ def content_hash(ds: TextDataset) -> str:
     for row in row_hashes(ds):
         digest.update(row.encode("ascii"))
     return digest.hexdigest()
+
+
+def data_role(ds: TextDataset, source: str | None, seed: int | None) -> dict:
+    """What a run file records of one data role (``Workspace.roles()``, recovery's training rows): the source spec,
+    the Hugging Face split read (or None), rows, seed of the draw, content hash (:func:`content_hash`)."""
+    return {"source": source, "split": ds.split, "size": len(ds), "seed": seed, "hash": content_hash(ds)}

@@ -39,7 +39,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.trainer_utils import get_last_checkpoint
 
-from ..data import TextDataset, content_hash, make_batches, model_inputs
+from ..data import TextDataset, data_role, make_batches, model_inputs
 from ..errors import Cancelled
 from ..estimate import TimeEstimate, device_name
 from ..model.arch import adapt
@@ -58,12 +58,6 @@ MODES = ("cut", "gated")
 
 
 # -- data ------------------------------------------------------------------------------------------------------
-
-def data_role(ds: TextDataset, source: str, seed: int | None) -> dict:
-    """What a run file records of one data role, with the fields of ``Workspace.roles()``: source, the Hugging Face
-    split read (or None), rows, seed of the draw, content hash (``data.content_hash``)."""
-    return {"source": source, "split": ds.split, "size": len(ds), "seed": seed, "hash": content_hash(ds)}
-
 
 class Rows(torch.utils.data.Dataset):
     """One tokenized row per item (``make_batches`` with batches of one: its LM labels and truncation rules)."""
