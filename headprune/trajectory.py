@@ -100,6 +100,7 @@ class Trajectory:
     metric_set: list = field(default_factory=list)     # the metrics the task reports (evaluation.metrics.metric_set)
     repeat: int = 0                                     # which calibration draw (run_repeats); data["calib_hash"]
     select_dense: dict = field(default_factory=dict)   # start metrics on the selection rows the stop read ({}: none)
+    points: dict = field(default_factory=dict)   # metrics measured at chosen points only (``measure_points``)
 
     @property
     def n_units(self) -> int:
@@ -166,6 +167,14 @@ class Trajectory:
     @property
     def higher_is_better(self) -> bool:
         return HIGHER_IS_BETTER.get(self.metric, True)
+
+    def point_values(self, metric: str) -> tuple[np.ndarray, np.ndarray]:
+        """(ratios, values) of a metric measured at chosen points only (``measure_points``), the start first."""
+        if metric not in self.points:
+            raise TrajectoryError(f"Metric '{metric}' was not measured at any point of this run; measured at "
+                                  f"points: {', '.join(self.points) or 'none'}.")
+        rows = self.points[metric]
+        return np.array([r["ratio"] for r in rows], dtype=float), np.array([r["value"] for r in rows], dtype=float)
 
     def summary(self) -> dict:
         return {"auc": self.auc(), "tolerance_ratio": self.tolerance_ratio(), "final_ratio": float(self.ratios()[-1]),
@@ -373,6 +382,35 @@ def run_trajectory(spec: TrajectorySpec, model, calib: list[dict], eval_batches:
             return traj
     traj.stop = "end" if mask.n_pruned == n_units else "budget"
     return traj
+
+
+def point_steps(run: Trajectory, points: Sequence[float | str]) -> list[int]:
+    """The steps of ``run`` at ``points`` (ratios: the last step pruning at most that share, ``point_at_ratio``;
+    "stop": ``stop_index``), the start (step 0) first, each step once, in order."""
+    steps = {0} | {run.stop_index() if p == "stop" else run.point_at_ratio(p) for p in points}
+    return sorted(steps)
+
+
+def measure_points(runs: Sequence[Trajectory], points: Sequence[float | str], names: Sequence[str],
+                   measure, progress=None) -> None:
+    """Measure metrics too costly for every step (an lm-eval task: ``evaluation.harness.harness_metrics``) at the
+    chosen ``points`` of each run, and the start, into ``run.points[name]``: [{"step", "ratio", "value"}, ...].
+
+    ``measure(mask) -> {name: value}`` is called once per distinct mask (repeats share the start; points falling
+    on one step share it). ``progress(fraction, message)`` after each call."""
+    todo = [(run, step) for run in runs for step in point_steps(run, points)]
+    done: dict[bytes, dict] = {}
+    for i, (run, step) in enumerate(todo):
+        mask = run.mask_at(step)
+        key = mask.values.numpy().tobytes()
+        if key not in done:
+            done[key] = measure(mask)
+        for name in names:
+            run.points.setdefault(name, []).append({"step": step, "ratio": float(run.ratios()[step]),
+                                                    "value": float(done[key][name])})
+        if progress is not None:
+            progress((i + 1) / len(todo), f"{', '.join(names)} at step {step}: "
+                                          f"{', '.join(f'{done[key][n]:.4f}' for n in names)}")
 
 
 def random_mask(start: HeadMask, n_pruned: int, seed) -> HeadMask:

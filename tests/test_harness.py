@@ -10,15 +10,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch
 
 pytest.importorskip("lm_eval")
 
-from tokenizers import Tokenizer, models, pre_tokenizers, processors  # noqa: E402
-from transformers import PreTrainedTokenizerFast  # noqa: E402
+from harness_support import QUESTIONS, word_tokenizer, write_task  # noqa: E402
 
 from headprune.cli import main  # noqa: E402
 from headprune.data import load_data, make_choice_batches  # noqa: E402
@@ -36,58 +34,6 @@ from headprune.model.export import export_model  # noqa: E402
 from headprune.model.hooks import attached_names  # noqa: E402
 from headprune.model.mask import HeadMask  # noqa: E402
 from headprune.testing import tiny_decoder  # noqa: E402
-
-WORDS = ("the a film story book song was is felt seemed good bad long short dull bright warm cold slow quick and but "
-         "very quite not never love war peace cats dogs rain sun night day end start it all nothing liked").split()
-QUESTIONS = [
-    ("the film was", ["good", "bad and long", "very dull", "quite warm"], 0),
-    ("a story about", ["love", "war and peace", "cats", "the night"], 2),
-    ("I liked", ["it", "nothing at all", "the end", "the start"], 1),
-    ("the song felt", ["slow", "quick but warm", "cold", "bright"], 3),
-    ("a book is", ["never dull", "quite long", "good", "bad"], 1),
-    ("the day seemed", ["short", "long and slow", "warm", "very bright"], 0),
-]
-
-
-def word_tokenizer(end_token: bool = False) -> PreTrainedTokenizerFast:
-    """A word-level tokenizer for the tiny decoder's 120-id vocabulary: ``<s> text`` as Llama's reads a row, or
-    ``<s> text </s>`` (``end_token``) as the LM demo's does."""
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, **{w: i + 4 for i, w in enumerate(dict.fromkeys(WORDS))}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A </s>" if end_token else "<s> $A",
-                                                       special_tokens=[("<s>", 1), ("</s>", 2)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-                                   unk_token="<unk>")
-
-
-def write_task(folder, name: str = "tiny_mc", questions=QUESTIONS):
-    """A local lm-eval multiple-choice task: JSONL rows and a YAML reading them by absolute path."""
-    folder.mkdir(parents=True, exist_ok=True)
-    rows = folder / f"{name}.jsonl"
-    rows.write_text("".join(json.dumps({"context": c, "choices": ch, "answer": a}) + "\n" for c, ch, a in questions))
-    (folder / f"{name}.yaml").write_text(textwrap.dedent(f"""\
-        task: {name}
-        dataset_path: json
-        dataset_kwargs:
-          data_files:
-            test: {rows}
-        test_split: test
-        output_type: multiple_choice
-        doc_to_text: context
-        doc_to_choice: choices
-        doc_to_target: answer
-        metric_list:
-          - metric: acc
-            aggregation: mean
-            higher_is_better: true
-          - metric: acc_norm
-            aggregation: mean
-            higher_is_better: true
-        metadata:
-          version: 2.0
-        """))
-    return folder
 
 
 def heavy_mask() -> HeadMask:

@@ -172,8 +172,8 @@ def check_args(args, *, calib: str | None = None, evaluation: str | None = None)
 def add_metric_arg(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--metric", default=None, metavar="NAME",
                    help=f"headline metric {what}: accuracy, f1 (binary), macro_f1, mcc, pearson, spearman, mse, "
-                        "loss, perplexity, next_token_accuracy (default: the task's headline; GLUE data: GLUE's, "
-                        "e.g. mcc for CoLA, f1 for MRPC/QQP)")
+                        "loss, perplexity, next_token_accuracy, acc, acc_norm, acc_bytes (default: the task's "
+                        "headline; GLUE data: GLUE's, e.g. mcc for CoLA, f1 for MRPC/QQP)")
 
 
 def metric_choice(args, ws: Workspace) -> tuple[tuple[str, ...], str]:

@@ -90,14 +90,13 @@ def cmd_evaluate(args) -> dict:
 def _evaluate_lm_eval(args) -> dict:
     """``evaluate --lm-eval TASKS``: lm-evaluation-harness on the loaded model under ``--mask`` (--data unused).
     Tasks, their data and the mask file are checked before the model loads."""
-    spec = HarnessSpec.from_text(args.lm_eval, limit=args.lm_eval_limit, include=tuple(args.lm_eval_include or ()),
-                                 num_fewshot=args.num_fewshot, batch_size=args.batch_size, apply=args.lm_eval_apply,
-                                 seed=args.seed)
+    spec = harness_spec(args, tuple(args.lm_eval.split(",")))
     check_args(args)
     tasks = resolve_tasks(spec)
     loaded = load_model(args.model, args.device, device_map=args.device_map, dtype=args.dtype)
     mask = load_mask(args, loaded)
-    result = run_lm_eval(loaded.model, loaded.tokenizer, tasks, mask, progress=tqdm_progress("lm-eval"))
+    result = run_lm_eval(loaded.model, loaded.tokenizer, tasks, mask, progress=tqdm_progress("lm-eval"),
+                         dropped_layers=mask_dropped_layers(args, loaded))
     return {"model": args.model, "mask": args.mask, "device": str(loaded.device), "dtype": args.dtype,
             "device_map": args.device_map, "lm_eval": result, "software": versions("lm_eval")}
 
@@ -170,12 +169,24 @@ def _check_uniform_family(spec: str) -> None:
         raise ExportError(problem)
 
 
+def harness_spec(args, tasks: tuple[str, ...]) -> HarnessSpec:
+    """The lm-eval settings of a command (``add_harness_options``) for ``tasks``, checked before any model loads."""
+    return HarnessSpec(tasks=tasks, limit=args.lm_eval_limit, include=tuple(args.lm_eval_include or ()),
+                       num_fewshot=args.num_fewshot, batch_size=args.batch_size, apply=args.lm_eval_apply,
+                       seed=args.seed)
+
+
 def add_lm_eval_args(p) -> None:
     g = p.add_argument_group("lm-evaluation-harness (extra 'eval')")
     g.add_argument("--lm-eval", metavar="TASKS",
                    help="run lm-evaluation-harness tasks instead of --data, comma-separated (hellaswag,arc_easy,"
                         "arc_challenge need the network once; demo_lm_cloze ships offline), on the model as loaded "
                         "(--device, --device-map, --dtype) under --mask; prints lm-eval's results verbatim")
+    add_harness_options(g)
+
+
+def add_harness_options(g) -> None:
+    """How lm-eval runs (``harness_spec``): evaluate --lm-eval, and trajectory --metric lm-eval:TASK/METRIC."""
     g.add_argument("--lm-eval-limit", type=int, default=None, metavar="N", help="examples per task (default: all)")
     g.add_argument("--lm-eval-include", action="append", default=None, metavar="DIR",
                    help="a folder of lm-eval task YAMLs (e.g. offline tasks reading local JSONL); repeatable")

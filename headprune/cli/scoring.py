@@ -3,6 +3,7 @@ and measure), ``select-alpha`` (HIES α by wAUC on the selection rows, else the 
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from dataclasses import replace
@@ -13,10 +14,20 @@ from ..criteria.hies import DEFAULT_ALPHAS, select_alpha, sweep_specs
 from ..criteria.sap import levels_json
 from ..data import calibration_texts, content_hash
 from ..errors import CriterionError
-from ..estimate import estimate_scoring, estimate_trajectory
+from ..estimate import estimate_harness, estimate_scoring, estimate_trajectory
+from ..evaluation.harness import harness_metrics, is_harness_metric, metric_tasks, resolve_tasks
 from ..limits import POSITIVE_INT, UNIT
 from ..model.export import FORMATS
-from ..trajectory import CalibrationDraw, TrajectoryError, TrajectorySpec, repeat_summary, run_repeats, spread
+from ..trajectory import (
+    CalibrationDraw,
+    TrajectoryError,
+    TrajectorySpec,
+    measure_points,
+    point_steps,
+    repeat_summary,
+    run_repeats,
+    spread,
+)
 from .common import (
     add_data_args,
     add_mask_arg,
@@ -31,7 +42,7 @@ from .common import (
     summary,
     tqdm_progress,
 )
-from .core import check_prune_out, export_pruned
+from .core import add_harness_options, check_prune_out, export_pruned, harness_spec
 from .output import checked_out_file, write_json
 
 
@@ -101,8 +112,9 @@ def cmd_score(args) -> dict:
     return write_json(result, args.out)
 
 
-def save_mask_points(text: str | None) -> list[float | str]:
-    """``--save-mask 0.25,0.5`` / ``stop`` as points (ratios in [0, 1], or "stop"), checked before any model loads."""
+def save_mask_points(text: str | None, option: str = "--save-mask") -> list[float | str]:
+    """``--save-mask 0.25,0.5`` / ``stop`` (or ``--at``) as points (ratios in [0, 1], or "stop"), checked before any
+    model loads."""
     if not text:
         return []
     points: list[float | str] = []
@@ -113,7 +125,7 @@ def save_mask_points(text: str | None) -> list[float | str]:
         except ValueError:
             point = None
         if point is None or (point != "stop" and UNIT(point)):
-            raise TrajectoryError(f"--save-mask {text!r}: {item!r} is neither a pruned ratio in [0, 1] nor 'stop'. "
+            raise TrajectoryError(f"{option} {text!r}: {item!r} is neither a pruned ratio in [0, 1] nor 'stop'. "
                                   "Accepted: comma-separated ratios and/or stop, e.g. 0.25,0.5,stop.")
         points.append(point)
     return points
@@ -129,17 +141,47 @@ def _mask_files(runs: list, points: list, out: Path) -> dict:
             mask, state = run.mask_at(index), (run.steps[index - 1]["metrics"] if index else run.dense)
             tag = f".r{run.repeat}" if run.repeat else ""
             path = out.with_name(f"{out.stem}{tag}.mask-{point}{out.suffix or '.json'}")
+            at_step = {name: row["value"] for name, rows in run.points.items() for row in rows
+                       if row["step"] == index}   # lm-eval numbers measured at this step (--metric lm-eval:...)
             write_json({**mask.to_json(), "criterion": run.criterion, "step": index, "point": point,
-                        "ratio": float(run.ratios()[index]), "metrics": {m: state[m] for m in run.metric_set
-                                                                         if m in state},
+                        "ratio": float(run.ratios()[index]), "metrics": {**{m: state[m] for m in run.metric_set
+                                                                            if m in state}, **at_step},
                         run.metric: state[run.metric], "repeat": run.repeat}, str(path))
             written.setdefault(str(point), []).append(str(path))
     return written
 
 
+DEFAULT_AT = tuple(round(0.1 * i, 1) for i in range(1, 11))   # lm-eval points when neither --at nor --save-mask
+
+
+def harness_points(args) -> tuple[list[str], list[float | str]]:
+    """(lm-eval metric names, points) of ``trajectory --metric lm-eval:TASK/METRIC[,...] [--at R,...]``: an lm-eval
+    number is measured only at chosen points (one lm-eval run each), never every step. ([], []) for a headprune
+    metric. The points: --at, else the --save-mask points, else every 10 % of the grid the run reaches."""
+    names = [n.strip() for n in (args.metric or "").split(",") if n.strip()]
+    if not any(is_harness_metric(n) for n in names):
+        if args.at:
+            raise TrajectoryError("--at names the points where an lm-eval metric is measured: give --metric "
+                                  "lm-eval:TASK/METRIC too (every step already records the task's metrics).")
+        return [], []
+    if not all(is_harness_metric(n) for n in names):
+        raise TrajectoryError(f"--metric {args.metric!r}: either one headprune metric (read at every step) or "
+                              "lm-eval metrics lm-eval:TASK/METRIC[,...] (read at --at points), not both.")
+    if args.tolerance is not None:
+        raise TrajectoryError("--tolerance reads its metric after every step; an lm-eval metric is measured only at "
+                              "--at points. Accepted: a tolerance on the task's own metric (--metric accuracy, "
+                              "acc, perplexity...) or lm-eval metrics without --tolerance.")
+    metric_tasks(names)   # every name is TASK/METRIC
+    return names, save_mask_points(args.at, "--at") or save_mask_points(args.save_mask) or list(DEFAULT_AT)
+
+
 def cmd_trajectory(args) -> dict:
+    lm_names, at = harness_points(args)
+    if lm_names:   # the steps record the task's own metrics (headline: the task's); lm-eval's at the points
+        args = argparse.Namespace(**{**vars(args), "metric": None})
     crit, params = _checked(args, evaluation="a trajectory")
     points = save_mask_points(args.save_mask)
+    lm_tasks = resolve_tasks(harness_spec(args, metric_tasks(lm_names))) if lm_names else None
     # every setting is checked here, before the model loads (a bad --step or --tolerance costs no waiting)
     for option, value in (("--seeds", args.seeds), ("--repeats", args.repeats)):
         if POSITIVE_INT(value):
@@ -164,6 +206,11 @@ def cmd_trajectory(args) -> dict:
         told = estimate_trajectory(spec, ws.loaded.model, ws.calib_batches, ws.eval_batches, n_runs,
                                    memory_budget=args.memory_budget)
         print(f"estimate: {told}", file=sys.stderr, flush=True)
+        if lm_tasks is not None:   # at most one lm-eval run per point (and the start) of each run
+            once = estimate_harness(ws.loaded.model, ws.loaded.tokenizer, lm_tasks, ws.eval_batches,
+                                    memory_budget=args.memory_budget)
+            print(f"estimate: lm-eval at up to {len(set(at)) + 1} points per run, {once} each", file=sys.stderr,
+                  flush=True)
     draws = [ws.calibration_draw(r) for r in range(args.repeats)]
     draws = [CalibrationDraw(batches, calibration_texts(calib, batches), content_hash(calib))
              for calib, batches in draws] * (args.seeds if args.repeats == 1 else 1)
@@ -174,6 +221,11 @@ def cmd_trajectory(args) -> dict:
     runs = run_repeats(spec, ws.loaded.model, draws, ws.eval_batches, device=ws.loaded.device,
                        tokenizer=ws.loaded.tokenizer, progress=tqdm_progress(f"trajectory {crit.name}"),
                        memory_budget=args.memory_budget, select=ws.select_batches or None)
+    if lm_names:
+        measure_points(runs, at, lm_names,
+                       lambda mask: harness_metrics(ws.loaded.model, ws.loaded.tokenizer, mask, lm_names,
+                                                    tasks=lm_tasks),
+                       progress=tqdm_progress("lm-eval points"))
     if len(runs) == 1:
         result = runs[0].to_json()
     else:
@@ -184,6 +236,9 @@ def cmd_trajectory(args) -> dict:
                   "auc_mean": sum(aucs) / len(aucs), "auc_min": min(aucs), "auc_max": max(aucs)}
         if args.repeats > 1:
             result["summary"] = repeat_summary(runs)
+    if lm_names:
+        result["lm_eval_points"] = {"metrics": lm_names, "at": at, "steps": [point_steps(r, at) for r in runs],
+                                    "settings": {k: v for k, v in vars(lm_tasks.spec).items() if k != "tasks"}}
     if points:
         result["masks"] = _mask_files(runs, points, Path(args.out))
     if args.prune_out:   # Algorithm 1's F: the first run's model at the last --save-mask point (default: stop)
@@ -238,7 +293,8 @@ def add_commands(sub) -> None:
     p.add_argument("--budget", type=float, help="stop at this pruned ratio of all heads, in (0, 1]")
     p.add_argument("--count", type=int, help="stop after this many heads")
     p.add_argument("--tolerance", type=float, help="stop once the metric falls below T x the dense metric")
-    add_metric_arg(p, "for the tolerance, AUC and plots")
+    add_metric_arg(p, "for the tolerance, AUC and plots; or lm-eval:TASK/METRIC[,...]: lm-eval numbers "
+                      "measured at the --at points only")
     p.add_argument("--seeds", type=int, default=1,
                    help="runs with criterion seeds seed..seed+N-1 on one calibration draw (random: the spread)")
     p.add_argument("--repeats", type=int, default=1,
@@ -254,6 +310,11 @@ def add_commands(sub) -> None:
     p.add_argument("--stability", action="store_true", help="also measure stability under seeded word drop")
     p.add_argument("--drop", type=float, default=0.1, help="word-drop probability for --stability (default: 0.1)")
     p.add_argument("--out", help="also write the run file (JSON) here")
+    g = p.add_argument_group("lm-eval metrics at chosen points (--metric lm-eval:TASK/METRIC[,...]; extra 'eval')")
+    g.add_argument("--at", metavar="R[,R]|stop",
+                   help="pruned ratios (and/or stop) where the lm-eval metrics are measured, with the start "
+                        "(default: the --save-mask points, else 0.1,0.2,...,1.0 up to where the run ends)")
+    add_harness_options(g)
     p.set_defaults(handler=cmd_trajectory)
 
     p = sub.add_parser("select-alpha", help="choose HIES's α by wAUC of its pruning curve on the selection rows "

@@ -30,6 +30,7 @@ that needs it.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import difflib
 import json
 import time
@@ -43,8 +44,10 @@ import torch
 from ..data.choice import split_context_continuation
 from ..errors import HeadpruneError
 from ..limits import NON_NEGATIVE_INT, POSITIVE_INT
+from ..model.arch import adapt
 from ..model.gating import gate_heads
 from ..model.hooks import structural_copy
+from ..model.layers import drop_layers
 from ..model.mask import HeadMask
 from ..model.surgery import prune_model
 from ..provenance import versions
@@ -207,31 +210,35 @@ def harness_model(model, tokenizer, batch_size: int = 32, progress: Progress | N
                                   progress=progress)
 
 
-def _applied(model, mask: HeadMask | None, apply: str):
-    """The model lm-eval runs: a structural copy (gated by the caller) or the cut copy."""
+def _applied(model, mask: HeadMask | None, apply: str, dropped_layers=()):
+    """The model lm-eval runs: a structural copy (gated by the caller) or the cut copy, with ``dropped_layers``
+    skipped for good on that copy (SAP's layer rule; the caller's model keeps its layers)."""
     if mask is None or not mask.n_pruned:
-        return structural_copy(model), None
-    if apply == "cut":
-        return prune_model(model, mask), None
-    return structural_copy(model), mask
+        work, gates = structural_copy(model), None
+    elif apply == "cut":
+        work, gates = prune_model(model, mask), None
+    else:
+        work, gates = structural_copy(model), mask
+    drop_layers(adapt(work), dropped_layers)
+    return work, gates
 
 
 # -- running ---------------------------------------------------------------------------------------------------------
 
 def run_lm_eval(model, tokenizer, tasks: Tasks | HarnessSpec, mask: HeadMask | None = None,
-                progress: Progress | None = None) -> dict:
-    """Run lm-eval's ``simple_evaluate`` on ``model`` under ``mask`` (the caller's model is never hooked or
-    changed). Returns lm-eval's output verbatim where JSON can hold it: ``results``, ``versions`` (task versions),
-    ``n-shot``, ``n-samples``, ``higher_is_better``, ``group_subtasks``, ``configs`` and ``config`` (values JSON
-    cannot write, e.g. a ``custom_dataset`` function, as text), plus ``lm_eval_version``, ``transformers_version``,
-    ``apply`` and ``seconds``.
+                progress: Progress | None = None, dropped_layers=()) -> dict:
+    """Run lm-eval's ``simple_evaluate`` on ``model`` under ``mask`` and with ``dropped_layers`` skipped (the
+    caller's model is never hooked or changed). Returns lm-eval's output verbatim where JSON can hold it:
+    ``results``, ``versions`` (task versions), ``n-shot``, ``n-samples``, ``higher_is_better``, ``group_subtasks``,
+    ``configs`` and ``config`` (values JSON cannot write, e.g. a ``custom_dataset`` function, as text), plus
+    ``lm_eval_version``, ``transformers_version``, ``apply``, ``dropped_layers`` and ``seconds``.
     """
     if isinstance(tasks, HarnessSpec):
         tasks = resolve_tasks(tasks, check_data=False)
     spec = tasks.spec
     from lm_eval import simple_evaluate  # optional extra, imported only when lm-eval is used
 
-    work, gates = _applied(model, mask, spec.apply)
+    work, gates = _applied(model, mask, spec.apply, dropped_layers)
     start = time.perf_counter()
     with torch.no_grad(), gate_heads(work, gates):
         lm = harness_model(work, tokenizer, spec.batch_size, progress)
@@ -245,7 +252,7 @@ def run_lm_eval(model, tokenizer, tasks: Tasks | HarnessSpec, mask: HeadMask | N
         progress(1.0, "done")
     extra = {"loglikelihoods": loglikelihoods(out)} if spec.loglikelihoods else {}
     return {**report(out), **extra, "apply": spec.apply, "pruned_heads": 0 if mask is None else mask.n_pruned,
-            "seconds": seconds}
+            "dropped_layers": sorted(int(i) for i in dropped_layers), "seconds": seconds}
 
 
 REPORTED = ("results", "groups", "group_subtasks", "configs", "versions", "n-shot", "higher_is_better", "n-samples",
@@ -296,11 +303,16 @@ def result_value(results: dict, task: str, metric: str) -> float:
     return float("nan") if value in (None, "N/A") else float(value)
 
 
-# -- a metric for trajectories and protocols --------------------------------------------------------------------------
+# -- metrics for trajectories and protocols ---------------------------------------------------------------------------
+
+def is_harness_metric(name: str) -> bool:
+    """Whether ``name`` names an lm-eval number ("lm-eval:TASK/METRIC") rather than one of headprune's metrics."""
+    return isinstance(name, str) and name.startswith(METRIC_PREFIX)
+
 
 def parse_metric(name: str) -> tuple[str, str]:
     """"lm-eval:arc_easy/acc_norm" -> ("arc_easy", "acc_norm")."""
-    body = name[len(METRIC_PREFIX):] if name.startswith(METRIC_PREFIX) else None
+    body = name[len(METRIC_PREFIX):] if is_harness_metric(name) else None
     task, _, metric = (body or "").partition("/")
     if not task or not metric:
         raise HarnessError(f"metric {name!r}: accepted {METRIC_PREFIX}TASK/METRIC, e.g. "
@@ -308,15 +320,31 @@ def parse_metric(name: str) -> tuple[str, str]:
     return task, metric
 
 
+def metric_tasks(names) -> tuple[str, ...]:
+    """The distinct lm-eval tasks ``names`` read ("lm-eval:TASK/METRIC"), in order; checked (``parse_metric``)."""
+    return tuple(dict.fromkeys(parse_metric(name)[0] for name in names))
+
+
+def harness_metrics(model, tokenizer, mask: HeadMask | None, names, *, tasks: Tasks | None = None,
+                    progress: Progress | None = None, dropped_layers=(), **spec) -> dict[str, float]:
+    """lm-eval numbers of ``model`` under ``mask``, one per name ("lm-eval:TASK/METRIC"), from ONE lm-eval run of
+    the tasks they name (two metrics of a task share its requests). ``spec``: the other ``HarnessSpec`` fields
+    (limit, include, num_fewshot, batch_size, apply, seed); ``tasks`` reuses a resolved index (``resolve_tasks``)
+    across calls, e.g. one per ratio of a trajectory or per cell of a protocol."""
+    names = list(names)
+    wanted = metric_tasks(names)
+    if tasks is None or not set(wanted) <= set(tasks.spec.tasks):
+        tasks = resolve_tasks(HarnessSpec(tasks=wanted, **spec), check_data=False)
+    elif tasks.spec.tasks != wanted:   # only the tasks asked for: a run of the others would be wasted
+        tasks = Tasks(dataclasses.replace(tasks.spec, tasks=wanted), tasks.manager)
+    result = run_lm_eval(model, tokenizer, tasks, mask, progress, dropped_layers)
+    return {name: result_value(result, *parse_metric(name)) for name in names}
+
+
 def harness_metric(model, tokenizer, mask: HeadMask | None, name: str, *, tasks: Tasks | None = None,
                    progress: Progress | None = None, **spec) -> float:
-    """One lm-eval number of ``model`` under ``mask``: ``name`` = "lm-eval:TASK/METRIC"; ``spec`` = the other
-    ``HarnessSpec`` fields (limit, include, num_fewshot, batch_size, apply, seed). ``tasks`` reuses a resolved
-    index (``resolve_tasks``) across calls, e.g. one per ratio of a trajectory."""
-    task, metric = parse_metric(name)
-    if tasks is None or task not in tasks.spec.tasks:
-        tasks = resolve_tasks(HarnessSpec(tasks=(task,), **spec), check_data=False)
-    return result_value(run_lm_eval(model, tokenizer, tasks, mask, progress), task, metric)
+    """One lm-eval number of ``model`` under ``mask`` (``harness_metrics`` for one name)."""
+    return harness_metrics(model, tokenizer, mask, [name], tasks=tasks, progress=progress, **spec)[name]
 
 
 def count_requests(tasks: Tasks, tokenizer) -> tuple[int, int]:

@@ -17,7 +17,11 @@ the functions below:
     cell_seed             the seed of a cell's scoring (random: independent masks per sparsity)
     mask_at               the mask of a ScoreMap at a sparsity (``kept_at``; for SAP its own selection at that
                           sparsity with its best k, and the layers its layer rule drops)
-    evaluate_cell         the metrics of the model under a mask (those layers skipped) on the evaluation rows
+    evaluate_cell         the metrics of the model under a mask (those layers skipped) on the evaluation rows,
+                          with the model's lm-eval numbers ("lm-eval:TASK/METRIC") from one lm-eval run
+    harness_tasks         a model's lm-eval tasks checked against lm-eval's index, with their data, before any
+                          model loads (``evaluation.harness.resolve_tasks``)
+    harness_at            a trajectory's lm-eval numbers at its reported ratios (``trajectory.measure_points``)
     train_rows            recovery's training rows (``[data.train]``): a seeded draw with the protocol's seed of the
                           rows of its source that are not evaluation rows (compared by content hash)
     recover               ``recovery.recover_cell`` on a cell's mask: the pruned model trained on the train rows,
@@ -33,6 +37,7 @@ import numpy as np
 import torch
 
 from ..data import TextDataset, align_labels, calibration_texts, content_hash, load_data, row_hashes
+from ..evaluation.harness import Tasks, harness_metrics, is_harness_metric, resolve_tasks
 from ..evaluation.metrics import evaluate, headline, metric_set
 from ..model.layers import skip_layers
 from ..model.loading import LoadedModel, load_model
@@ -40,6 +45,7 @@ from ..model.mask import HeadMask
 from ..model.task import Task
 from ..recovery import recover_cell
 from ..scoring import ScoreMap, ScoringContext
+from ..trajectory import Trajectory, measure_points
 from ..workspace import DEFAULT_CALIB_SIZE, DEFAULT_SELECT_SIZE, DefaultSize, Workspace
 from .spec import ModelEntry, Protocol
 
@@ -115,7 +121,10 @@ def task_metrics(task: Task, entry: ModelEntry, eval_source: str | None, n_class
 
 
 def headline_of(task: Task, entry: ModelEntry, eval_source: str | None, n_classes: int | None) -> str:
-    """The metric plots and trajectories read: the protocol's headline, else GLUE's or the task's (``headline``)."""
+    """The metric plots and trajectories read: the protocol's headline (an lm-eval number only for sparsity cells,
+    ``Protocol._check_harness``), else GLUE's or the task's (``headline``)."""
+    if is_harness_metric(entry.headline or ""):
+        return entry.headline
     return headline(task, entry.headline, eval_source, n_classes=n_classes)
 
 
@@ -162,12 +171,36 @@ def mask_at(scores: ScoreMap, sparsity: float) -> tuple[HeadMask, list[int]]:
 
 
 def evaluate_cell(loaded: LoadedModel, data: CellData, mask: HeadMask | None, progress: Progress | None,
-                  memory_budget, dropped_layers: list[int] | tuple = ()) -> dict:
+                  memory_budget, dropped_layers: list[int] | tuple = (), harness: tuple | None = None) -> dict:
     """Every metric of the task on the evaluation rows, the model gated by ``mask`` (None: as loaded) and
-    ``dropped_layers`` skipped (SAP's layer rule, as ``headprune evaluate`` reads it from a mask file)."""
+    ``dropped_layers`` skipped (SAP's layer rule, as ``headprune evaluate`` reads it from a mask file); with
+    ``harness`` = (lm-eval metric names, their ``Tasks``), those numbers too, from one lm-eval run on the same mask
+    and layers (lm-eval reads its task's own rows, not the evaluation role's)."""
     with skip_layers(loaded.adapter, dropped_layers):
-        return evaluate(loaded.model, data.eval_batches, mask, progress=progress, task=data.task,
-                        memory_budget=memory_budget).to_dict()
+        metrics = evaluate(loaded.model, data.eval_batches, mask, progress=progress, task=data.task,
+                           memory_budget=memory_budget).to_dict()
+    if harness:
+        names, tasks = harness
+        metrics |= harness_metrics(loaded.model, loaded.tokenizer, mask, names, tasks=tasks, progress=progress,
+                                   dropped_layers=dropped_layers)
+    return metrics
+
+
+def harness_tasks(protocol: Protocol, entry: ModelEntry) -> tuple | None:
+    """(lm-eval metric names, resolved ``Tasks``) of ``entry``, checked with their data before any model loads (an
+    unknown task or one whose data cannot load is a HarnessError naming it); None when it reports none."""
+    spec = protocol.harness_spec(entry)
+    return None if spec is None else (entry.harness_metrics, resolve_tasks(spec))
+
+
+def harness_at(loaded: LoadedModel, traj: Trajectory, ratios, harness: tuple[tuple, Tasks],
+               progress: Progress | None) -> None:
+    """The lm-eval numbers of ``harness`` at the trajectory's ``ratios`` (the last step at or below each) and at its
+    start, into ``traj.points`` (``measure_points``: one lm-eval run per distinct mask)."""
+    names, tasks = harness
+    measure_points([traj], list(ratios), names,
+                   lambda mask: harness_metrics(loaded.model, loaded.tokenizer, mask, names, tasks=tasks),
+                   progress=progress)
 
 
 def train_rows(loaded: LoadedModel, entry: ModelEntry, protocol: Protocol, data: CellData) -> TextDataset:

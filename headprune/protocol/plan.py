@@ -28,6 +28,7 @@ from transformers import AutoConfig
 
 from ..criteria import get
 from ..estimate import LIVE_STEP, forward_rate, human_duration
+from ..evaluation.harness import metric_tasks
 from ..model.arch import adapt
 from ..model.loading import NAMED_MODELS, auto_class, model_source_kind
 from ..scoring import ScoringContext
@@ -143,15 +144,22 @@ class ModelPlan:
     train_row_passes: float = 0.0    # recovery ([recovery]): rows x epochs x TRAIN_PASS
     seconds: float | None = None
     note: str = ""
+    lm_eval_runs: int = 0            # lm-eval metrics: one run per cell (per reported ratio and start: trajectory)
 
     def to_json(self) -> dict:
         return {"name": self.entry.name, "model": self.entry.model, "source": self.kind,
                 "grid": list(self.grid) if self.grid else None, "cells": len(self.cells),
                 "calib_row_passes": self.calib_row_passes, "eval_row_passes": self.eval_row_passes,
-                "train_row_passes": self.train_row_passes,
+                "train_row_passes": self.train_row_passes, "lm_eval_runs": self.lm_eval_runs,
                 "seconds": self.seconds, "estimate": self.text(), "note": self.note}
 
     def text(self) -> str:
+        if not self.lm_eval_runs:
+            return self._work()
+        tasks = ", ".join(metric_tasks(self.entry.harness_metrics))
+        return f"{self._work()}; + {self.lm_eval_runs} lm-eval runs of {tasks} (timed when the run starts)"
+
+    def _work(self) -> str:
         if self.calib_row_passes is None:
             return self.note
         passes = f"{self.calib_row_passes:,.0f} calibration + {self.eval_row_passes:,.0f} evaluation" + \
@@ -177,6 +185,9 @@ def plan_model(protocol: Protocol, entry: ModelEntry, cells: list[Cell], time_it
     """The work of ``entry``'s cells; the grid and seconds where its config is on this machine (module doc)."""
     kind = model_source_kind(entry.model)
     plan = ModelPlan(entry, kind, cells)
+    if entry.harness_metrics:
+        plan.lm_eval_runs = sum(len(protocol.trajectory.report_at) + 1 if c.kind == "trajectory" else 1
+                                for c in cells if c.kind != RECOVERED)
     config = local_config(entry.model)
     if config is None:
         plan.note = (f"the estimate needs the model: {entry.model} is a hub id whose config is not on this machine "

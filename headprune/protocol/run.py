@@ -40,7 +40,15 @@ import numpy as np
 from ..criteria import get
 from ..criteria.sap import layer_rule_json
 from ..errors import HeadpruneError
-from ..estimate import TimeEstimate, device_name, estimate_trajectory, forward_rate, scoring_work, tokens
+from ..estimate import (
+    TimeEstimate,
+    device_name,
+    estimate_harness,
+    estimate_trajectory,
+    forward_rate,
+    scoring_work,
+    tokens,
+)
 from ..model.mask import HeadMask
 from ..model.task import Task
 from ..provenance import versions
@@ -108,6 +116,8 @@ def fingerprint(protocol: Protocol, entry: ModelEntry, cell: Cell) -> str:
             "batch_size": protocol.batch_size, "max_length": protocol.max_length, "dtype": protocol.dtype,
             "trajectory": protocol.trajectory.to_json() if protocol.trajectory and cell.kind == "trajectory"
             else None}
+    if entry.harness_metrics:   # how lm-eval ran decides those numbers (absent otherwise: older runs still resume)
+        what["lm_eval"] = {k: list(v) if isinstance(v, tuple) else v for k, v in protocol.lm_eval.items()}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode("utf-8")).hexdigest()
 
 
@@ -131,6 +141,8 @@ class Runner:
         self.done = 0
         self.computed: list[str] = []
         self.models: dict[str, dict] = {}
+        # every model's lm-eval tasks (and their data) checked now, before any model loads
+        self.harness = {entry.name: adapter.harness_tasks(protocol, entry) for entry in protocol.models}
 
     def report(self, fraction: float, message: str) -> None:
         if self.progress is not None:
@@ -171,7 +183,8 @@ class Runner:
                 start = time.perf_counter()
                 dropped: list[int] = []
                 if cell.kind == DENSE:
-                    result = {"metrics": adapter.evaluate_cell(loaded, data, None, self.sub(cell), self.budget)}
+                    result = {"metrics": adapter.evaluate_cell(loaded, data, None, self.sub(cell), self.budget,
+                                                               harness=self.harness[entry.name])}
                     mask = None
                 elif cell.kind == RECOVERED:
                     result, mask, dropped = self.recovered_cell(loaded, entry, data, data_cache, cell)
@@ -192,7 +205,8 @@ class Runner:
                 contexts[seed] = adapter.scoring_context(loaded, data, seed, None, self.budget)
             scores[key] = self.scores_of(contexts[seed], entry, data, c, params, cell)
         mask, dropped = adapter.mask_at(scores[key], cell.sparsity)
-        metrics = adapter.evaluate_cell(loaded, data, mask, self.sub(cell), self.budget, dropped)
+        metrics = adapter.evaluate_cell(loaded, data, mask, self.sub(cell), self.budget, dropped,
+                                        harness=self.harness[entry.name])
         return {"metrics": metrics, "scores": str(self.score_file(cell, params, seed).relative_to(self.out)),
                 "score_params": scores[key].params, "score_seed": seed}, mask, dropped
 
@@ -251,6 +265,9 @@ class Runner:
         traj = run_trajectory(spec, loaded.model, data.calib_batches, data.eval_batches, tokenizer=loaded.tokenizer,
                               texts=data.calib_texts(), device=loaded.device, progress=self.sub(cell),
                               memory_budget=self.budget, select=data.select_batches or None)
+        if self.harness[entry.name]:   # lm-eval numbers at the reported ratios only (one lm-eval run each)
+            adapter.harness_at(loaded, traj, self.protocol.trajectory.report_at, self.harness[entry.name],
+                               self.sub(cell))
         # Algorithm 1's M: the heads left at the stopping point (after a tolerance stop, the last step within it,
         # read on the selection rows when there are some), as `trajectory --save-mask stop` writes it
         return {"trajectory": traj.to_json()}, traj.mask_at(traj.stop_index())
@@ -298,6 +315,10 @@ class Runner:
                 c = self.entry_of(cell)
                 params = adapter.scored_params(c.criterion, dict(c.params), cell.sparsity)
                 seconds += per_token * tokens(data.calib_batches) * scoring_work(ctx, [c.name], {c.name: params})
+        if self.harness[entry.name]:   # one lm-eval run per cell, per reported ratio (and the start) of a trajectory
+            runs = sum(len(self.protocol.trajectory.report_at) + 1 if c.kind == "trajectory" else 1 for c in pending)
+            seconds += runs * estimate_harness(loaded.model, loaded.tokenizer, self.harness[entry.name][1],
+                                               data.eval_batches, rate=rate, memory_budget=self.budget).seconds
         return TimeEstimate(seconds, f"protocol {self.protocol.name}, {len(pending)} cells of {entry.name}",
                             device_name(loaded.model), rate[1])
 
@@ -311,8 +332,9 @@ def mean_sd(values: list[float]) -> tuple[float, float | None]:
 
 
 def value_at(traj: Trajectory, ratio: float, metric: str) -> float:
-    """The metric at the last recorded point whose pruned ratio is at most ``ratio`` (the dense model at 0)."""
-    ratios, values = traj.ratios(), traj.values(metric)
+    """The metric at the last recorded point whose pruned ratio is at most ``ratio`` (the dense model at 0); for a
+    metric measured at chosen points only (lm-eval's, ``Trajectory.points``), the last of those."""
+    ratios, values = traj.point_values(metric) if metric in traj.points else (traj.ratios(), traj.values(metric))
     return float(values[np.flatnonzero(ratios <= ratio + 1e-9)[-1]])
 
 
@@ -342,6 +364,8 @@ def table_rows(protocol: Protocol, records: dict[str, dict]) -> tuple[list[dict]
             values = {f"auc {metric}": [t.auc() for t in trajs], "pruned at end": [t.ratios()[-1] for t in trajs]}
             values |= {f"{metric} @ {r:g}": [value_at(t, r, metric) for t in trajs]
                        for r in protocol.trajectory.report_at}
+            values |= {f"{name} @ {r:g}": [value_at(t, r, name) for t in trajs]
+                       for name in entries[model].harness_metrics for r in protocol.trajectory.report_at}
             row = {"model": model, "criterion": criterion, "order": where}
         if protocol.recovery is not None:   # pruned and recovered rows side by side: the stage tells them apart
             row["stage"] = stage

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from ..criteria import get
 from ..errors import HeadpruneError
+from ..evaluation.harness import HarnessError, HarnessSpec, is_harness_metric, metric_tasks, parse_metric
 from ..evaluation.metrics import Metrics
 from ..limits import NON_NEGATIVE_INT, POSITIVE_INT, UNIT
 from ..model.device import DEVICES
@@ -277,19 +278,29 @@ class TrajectoryPart(Located):
             {"inverse": list(self.inverse), "report_at": list(self.report_at)}
 
 
+def _metric(part: Located, key: str, name: str) -> str:
+    """One metric name: headprune's (``metric_names``) or an lm-eval number "lm-eval:TASK/METRIC" (the task is
+    checked against lm-eval's index when the run starts, before any model loads: ``cells.harness_tasks``)."""
+    if is_harness_metric(name):
+        try:
+            parse_metric(name)
+        except HarnessError as exc:
+            raise part.fail(key, str(exc)) from None
+        return name
+    if name not in metric_names():
+        raise part.fail(key, f"unknown metric {name!r}; accepted: {', '.join(metric_names())}, or an lm-eval "
+                             "number lm-eval:TASK/METRIC (e.g. lm-eval:arc_easy/acc_norm).")
+    return name
+
+
 def _metrics(part: Located, key: str, value) -> tuple[str, ...]:
     if not isinstance(value, (list, tuple)) or any(not isinstance(m, str) for m in value):
         raise part.fail(key, f"expected a list of metric names, got {value!r}.")
-    for m in value:
-        if m not in metric_names():
-            raise part.fail(key, f"unknown metric '{m}'; accepted: {', '.join(metric_names())}.")
-    return tuple(value)
+    return tuple(_metric(part, key, m) for m in value)
 
 
 def _headline(part: Located, value) -> str | None:
-    if value is not None and value not in metric_names():
-        raise part.fail("headline", f"unknown metric {value!r}; accepted: {', '.join(metric_names())}.")
-    return value
+    return None if value is None else _metric(part, "headline", value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -331,6 +342,11 @@ class ModelEntry(Located):
                                                 "of a model read their sources with one column name per key.")
             out[key] = next(iter(named.values()), None)
         return out
+
+    @property
+    def harness_metrics(self) -> tuple[str, ...]:
+        """The lm-eval numbers this model's table reports ("lm-eval:TASK/METRIC")."""
+        return tuple(m for m in self.metrics if is_harness_metric(m))
 
     def to_json(self) -> dict:
         return {"name": self.name, "model": self.model, "data": {k: r.to_json() for k, r in self.data.items()},
@@ -387,6 +403,7 @@ class Protocol(Located):
     batch_size: int = 32
     max_length: int = 128
     recovery: RecoverySpec | None = None         # [recovery]: every pruned cell also recovered on data.train
+    lm_eval: Mapping = field(default_factory=dict)   # [lm_eval]: how lm-eval metrics run (HarnessSpec's fields)
     text: str = field(default="", repr=False)     # the file as written (hashed into the run file)
     source: str = ""                               # the file's path
 
@@ -428,11 +445,36 @@ class Protocol(Located):
             if (self.recovery is None) != ("train" not in entry.data):
                 raise entry.fail("data", "a [recovery] table and a [data.train] role go together: recovery trains "
                                          "on the train role's rows. Accepted: both (recovered cells) or neither.")
+        for entry in self.models:
+            self._check_harness(entry)
         if self.memory_budget is not None:
             try:
                 parse_budget(str(self.memory_budget))
             except MemoryBudgetError as exc:
                 raise self.fail("memory_budget", str(exc)) from None
+
+    def _check_harness(self, entry: ModelEntry) -> None:
+        """lm-eval metrics are measured on masks (one lm-eval run per cell, or per reported ratio of a trajectory),
+        never after every step: a trajectory reports them at ``report_at``, and reads its own metric."""
+        if is_harness_metric(entry.headline or "") and self.trajectory is not None:
+            raise entry.fail("headline", f"{entry.headline!r}: a trajectory's headline is read after every step "
+                                         "(curves, AUC, tolerance); an lm-eval number is measured at "
+                                         "trajectory.report_at only. Accepted: a headprune metric as headline, "
+                                         "lm-eval numbers in metrics.")
+        if entry.harness_metrics and self.trajectory is not None and not self.trajectory.report_at:
+            raise self.trajectory.fail("report_at", "lm-eval metrics in a trajectory protocol are measured at "
+                                                    "the reported ratios: give report_at = [0.1, 0.2, ...].")
+        if entry.harness_metrics and self.recovery is not None:
+            raise entry.fail("metrics", f"lm-eval metrics ({', '.join(entry.harness_metrics)}) are not measured on "
+                                    "recovered models yet; run `headprune evaluate --lm-eval TASKS` on a recovered "
+                                    "model folder (`headprune recover --out DIR`). Accepted: lm-eval metrics "
+                                    "without [recovery], or [recovery] with headprune's metrics.")
+
+    def harness_spec(self, entry: ModelEntry) -> HarnessSpec | None:
+        """The lm-eval run of ``entry``'s lm-eval metrics ([lm_eval] settings, the protocol's seed); None: none."""
+        if not entry.harness_metrics:
+            return None
+        return HarnessSpec(tasks=metric_tasks(entry.harness_metrics), seed=self.seed, **self.lm_eval)
 
     @property
     def hash(self) -> str:
@@ -505,16 +547,17 @@ class Protocol(Located):
                 raise here.fail("name", "missing: each criterion names one of the registry (headprune criteria).")
             criteria.append(CriterionEntry(**item, path=("criteria", i), where=where))
         recovery = _read_recovery(obj, top, where) if "recovery" in obj else None
+        lm_eval = _read_lm_eval(obj, top, where, Path(source).parent) if "lm_eval" in obj else {}
         trajectory = None
         if "trajectory" in obj:
             part = _table(top, "trajectory", obj["trajectory"])
             _unknown(Located(path=("trajectory",), where=where), part, TrajectoryPart)
             trajectory = TrajectoryPart(**part, path=("trajectory",), where=where)
         rest = {k: v for k, v in obj.items() if k not in ("data", "models", "criteria", "trajectory", "metrics",
-                                                         "headline", "recovery") + GUARDS}
+                                                         "headline", "recovery", "lm_eval") + GUARDS}
         rest.setdefault("name", default_name)
         return cls(**rest, models=tuple(entries), criteria=tuple(criteria), trajectory=trajectory, recovery=recovery,
-                   text=text,
+                   lm_eval=lm_eval, text=text,
                    source=source, where=where)
 
     def to_json(self) -> dict:
@@ -524,7 +567,7 @@ class Protocol(Located):
                 "trajectory": self.trajectory.to_json() if self.trajectory else None, "repeats": self.repeats,
                 "seed": self.seed, "memory_budget": self.memory_budget, "device": self.device, "dtype": self.dtype,
                 "batch_size": self.batch_size, "max_length": self.max_length,
-                "recovery": self.recovery.to_json() if self.recovery else None}
+                "recovery": self.recovery.to_json() if self.recovery else None, "lm_eval": dict(self.lm_eval)}
 
 
 def _read_recovery(obj: Mapping, top: Located, where) -> RecoverySpec:
@@ -546,6 +589,31 @@ def _read_recovery(obj: Mapping, top: Located, where) -> RecoverySpec:
         return RecoverySpec(**given)
     except (HeadpruneError, TypeError) as exc:
         raise part.fail(None, str(exc)) from None
+
+
+LM_EVAL_KEYS = ("limit", "include", "num_fewshot", "batch_size", "apply", "bootstrap_iters")
+
+
+def _read_lm_eval(obj: Mapping, top: Located, where, folder: Path) -> dict:
+    """The [lm_eval] table: HarnessSpec's settings (LM_EVAL_KEYS; tasks come from the lm-eval metrics, the seed is
+    the protocol's). ``include`` folders are relative to the protocol file's folder. Each key is checked alone."""
+    given = dict(_table(top, "lm_eval", obj["lm_eval"], f"a table of lm-eval settings: {', '.join(LM_EVAL_KEYS)}"))
+    part = Located(path=("lm_eval",), where=where)
+    if isinstance(given.get("include"), str):
+        given["include"] = [given["include"]]
+    for key, value in given.items():
+        if key not in LM_EVAL_KEYS:
+            raise part.fail(key, f"unknown key; accepted: {', '.join(LM_EVAL_KEYS)}.")
+        if key == "include":
+            if not isinstance(value, list) or any(not isinstance(v, str) for v in value):
+                raise part.fail(key, f"expected a folder or a list of folders, got {value!r}.")
+            value = tuple(str((folder / Path(v).expanduser()).resolve()) for v in value)
+            given[key] = value
+        try:
+            HarnessSpec(tasks=("any",), **{key: value})
+        except (HeadpruneError, TypeError) as exc:
+            raise part.fail(key, str(exc)) from None
+    return given
 
 
 def parse_toml(text: str) -> dict:
