@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import traceback
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -47,11 +48,24 @@ def guard(what: str = "That did not work"):
             st.code(traceback.format_exc())
 
 
+DRAW_EVERY = 1.0   # seconds between two redraws of a progress bar (its last state is always drawn)
+
+
 def progress_bar(label: str) -> Callable[[float, str], None]:
-    """A ``progress(fraction, message)`` callback drawing an st.progress bar (call ``.done()`` to remove it)."""
+    """A ``progress(fraction, message)`` callback drawing an st.progress bar (call ``.done()`` to remove it).
+
+    Redrawn at most every DRAW_EVERY seconds, and at the end: a demo build calls it after each of ~280 training
+    steps, and every redraw is a message to the browser and a repaint there, CPU taken from the computation on a
+    2-core machine: demo-lm's first start took 155-158 s with a redraw per step, 140-142 s with this limit, against
+    129-143 s for its CLI build (benchmarks/bench_first_start.py --repeats 2, README layout)."""
     bar = st.progress(0.0, text=label)
+    drawn = [0.0]
 
     def update(fraction: float, message: str = "") -> None:
+        now = time.monotonic()
+        if fraction < 1.0 and now - drawn[0] < DRAW_EVERY:
+            return
+        drawn[0] = now
         bar.progress(float(min(max(fraction, 0.0), 1.0)), text=f"{label} — {message}" if message else label)
 
     update.done = bar.empty
