@@ -336,3 +336,29 @@ def test_cli_evaluate_and_trajectory_on_a_saved_decoder(tmp_path, folder):
     run = json.loads(out.read_text())
     assert run["metric"] == "acc" and run["dense"]["stability"] == 100.0
     assert [s["n_pruned"] for s in run["steps"]] == [4, 6]
+
+
+def test_the_output_head_runs_only_where_a_choice_is_scored(tmp_path):
+    """Evaluation forwards of multiple-choice batches ask for the logits of the positions that score a continuation
+    only (``logits_to_keep``); the per-row sums equal those of the full logits, computed here independently."""
+    from harness_support import random_questions, word_tokenizer, write_task
+
+    from headprune.data import make_choice_batches, model_inputs
+    from headprune.evaluation.metrics import evaluation_inputs, scored_tail
+    from headprune.model.task import lm_row_stats
+    from headprune.testing import tiny_decoder
+
+    rows = write_task(tmp_path, "tail_mc", random_questions(12, seed=3)) / "tail_mc.jsonl"
+    batches = make_choice_batches(word_tokenizer(), load_data(str(rows)), batch_size=8, max_length=64)
+    model = tiny_decoder("llama")
+    with torch.no_grad():
+        for batch in batches:
+            tail = scored_tail(batch)
+            assert tail is not None and tail < batch["labels"].shape[1]
+            short = model(**evaluation_inputs(model, batch, "cpu")).logits
+            full = model(**model_inputs(batch)).logits
+            assert short.shape[1] == tail and full.shape[1] == batch["labels"].shape[1]
+            torch.testing.assert_close(lm_row_stats(short, batch["labels"]), lm_row_stats(full, batch["labels"]),
+                                       rtol=0, atol=1e-6)
+    plain = {"labels": torch.tensor([[-100, 5, 6, 7]])}   # LM text: labels from position 1, every logit is used
+    assert scored_tail(plain) is None

@@ -51,7 +51,6 @@ import torch
 from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from ..data import model_inputs
 from ..errors import DataError, MaskError
 from ..model.arch import adapt
 from ..model.device import autocast
@@ -64,6 +63,7 @@ from .metrics import (
     Metrics,
     choice_predictions,
     dataset_order,
+    evaluation_inputs,
     gather_labels,
     metrics_from_choice_stats,
     metrics_from_lm_stats,
@@ -331,7 +331,7 @@ class LiveEvaluator:
 
     # -- internals ---------------------------------------------------------------------------------------
     def _inputs_of(self, batch: dict) -> dict:
-        return {k: v.to(self.device) for k, v in model_inputs(batch).items()}
+        return evaluation_inputs(self.model, batch, self.device)
 
     @staticmethod
     def _logits_of(output) -> torch.Tensor:

@@ -171,8 +171,10 @@ def lm_row_stats(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """(B, 3) float64 per row: [Σ_t ℓ_{b,t}, n_b real targets, correct next-token predictions].
 
     Sums, not means, so rows and batches add up to the token-weighted dataset metrics (``lm_metrics``) without
-    keeping a (B, T, V) logits tensor per batch.
+    keeping a (B, T, V) logits tensor per batch. ``logits`` may cover only the last T' <= T positions (a forward
+    with ``logits_to_keep``): the labels are aligned to them.
     """
+    labels = labels[:, labels.shape[1] - logits.shape[1]:]
     token_loss, real = lm_token_losses(logits, labels)
     correct = (logits[:, :-1].argmax(-1) == labels[:, 1:]) & real
     return torch.stack([token_loss.double().sum(-1), real.double().sum(-1), correct.double().sum(-1)], dim=-1).cpu()
