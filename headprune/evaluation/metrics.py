@@ -25,6 +25,7 @@ from __future__ import annotations
 import inspect
 import re
 from dataclasses import asdict, dataclass
+from functools import cache
 
 import numpy as np
 import torch
@@ -230,16 +231,22 @@ def scored_tail(batch: dict) -> int | None:
     position (plain text: labels from position 1) or the batch has no (B, T) labels. Multiple-choice rows label
     only their continuation, so the context's positions need no vocabulary-wide logits."""
     labels = batch.get("labels")
-    if labels is None or labels.dim() != 2 or not bool((labels != -100).any()):
+    if labels is None or labels.dim() != 2:
         return None
-    first = int((labels != -100).int().argmax(-1)[(labels != -100).any(-1)].min())
+    labelled = labels != IGNORE_INDEX
+    rows = labelled.any(-1)
+    if not bool(rows.any()):
+        return None
+    first = int(labelled.int().argmax(-1)[rows].min())   # the earliest first labelled position over the rows
     keep = labels.shape[1] - max(first - 1, 0)
     return keep if keep < labels.shape[1] else None
 
 
-def _takes_logits_to_keep(model) -> bool:
+@cache
+def _takes_logits_to_keep(model_class: type) -> bool:
+    """Whether a model class's forward takes ``logits_to_keep`` (asked once per class: this runs per batch)."""
     try:
-        return "logits_to_keep" in inspect.signature(type(model).forward).parameters
+        return "logits_to_keep" in inspect.signature(model_class.forward).parameters
     except (TypeError, ValueError):
         return False
 
@@ -251,7 +258,7 @@ def evaluation_inputs(model, batch: dict, device) -> dict:
     its log-softmax over the vocabulary were ~28 % of a pass of the LM demo on its cloze set."""
     inputs = {k: v.to(device) for k, v in model_inputs(batch).items()}
     keep = scored_tail(batch)
-    if keep is not None and _takes_logits_to_keep(model):
+    if keep is not None and _takes_logits_to_keep(type(model)):
         inputs["logits_to_keep"] = keep
     return inputs
 
