@@ -181,13 +181,20 @@ def recovery_rows(protocol: Protocol, entry: ModelEntry) -> int:
     return spec.epochs * (entry.data["train"].size or 0)
 
 
+def lm_eval_runs(protocol: Protocol, entry: ModelEntry, cells: list[Cell]) -> int:
+    """lm-eval runs ``cells`` make for ``entry``'s lm-eval metrics (at most: points on one step share a run): one per
+    dense or sparsity cell, one per reported ratio and the start for a trajectory; none on recovered cells."""
+    if not entry.harness_metrics:
+        return 0
+    return sum(len(protocol.trajectory.report_at) + 1 if c.kind == "trajectory" else 1
+               for c in cells if c.kind != RECOVERED)
+
+
 def plan_model(protocol: Protocol, entry: ModelEntry, cells: list[Cell], time_it: bool = True) -> ModelPlan:
     """The work of ``entry``'s cells; the grid and seconds where its config is on this machine (module doc)."""
     kind = model_source_kind(entry.model)
     plan = ModelPlan(entry, kind, cells)
-    if entry.harness_metrics:
-        plan.lm_eval_runs = sum(len(protocol.trajectory.report_at) + 1 if c.kind == "trajectory" else 1
-                                for c in cells if c.kind != RECOVERED)
+    plan.lm_eval_runs = lm_eval_runs(protocol, entry, cells)
     config = local_config(entry.model)
     if config is None:
         plan.note = (f"the estimate needs the model: {entry.model} is a hub id whose config is not on this machine "

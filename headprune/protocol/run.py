@@ -55,7 +55,7 @@ from ..provenance import versions
 from ..scoring import ScoreMap
 from ..trajectory import Trajectory, run_trajectory, spread
 from . import cells as adapter
-from .plan import DENSE, RECOVERED, TRAIN_PASS, Cell, expand, recovery_rows, slug
+from .plan import DENSE, RECOVERED, TRAIN_PASS, Cell, expand, lm_eval_runs, recovery_rows, slug
 from .spec import CriterionEntry, ModelEntry, Protocol
 
 Progress = Callable[[float, str], None]
@@ -315,10 +315,10 @@ class Runner:
                 c = self.entry_of(cell)
                 params = adapter.scored_params(c.criterion, dict(c.params), cell.sparsity)
                 seconds += per_token * tokens(data.calib_batches) * scoring_work(ctx, [c.name], {c.name: params})
-        if self.harness[entry.name]:   # one lm-eval run per cell, per reported ratio (and the start) of a trajectory
-            runs = sum(len(self.protocol.trajectory.report_at) + 1 if c.kind == "trajectory" else 1 for c in pending)
-            seconds += runs * estimate_harness(loaded.model, loaded.tokenizer, self.harness[entry.name][1],
-                                               data.eval_batches, rate=rate, memory_budget=self.budget).seconds
+        if self.harness[entry.name]:
+            once = estimate_harness(loaded.model, loaded.tokenizer, self.harness[entry.name][1], data.eval_batches,
+                                    rate=rate, memory_budget=self.budget)
+            seconds += lm_eval_runs(self.protocol, entry, pending) * once.seconds
         return TimeEstimate(seconds, f"protocol {self.protocol.name}, {len(pending)} cells of {entry.name}",
                             device_name(loaded.model), rate[1])
 
