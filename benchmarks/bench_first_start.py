@@ -189,11 +189,9 @@ def concurrent(browser, layout: Path, demos: list[str], dashboards: list[tuple[s
 
 
 def first_starts(layout: Path, demos: list[str], watchers: list[str], work: Path, timeout: float,
-                 at_once: bool = False, before: tuple[str, ...] = (), paired: bool = False,
-                 repeats: int = 1) -> list[dict]:
+                 at_once: bool = False, before: tuple[str, ...] = (), repeats: int = 1) -> list[dict]:
     """Per demo: the CLI build, then the dashboard's first start under each watcher (plus ``auto`` for the demos in
     ``before``), each with an empty cache; ``at_once``: all of them at the same time (see ``concurrent``);
-    ``paired``: demo by demo, its CLI build and its dashboard starts at the same time (``concurrent`` per demo);
     else in turn, ``repeats`` times alternating which goes first, the best of each compared (every run is kept)."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
@@ -208,9 +206,6 @@ def first_starts(layout: Path, demos: list[str], watchers: list[str], work: Path
             if at_once:
                 return concurrent(browser, layout, demos, [(d, w) for d, ws in plan.items() for w in ws], work,
                                   timeout)
-            if paired:
-                return [row for demo in demos
-                        for row in concurrent(browser, layout, [demo], [(demo, w) for w in plan[demo]], work, timeout)]
             for demo in demos:
                 row = {"demo": demo, "cli_runs": [], "dashboard": {w: {"runs": []} for w in plan[demo]}}
                 for r in range(repeats):   # alternating who goes first: a drift of the cores' speed hits both
@@ -292,11 +287,8 @@ def main() -> None:
     parser.add_argument("--concurrent", action="store_true",
                         help="run every CLI build and dashboard start at once (fair on a machine others load)")
     parser.add_argument("--repeats", type=int, default=1,
-                        help="in turn (not --concurrent/--paired): each CLI build and dashboard start this many times, "
+                        help="in turn (not --concurrent): each CLI build and dashboard start this many times, "
                              "alternating which goes first; the table compares the best of each")
-    parser.add_argument("--paired", action="store_true",
-                        help="demo by demo, its CLI build and its dashboard start(s) at the same time: both meet the "
-                             "same load on shared cores whose speed drifts between minutes")
     parser.add_argument("--before", default="", help="demos also started with Streamlit's default watcher (auto), "
                                                       "the state before issue 25's fix, e.g. --before demo")
     parser.add_argument("--live", type=int, default=0, help="Prune-page clicks per layer (0: skip)")
@@ -318,8 +310,7 @@ def main() -> None:
         result: dict = {"layout": str(layout), "venv_files": files_under(layout / ".venv")}
         if demos:
             result["first_start"] = first_starts(layout, demos, watchers, work, args.timeout, args.concurrent,
-                                                 tuple(args.before.split(",")) if args.before else (), args.paired,
-                                                 args.repeats)
+                                                 tuple(args.before.split(",")) if args.before else (), args.repeats)
             print_table(result["first_start"], layout)
         if args.live:
             result["live"] = live(layout, args.live, args.eval_size, work)
