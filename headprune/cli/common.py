@@ -287,6 +287,6 @@ def tqdm_progress(desc: str):
     return update
 
 
-__all__ = ["check_args", "check_path_options", "check_positive", "add_model_args", "add_data_args", "add_mask_arg", "add_memory_arg",
-           "add_metric_arg", "metric_choice", "load_mask", "mask_dropped_layers",
+__all__ = ["check_args", "check_path_options", "check_positive", "add_model_args", "add_data_args", "add_mask_arg",
+           "add_memory_arg", "add_metric_arg", "metric_choice", "load_mask", "mask_dropped_layers",
            "load_model_and_data", "build_workspace", "summary", "tqdm_progress"]

@@ -37,6 +37,7 @@ from ..recovery import (
     stage_metrics,
     teacher_problem,
 )
+from ..recovery.workdir import check_work_dir
 from ..workspace import DefaultSize, Workspace
 from .common import DATA_HELP, add_mask_arg, add_memory_arg, add_model_args, check_args, load_mask, tqdm_progress
 from .output import write_json
@@ -128,8 +129,9 @@ def check_recover_args(args) -> tuple[RecoverySpec, dict | None]:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise HeadpruneError(f"--out {args.out} exists and is not an empty folder; give a new or empty folder for "
                              "the recovered model.")
-    if args.resume and not work.is_dir():
-        print(f"note: --resume: no checkpoints in {work}; starting from the beginning", file=sys.stderr)
+    # every state of OUT.work (a file, a foreign folder, a broken spec, nothing to resume, other settings, pickles)
+    # refused before a model loads; the checkpoint's model is compared with the student's once it is built
+    check_work_dir(work, resume=args.resume, wanted=spec.to_json(), strict=True)
     config = peek_config(args.model)
     if config is not None:
         pruned_before = bool(config.get("headprune_kept_heads"))
@@ -149,8 +151,8 @@ def check_recover_args(args) -> tuple[RecoverySpec, dict | None]:
             problem = teacher_problem(config, teacher_config) if teacher_config is not None else None
             if problem:
                 raise RecoveryError(f"--teacher {args.teacher} cannot be distilled from: {problem}. Accepted: a "
-                                    "teacher with the student's label set or vocabulary (default: the model "
-                                    "before pruning).")
+                                    "teacher of the student's family, tokenizer and vocabulary (and label set, for "
+                                    "a classifier); default: the model before pruning.")
     if args.teacher and not spec.distill:
         print(f"note: --teacher is used by distillation only; --method {spec.method} ignores it", file=sys.stderr)
     return spec, config
