@@ -224,19 +224,20 @@ def mask_dropped_layers(args, loaded: LoadedModel) -> list[int]:
     return dropped_layers(HeadMask.read_file(args.mask), loaded.adapter.n_layers)
 
 
-def build_workspace(args, calib_size: int | None = None) -> Workspace:
+def build_workspace(args, calib_size: int | None = None, select_size: int | None = None) -> Workspace:
     """The ``Workspace`` the model and data arguments name (the dashboard builds the same object).
 
-    ``calib_size`` overrides ``--calib-size``; sizes left at their defaults shrink to fit small data. What was
-    chosen for the user (an hf: split, a label mapping by position or by --label-map) is printed on stderr as
-    ``note: ...``.
+    ``calib_size`` / ``select_size`` override ``--calib-size`` / ``--select-size`` (0: the role is not read);
+    sizes left at their defaults shrink to fit small data. What was chosen for the user (an hf: split, a label
+    mapping by position or by --label-map) is printed on stderr as ``note: ...``.
     """
     label_map = parse_label_map(args.label_map) if getattr(args, "label_map", None) else None
     ws = Workspace.build(args.model, args.data, calib_data=getattr(args, "calib_data", None),
                          select_data=getattr(args, "select_data", None), eval_data=getattr(args, "eval_data", None),
                          text_col=args.text_col, pair_col=args.pair_col, label_col=args.label_col,
                          calib_size=args.calib_size if calib_size is None else calib_size, eval_size=args.eval_size,
-                         select_size=getattr(args, "select_size", DefaultSize(DEFAULT_SELECT_SIZE)),
+                         select_size=getattr(args, "select_size", DefaultSize(DEFAULT_SELECT_SIZE))
+                         if select_size is None else select_size,
                          label_map=label_map, labels_by_position=getattr(args, "labels_by_position", False),
                          allow_untrained_head=getattr(args, "allow_untrained_head", False),
                          allow_overlap=getattr(args, "allow_overlap", False), max_length=args.max_length,

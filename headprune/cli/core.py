@@ -67,8 +67,10 @@ def cmd_evaluate(args) -> dict:
         raise HarnessError(f"{', '.join(given)} set without --lm-eval: name the lm-eval tasks to run, e.g. "
                            "--lm-eval arc_easy, or leave the lm-eval options out.")
     check_args(args, evaluation="evaluation")
-    # nothing is scored: no calibration rows are drawn, unless --calib-data names them (recorded, overlap-checked)
-    ws = build_workspace(args, calib_size=None if args.calib_data else 0)
+    # nothing is scored or chosen: only the evaluation rows are read; a calibration or selection role is read (and
+    # recorded, and overlap-checked) only when --calib-data / --select-data names it
+    ws = build_workspace(args, calib_size=None if args.calib_data else 0,
+                         select_size=None if args.select_data else 0)
     loaded, evals, info = ws.loaded, ws.eval_batches, {**ws.info(), "model": args.model, "data": args.data}
     mask = load_mask(args, loaded)
     names, head = metric_choice(args, ws)

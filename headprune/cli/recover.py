@@ -12,7 +12,6 @@ or not at all (``model.loading.write_staged``), with the run file ``OUT.run.json
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 from pathlib import Path
@@ -22,7 +21,7 @@ import numpy as np
 from ..data import TextDataset, align_labels, load_data
 from ..errors import DataError, HeadpruneError
 from ..model.export import FORMATS, round_to_uniform, type_problem
-from ..model.loading import NAMED_MODELS, LoadedModel, load_model, model_source_kind
+from ..model.loading import LoadedModel, is_lm_config, load_model, peek_config
 from ..model.mask import HeadMask
 from ..model.task import REQUESTABLE, task_of
 from ..recovery import (
@@ -63,24 +62,6 @@ def paths_of(out: str) -> tuple[Path, Path, Path]:
     """(output folder, work folder of checkpoints, run file) for ``--out``."""
     path = Path(out).expanduser()
     return path, path.with_name(path.name + ".work"), path.with_name(path.name + ".run.json")
-
-
-def peek_config(spec: str) -> dict | None:
-    """config.json of a named model or local folder, read without loading the model (None for a hub id)."""
-    if spec in NAMED_MODELS:
-        folder = NAMED_MODELS[spec].build()
-    elif model_source_kind(spec) == "folder":
-        folder = Path(spec).expanduser()
-    else:
-        return None
-    try:
-        return json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None   # load_model names the problem
-
-
-def is_lm_config(config: dict) -> bool:
-    return any(m in " ".join(config.get("architectures") or []) for m in ("ForCausalLM", "LMHeadModel"))
 
 
 def read_train_data(args, lm: bool) -> tuple[TextDataset, str]:
@@ -260,5 +241,5 @@ def add_commands(sub) -> None:
     p.set_defaults(handler=cmd_recover)
 
 
-__all__ = ["add_commands", "check_recover_args", "cmd_recover", "eval_data", "paths_of", "peek_config",
+__all__ = ["add_commands", "check_recover_args", "cmd_recover", "eval_data", "paths_of",
            "read_train_data", "spec_of"]

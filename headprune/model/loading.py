@@ -79,6 +79,25 @@ def model_source_kind(spec: str) -> str:
     return "hub" if hub_like and not exists(spec) else "folder"
 
 
+def peek_config(spec: str) -> dict | None:
+    """config.json of a named model or local folder, read without loading the model (None for a hub id)."""
+    if spec in NAMED_MODELS:
+        folder = NAMED_MODELS[spec].build()
+    elif model_source_kind(spec) == "folder":
+        folder = user_path(spec, "--model", "a model folder", ModelLoadError)
+    else:
+        return None
+    try:
+        return json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None   # load_model names the problem
+
+
+def is_lm_config(config: dict) -> bool:
+    """Whether a config.json dict describes a causal language model (its architectures say so)."""
+    return any(m in " ".join(config.get("architectures") or []) for m in ("ForCausalLM", "LMHeadModel"))
+
+
 def named_models_help() -> str:
     return ", ".join(f"'{n}'" for n in NAMED_MODELS) or "none registered"
 
