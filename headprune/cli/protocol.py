@@ -1,14 +1,17 @@
 """``run``: one command per results table. ``headprune run PROTOCOL.toml --out DIR`` computes every cell of a
 protocol file (``headprune.protocol``), resumably, and writes the table, masks, plots and run file;
-``--plan`` prints the cells and their work without the network and without loading weights."""
+``--plan`` prints the cells and their work without the network and without loading weights; ``--smoke`` runs the
+whole protocol on tiny random stand-ins of its models and data (``headprune.protocol.smoke``) in seconds."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 from ..errors import Cancelled
 from ..protocol import Protocol, plan
 from ..protocol.run import RunError, check_out, run_protocol
+from ..protocol.smoke import run_smoke
 from .common import add_memory_arg, tqdm_progress
 
 
@@ -39,6 +42,12 @@ def cmd_run(args) -> dict:
         bar[0](fraction, message)
 
     try:
+        if args.smoke:
+            online = os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("1", "true", "yes", "on")
+            _say("smoke run: tiny random stand-ins of every model and data role (" + (
+                "hub configs and features where reachable" if online else "offline: families and stated labels")
+                + "); the numbers are meaningless")
+            return run_smoke(protocol, args.out, online=online, say=_say, plots=not args.no_plots, progress=progress)
         return run_protocol(protocol, args.out, memory_budget=args.memory_budget, say=_say, plots=not args.no_plots,
                             progress=progress)
     except KeyboardInterrupt:
@@ -55,6 +64,10 @@ def add_commands(sub) -> None:
                    help="print the cells and their estimated work, offline, without loading any weights")
     p.add_argument("--no-timing", action="store_true",
                    help="with --plan: count the work only (no random-initialised forward is timed)")
+    p.add_argument("--smoke", action="store_true",
+                   help="run the whole protocol on stand-ins: each model a tiny random model of its family and "
+                        "labels, each data role a few synthetic rows with its features; writes a real, meaningless "
+                        "table to --out in seconds (HF_HUB_OFFLINE=1: no network at all)")
     p.add_argument("--no-plots", action="store_true", help="write no figures")
     add_memory_arg(p)
     p.set_defaults(handler=cmd_run)
