@@ -11,7 +11,7 @@ import sys
 from ..errors import Cancelled
 from ..protocol import Protocol, plan
 from ..protocol.run import RunError, check_out, run_protocol
-from ..protocol.smoke import run_smoke
+from ..protocol.smoke import check_labels, require_labels, run_smoke
 from .common import add_memory_arg, tqdm_progress
 
 
@@ -19,20 +19,34 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+def _online() -> bool:
+    """Whether hub configs and data set features may be read (HF_HUB_OFFLINE=1: never)."""
+    return os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("1", "true", "yes", "on")
+
+
 def cmd_run(args) -> dict:
     protocol = Protocol.read(args.protocol)   # every key and value checked here, before any model loads
     if args.plan:
+        labels = check_labels(protocol, _online())
+        for line in labels.unchecked:
+            _say(f"not checked: {line}")
+        for line in labels.problems:
+            _say(f"problem: {line}")
         plans = plan(protocol, time_it=not args.no_timing)
         for p in plans:
             grid = f", grid {p.grid[0]} x {p.grid[1]}" if p.grid else ""
             _say(f"{p.entry.name}: {p.entry.model} ({p.kind}{grid}), {len(p.cells)} cells; {p.text()}")
             for cell in p.cells:
                 _say(f"  {cell.key}")
+        if labels.problems:
+            require_labels(protocol, False, labels)   # the same problems, as the error (exit 2)
         return {"protocol": protocol.source, "sha256": protocol.hash, "cells": sum(len(p.cells) for p in plans),
-                "models": [p.to_json() for p in plans]}
+                "models": [p.to_json() for p in plans], "labels": labels.to_json()}
     if not args.out:
         raise RunError("--out DIR is needed to run a protocol (the folder its cells and table are written to); "
                        "--plan shows the cells without running them.")
+    if not args.smoke:   # labels, splits and columns against configs and features: before any weights load
+        require_labels(protocol, _online())
     check_out(args.out)
     bar = []
 
@@ -43,7 +57,7 @@ def cmd_run(args) -> dict:
 
     try:
         if args.smoke:
-            online = os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("1", "true", "yes", "on")
+            online = _online()
             _say("smoke run: tiny random stand-ins of every model and data role (" + (
                 "hub configs and features where reachable" if online else "offline: families and stated labels")
                 + "); the numbers are meaningless")

@@ -17,7 +17,8 @@ Where the stand-ins come from, per model and per data source (each recorded in t
              the role's columns and the protocol's label statements; rows are seeded word strings, labels cycle
              over the classes (every class present), written with ``save_to_disk`` as a DatasetDict of the same
              splits so ClassLabel names survive and the split rule acts as on the real data set
-    sizes    calibration and selection 8 rows, evaluation and training 16 ("all" included)
+    sizes    calibration and selection 8 rows, evaluation and training 16 ("all" included); at most 2 repeats
+             and 2 random orders (the code paths of more, without repeating the same work)
     lm-eval  each lm-eval task is replaced by a local multiple-choice task "smoke_<task>" on stand-in rows
              (the metric columns are renamed accordingly; lm-eval's own data sets need the network)
 
@@ -38,6 +39,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, PreTrainedTokenizerFast
 
+from ..data import TextDataset, align_labels
 from ..data.sources import parse_hf_spec
 from ..errors import HeadpruneError
 from ..evaluation.harness import is_harness_metric, parse_metric
@@ -45,9 +47,10 @@ from ..model.loading import NAMED_MODELS, model_source_kind
 from ..testing import ARCHS, DECODER_ARCHS, tiny_config, tiny_decoder_config
 from .plan import local_config, slug
 from .run import run_protocol, write_atomic
-from .spec import ModelEntry, Protocol, Role
+from .spec import ModelEntry, Protocol, ProtocolError, Role
 
 SMOKE_SIZES = {"calib": 8, "select": 8, "eval": 16, "train": 16}
+SMOKE_REPEATS = 2              # repeats and random orders of a smoke run, at most
 ROWS_PER_SPLIT = 48            # enough for every role of one source drawn apart (8 + 8 + 16 + 16)
 WORDS = ("the a film story book song market price shares rose fell stock was is felt seemed good bad long short "
          "dull bright warm cold slow quick and but very quite not never love war peace cats dogs rain sun night "
@@ -309,6 +312,83 @@ def stand_in_model(entry: ModelEntry, features: Features, folder: Path, online: 
                         origin, labels)
 
 
+# -- labels, splits and columns checked before any weights -------------------------------------------------------
+
+@dataclass
+class LabelCheck:
+    """What ``check_labels`` found: problems (each naming the model, the role, the key and its line), the checks
+    it made and the ones it could not make (offline: a hub config or a data set's features out of reach)."""
+
+    problems: list = field(default_factory=list)
+    checked: list = field(default_factory=list)
+    unchecked: list = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"problems": self.problems, "checked": self.checked, "unchecked": self.unchecked}
+
+
+def _feature_rows(features: Features) -> TextDataset:
+    """One row per class of ``features`` as ``load_data`` would hold them (ClassLabel ints with their names)."""
+    if features.names is None:
+        return TextDataset(texts=["x"], labels=[2.5], source="features")
+    if features.string_labels:
+        return TextDataset(texts=["x"] * len(features.names), labels=list(features.names), source="features")
+    return TextDataset(texts=["x"] * len(features.names), labels=list(range(len(features.names))),
+                       label_names=list(features.names), source="features")
+
+
+def check_labels(protocol: Protocol, online: bool) -> LabelCheck:
+    """Every model's label alignment, and every role's split and columns, against the model's config and the data
+    set's features (no weights, no rows): ``align_labels`` on one row per class, with the entry's ``label_map`` /
+    ``labels_by_position``, exactly as the run will call it. Sources read from hub features (online) or the table
+    of known sources (offline); what neither reaches is listed as unchecked."""
+    found = LabelCheck()
+    for entry in protocol.models:
+        config = _online_config(entry.model, online)
+        if config is None:
+            found.unchecked.append(f"{entry.name}: labels of {entry.model} (its config.json is not on this machine"
+                                   + (")" if online else "; offline)"))
+        for name, role in entry.data.items():
+            where = f"{entry.name}, data.{name} ({role.source})"
+            if not role.source.startswith("hf:"):
+                found.unchecked.append(f"{where}: read when the run starts (not a hub data set)")
+                continue
+            hub, config_name, split = parse_hf_spec(role.source)
+            features = (_hub_features(hub, config_name) if online else None) or _known(hub, config_name)
+            if features is None:
+                found.unchecked.append(f"{where}: its features (unknown offline)")
+                continue
+            if split and split not in features.splits:
+                found.problems.append(str(role.fail("source", f"{entry.name}: split {split!r} is not one of "
+                                                              f"{', '.join(features.splits)} ({features.origin}).")))
+            columns = list(features.texts) + ([features.label] if features.label else [])
+            for key in ("text_col", "pair_col", "label_col"):
+                if getattr(role, key) and getattr(role, key) not in columns:
+                    found.problems.append(str(role.fail(key, f"{entry.name}: no column {getattr(role, key)!r}; "
+                                                             f"the data set has {', '.join(columns)}.")))
+            if config is None or features.choice or not getattr(config, "id2label", None):
+                continue
+            id2label = {int(k): v for k, v in config.id2label.items()}
+            try:
+                align_labels(_feature_rows(features), id2label, label_map=entry.label_map,
+                             by_position=entry.labels_by_position)
+            except HeadpruneError as exc:
+                key = "label_map" if entry.label_map else "labels_by_position" if entry.labels_by_position else "model"
+                found.problems.append(str(entry.fail(key, f"{entry.name}, data.{name}: {exc}")))
+                continue
+            found.checked.append(f"{where}: labels, split and columns ({features.origin})")
+    return found
+
+
+def require_labels(protocol: Protocol, online: bool, found: LabelCheck | None = None) -> LabelCheck:
+    """``check_labels`` (or what it ``found`` already), raising a ProtocolError listing every problem."""
+    found = check_labels(protocol, online) if found is None else found
+    if found.problems:
+        raise ProtocolError(f"{len(found.problems)} label/split/column problem(s) found before loading any weights:\n"
+                            + "\n".join(f"  {p}" for p in found.problems))
+    return found
+
+
 # -- the smoke protocol --------------------------------------------------------------------------------------------
 
 @dataclass
@@ -415,12 +495,22 @@ def build_smoke(protocol: Protocol, folder: Path, online: bool = False) -> Smoke
         headline = _smoke_metric(entry.headline, renamed) if entry.headline else None
         entries.append(dataclasses.replace(entry, model=str(model.path), data=roles, metrics=metrics,
                                            headline=headline))
+    # repeats and random orders exercise their code paths at two; more of them repeat the same work
+    repeats = min(protocol.repeats, SMOKE_REPEATS)
+    trajectory = protocol.trajectory
+    if trajectory is not None and trajectory.random_boxes > SMOKE_REPEATS:
+        trajectory = dataclasses.replace(trajectory, random_boxes=SMOKE_REPEATS)
+    if repeats < protocol.repeats or trajectory is not protocol.trajectory:
+        build.notes.append(f"repeats {protocol.repeats} -> {repeats}" + (
+            f", random_boxes {protocol.trajectory.random_boxes} -> {SMOKE_REPEATS}"
+            if trajectory is not protocol.trajectory else "") + " (the same code paths, less of the same work)")
     lm_eval = dict(protocol.lm_eval)
     if renamed:
         lm_eval["include"] = tuple(lm_eval.get("include", ())) + (str(folder / "lm_eval"),)
         lm_eval["limit"] = 8
     try:
-        build.protocol = dataclasses.replace(protocol, models=tuple(entries), lm_eval=lm_eval,
+        build.protocol = dataclasses.replace(protocol, models=tuple(entries), lm_eval=lm_eval, repeats=repeats,
+                                             trajectory=trajectory,
                                              device="cpu", dtype=None, memory_budget=None)
     except HeadpruneError as exc:   # a stand-in the protocol's own checks refuse: a bug of this module
         raise HeadpruneError(f"the smoke stand-ins of {protocol.source} are refused by the protocol's checks: "
