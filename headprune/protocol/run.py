@@ -410,6 +410,78 @@ def table_markdown(rows: list[dict], columns: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def headline_by_model(protocol: Protocol, records: dict[str, dict]) -> dict[str, str]:
+    """Each model's headline metric (the one its paper row reports), read from its first cell's task and data."""
+    first = {}
+    for cell in expand(protocol):
+        first.setdefault(cell.model, records[cell.key])
+    entries = {m.name: m for m in protocol.models}
+    return {name: adapter.headline_of(Task(rec["task"]), entries[name], *eval_of(rec)) for name, rec in first.items()}
+
+
+def average_rows(protocol: Protocol, records: dict[str, dict], rows: list[dict]) -> list[dict]:
+    """The papers' "Average" column: per (criterion, sparsity, stage), the mean over models of each model's headline
+    metric (HIES Table 1: SST-2 accuracy, CoLA MCC, ... averaged), and with ``[table] baseline`` the "% vs" column,
+    100 x (average / the baseline's average at the same sparsity and stage - 1). Sparsity protocols only."""
+    if protocol.trajectory is not None:
+        return []
+    headline = headline_by_model(protocol, records)
+    groups: dict[tuple, list[float]] = {}
+    for row in rows:
+        metric = headline[row["model"]]
+        if metric in row:
+            groups.setdefault((row["criterion"], row["sparsity"], row.get("stage")), []).append(row[metric][0])
+    out = [{"criterion": c, "sparsity": s, **({"stage": st} if st else {}), "models": len(v),
+            "average": float(np.mean(v))} for (c, s, st), v in groups.items()]
+    base = protocol.table.get("baseline")
+    if base:
+        ref = {(r["sparsity"], r.get("stage")): r["average"] for r in out if r["criterion"] == base}
+        for r in out:
+            b = ref.get((r["sparsity"], r.get("stage")))
+            r[f"% vs {base}"] = None if not b else 100.0 * (r["average"] / b - 1.0)
+    return out
+
+
+def paper_rows(protocol: Protocol, rows: list[dict]) -> list[dict]:
+    """The paper's reported values ([[paper]]) beside ours: paper | ours (mean over repeats) | delta = ours - paper."""
+    out = []
+    for entry in protocol.paper:
+        for label, cells in entry.values.items():
+            for ratio, value in cells.items():
+                mine = next((r for r in rows if r["model"] == entry.model and r["criterion"] == label
+                             and abs(r["sparsity"] - ratio) < 1e-9 and r.get("stage", "pruned") != RECOVERED), None)
+                ours = mine[entry.metric][0] if mine and entry.metric in mine else None
+                out.append({"model": entry.model, "criterion": label, "sparsity": ratio, "metric": entry.metric,
+                            "paper": value, "ours": ours, "delta": None if ours is None else ours - value,
+                            "cite": entry.cite})
+    return out
+
+
+def _num(value, fmt: str = ".4f") -> str:
+    return "" if value is None else format(value, fmt)
+
+
+def sections_markdown(averages: list[dict], papers: list[dict]) -> str:
+    """The Average (and % vs) table and the paper | ours | delta table, as markdown sections (empty: none)."""
+    text = ""
+    if averages:
+        extra = [k for k in averages[0] if k.startswith("% vs")]
+        keys = ["criterion", "sparsity"] + (["stage"] if "stage" in averages[0] else [])
+        text += "\n## Average over models (each model's headline metric)\n\n| " + " | ".join(
+            keys + ["models", "average"] + extra) + " |\n|" + "---|" * (len(keys) + 2 + len(extra)) + "\n"
+        for r in averages:
+            shown = [f"{r[k]:g}" if k == "sparsity" else str(r[k]) for k in keys]
+            percent = [_num(r[k], "+.2f") + ("%" if r[k] is not None else "") for k in extra]
+            text += "| " + " | ".join(shown + [str(r["models"]), _num(r["average"])] + percent) + " |\n"
+    if papers:
+        text += ("\n## The paper's values beside ours\n\n| model | criterion | sparsity | metric | paper | ours | Δ | "
+                 "cited |\n|---|---|---|---|---|---|---|---|\n")
+        for r in papers:
+            text += (f"| {r['model']} | {r['criterion']} | {r['sparsity']:g} | {r['metric']} | {_num(r['paper'])} | "
+                     f"{_num(r['ours'])} | {_num(r['delta'], '+.4f')} | {r['cite']} |\n")
+    return text
+
+
 # -- plots (optional: plotly is the dashboard extra) -----------------------------------------------------------
 
 def write_plots(protocol: Protocol, records: dict[str, dict], rows: list[dict], out: Path) -> tuple[list[str], list]:
@@ -480,7 +552,8 @@ def run_protocol(protocol: Protocol, out: str | Path, *, memory_budget=None, pro
         records[cell.key] = finished(out, protocol, entry, cell)
     rows, columns = table_rows(protocol, records)
     write_atomic(out / "results.csv", table_csv(rows, columns))
-    write_atomic(out / "results.md", table_markdown(rows, columns))
+    averages, papers = average_rows(protocol, records, rows), paper_rows(protocol, rows)
+    write_atomic(out / "results.md", table_markdown(rows, columns) + sections_markdown(averages, papers))
     plotted, notes = write_plots(protocol, records, rows, out) if plots else ([], ["plots not asked for"])
     first = {m.name: next(r for r in records.values() if r["model"] == m.name) for m in protocol.models}
     models = [{**m.to_json(), **first[m.name]["loaded"], "roles": first[m.name]["roles"]} for m in protocol.models]
@@ -489,9 +562,9 @@ def run_protocol(protocol: Protocol, out: str | Path, *, memory_budget=None, pro
            "models": models, "versions": versions(), "memory_budget": runner.budget,
            "computed": runner.computed, "reused": [k for k in records if k not in runner.computed],
            "table": {"columns": columns, "rows": [{k: list(v) if isinstance(v, tuple) else v for k, v in r.items()}
-                                                   for r in rows]},
+                                                   for r in rows], "average": averages, "paper": papers},
            "plots": plotted, "notes": notes, "cells": records}
     write_atomic(out / "run.json", _json(run))
     return {"out": str(out), "results": ["results.csv", "results.md"], "plots": plotted, "notes": notes,
             "cells": len(records), "computed": len(runner.computed), "reused": len(run["reused"]),
-            "table": table_markdown(rows, columns)}
+            "table": table_markdown(rows, columns) + sections_markdown(averages, papers)}
