@@ -16,9 +16,11 @@ The file (``protocols/demo.toml`` is a commented example)::
     name = "his"
 
 or, instead of ``sparsities``, a ``[trajectory]`` table (step, budget, count, tolerance, inverse = [false, true],
-random_boxes = N independent random orders). Roles are drawn with the protocol's ``seed`` (roles on one
-source are disjoint; each repeat re-draws the calibration rows outside the evaluation rows). A key this module
-does not know, or a bad value, is a
+random_boxes = N independent random orders, report_at = ratios, mask_tolerance = τ: each cell saves the mask of
+the last step within τ x dense on the selection rows, with its size, instead of the last step). ``[[paper]]``
+tables carry a paper's values per cell (``PaperValues``), ``[table] baseline`` names the criterion of the "% vs"
+column. Roles are drawn with the protocol's ``seed`` (roles on one source are disjoint; each repeat re-draws the
+calibration rows outside the evaluation rows). A key this module does not know, or a bad value, is a
 :class:`ProtocolError` naming the key and its line in the file: TOML parsers give no line numbers for keys, so
 :class:`KeyLines` finds them by scanning the text for the table headers and keys.
 """
@@ -248,6 +250,7 @@ class TrajectoryPart(Located):
     inverse: tuple = (False,)            # orders run: False = least important first (the criterion's order)
     random_boxes: int = 0                # independent random orders (boxplots per ratio), 0 = none
     report_at: tuple = ()                # ratios the table reports the metric at (the step at or below each)
+    mask_tolerance: float | None = None  # the saved mask: the last step within τ x dense on the selection rows
 
     def __post_init__(self):
         inverse = self.inverse if isinstance(self.inverse, (list, tuple)) else (self.inverse,)
@@ -261,9 +264,9 @@ class TrajectoryPart(Located):
         for ratio in self.report_at:
             _check(self, "report_at", ratio, UNIT, "ratio")
         object.__setattr__(self, "report_at", tuple(float(r) for r in self.report_at))
-        for key in ("step", "budget", "count", "tolerance"):
-            try:   # the trajectory's own limits, declared once in TrajectorySpec
-                TrajectorySpec(criterion=get("random"), **{key: getattr(self, key)})
+        for key in ("step", "budget", "count", "tolerance", "mask_tolerance"):
+            try:   # the trajectory's own limits, declared once in TrajectorySpec (mask_tolerance: a tolerance's)
+                TrajectorySpec(criterion=get("random"), **{key.replace("mask_", ""): getattr(self, key)})
             except TrajectoryError as exc:
                 raise self.fail(key, str(exc)) from None
 
@@ -271,11 +274,12 @@ class TrajectoryPart(Located):
         """The TrajectorySpec of one cell: ``criterion`` (a Criterion) with ``params``, one order, one seed."""
         return TrajectorySpec(criterion=criterion, params=dict(params), inverse=inverse, step=self.step,
                               budget=self.budget, count=self.count, tolerance=self.tolerance, metric=metric,
-                              seed=seed)
+                              seed=seed, track_select=self.mask_tolerance is not None)
 
     def to_json(self) -> dict:
         return {k: getattr(self, k) for k in ("step", "budget", "count", "tolerance", "random_boxes")} | \
-            {"inverse": list(self.inverse), "report_at": list(self.report_at)}
+            {"inverse": list(self.inverse), "report_at": list(self.report_at)} | \
+            ({"mask_tolerance": self.mask_tolerance} if self.mask_tolerance is not None else {})
 
 
 def _metric(part: Located, key: str, name: str) -> str:
