@@ -17,8 +17,9 @@ Where the stand-ins come from, per model and per data source (each recorded in t
              the role's columns and the protocol's label statements; rows are seeded word strings, labels cycle
              over the classes (every class present), written with ``save_to_disk`` as a DatasetDict of the same
              splits so ClassLabel names survive and the split rule acts as on the real data set
-    sizes    calibration and selection 8 rows, evaluation and training 16 ("all" included); at most 2 repeats
-             and 2 random orders (the code paths of more, without repeating the same work)
+    sizes    calibration and selection 8 rows, evaluation and training 16 ("all" included); at most 2 repeats,
+             2 random orders and 2 sparsities besides 0 (the smallest and largest: the code paths of more, without
+             repeating the same work)
     lm-eval  each lm-eval task is replaced by a local multiple-choice task "smoke_<task>" on stand-in rows
              (the metric columns are renamed accordingly; lm-eval's own data sets need the network)
 
@@ -31,7 +32,6 @@ import dataclasses
 import json
 import random
 import re
-import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,7 +44,7 @@ from ..data.sources import parse_hf_spec
 from ..errors import HeadpruneError
 from ..evaluation.harness import is_harness_metric, parse_metric
 from ..model.loading import NAMED_MODELS, model_source_kind
-from ..testing import ARCHS, DECODER_ARCHS, tiny_config, tiny_decoder_config
+from ..testing import ARCHS, DECODER_ARCHS, tiny_config, tiny_decoder_config, write_choice_task
 from .plan import local_config, slug
 from .run import run_protocol, write_atomic
 from .spec import ModelEntry, Protocol, ProtocolError, Role
@@ -417,31 +417,7 @@ def _lm_eval_task(task: str, folder: Path, seed: int) -> str:
     network); returns its name."""
     name = f"smoke_{slug(task).replace('-', '_')}"
     rng = random.Random(seed)
-    rows = folder / f"{name}.jsonl"
-    folder.mkdir(parents=True, exist_ok=True)
-    rows.write_text("".join(json.dumps({"context": _phrase(rng), "choices": [_phrase(rng, 1, 3) for _ in range(4)],
-                                        "answer": i % 4}) + "\n" for i in range(8)), encoding="utf-8")
-    (folder / f"{name}.yaml").write_text(textwrap.dedent(f"""\
-        task: {name}
-        dataset_path: json
-        dataset_kwargs:
-          data_files:
-            test: {rows}
-        test_split: test
-        output_type: multiple_choice
-        doc_to_text: context
-        doc_to_choice: choices
-        doc_to_target: answer
-        metric_list:
-          - metric: acc
-            aggregation: mean
-            higher_is_better: true
-          - metric: acc_norm
-            aggregation: mean
-            higher_is_better: true
-        metadata:
-          version: 1.0
-        """), encoding="utf-8")
+    write_choice_task(folder, name, [(_phrase(rng), [_phrase(rng, 1, 3) for _ in range(4)], i % 4) for i in range(8)])
     return name
 
 
@@ -495,8 +471,14 @@ def build_smoke(protocol: Protocol, folder: Path, online: bool = False) -> Smoke
         headline = _smoke_metric(entry.headline, renamed) if entry.headline else None
         entries.append(dataclasses.replace(entry, model=str(model.path), data=roles, metrics=metrics,
                                            headline=headline))
-    # repeats and random orders exercise their code paths at two; more of them repeat the same work
+    # repeats, random orders and sparsities exercise their code paths at two; more of them repeat the same work
     repeats = min(protocol.repeats, SMOKE_REPEATS)
+    positive = [r for r in protocol.sparsities if r > 0]
+    sparsities = protocol.sparsities if len(positive) <= 2 else \
+        tuple(r for r in protocol.sparsities if r == 0) + (positive[0], positive[-1])
+    if sparsities != protocol.sparsities:
+        build.notes.append(f"sparsities {', '.join(f'{r:g}' for r in protocol.sparsities)} -> "
+                           f"{', '.join(f'{r:g}' for r in sparsities)} (the smallest and largest)")
     trajectory = protocol.trajectory
     if trajectory is not None and trajectory.random_boxes > SMOKE_REPEATS:
         trajectory = dataclasses.replace(trajectory, random_boxes=SMOKE_REPEATS)
@@ -510,12 +492,25 @@ def build_smoke(protocol: Protocol, folder: Path, online: bool = False) -> Smoke
         lm_eval["limit"] = 8
     try:
         build.protocol = dataclasses.replace(protocol, models=tuple(entries), lm_eval=lm_eval, repeats=repeats,
-                                             trajectory=trajectory,
+                                             trajectory=trajectory, sparsities=sparsities,
+                                             paper=_cells_kept(protocol.paper, sparsities),
                                              device="cpu", dtype=None, memory_budget=None)
     except HeadpruneError as exc:   # a stand-in the protocol's own checks refuse: a bug of this module
         raise HeadpruneError(f"the smoke stand-ins of {protocol.source} are refused by the protocol's checks: "
                              f"{exc}") from None
     return build
+
+
+def _cells_kept(paper: tuple, sparsities: tuple) -> tuple:
+    """``paper`` values of the sparsities a smoke run keeps (the others name cells it does not run)."""
+    kept = []
+    for entry in paper:
+        values = {c: {r: v for r, v in cells.items() if c == "dense" or any(abs(r - s) < 1e-9 for s in sparsities)}
+                  for c, cells in entry.values.items()}
+        kept.append(dataclasses.replace(entry, values={c: {f"{r:g}": v for r, v in cells.items()} if c != "dense"
+                                                       else next(iter(cells.values()), None)
+                                                       for c, cells in values.items() if cells}))
+    return tuple(kept)
 
 
 BANNER = ("> **SMOKE RUN** — every model is a tiny random stand-in and every data role a few synthetic rows "
