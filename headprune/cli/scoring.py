@@ -16,6 +16,7 @@ from ..data import calibration_texts, content_hash
 from ..errors import CriterionError
 from ..estimate import estimate_harness, estimate_scoring, estimate_trajectory
 from ..evaluation.harness import harness_metrics, is_harness_metric, metric_tasks, resolve_tasks
+from ..evaluation.stability import STABILITY_METRICS
 from ..limits import POSITIVE_INT, UNIT
 from ..model.export import FORMATS
 from ..trajectory import (
@@ -57,9 +58,9 @@ def _params(pairs: list[str] | None) -> dict:
     return out
 
 
-def _checked(args, evaluation: str | None = None) -> tuple:
+def _checked(args, evaluation: str | None = None, extra_metrics: tuple[str, ...] = ()) -> tuple:
     """Criterion and parameters, sizes, mask file and the ``--out`` path, validated before any model is loaded."""
-    check_args(args, calib="scoring", evaluation=evaluation)
+    check_args(args, calib="scoring", evaluation=evaluation, extra_metrics=extra_metrics)
     checked_out_file(args.out)
     crit = get(args.criterion)
     params = _params(args.param)
@@ -179,7 +180,7 @@ def cmd_trajectory(args) -> dict:
     lm_names, at = harness_points(args)
     if lm_names:   # the steps record the task's own metrics (headline: the task's); lm-eval's at the points
         args = argparse.Namespace(**{**vars(args), "metric": None})
-    crit, params = _checked(args, evaluation="a trajectory")
+    crit, params = _checked(args, evaluation="a trajectory", extra_metrics=STABILITY_METRICS)
     points = save_mask_points(args.save_mask)
     lm_tasks = resolve_tasks(harness_spec(args, metric_tasks(lm_names))) if lm_names else None
     # every setting is checked here, before the model loads (a bad --step or --tolerance costs no waiting)
@@ -198,7 +199,7 @@ def cmd_trajectory(args) -> dict:
                           stability=args.stability, drop=args.drop, model_name=args.model,
                           independent=crit.name == "random" and args.repeats > 1)
     ws = build_workspace(args)
-    names, head = metric_choice(args, ws)
+    names, head = metric_choice(args, ws, extra=STABILITY_METRICS)
     info = {**ws.info(), "model": args.model, "data": args.data}
     spec = replace(spec, metric=head, metric_set=names, data_info=info)
     n_runs = max(args.seeds, args.repeats)
@@ -293,7 +294,9 @@ def add_commands(sub) -> None:
     p.add_argument("--budget", type=float, help="stop at this pruned ratio of all heads, in (0, 1]")
     p.add_argument("--count", type=int, help="stop after this many heads")
     p.add_argument("--tolerance", type=float, help="stop once the metric falls below T x the dense metric")
-    add_metric_arg(p, "for the tolerance, AUC and plots; or lm-eval:TASK/METRIC[,...]: lm-eval numbers "
+    add_metric_arg(p, "for the tolerance, AUC and plots; or agreement (%% of answers as the starting model's, "
+                      "recorded at every step of a classifier or multiple choice) or stability (%% unchanged "
+                      "under word drop, with --stability); or lm-eval:TASK/METRIC[,...]: lm-eval numbers "
                       "measured at the --at points only")
     p.add_argument("--seeds", type=int, default=1,
                    help="runs with criterion seeds seed..seed+N-1 on one calibration draw (random: the spread)")
