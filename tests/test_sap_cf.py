@@ -149,3 +149,14 @@ def test_mask_sparsity_reads_cf_s_own_selection(tmp_path, sensitive_model_dir, o
                        HeadMask.from_json(scores.meta["mask"], (3, 4)).keep_bool())
     assert written["pruned_heads"] == 3 and written["criterion"] == "sap-cf"
     assert main(["mask", "--scores", str(path), "--sparsity", "0.5", "--out", str(tmp_path / "n.json")]) == 2
+
+
+def test_score_refuses_a_pool_below_a_requested_level_before_loading(sensitive_model_dir, labelled_csv, capsys,
+                                                                    monkeypatch):
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr("headprune.cli.scoring.load_model_and_data", no_loading)
+    assert main(["score", "--model", str(sensitive_model_dir), "--data", labelled_csv, "--criterion", "sap-cf",
+                 "--param", "pool=0.3", "--sap-sparsities", "0.25,0.5"]) == 2
+    assert "pool=0.3" in capsys.readouterr().err

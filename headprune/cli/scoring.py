@@ -68,18 +68,22 @@ def _checked(args, evaluation: str | None = None, extra_metrics: tuple[str, ...]
     return crit, params
 
 
-def sap_levels(text: str | None, crit) -> list[float]:
-    """``--sap-sparsities 0.25,0.5,0.75`` as target sparsities, checked before any model loads."""
+def sap_levels(text: str | None, crit, params: dict | None = None) -> list[float]:
+    """``--sap-sparsities 0.25,0.5,0.75`` as target sparsities, checked before any model loads (with ``params``:
+    the criterion's parameters at each level, e.g. a sap-cf ``pool`` that must hold every target)."""
     if not text:
         return []
     if not hasattr(crit, "per_sparsity"):
         raise CriterionError(f"--sap-sparsities selects SAP's best k per target sparsity; criterion '{crit.name}' "
-                             "has no such selection. Accepted with: --criterion sap.")
+                             "has no such selection. Accepted with: --criterion sap or sap-cf.")
     try:
-        return [crit.params["sparsity"].parse("sparsity", float(x)) for x in text.split(",")]
+        levels = [crit.params["sparsity"].parse("sparsity", float(x)) for x in text.split(",")]
     except ValueError:
         raise CriterionError(f"--sap-sparsities {text!r}: expected comma-separated numbers in [0, 1), e.g. "
                              "0.25,0.5,0.75.") from None
+    for level in levels:
+        crit.resolve_params({**(params or {}), "sparsity": level})
+    return levels
 
 
 def cmd_criteria(args) -> dict:
@@ -93,7 +97,7 @@ def cmd_criteria(args) -> dict:
 
 def cmd_score(args) -> dict:
     crit, params = _checked(args)
-    levels = sap_levels(args.sap_sparsities, crit)
+    levels = sap_levels(args.sap_sparsities, crit, params)
     loaded, calib, _, info = load_model_and_data(args)
     texts = calibration_texts(info["calib_data"], calib)
     start = time.perf_counter()

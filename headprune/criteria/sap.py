@@ -443,7 +443,8 @@ class SAP(_SapBase):
 @register
 class SAPCandidateFiltering(_SapBase):
     name = "sap-cf"
-    description = "SAP candidates re-ranked by single-head degradation, pruned while the metric stays ≥ tolerance."
+    description = ("SAP candidates (a pool larger than the target) re-ranked by measured single-head degradation, "
+                   "pruned to the target sparsity or while the metric stays ≥ tolerance.")
     reference = "sap-syntactic-attention-pruning.txt §3.4"
     latex = r"\text{prune candidates by ascending } m_0-m(c)\ \text{while } m \ge \tau\, m_0"
     needs_labels = True
