@@ -132,13 +132,16 @@ def add_mask_arg(p: argparse.ArgumentParser, required: bool = False) -> None:
                         '{"pruned_groups": {"<layer>": [key/value group, ...]}} (0-based)')
 
 
-def check_args(args, *, calib: str | None = None, evaluation: str | None = None) -> None:
+def check_args(args, *, calib: str | None = None, evaluation: str | None = None,
+               extra_metrics: tuple[str, ...] = ()) -> None:
     """Refuse, before any model loads or bar is drawn, the settings this command cannot run with.
 
     ``calib`` / ``evaluation`` name what needs a calibration / evaluation example (e.g. "scoring"): a size the
     user set to 0 is refused then (limits: ``limits.POSITIVE_INT``; a default size still shrinks to fit small data,
     and a size larger than the data is refused by the split, which knows the row count). A ``--mask`` file must
-    exist and hold JSON (its heads are checked against the model once it is loaded). Raises HeadpruneError.
+    exist and hold JSON (its heads are checked against the model once it is loaded). ``extra_metrics``: the
+    ``--metric`` names this command reports beyond the tasks' (a trajectory's stability measures). Raises
+    HeadpruneError.
     """
     if calib is not None and POSITIVE_INT(int(args.calib_size)):
         raise DataError(f"--calib-size {args.calib_size}: {calib} needs at least one calibration example. Accepted: "
@@ -166,7 +169,7 @@ def check_args(args, *, calib: str | None = None, evaluation: str | None = None)
         parse_label_map(args.label_map)
     if getattr(args, "mask", None):
         HeadMask.read_file(args.mask)
-    check_metric_name(getattr(args, "metric", None))
+    check_metric_name(getattr(args, "metric", None), extra_metrics)
     parse_device_map(getattr(args, "device_map", None))   # a bad placement costs no loading
 
 
@@ -193,13 +196,13 @@ def add_metric_arg(p: argparse.ArgumentParser, what: str) -> None:
                         "headline; GLUE data: GLUE's, e.g. mcc for CoLA, f1 for MRPC/QQP)")
 
 
-def metric_choice(args, ws: Workspace) -> tuple[tuple[str, ...], str]:
+def metric_choice(args, ws: Workspace, extra: tuple[str, ...] = ()) -> tuple[tuple[str, ...], str]:
     """(metric set, headline) of this run (``evaluation.metrics.metric_set`` / ``headline``) for the workspace's
     task (the data decides multiple choice) and its evaluation source (a GLUE name gives GLUE's set); ``--metric``
-    must be one the task reports."""
+    must be one the task reports (or of ``extra``, the command's own: a trajectory's stability measures)."""
     source = ws.sources.get("eval") or args.data
     return (metric_set(ws.task, source, n_classes=ws.n_classes),
-            headline(ws.task, getattr(args, "metric", None), source, n_classes=ws.n_classes))
+            headline(ws.task, getattr(args, "metric", None), source, n_classes=ws.n_classes, extra=extra))
 
 
 def check_positive(value: int | None, option: str, what: str, doc: str) -> None:
