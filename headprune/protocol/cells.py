@@ -16,7 +16,8 @@ the functions below:
                           cell's sparsity unless the protocol fixed it)
     cell_seed             the seed of a cell's scoring (random: independent masks per sparsity)
     mask_at               the mask of a ScoreMap at a sparsity (``kept_at``; for SAP its own selection at that
-                          sparsity with its best k, and the layers its layer rule drops)
+                          sparsity with its best k, and the layers its layer rule drops; for Kwon et al. its
+                          rearranged mask with the tuned scales)
     evaluate_cell         the metrics of the model under a mask (those layers skipped) on the evaluation rows,
                           with the model's lm-eval numbers ("lm-eval:TASK/METRIC") from one lm-eval run
     harness_tasks         a model's lm-eval tasks checked against lm-eval's index, with their data, before any
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..criteria.kwon import kwon_mask
 from ..data import TextDataset, align_labels, calibration_texts, content_hash, load_data, row_hashes
 from ..evaluation.harness import Tasks, harness_metrics, is_harness_metric, resolve_tasks
 from ..evaluation.metrics import evaluate, headline, metric_set
@@ -139,9 +141,11 @@ def scoring_context(loaded: LoadedModel, data: CellData, seed: int, progress: Pr
 
 def scored_params(crit, params: dict, sparsity: float | None) -> dict:
     """The parameters a criterion is scored with in a cell: a ``sparsity`` parameter (SAP's target) follows the
-    cell's sparsity unless the protocol set it."""
+    cell's sparsity unless the protocol set it; a ``budget`` (Kwon et al.'s share of heads kept) is 1 − sparsity."""
     if sparsity is not None and "sparsity" in crit.params and "sparsity" not in params:
         return {**params, "sparsity": sparsity}
+    if sparsity is not None and "budget" in crit.params and "budget" not in params and sparsity < 1:
+        return {**params, "budget": round(1 - sparsity, 12)}
     return dict(params)
 
 
@@ -163,7 +167,11 @@ def mask_at(scores: ScoreMap, sparsity: float) -> tuple[HeadMask, list[int]]:
     For ``sap`` scored at the cell's sparsity (``scored_params``): SAP's own selection at that sparsity with its
     best k (chosen on the selection rows) and its layer rule, as ``SAP.per_sparsity(ctx, [sparsity])`` gives it
     (the ScoreMap's ``sap_mask`` / ``sap_dropped_layers`` are that result: one parse and sweep, kept in the score
-    file). Otherwise the heads ``scores`` keeps once ``round(sparsity * N)`` grid heads are pruned (``kept_at``)."""
+    file). For ``kwon`` scored at budget 1 − sparsity: its rearranged mask with the tuned scales (``kwon_mask``).
+    Otherwise the heads ``scores`` keeps once ``round(sparsity * N)`` grid heads are pruned (``kept_at``)."""
+    tuned = kwon_mask(scores, sparsity)
+    if tuned is not None:
+        return tuned, []
     if scores.criterion == "sap" and scores.params.get("sparsity") == sparsity and "sap_mask" in scores.meta:
         mask = HeadMask.from_json(scores.meta["sap_mask"], scores.shape)
         return mask, [int(layer) for layer in scores.meta.get("sap_dropped_layers", [])]
