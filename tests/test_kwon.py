@@ -19,8 +19,15 @@ from test_stock_export import LOADER, louder
 
 from headprune.cli import main
 from headprune.criteria import get
-from headprune.criteria.kwon import (LayerFit, diagonal, fisher_information, kept_count, rearrange_layer, search,
-                                     tune_masks)
+from headprune.criteria.kwon import (
+    LayerFit,
+    diagonal,
+    fisher_information,
+    kept_count,
+    rearrange_layer,
+    search,
+    tune_masks,
+)
 from headprune.errors import CriterionError, MaskError
 from headprune.model.arch import adapt
 from headprune.model.export import export_model
@@ -93,11 +100,12 @@ def test_rearrangement_never_raises_the_block_fisher_loss_and_keeps_counts(model
     searched = HeadMask.from_json(scores.meta["searched_mask"], scores.shape).keep_bool().numpy()
     kept = HeadMask.from_json(scores.meta["kwon_mask"], scores.shape).keep_bool().numpy()
     np.testing.assert_array_equal(searched.sum(1), kept.sum(1))
-    for layer in range(len(kept)):
-        def loss(k):
-            idx = np.flatnonzero(~k)
-            return fisher[layer][np.ix_(idx, idx)].sum()
-        assert loss(kept[layer]) <= loss(searched[layer]) + 1e-12
+    def loss(block, k):
+        idx = np.flatnonzero(~k)
+        return block[np.ix_(idx, idx)].sum()
+
+    for block, k, s in zip(fisher, kept, searched):
+        assert loss(block, k) <= loss(block, s) + 1e-12
     # the ScoreMap's order reproduces the final mask at sparsity 1 - budget
     np.testing.assert_array_equal(scores.kept_at(0.5), kept)
 
@@ -246,3 +254,20 @@ def test_mask_command_reads_the_tuned_mask_at_its_sparsity(tuned, tmp_path, caps
     assert HeadMask.from_json(obj, mask.shape) == mask and obj["scales"]
     assert main(["mask", "--scores", str(path), "--sparsity", "0.5"]) == 2
     assert "budget 0.6" in capsys.readouterr().err
+
+
+def test_the_mask_grid_shows_scaled_heads_as_such():
+    pytest.importorskip("plotly")
+    from headprune import viz
+
+    scales = torch.ones(3, 4)
+    scales[0, 0], scales[1, 2] = 1.5, -0.25
+    mask = HeadMask(torch.tensor([[1, 0, 1, 1], [1, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.float32), scales)
+    fig = viz.mask_figure(mask)
+    def values(name):
+        return [str(t) for trace in fig.data if getattr(trace, name, None) is not None
+                for t in np.ravel(np.asarray(getattr(trace, name), dtype=object))]
+
+    hovers, texts = " ".join(values("hovertext") + values("customdata") + values("hovertemplate")), values("text")
+    assert "scaled ×1.5" in hovers and "scaled ×-0.25" in hovers and hovers.count("scaled ×") == 2
+    assert "×1.50" in texts and "×-0.25" in texts

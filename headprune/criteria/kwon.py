@@ -46,8 +46,8 @@ is the final mask with its scales (a protocol cell at sparsity 1 − budget and 
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -194,11 +194,28 @@ def _run_layer(model, adapter, layer: int, hidden, inputs: dict, hooks: list, ma
     return stop_next[0] if stop_next else None
 
 
+def _recorders(layer_module, output, seen: dict, what: str) -> list:
+    """Hooks that put into ``seen`` the layer's input ("x") and either O's output ("o_out") or the heads' contexts
+    entering O before the gate ("c")."""
+    def on_input(module, args, kwargs):
+        seen.setdefault("x", input_of(args, kwargs).detach())
+
+    def on_context(module, args, kwargs):
+        seen.setdefault("c", input_of(args, kwargs).detach())
+
+    def on_output(module, args, kwargs, out):
+        seen.setdefault("o_out", out.detach())
+
+    watch = post_hook(output, on_output, "kwon: O output") if what == "o_out" else \
+        pre_hook(output, on_context, "kwon: contexts", BEFORE_GATE)
+    return [pre_hook(layer_module, on_input, "kwon: layer input"), watch]
+
+
 def layer_fit(model, adapter, layer: int, batches: Sequence[dict], teacher_in: list, student_in: list,
-              teacher_mask, student_mask, device) -> tuple[LayerFit, list, list]:
+              teacher_mask, student_mask, device) -> tuple[LayerFit, list]:
     """Layer ``layer``'s normal equations (module doc, §4.3) over ``batches``, and the dense model's inputs of the
     next layer. ``teacher_in`` / ``student_in``: per batch, the layer's input in the dense / pruned model (None
-    for layer 0). Returns (fit, next teacher inputs, student inputs of this layer as recorded)."""
+    for layer 0). Returns (fit, the dense model's input of the next layer per batch)."""
     block = adapter.blocks[adapter.layer_to_block[layer]]
     heads = [h for h in block.kept if bool(student_mask.gates[block.index, h] != 0)]
     positions = [block.kept.index(h) for h in heads]
@@ -206,29 +223,17 @@ def layer_fit(model, adapter, layer: int, batches: Sequence[dict], teacher_in: l
     weight = _output_columns(block.output).double()          # (D, H_live·d_h)
     k = len(heads)
     fit = LayerFit(heads, torch.zeros(k, k, dtype=torch.float64), torch.zeros(k, dtype=torch.float64))
-    next_teacher, this_student = [], []
+    next_teacher = []
     for b, batch in enumerate(batches):
         inputs = {key: v.to(device) for key, v in model_inputs(batch).items()}
         real = inputs["attention_mask"].bool()
         seen: dict[str, torch.Tensor] = {}
-
-        def record(name):
-            def on_input(module, args, kwargs):
-                seen.setdefault(name, input_of(args, kwargs).detach())
-            return on_input
-
-        def on_output(module, args, kwargs, out):
-            seen.setdefault("o_out", out.detach())
-
-        teacher_hooks = [pre_hook(adapter.layer_modules[layer], record("x"), "kwon: teacher layer input"),
-                         post_hook(block.output, on_output, "kwon: teacher O output")]
+        teacher_hooks = _recorders(adapter.layer_modules[layer], block.output, seen, "o_out")
         next_teacher.append(_run_layer(model, adapter, layer, teacher_in[b], inputs, teacher_hooks, teacher_mask))
         target = (seen.pop("o_out") + seen.pop("x"))[real].double()       # (n tokens, D), O's bias included
-        student_hooks = [pre_hook(adapter.layer_modules[layer], record("x"), "kwon: student layer input"),
-                         pre_hook(block.output, record("c"), "kwon: student contexts", BEFORE_GATE)]
-        _run_layer(model, adapter, layer, student_in[b], inputs, student_hooks, student_mask)
+        _run_layer(model, adapter, layer, student_in[b], inputs,
+                   _recorders(adapter.layer_modules[layer], block.output, seen, "c"), student_mask)
         x_s, context = seen["x"][real].double(), seen["c"][real].double()
-        this_student.append(seen["x"])
         bias = block.output.bias.detach().double() if getattr(block.output, "bias", None) is not None else 0.0
         rhs = target - bias - x_s                                            # B: what the kept heads must give
         if k:
@@ -237,7 +242,7 @@ def layer_fit(model, adapter, layer: int, batches: Sequence[dict], teacher_in: l
             fit.ata += torch.einsum("nkd,njd->kj", per_head, per_head)
             fit.atb += torch.einsum("nkd,nd->k", per_head, rhs)
         fit.btb += float(rhs.square().sum())
-    return fit, next_teacher, this_student
+    return fit, next_teacher
 
 
 def tune_masks(model, batches: Sequence[dict], mask: HeadMask, teacher: HeadMask | None = None, damp: float = 1.0,
@@ -257,7 +262,7 @@ def tune_masks(model, batches: Sequence[dict], mask: HeadMask, teacher: HeadMask
     student_in: list = [None] * len(batches)
     for layer in range(adapter.n_layers):
         current = mask.with_scales(scales)
-        fit, next_teacher, _ = layer_fit(model, adapter, layer, batches, teacher_in, student_in, teacher, current,
+        fit, next_teacher = layer_fit(model, adapter, layer, batches, teacher_in, student_in, teacher, current,
                                          device)
         norm = max(fit.btb, 1e-300)
         if fit.heads:

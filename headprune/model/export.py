@@ -10,10 +10,10 @@ masked      the original architecture and config, the pruned heads' weights zero
             bias) of the same span are set to 0 -- and the rows of any further query-side per-head projection
             (``AttentionBlock.extra_rows``). The O columns alone make the head's contribution
             W_O[:, p] c_h = 0 for every context c_h, i.e. exactly a 0 gate (``gating.py``); Q then no longer
-            matters and is zeroed for sparsity. A tuned mask's scales are baked into the kept heads' O columns
-            (``surgery.bake_scales``), as in every format. A key/value head's W_K / W_V rows (and key-side extras) are zeroed
+            matters and is zeroed for sparsity. A key/value head's W_K / W_V rows (and key-side extras) are zeroed
             only when every query head reading it is pruned, so every kept head sees its own keys and values
-            unchanged (grouped-query attention). Same compute as the dense model: the export says so.
+            unchanged (grouped-query attention). Same compute as the dense model: the export says so. A tuned
+            mask's scales are baked into the kept heads' O columns (``surgery.bake_scales``), as in every format.
 uniform     the cut of ``surgery.prune_model`` with a stock config: possible when every layer keeps the same
             number q of query heads in the same number n of key/value groups, c = q / n heads per kept group
             (multi-head attention: c = 1, n = q). Surgery then holds each kept group's K/V rows once and orders

@@ -106,7 +106,8 @@ class HeadMask:
             for head_key, value in heads.items():
                 head = int(head_key) if str(head_key).isdigit() else -1
                 if not 0 <= head < mask.shape[1]:
-                    raise MaskError(f'"scales" layer {layer} names head {head_key!r}; heads are 0..{mask.shape[1] - 1}.')
+                    raise MaskError(f'"scales" layer {layer} names head {head_key!r}; heads are '
+                                    f"0..{mask.shape[1] - 1}.")
                 if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
                     raise MaskError(f'"scales" of head ({layer}, {head}) is {value!r}; accepted: a finite number.')
                 if mask.values[layer, head] == 0:
