@@ -165,3 +165,72 @@ def test_plan_for_another_grid_or_an_encoder():
         KVPlan.from_json({"shape": [4, 2]})
     with pytest.raises(KVPlanError, match="groups must be a list of integers in 0..1"):
         KVPlan.from_json({"format": "headprune-kv-plan", "shape": [4, 2], "n_heads": 8, "full": {"0": [2]}})
+
+
+# -- scores --------------------------------------------------------------------------------------------------------
+
+from headprune.kvcache.scores import (  # noqa: E402
+    check_rule,
+    duo_scores,
+    group_scores,
+    head_scores,
+    plan_from_scores,
+    razor_scores,
+)
+from headprune.roles.probes import make_probes  # noqa: E402
+
+
+def test_duo_score_is_the_attention_mass_outside_sink_and_window():
+    model = tiny_decoder("llama")
+    batch = random_decoder_batch(seq_len=14)
+    sink, window = 1, 4
+    got = duo_scores(model, [batch], sink, window)
+    probs = capture_attention(model, batch).stacked.double().numpy()      # (L, B, H, T, T)
+    valid = batch["attention_mask"].bool().numpy()
+    want = np.zeros((4, 8))
+    for layer in range(4):
+        for h in range(8):
+            masses = [probs[layer, b, h, q, sink:q - window + 1].sum()          # keys S .. q-W, by hand
+                      for b in range(valid.shape[0]) for q in range(14) if valid[b, q] and q >= sink + window]
+            want[layer, h] = np.mean(masses)
+    assert np.allclose(got, want, atol=1e-6)
+    assert (want > 0).all()
+
+
+def test_razor_score_is_the_max_of_echo_and_induction_on_long_probes():
+    model = tiny_decoder("llama")
+    window = 5
+    got = razor_scores(model, None, window, rows=3, seed=7)
+    probes = make_probes(model, None, 20, 3, 7, causal=True)
+    assert probes.n > window
+    probs = capture_attention(model, probes.batch).stacked.double().numpy()
+    s, n = probes.start, probes.n
+    for layer in range(4):
+        for h in range(8):
+            echo = np.mean([probs[layer, b, h, i, i - n] for b in range(3) for i in range(s + n, s + 2 * n)])
+            induction = np.mean([probs[layer, b, h, i, i - n + 1] for b in range(3) for i in range(s + n, s + 2 * n)])
+            assert got[layer, h] == pytest.approx(max(echo, induction), abs=1e-6)
+
+
+def test_group_scores_and_plans():
+    scores = np.array([[0.1, 0.9, 0.2, 0.3], [0.5, 0.5, np.nan, np.nan]])   # 2 layers, 4 query heads, 2 groups
+    assert np.allclose(group_scores(scores, 2, "max")[0], [0.9, 0.3])
+    assert np.allclose(group_scores(scores, 2, "mean")[0], [0.5, 0.25])
+    assert group_scores(scores, 2, "max")[1, 1] == -np.inf                    # a cut group needs no cache
+    plan = plan_from_scores(scores, 2, 0.5, 4, 8)
+    assert plan.full.tolist() == [[True, False], [True, False]]
+    assert plan.meta["group_scores"][1][1] is None
+    with pytest.raises(KVPlanError, match="accepted: max, mean"):
+        group_scores(scores, 2, "median")
+
+
+def test_random_and_criterion_rules():
+    model = tiny_decoder("llama")
+    batch = random_decoder_batch()
+    a = head_scores("random", model, calib=[], seed=1)
+    assert np.array_equal(a, head_scores("random", model, calib=[], seed=1))
+    assert not np.array_equal(a, head_scores("random", model, calib=[], seed=2))
+    entropy = head_scores("ae", model, calib=[batch])
+    assert entropy.shape == (4, 8) and np.isfinite(entropy).all()
+    with pytest.raises(KVPlanError, match="Unknown KV plan rule 'nope'.*razor, duo, random"):
+        check_rule("nope")
