@@ -234,3 +234,38 @@ def test_random_and_criterion_rules():
     assert entropy.shape == (4, 8) and np.isfinite(entropy).all()
     with pytest.raises(KVPlanError, match="Unknown KV plan rule 'nope'.*razor, duo, random"):
         check_rule("nope")
+
+
+# -- tasks ---------------------------------------------------------------------------------------------------------
+
+from headprune.kvcache.tasks import bytes_at, invert, metric_under_plan, random_plans, role_plan  # noqa: E402
+
+
+def test_role_random_and_inverted_plans():
+    heads = np.zeros((4, 8), dtype=bool)
+    heads[1, 5] = heads[3, 0] = True
+    plan = role_plan(heads, 2, 1, 4)
+    assert plan.full.tolist() == [[False, False], [False, True], [False, False], [True, False]]
+    assert torch.equal(invert(plan).full, ~plan.full)
+    plans = random_plans((4, 2), 8, 3, range(5), 1, 4)
+    assert all(int(p.full.sum()) == 3 for p in plans)
+    assert len({tuple(p.full.flatten().tolist()) for p in plans}) > 1           # seeds differ
+    assert random_plans((4, 2), 8, 3, [2], 1, 4)[0].full.tolist() == plans[2].full.tolist()
+
+
+def test_metric_and_bytes_under_a_plan():
+    from headprune.model.task import lm_labels
+
+    model = tiny_decoder("llama")
+    batch = random_decoder_batch(seq_len=12)
+    batch["labels"] = lm_labels(batch["input_ids"], batch["attention_mask"])
+    dense = metric_under_plan(model, [batch], None).to_dict()["perplexity"]
+    wide = metric_under_plan(model, [batch], KVPlan(GRID, 8, 0, 12)).to_dict()["perplexity"]
+    narrow = metric_under_plan(model, [batch], KVPlan(GRID, 8, 0, 2)).to_dict()["perplexity"]
+    assert wide == dense and narrow != dense
+    counted = bytes_at(model, KVPlan(GRID, 8, 2, 6), 100)
+    # by hand: 3 full groups x 100 tokens + 5 streaming x 8, each token a key and a value of 8 fp32
+    assert counted["full_cache"] == 8 * 100 * 2 * 8 * 4 and counted["plan"] == (3 * 100 + 5 * 8) * 2 * 8 * 4
+    mask = HeadMask.ones((4, 8))
+    mask.values[0, :4] = 0.0                                     # group (0, 0) gated off: needs no cache
+    assert bytes_at(model, KVPlan(GRID, 8, 2, 6), 100, mask)["plan"] == (2 * 100 + 5 * 8) * 2 * 8 * 4
