@@ -5,13 +5,12 @@ whole protocol on tiny random stand-ins of its models and data (``headprune.prot
 
 from __future__ import annotations
 
-import os
 import sys
 
 from ..errors import Cancelled
 from ..protocol import Protocol, plan
 from ..protocol.run import RunError, check_out, run_protocol
-from ..protocol.smoke import check_labels, require_labels, run_smoke
+from ..protocol.smoke import check_labels, hub_reachable, require_labels, run_smoke
 from .common import add_memory_arg, tqdm_progress
 
 
@@ -20,8 +19,8 @@ def _say(text: str) -> None:
 
 
 def _online() -> bool:
-    """Whether hub configs and data set features may be read (HF_HUB_OFFLINE=1: never)."""
-    return os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("1", "true", "yes", "on")
+    """Whether hub configs and data set features may be read (HF_HUB_OFFLINE=1, or the hub out of reach: never)."""
+    return hub_reachable()
 
 
 def cmd_run(args) -> dict:

@@ -29,9 +29,12 @@ The stand-ins live in ``OUT/smoke/``; ``run.json`` gets ``"smoke": {...}`` and `
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import os
 import random
 import re
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -117,6 +120,22 @@ KNOWN_SOURCES = ("nyu-mll/glue:" + "|".join(_GLUE), "takala/financial_phrasebank
                  "papluca/language-identification", "Rowan/hellaswag", "allenai/ai2_arc")
 
 
+HUB = ("huggingface.co", 443)
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether configs and features may be read from the hub: not with HF_HUB_OFFLINE set, and not when one
+    connection to it fails (a single probe: the hub clients would retry every read for half a minute)."""
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
+        return False
+    try:
+        socket.create_connection(HUB, timeout=timeout).close()
+    except OSError:
+        return False
+    return True
+
+
+@functools.cache
 def _hub_features(name: str, config: str | None) -> Features | None:
     """The data set's features from the hub (no rows: the builder's info), or None offline / on any failure."""
     try:
@@ -209,19 +228,23 @@ def family_of(spec: str, config) -> str:
     return next((fam for word, fam in FAMILIES if word in low), "bert")
 
 
+@functools.cache
+def _hub_config(spec: str):
+    """The hub's config.json of ``spec`` (no weights), or None (offline, gated, unknown); read once per process."""
+    try:
+        from transformers import AutoConfig  # deferred: only the online path reads a hub config
+
+        return AutoConfig.from_pretrained(spec)
+    except Exception:   # offline or gated: the family and the stated labels stand in
+        return None
+
+
 def _online_config(spec: str, online: bool):
     """The model's config without weights: this machine's copy, else the hub's config.json when online."""
     if model_source_kind(spec) == "named" or spec in NAMED_MODELS:
         return None   # a demo's config needs its build (minutes): the family table stands in
     config = local_config(spec)
-    if config is None and online:
-        try:
-            from transformers import AutoConfig  # deferred: only the online path reads a hub config
-
-            config = AutoConfig.from_pretrained(spec)
-        except Exception:   # offline or gated: the family and the stated labels stand in
-            config = None
-    return config
+    return _hub_config(spec) if config is None and online else config
 
 
 def stated_labels(entry: ModelEntry, features: Features) -> tuple[dict[int, str], str]:
