@@ -215,6 +215,8 @@ class TrajectorySpec:
     stability   also record stability under a seeded word drop of probability ``drop``
     independent random only: at each step a fresh random mask with that many heads (seed (seed, step)), not the
                 prefix of one random order: the independent draws the random baseline's boxes need
+    track_select  record the selection rows' metrics after every step (as a tolerance does) without stopping on
+                them: a stopping rule applied afterwards, e.g. a protocol's ``mask_tolerance``
     metric_set  the metrics the task reports, recorded in the run file (``evaluation.metrics.metric_set``)
     model_name, data_info   provenance written into the run file
     """
@@ -231,6 +233,7 @@ class TrajectorySpec:
     stability: bool = False
     drop: float = DEFAULT_DROP
     independent: bool = False
+    track_select: bool = False
     metric_set: Sequence[str] = ()
     model_name: str = ""
     data_info: Mapping = field(default_factory=dict)
@@ -314,7 +317,7 @@ def run_trajectory(spec: TrajectorySpec, model, calib: list[dict], eval_batches:
     clean = evaluator.fork() if evaluator is not None else LiveEvaluator(model, eval_batches, mask)
     # the stop's own evaluator on the selection rows (module doc), moved with the same mask as ``clean``
     chooser = None
-    if select and spec.tolerance is not None:
+    if select and (spec.tolerance is not None or spec.track_select):
         gather_labels(select)
         chooser = select_evaluator.fork() if select_evaluator is not None else LiveEvaluator(model, select, mask)
     if spec.stability and clean.task.is_lm and not clean.task.is_choice:

@@ -11,7 +11,9 @@ sparsity with the k that performed best there on the selection data (§4.1): fro
 ``"per_sparsity"`` levels (``score --criterion sap --sap-sparsities 0.25,0.5,0.75``) or its own ``sparsity``
 parameter (``"sap_mask"``); for SAP+CF, CF's own selection at that target (``"mask"``: its candidate pool
 re-ranked by measured degradation, ``headprune.criteria.sap`` §3.4). A SAP score with ``layer_threshold`` > 0
-writes its whole-layer rule into the mask (``"dropped_layers"``), which ``evaluate`` and ``prune`` apply.
+writes its whole-layer rule into the mask (``"dropped_layers"``), which ``evaluate`` and ``prune`` apply. For a
+``kwon`` score file (Kwon et al.) ``--sparsity`` is 1 − its ``budget``: the rearranged mask with the tuned head
+scales (``"scales"``) it was scored to.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..criteria.kwon import kwon_mask
 from ..criteria.sap import OWN_SELECTION, apply_layer_rule, layer_rule_json
 from ..errors import HeadpruneError
 from ..limits import UNIT
@@ -87,6 +90,18 @@ def sap_level(scores: ScoreMap, sparsity: float) -> dict:
                            "comma-separated).")
 
 
+def kwon_level(scores: ScoreMap, sparsity: float) -> dict:
+    """Kwon et al.'s final mask (rearranged, with tuned scales) in a ``kwon`` score file scored at budget
+    1 − ``sparsity``; MaskCommandError naming the budget it holds otherwise."""
+    mask = kwon_mask(scores, sparsity)
+    if mask is None:
+        budget = scores.params.get("budget")
+        raise MaskCommandError(f"--sparsity {sparsity}: this kwon score file was scored at budget {budget} (sparsity "
+                               f"{1 - float(budget):g}); its tuned mask exists at that sparsity only. Score again with "
+                               f"`--criterion kwon --param budget={1 - sparsity:g}`, or use --ratio (the order).")
+    return mask.to_json()
+
+
 def mask_from_scores(scores: ScoreMap, *, ratio: float | None = None, count: int | None = None,
                      inverse: bool = False) -> dict:
     """The mask file pruning ``ratio`` of the grid (or ``count`` heads) in ``scores``'s order: ``kept_at`` /
@@ -105,7 +120,9 @@ def cmd_mask(args) -> dict:
     if args.count is not None and args.count > scores.scores.size:
         raise MaskCommandError(f"--count {args.count}: the score grid has {scores.scores.size} heads.")
     how = {"ratio": args.ratio, "count": args.count, "sparsity": args.sparsity, "inverse": args.inverse}
-    if args.sparsity is not None:
+    if args.sparsity is not None and scores.criterion == "kwon":
+        obj = kwon_level(scores, args.sparsity)
+    elif args.sparsity is not None:
         level = sap_level(scores, args.sparsity)
         obj, how["best_k"] = dict(level["mask"]), level.get("best_k")
     else:
@@ -124,8 +141,9 @@ def add_commands(sub) -> None:
     p.add_argument("--ratio", type=float, help="prune this share of the grid's heads, in [0, 1], lowest score first")
     p.add_argument("--count", type=int, help="prune this many heads (heads already pruned in the scores count)")
     p.add_argument("--sparsity", type=float,
-                   help="SAP / SAP+CF only: its own selection at this target sparsity with the best k there (from "
-                        "the score file's --sap-sparsities levels or its own sparsity parameter)")
+                   help="SAP / SAP+CF: its own selection at this target sparsity with the best k there (from the "
+                        "score file's --sap-sparsities levels or its own sparsity parameter); kwon: its tuned mask "
+                        "at 1 - budget")
     p.add_argument("--inverse", action="store_true", help="prune the most important heads first")
     p.add_argument("--out", help="write the mask file here (loads with --mask in evaluate and prune)")
     p.set_defaults(handler=cmd_mask)

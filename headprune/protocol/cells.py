@@ -19,7 +19,8 @@ the functions below:
     cell_seed             the seed of a cell's scoring (random: independent masks per sparsity)
     mask_at               the mask of a ScoreMap at a sparsity (``kept_at``; for SAP and SAP+CF their own
                           selection at that sparsity with SAP's best k there, and the layers the layer rule drops;
-                          for a sap-cf tolerance cell the mask CF's tolerance reached)
+                          for a sap-cf tolerance cell the mask CF's tolerance reached; for Kwon et al. its
+                          rearranged mask with the tuned scales)
     evaluate_cell         the metrics of the model under a mask (those layers skipped) on the evaluation rows,
                           with the model's lm-eval numbers ("lm-eval:TASK/METRIC") from one lm-eval run
     harness_tasks         a model's lm-eval tasks checked against lm-eval's index, with their data, before any
@@ -39,6 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..criteria.kwon import kwon_mask
 from ..criteria.sap import OWN_SELECTION
 from ..data import TextDataset, align_labels, calibration_texts, content_hash, load_data, row_hashes
 from ..evaluation.harness import Tasks, harness_metrics, is_harness_metric, resolve_tasks
@@ -164,9 +166,11 @@ def scoring_context(loaded: LoadedModel, data: CellData, seed: int, progress: Pr
 
 def scored_params(crit, params: dict, sparsity: float | None) -> dict:
     """The parameters a criterion is scored with in a cell: a ``sparsity`` parameter (SAP's target) follows the
-    cell's sparsity unless the protocol set it."""
+    cell's sparsity unless the protocol set it; a ``budget`` (Kwon et al.'s share of heads kept) is 1 − sparsity."""
     if sparsity is not None and "sparsity" in crit.params and "sparsity" not in params:
         return {**params, "sparsity": sparsity}
+    if sparsity is not None and "budget" in crit.params and "budget" not in params and sparsity < 1:
+        return {**params, "budget": round(1 - sparsity, 12)}
     return dict(params)
 
 
@@ -190,8 +194,12 @@ def mask_at(scores: ScoreMap, sparsity: float | None) -> tuple[HeadMask, list[in
     (the ScoreMap's ``sap_mask`` / ``sap_dropped_layers`` are that result: one parse and sweep, kept in the score
     file). For ``sap-cf`` likewise CF's own selection (``mask`` / ``dropped_layers``): at the cell's sparsity its
     target mode, and for a tolerance cell (``sparsity`` None: ``sparsity = 0`` in the protocol's params) the mask
-    its tolerance reached. Otherwise the heads ``scores`` keeps once ``round(sparsity * N)`` grid heads are pruned
+    its tolerance reached. For ``kwon`` scored at budget 1 − sparsity: its rearranged mask with the tuned scales
+    (``kwon_mask``). Otherwise the heads ``scores`` keeps once ``round(sparsity * N)`` grid heads are pruned
     (``kept_at``)."""
+    tuned = kwon_mask(scores, sparsity) if sparsity is not None else None
+    if tuned is not None:
+        return tuned, []
     keys = OWN_SELECTION.get(scores.criterion)
     own = sparsity if sparsity is not None else 0.0
     if keys and float(scores.params.get("sparsity", -1)) == own and keys[0] in scores.meta:
