@@ -55,7 +55,7 @@ from ..provenance import versions
 from ..scoring import ScoreMap
 from ..trajectory import Trajectory, run_trajectory, spread
 from . import cells as adapter
-from .plan import DENSE, RECOVERED, TRAIN_PASS, Cell, expand, lm_eval_runs, recovery_rows, slug
+from .plan import DENSE, RECOVERED, TOLERANCE, TRAIN_PASS, Cell, expand, lm_eval_runs, recovery_rows, slug
 from .spec import CriterionEntry, ModelEntry, Protocol
 
 Progress = Callable[[float, str], None]
@@ -208,11 +208,12 @@ class Runner:
                 dropped: list[int] = []
                 if cell.kind == DENSE:
                     result = {"metrics": adapter.evaluate_cell(loaded, data, None, self.sub(cell), self.budget,
-                                                               harness=self.harness[entry.name])}
+                                                               harness=self.harness[entry.name],
+                                                               stable=entry.metrics, seed=self.protocol.seed)}
                     mask = None
                 elif cell.kind == RECOVERED:
                     result, mask, dropped = self.recovered_cell(loaded, entry, data, data_cache, cell)
-                elif cell.kind == "sparsity":
+                elif cell.kind in ("sparsity", TOLERANCE):
                     result, mask, dropped = self.sparsity_cell(loaded, entry, data, contexts, cell, scores, seed)
                 else:
                     result, mask = self.trajectory_cell(loaded, entry, data, cell, seed)
@@ -230,9 +231,11 @@ class Runner:
             scores[key] = self.scores_of(contexts[seed], entry, data, c, params, cell)
         mask, dropped = adapter.mask_at(scores[key], cell.sparsity)
         metrics = adapter.evaluate_cell(loaded, data, mask, self.sub(cell), self.budget, dropped,
-                                        harness=self.harness[entry.name])
+                                        harness=self.harness[entry.name], stable=entry.metrics,
+                                        seed=self.protocol.seed)
+        reached = {"sparsity_reached": mask.n_pruned / mask.values.numel()} if cell.kind == TOLERANCE else {}
         return {"metrics": metrics, "scores": str(self.score_file(cell, params, seed).relative_to(self.out)),
-                "score_params": scores[key].params, "score_seed": seed}, mask, dropped
+                "score_params": scores[key].params, "score_seed": seed, **reached}, mask, dropped
 
     def recovered_cell(self, loaded, entry: ModelEntry, data, cache: dict, cell: Cell
                        ) -> tuple[dict, HeadMask, list[int]]:
@@ -255,6 +258,8 @@ class Runner:
         result = adapter.recover(loaded, data, cache["train"], mask, self.protocol, work / "run", self.sub(cell),
                                  self.budget)
         dropped = [int(layer) for layer in saved.get("dropped_layers", [])]
+        if cell.tolerance:
+            result["sparsity_reached"] = mask.n_pruned / mask.values.numel()
         if dropped:   # SAP's layer rule skips whole layers; recovery trains the heads' mask only
             result["note"] = (f"the pruned cell also skips layers {dropped} (SAP's layer rule); recovery trained "
                               "and evaluated the head mask with those layers kept")
@@ -338,7 +343,7 @@ class Runner:
                 seconds += per_token * (2 * tokens(data.eval_batches)
                                         + TRAIN_PASS * per_row * recovery_rows(self.protocol, entry))
             seconds += per_token * tokens(data.eval_batches)
-            if cell.kind == "sparsity" and (cell.criterion, cell.repeat) not in scored:
+            if cell.kind in ("sparsity", TOLERANCE) and (cell.criterion, cell.repeat) not in scored:
                 scored.add((cell.criterion, cell.repeat))
                 c = self.entry_of(cell)
                 params = adapter.scored_params(c.criterion, dict(c.params), cell.sparsity)
@@ -376,7 +381,8 @@ def table_rows(protocol: Protocol, records: dict[str, dict]) -> tuple[list[dict]
     rows, columns = [], []
     groups: dict[tuple, list[dict]] = {}
     for cell in expand(protocol):
-        where = cell.sparsity if cell.inverse is None else ("inverse" if cell.inverse else "order")
+        where = TOLERANCE if cell.tolerance else \
+            cell.sparsity if cell.inverse is None else ("inverse" if cell.inverse else "order")
         stage = RECOVERED if cell.recovered else (DENSE if cell.kind == DENSE else "pruned")
         groups.setdefault((cell.model, cell.criterion, where, stage), []).append(records[cell.key])
     entries = {m.name: m for m in protocol.models}
@@ -385,6 +391,8 @@ def table_rows(protocol: Protocol, records: dict[str, dict]) -> tuple[list[dict]
         if protocol.trajectory is None:
             names = list(adapter.task_metrics(task, entries[model], *eval_of(recs[0])))
             values = {m: [r["metrics"][m] for r in recs] for m in names}
+            if where == TOLERANCE:   # the sparsity is the criterion's result (sap-cf's tolerance mode)
+                values[REACHED] = [r["sparsity_reached"] for r in recs]
             row = {"model": model, "criterion": criterion, "sparsity": 0.0 if where is None else where}
         else:
             trajs = [Trajectory.from_json(r["trajectory"]) for r in recs]
@@ -406,6 +414,7 @@ def table_rows(protocol: Protocol, records: dict[str, dict]) -> tuple[list[dict]
 
 
 KEYS = ("model", "criterion", "sparsity", "order", "stage", "repeats")   # a row's identifying columns
+REACHED = "sparsity reached"   # the column of tolerance rows: the pruned share CF's tolerance stopped at
 
 
 def _fmt(value: tuple | None) -> str:
@@ -433,7 +442,7 @@ def table_markdown(rows: list[dict], columns: list[str]) -> str:
     keys = [k for k in KEYS if k in rows[0]]
     lines = ["| " + " | ".join(keys + columns) + " |", "|" + "---|" * (len(keys) + len(columns))]
     for row in rows:
-        shown = [f"{row[k]:g}" if k == "sparsity" else str(row[k]) for k in keys]
+        shown = [f"{row[k]:g}" if k == "sparsity" and not isinstance(row[k], str) else str(row[k]) for k in keys]
         lines.append("| " + " | ".join(shown + [_fmt(row.get(c)) for c in columns]) + " |")
     return "\n".join(lines) + "\n"
 
@@ -562,7 +571,8 @@ def write_plots(protocol: Protocol, records: dict[str, dict], rows: list[dict], 
             dense = records[mine[0].key]
             metric = adapter.headline_of(Task(dense["task"]), entry, *eval_of(dense))
             points = [{"criterion": r["criterion"] + (" (recovered)" if r.get("stage") == RECOVERED else ""),
-                       "sparsity": r["sparsity"], "mean": r[metric][0],
+                       "sparsity": r[REACHED][0] if r["sparsity"] == TOLERANCE else r["sparsity"],
+                       "mean": r[metric][0],
                        "sd": r[metric][1]} for r in rows if r["model"] == entry.name and r["criterion"] != DENSE
                       and metric in r]
             fig = viz.sparsity_figure(points, metric, dense["metrics"].get(metric))

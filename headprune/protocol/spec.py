@@ -15,6 +15,13 @@ The file (``protocols/demo.toml`` is a commented example)::
     [[criteria]]                        # one table per criterion: name, label (default: name), params
     name = "his"
 
+A criterion with a ``sparsity`` parameter (SAP, SAP+CF) is scored at each cell's sparsity and evaluated at its
+own selection there. SAP+CF's tolerance mode (the paper's CF: prune while the metric stays ≥ tolerance x dense)
+is ``params = { sparsity = 0, tolerance = 0.9 }``: one cell per model and repeat instead of one per sparsity,
+evaluated at the mask CF chose; its table row has sparsity "tolerance" and a "sparsity reached" column (a
+protocol of tolerance cells only writes ``sparsities = [0]``: the dense cell). sap-cf's ``pool`` (a fraction of
+the heads) must hold every target: a pool below a sparsity is an error naming ``params.pool`` and its line.
+
 or, instead of ``sparsities``, a ``[trajectory]`` table (step, budget, count, tolerance, inverse = [false, true],
 random_boxes = N independent random orders, report_at = ratios, mask_tolerance = τ: each cell saves the mask of
 the last step within τ x dense on the selection rows, with its size, instead of the last step). ``[[paper]]``
@@ -38,6 +45,7 @@ from ..criteria import get
 from ..errors import HeadpruneError
 from ..evaluation.harness import HarnessError, HarnessSpec, is_harness_metric, metric_tasks, parse_metric
 from ..evaluation.metrics import Metrics
+from ..evaluation.stability import STABILITY_METRICS
 from ..limits import NON_NEGATIVE_INT, POSITIVE_INT, UNIT
 from ..model.device import DEVICES
 from ..model.memory import MemoryBudgetError, parse_budget
@@ -47,6 +55,8 @@ from ..trajectory import TrajectoryError, TrajectorySpec
 ROLES = ("calib", "select", "eval", "train")   # train: recovery's rows ([recovery])
 # metric names a protocol may ask for: every field of Metrics that is a metric (new metrics join by themselves)
 NOT_METRICS = ("n", "tokens")
+# in a metrics list: the task's own set there (GLUE's for GLUE data), e.g. metrics = ["task", "agreement"]
+TASK_SET = "task"
 DTYPES = ("fp32", "bf16", "fp16")
 
 
@@ -55,8 +65,9 @@ class ProtocolError(HeadpruneError):
 
 
 def metric_names() -> tuple[str, ...]:
-    """Metric names a protocol may list (``Metrics`` fields less the counts)."""
-    return tuple(f.name for f in dataclasses.fields(Metrics) if f.name not in NOT_METRICS)
+    """Metric names a protocol may list (``Metrics`` fields less the counts, and the stability measures of
+    ``evaluation.stability``: agreement with the dense model's answers, and answers kept under word drop)."""
+    return tuple(f.name for f in dataclasses.fields(Metrics) if f.name not in NOT_METRICS) + STABILITY_METRICS
 
 
 # -- where a key is written -------------------------------------------------------------------------------------
@@ -226,10 +237,32 @@ class CriterionEntry(Located):
                 crit.resolve_params({key: self.params[key]})
             except HeadpruneError as exc:
                 raise params.fail(key, str(exc)) from None
+        self.check_target(None)
         if not isinstance(self.label, str):
             raise self.fail("label", f"expected text, got {self.label!r}.")
         if not self.label:
             object.__setattr__(self, "label", self.name)
+
+    def check_target(self, sparsity: float | None) -> None:
+        """The parameters together, at a cell's ``sparsity`` when the criterion's own ``sparsity`` follows the cell
+        (e.g. sap-cf's ``pool`` must hold its target); the error names ``params.pool`` when written, else params."""
+        params = dict(self.params)
+        if sparsity is not None and "sparsity" in self.criterion.params and "sparsity" not in params:
+            params["sparsity"] = sparsity
+        try:
+            self.criterion.resolve_params(params)
+        except HeadpruneError as exc:
+            at = Located(path=self.path + ("params",), where=self.where)
+            key = "pool" if "pool" in self.params else None
+            raise at.fail(key, f"{exc}" + (f" (at the protocol's sparsity {sparsity:g})" if sparsity else "")
+                          ) from None
+
+    @property
+    def tolerance_cells(self) -> bool:
+        """A criterion run in its tolerance mode: sap-cf with ``sparsity = 0`` written in its params (the paper's
+        CF: prune while the metric stays ≥ tolerance · dense). It gets one cell per model and repeat, not one per
+        sparsity, evaluated at the mask CF chose; the table reports the sparsity it reached."""
+        return "tolerance" in self.criterion.params and self.params.get("sparsity", None) == 0
 
     @property
     def criterion(self):
@@ -291,9 +324,10 @@ def _metric(part: Located, key: str, name: str) -> str:
         except HarnessError as exc:
             raise part.fail(key, str(exc)) from None
         return name
-    if name not in metric_names():
-        raise part.fail(key, f"unknown metric {name!r}; accepted: {', '.join(metric_names())}, or an lm-eval "
-                             "number lm-eval:TASK/METRIC (e.g. lm-eval:arc_easy/acc_norm).")
+    if name not in metric_names() + (TASK_SET,):
+        raise part.fail(key, f"unknown metric {name!r}; accepted: {', '.join(metric_names())}, {TASK_SET} (the "
+                             "task's own set), or an lm-eval number lm-eval:TASK/METRIC (e.g. "
+                             "lm-eval:arc_easy/acc_norm).")
     return name
 
 
@@ -491,6 +525,10 @@ class Protocol(Located):
         for ratio in self.sparsities:
             _check(self, "sparsities", ratio, UNIT, "sparsity")
         object.__setattr__(self, "sparsities", tuple(sorted({float(r) for r in self.sparsities})))
+        for c in self.criteria:   # a parameter that depends on the cell's sparsity (sap-cf's pool) at each one
+            for ratio in self.sparsities:
+                if ratio > 0:
+                    c.check_target(ratio)
         _check(self, "repeats", self.repeats, POSITIVE_INT, "repeats")
         _check(self, "seed", self.seed, NON_NEGATIVE_INT, "seed")
         _check(self, "batch_size", self.batch_size, POSITIVE_INT, "batch_size")
@@ -555,6 +593,15 @@ class Protocol(Located):
         if entry.harness_metrics and self.trajectory is not None and not self.trajectory.report_at:
             raise self.trajectory.fail("report_at", "lm-eval metrics in a trajectory protocol are measured at "
                                                     "the reported ratios: give report_at = [0.1, 0.2, ...].")
+        stable = [m for m in entry.metrics if m in STABILITY_METRICS]
+        if stable and self.trajectory is not None:
+            raise entry.fail("metrics", f"{', '.join(stable)}: a trajectory protocol's table reads its headline "
+                                        "(AUC, report_at). Accepted: stability measures with sparsities = [...], or "
+                                        "`headprune trajectory --metric agreement` / `--stability`.")
+        if stable and self.recovery is not None:
+            raise entry.fail("metrics", f"{', '.join(stable)}: not measured on recovered models yet. Accepted: "
+                                        "stability measures without [recovery], or [recovery] with the task's "
+                                        "metrics.")
         if entry.harness_metrics and self.recovery is not None:
             raise entry.fail("metrics", f"lm-eval metrics ({', '.join(entry.harness_metrics)}) are not measured on "
                                     "recovered models yet; run `headprune evaluate --lm-eval TASKS` on a recovered "
