@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from ..errors import MaskError
+from ..userinput import is_dir, is_file, user_path
 
 
 class HeadMask:
@@ -158,11 +159,12 @@ class HeadMask:
 
         Raises MaskError when the path is a folder, missing, or not UTF-8 JSON.
         """
-        path = Path(path)
-        if path.is_dir():
+        path = user_path(str(path), "Mask file", 'a JSON file holding {"pruned": {"<layer>": [head, ...]}}',
+                         MaskError)
+        if is_dir(path):
             raise MaskError(f"Mask file {path} is a folder; give the JSON file, e.g. {path / 'mask.json'}, holding "
                             '{"pruned": {"<layer>": [head, ...]}}.')
-        if not path.is_file():
+        if not is_file(path):
             raise MaskError(f"Mask file not found: {path}")
         try:
             return json.loads(path.read_text(encoding="utf-8"))
