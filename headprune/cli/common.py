@@ -250,16 +250,17 @@ def build_workspace(args, calib_size: int | None = None, select_size: int | None
     return ws
 
 
-def load_model_and_data(args, calib_size: int | None = None) -> tuple[LoadedModel, list[dict], list[dict], dict]:
+def load_model_and_data(args, calib_size: int | None = None,
+                        select_size: int | None = None) -> tuple[LoadedModel, list[dict], list[dict], dict]:
     """Model, calibration batches, evaluation batches and an info dict, from the model and data arguments.
 
     ``info`` is ``Workspace.info()`` (model and data as given, the data roles under "roles") plus the TextDatasets
     under "calib_data", "select_data" and "eval_data" (raw texts, e.g. ``data.batch_texts(info["calib_data"],
     calib)``) and the selection batches under "select_batches" (where criteria make their choices:
-    ``ScoringContext(select=...)``); ``summary(info)`` drops those for printing. ``calib_size`` overrides
-    ``--calib-size``.
+    ``ScoringContext(select=...)``); ``summary(info)`` drops those for printing. ``calib_size`` /
+    ``select_size`` override ``--calib-size`` / ``--select-size`` (0: the role is not read).
     """
-    ws = build_workspace(args, calib_size)
+    ws = build_workspace(args, calib_size, select_size)
     info = {**ws.info(), "model": args.model, "data": args.data, "calib_data": ws.calib, "eval_data": ws.eval,
             "select_data": ws.select, "select_batches": ws.select_batches}
     return ws.loaded, ws.calib_batches, ws.eval_batches, info
