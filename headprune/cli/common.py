@@ -17,6 +17,7 @@ from tqdm import tqdm
 
 from ..data import check_source, parse_label_map
 from ..errors import DataError, HeadpruneError
+from ..evaluation.harness import user_code
 from ..evaluation.metrics import check_metric_name, headline, metric_set
 from ..limits import POSITIVE_INT
 from ..model.device import DEVICES, parse_device_map
@@ -181,9 +182,18 @@ def check_path_options(args) -> None:
     from whichever function first asks the file system about it. ``cli.main`` calls this for every command."""
     for dest in PATH_OPTIONS:
         value = getattr(args, dest, None)
-        if isinstance(value, str):
-            user_path(value, f"--{dest.replace('_', '-')}", f"a path of at most {PATH_MAX} bytes whose file and "
+        for text in [value] if isinstance(value, str) else value if isinstance(value, list) else []:
+            user_path(text, f"--{dest.replace('_', '-')}", f"a path of at most {PATH_MAX} bytes whose file and "
                       f"folder names hold at most {NAME_MAX} bytes each (or a named model/data set, an hf: name)")
+
+
+def warn_user_code(spec) -> None:
+    """Say on stderr which Python files of the ``--lm-eval-include`` folders lm-eval will import (``!function``
+    helpers of the requested tasks' YAML): they run as code, with this process's rights."""
+    for task, files in user_code(spec).items():
+        print(f"note: lm-eval task {task} imports Python code from your include folder: "
+              f"{', '.join(map(str, files))} (its YAML's !function helpers); lm-evaluation-harness runs it as the "
+              "task's code. Read it first if you did not write it.", file=sys.stderr)
 
 
 def add_metric_arg(p: argparse.ArgumentParser, what: str) -> None:
@@ -289,6 +299,6 @@ def tqdm_progress(desc: str):
     return update
 
 
-__all__ = ["check_args", "check_path_options", "check_positive", "add_model_args", "add_data_args", "add_mask_arg",
-           "add_memory_arg", "add_metric_arg", "metric_choice", "load_mask", "mask_dropped_layers",
+__all__ = ["check_args", "check_path_options", "warn_user_code", "check_positive", "add_model_args", "add_data_args",
+           "add_mask_arg", "add_memory_arg", "add_metric_arg", "metric_choice", "load_mask", "mask_dropped_layers",
            "load_model_and_data", "build_workspace", "summary", "tqdm_progress"]

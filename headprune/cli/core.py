@@ -34,6 +34,7 @@ from .common import (
     metric_choice,
     summary,
     tqdm_progress,
+    warn_user_code,
 )
 
 
@@ -101,6 +102,7 @@ def _evaluate_lm_eval(args) -> dict:
                            f"({', '.join(config.get('architectures') or [str(config.get('model_type'))])}). "
                            "Accepted: a *ForCausalLM model (e.g. --model demo-lm), or leave --lm-eval out to "
                            "evaluate the classifier on --data.")
+    warn_user_code(spec)   # before resolve_tasks: checking a task's data already imports its helpers
     tasks = resolve_tasks(spec)
     loaded = load_model(args.model, args.device, device_map=args.device_map, dtype=args.dtype)
     mask = load_mask(args, loaded)

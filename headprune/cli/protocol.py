@@ -9,7 +9,7 @@ import sys
 from ..errors import Cancelled
 from ..protocol import Protocol, plan
 from ..protocol.run import RunError, check_out, run_protocol
-from .common import add_memory_arg, tqdm_progress
+from .common import add_memory_arg, tqdm_progress, warn_user_code
 
 
 def _say(text: str) -> None:
@@ -18,6 +18,10 @@ def _say(text: str) -> None:
 
 def cmd_run(args) -> dict:
     protocol = Protocol.read(args.protocol)   # every key and value checked here, before any model loads
+    for entry in protocol.models:   # said before anything resolves the tasks: that imports their helpers
+        spec = protocol.harness_spec(entry)
+        if spec is not None:
+            warn_user_code(spec)
     if args.plan:
         plans = plan(protocol, time_it=not args.no_timing)
         for p in plans:
