@@ -20,7 +20,7 @@ from ..protocol import Protocol, plan
 from ..protocol.plan import expand
 from ..protocol.run import RunError, check_out, kept, run_protocol
 from ..protocol.smoke import check_labels, hub_reachable, require_labels, run_smoke
-from .common import add_memory_arg, end_bars, tqdm_progress
+from .common import add_memory_arg, end_bars, tqdm_progress, warn_user_code
 from .output import add_force_arg
 
 
@@ -43,6 +43,10 @@ def _terminate(signum, frame):
 
 def cmd_run(args) -> dict:
     protocol = Protocol.read(args.protocol)   # every key and value checked here, before any model loads
+    for entry in protocol.models:   # said before anything resolves the tasks: that imports their helpers
+        spec = protocol.harness_spec(entry)
+        if spec is not None:
+            warn_user_code(spec)
     if args.plan:
         labels = check_labels(protocol, _online())
         for line in labels.unchecked:
