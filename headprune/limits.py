@@ -29,8 +29,9 @@ CLOSED = ("both", "left", "right", "neither")
 class Interval:
     """Numbers between ``low`` and ``high`` (None: unbounded on that side); ``closed`` says which ends belong.
 
-    ``integer=True`` accepts integers only (bools are never numbers here); ``infinite=True`` admits ±inf where the
-    ends allow it (NaN never); ``why`` is the reason for the limits, added to every message.
+    ``integer=True`` accepts integers only (bools are never numbers here). NaN is refused on every side, and so
+    are infinities unless ``infinite=True`` admits ±inf where the ends allow it ("must be a finite number > 0");
+    ``why`` is the reason for the limits, added to every message.
     """
 
     low: float | None
@@ -47,9 +48,10 @@ class Interval:
     def __call__(self, value) -> str | None:
         """None when ``value`` lies in the interval, else a message saying what is accepted."""
         kind = Integral if self.integer else Real
-        valid = not isinstance(value, bool) and isinstance(value, kind) and (self.integer or not math.isnan(value))
-        if valid and not self.integer and math.isinf(value) and not self.infinite:
-            return f"must be a finite number {self.describe()}{self._reason()}"
+        valid = not isinstance(value, bool) and isinstance(value, kind)
+        if valid and not self.integer and not math.isfinite(value) and not (math.isinf(value) and self.infinite):
+            # inf passes an unbounded side's comparison, NaN fails every one silently: name both
+            return f"must be a finite number {self.describe().removeprefix('a number')}".rstrip() + self._reason()
         if valid:
             low_ok = self.low is None or (value >= self.low if self.closed in ("both", "left") else value > self.low)
             high_ok = self.high is None or \

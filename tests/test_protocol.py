@@ -179,7 +179,8 @@ def test_models_tables_override_the_protocols_roles_key_by_key_and_name_their_li
     ("hies_table1", 8, 1 + 4 * 3, ["textattack/bert-base-uncased-SST-2", "textattack/bert-base-uncased-MNLI"]),
     ("sap_fig5", 6, 1 + 3 * 3, ["textattack/bert-base-uncased-STS-B"]),
     ("greedy_gnorm_fig3", 4, 2 * 2 * 3 + 10, ["prajjwal1/albert-base-v2-mnli"]),
-    ("sap_fig6", 6, 1 + 2 * 1 * 2, ["textattack/bert-base-uncased-MNLI"]),   # pruned + recovered per sparsity
+    ("sap_fig6", 6, 1 + 3 * 1 * 2, ["textattack/bert-base-uncased-MNLI"]),   # pruned + recovered per sparsity
+    ("sap_fig7", 2, 1 + 10 * 3, ["textattack/bert-base-uncased-MNLI", "textattack/bert-base-uncased-STS-B"]),
     ("hies_llama_zeroshot", 3, 1 + 2 * 6, ["meta-llama/Llama-2-7b-hf"]),     # HellaSwag, ARC-e, ARC-c
 ])
 def test_the_papers_protocols_parse_and_plan_without_the_network(name, n_models, cells_per_model, ids, monkeypatch):
@@ -195,7 +196,10 @@ def test_the_papers_protocols_parse_and_plan_without_the_network(name, n_models,
     for p in plans:
         assert p.kind == "hub" and "needs the model" in p.text()
         assert p.entry.data["eval"].source.startswith("hf:")
-        assert "select" not in p.entry.data or p.entry.data["select"].source != p.entry.data["eval"].source
+        # choices are never made on the reported rows: another source, or (a data set of one split) disjoint
+        # draws from the evaluation rows' source, as every role on one source is
+        assert "select" not in p.entry.data or p.entry.data["select"].source != p.entry.data["eval"].source or \
+            p.entry.data["calib"].source == p.entry.data["eval"].source
         if p.entry.harness_metrics:   # lm-eval's numbers: one run per cell, said in the plan
             assert p.lm_eval_runs == cells_per_model and f"{cells_per_model} lm-eval runs" in p.text()
 

@@ -17,7 +17,7 @@ import pkgutil
 import sys
 
 from ..errors import HeadpruneError, Interrupted
-from .common import end_bars
+from .common import check_path_options, end_bars
 from .output import jsonable
 
 HELPERS = ("common", "output")   # modules of this package that define no command
@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)   # as typed: what a command says to run again
     try:
+        check_path_options(args)
         result = args.handler(args)
     except HeadpruneError as exc:
         end_bars()   # the message starts on its own line, never glued to a half-drawn progress bar

@@ -12,21 +12,22 @@ or not at all (``model.loading.write_staged``), with the run file ``OUT.run.json
 
 from __future__ import annotations
 
-import json
+import argparse
 import shutil
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from ..data import TextDataset, align_labels, load_data
-from ..errors import DataError, HeadpruneError
+from ..data import TextDataset, align_labels, load_data, row_hashes
+from ..errors import DataError
 from ..model.export import FORMATS, round_to_uniform, type_problem
-from ..model.loading import NAMED_MODELS, LoadedModel, load_model, model_source_kind
+from ..model.loading import LoadedModel, is_lm_config, load_model, peek_config
 from ..model.mask import HeadMask
 from ..model.task import REQUESTABLE, task_of
 from ..outdir import check_model_folder
 from ..recovery import (
+    DEFAULT_LR,
     METHODS,
     RecoveryError,
     RecoveryRun,
@@ -38,13 +39,14 @@ from ..recovery import (
     stage_metrics,
     teacher_problem,
 )
-from ..recovery.train import SPEC_FILE
-from ..workspace import DefaultSize, Workspace
+from ..recovery.workdir import check_work_dir
+from ..workspace import DefaultSize, Workspace, fit_role_sizes, split_roles
 from .common import DATA_HELP, add_mask_arg, add_memory_arg, add_model_args, check_args, load_mask, tqdm_progress
 from .output import add_force_arg, checked_out_file, write_json
 
 # the fine-tuning split of a named demo: its default training data, so recovery works offline
 DEFAULT_TRAIN = {"demo": "demo:train", "demo-lm": "demo-lm:train"}
+DEFAULTS = RecoverySpec()   # the flags' defaults are the spec's (the measured recipe, recovery/spec.py)
 
 
 def _count_or_all(text: str) -> int | None:
@@ -57,7 +59,7 @@ def spec_of(args) -> RecoverySpec:
                         batch_size=args.batch_size, seed=args.seed, lora_rank=args.lora_rank,
                         lora_alpha=args.lora_alpha, temperature=args.temperature, alpha=args.alpha,
                         max_length=args.max_length, weight_decay=args.weight_decay, warmup=args.warmup,
-                        freeze_embeddings=args.freeze_embeddings)
+                        freeze_embeddings=args.freeze_embeddings, dropout=args.dropout)
 
 
 def paths_of(out: str) -> tuple[Path, Path, Path]:
@@ -67,35 +69,12 @@ def paths_of(out: str) -> tuple[Path, Path, Path]:
 
 
 def check_out_paths(args) -> None:
-    """The three paths ``--out`` names, refused before anything is created or loaded when they are not this run's
+    """The paths ``--out`` names, refused before anything is created or loaded when they are not this run's
     (``headprune.outdir``): the model folder new or empty, the run file new or written by headprune (or
-    ``--force``), and the work folder absent or holding a recovery's checkpoints (``recovery.train.SPEC_FILE``):
-    it is deleted once the output is written, so a folder of the user's there is never taken."""
-    out, work, run_file = paths_of(args.out)
+    ``--force``); the work folder's states are judged by ``recovery.workdir.check_work_dir``."""
+    out, _, run_file = paths_of(args.out)
     check_model_folder(out, "--out")
     checked_out_file(str(run_file), args.force, "--out (its run file)")
-    if work.exists() and not (work.is_dir() and ((work / SPEC_FILE).is_file() or not any(work.iterdir()))):
-        raise HeadpruneError(f"--out {args.out}: {work} (where a recovery keeps its checkpoints, deleted once the "
-                             f"model is written) exists and holds no {SPEC_FILE} of a recovery; it is left as it is. "
-                             "Accepted: an --out whose .work path is free, or a folder an interrupted recovery left.")
-
-
-def peek_config(spec: str) -> dict | None:
-    """config.json of a named model or local folder, read without loading the model (None for a hub id)."""
-    if spec in NAMED_MODELS:
-        folder = NAMED_MODELS[spec].build()
-    elif model_source_kind(spec) == "folder":
-        folder = Path(spec).expanduser()
-    else:
-        return None
-    try:
-        return json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None   # load_model names the problem
-
-
-def is_lm_config(config: dict) -> bool:
-    return any(m in " ".join(config.get("architectures") or []) for m in ("ForCausalLM", "LMHeadModel"))
 
 
 def read_train_data(args, lm: bool) -> tuple[TextDataset, str]:
@@ -114,6 +93,16 @@ def read_train_data(args, lm: bool) -> tuple[TextDataset, str]:
                             f"{len(ds)}, or all.")
         ds = ds.subset(np.sort(np.random.default_rng(args.seed).permutation(len(ds))[:args.train_size]))
     return ds, source
+
+
+def shared_with_eval(args, train: TextDataset, lm: bool) -> int:
+    """How many training rows (same text, pair and label, as loaded) are among the evaluation rows ``eval_data``
+    will draw: the same source, seeded draw and size, read before the model loads."""
+    source = args.eval_data or args.data
+    rows = load_data(source, args.text_col, args.pair_col, args.label_col, task="lm" if lm else "classification")
+    size = None if args.eval_size is None else DefaultSize(args.eval_size)
+    evals = split_roles(rows, fit_role_sizes(len(rows), {"eval": size}), args.seed)["eval"]
+    return len(set(row_hashes(train)) & set(row_hashes(evals)))
 
 
 def eval_data(args, loaded: LoadedModel) -> tuple[TextDataset, list[dict], dict]:
@@ -142,8 +131,9 @@ def check_recover_args(args) -> tuple[RecoverySpec, dict | None]:
                         "integer >= 1, or all.")
     check_out_paths(args)
     _, work, _ = paths_of(args.out)
-    if args.resume and not work.is_dir():
-        print(f"note: --resume: no checkpoints in {work}; starting from the beginning", file=sys.stderr)
+    # every state of OUT.work (a file, a foreign folder, a broken spec, nothing to resume, other settings, pickles)
+    # refused before a model loads; the checkpoint's model is compared with the student's once it is built
+    check_work_dir(work, resume=args.resume, wanted=spec.to_json(), strict=True)
     config = peek_config(args.model)
     if config is not None:
         pruned_before = bool(config.get("headprune_kept_heads"))
@@ -163,8 +153,8 @@ def check_recover_args(args) -> tuple[RecoverySpec, dict | None]:
             problem = teacher_problem(config, teacher_config) if teacher_config is not None else None
             if problem:
                 raise RecoveryError(f"--teacher {args.teacher} cannot be distilled from: {problem}. Accepted: a "
-                                    "teacher with the student's label set or vocabulary (default: the model "
-                                    "before pruning).")
+                                    "teacher of the student's family, tokenizer and vocabulary (and label set, for "
+                                    "a classifier); default: the model before pruning.")
     if args.teacher and not spec.distill:
         print(f"note: --teacher is used by distillation only; --method {spec.method} ignores it", file=sys.stderr)
     return spec, config
@@ -174,6 +164,12 @@ def cmd_recover(args) -> dict:
     spec, config = check_recover_args(args)
     lm = args.task == "lm" or (args.task is None and config is not None and is_lm_config(config))
     train, train_source = read_train_data(args, lm)   # read before the model: unlabelled rows are refused first
+    shared = shared_with_eval(args, train, lm)
+    if shared and not args.allow_overlap:
+        raise DataError(f"The training rows ({train_source}) and the evaluation rows ({args.eval_data or args.data}) "
+                        f"share {shared} row(s) (same text and label, by content hash): the recovered model would "
+                        "be reported on rows it was trained on. Use disjoint sources (e.g. demo:train to train, "
+                        "demo to evaluate), or pass --allow-overlap to go on anyway (recorded in the run file).")
     out, work, run_file = paths_of(args.out)
 
     loaded = load_model(args.model, args.device, device_map=args.device_map, dtype=args.dtype)
@@ -208,7 +204,8 @@ def cmd_recover(args) -> dict:
     roles = {"train": data_role(train, train_source, args.seed), "eval": eval_role}
     record = run_record(spec, result, metrics, roles, model=args.model, teacher=args.teacher or args.model,
                         format=args.format, out=str(out))
-    record.update({"estimate_seconds": round(estimate.seconds, 1), "uniform_rounding": result_note})
+    record.update({"estimate_seconds": round(estimate.seconds, 1), "uniform_rounding": result_note,
+                   "train_eval_overlap": {"rows": shared, "allowed": bool(args.allow_overlap)}})
     written = export_recovered(result, loaded.model, loaded.tokenizer, out, args.format,
                                extra={"source_model": loaded.source, "recovery": str(run_file)})
     write_json(record, str(run_file), args.force, args.command)
@@ -234,6 +231,9 @@ def add_commands(sub) -> None:
                    help=f"what dense / pruned / recovered are evaluated on: {DATA_HELP} (default: --data)")
     g.add_argument("--eval-size", type=_count_or_all, default=500,
                    help="evaluation rows, a seeded draw, or all (default: 500, at most the data)")
+    g.add_argument("--allow-overlap", action="store_true",
+                   help="go on when training rows are among the evaluation rows (refused by default; the count is "
+                        "recorded in the run file)")
     g.add_argument("--text-col", help="text column (default: auto-detect)")
     g.add_argument("--pair-col", help="second text column for sentence pairs (default: auto-detect)")
     g.add_argument("--label-col", help="label column (default: auto-detect)")
@@ -241,27 +241,38 @@ def add_commands(sub) -> None:
     g.add_argument("--max-length", type=int, default=128, help="truncate rows to this many tokens (default: 128)")
     g.add_argument("--device", default="auto", help="where to train: auto (CUDA if present), cpu or cuda")
     t = p.add_argument_group("training")
-    t.add_argument("--method", default="finetune", choices=METHODS,
+    t.add_argument("--method", default=DEFAULTS.method, choices=METHODS,
                    help="finetune: every kept parameter (SAP's retraining, encoders); lora: peft LoRA adapters on the "
                         "kept heads' projections, merged on export (decoders, large models); distill: fine-tuning "
-                        "plus a temperature-scaled KL to the dense teacher's outputs; lora+distill (default: finetune)")
-    t.add_argument("--epochs", type=int, default=1, help="passes over the training rows (default: 1)")
+                        "plus a temperature-scaled KL to the dense teacher's outputs; lora+distill "
+                        f"(default: {DEFAULTS.method})")
+    t.add_argument("--epochs", type=int, default=DEFAULTS.epochs,
+                   help=f"passes over the training rows (default: {DEFAULTS.epochs})")
     t.add_argument("--steps", type=int, default=None, help="optimizer steps instead of epochs")
-    t.add_argument("--lr", type=float, default=None, help="peak learning rate (default: 5e-5, LoRA 5e-4)")
-    t.add_argument("--batch-size", type=int, default=16,
-                   help="rows per optimizer step (default: 16; split into accumulated micro-batches when the memory "
-                        "budget asks for it)")
-    t.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (default: 0.01)")
-    t.add_argument("--warmup", type=float, default=0.1, help="share of the steps warming up (default: 0.1)")
-    t.add_argument("--freeze-embeddings", action="store_true",
-                   help="keep the input embeddings fixed in full fine-tuning (faster on small encoders)")
+    t.add_argument("--lr", type=float, default=None,
+                   help=f"peak learning rate (default: {DEFAULT_LR['finetune']:g}, LoRA {DEFAULT_LR['lora']:g})")
+    t.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size,
+                   help=f"rows per optimizer step (default: {DEFAULTS.batch_size}; split into accumulated "
+                        "micro-batches when the memory budget asks for it)")
+    t.add_argument("--weight-decay", type=float, default=DEFAULTS.weight_decay,
+                   help=f"AdamW weight decay (default: {DEFAULTS.weight_decay})")
+    t.add_argument("--warmup", type=float, default=DEFAULTS.warmup,
+                   help=f"share of the steps warming up (default: {DEFAULTS.warmup})")
+    t.add_argument("--freeze-embeddings", action=argparse.BooleanOptionalAction, default=DEFAULTS.freeze_embeddings,
+                   help="keep the input embeddings (and a tied LM head) fixed in full training: half a small "
+                        f"encoder's parameters (default: {'on' if DEFAULTS.freeze_embeddings else 'off'})")
+    t.add_argument("--dropout", action=argparse.BooleanOptionalAction, default=DEFAULTS.dropout,
+                   help=f"keep the model's dropout while training (default: {'on' if DEFAULTS.dropout else 'off'})")
     t.add_argument("--seed", type=int, default=0, help="seed of data draws, order, dropout and LoRA (default: 0)")
-    t.add_argument("--lora-rank", type=int, default=8, help="LoRA rank r (default: 8)")
+    t.add_argument("--lora-rank", type=int, default=DEFAULTS.lora_rank,
+                   help=f"LoRA rank r (default: {DEFAULTS.lora_rank})")
     t.add_argument("--lora-alpha", type=float, default=None, help="LoRA alpha (default: 2 r)")
     t.add_argument("--teacher", default=None,
                    help="distillation teacher (default: the model before pruning, i.e. --model)")
-    t.add_argument("--temperature", type=float, default=2.0, help="distillation temperature T (default: 2)")
-    t.add_argument("--alpha", type=float, default=0.5, help="weight of the KL term, in [0, 1] (default: 0.5)")
+    t.add_argument("--temperature", type=float, default=DEFAULTS.temperature,
+                   help=f"distillation temperature T (default: {DEFAULTS.temperature:g})")
+    t.add_argument("--alpha", type=float, default=DEFAULTS.alpha,
+                   help=f"weight of the KL term, in [0, 1] (default: {DEFAULTS.alpha:g})")
     t.add_argument("--resume", action="store_true", help="continue an interrupted run from OUT.work/")
     o = p.add_argument_group("output")
     o.add_argument("--out", required=True, help="folder for the recovered model, new or empty (run file: "
@@ -274,5 +285,5 @@ def add_commands(sub) -> None:
     p.set_defaults(handler=cmd_recover)
 
 
-__all__ = ["add_commands", "check_recover_args", "cmd_recover", "eval_data", "paths_of", "peek_config",
+__all__ = ["add_commands", "check_recover_args", "cmd_recover", "eval_data", "paths_of",
            "read_train_data", "spec_of"]
