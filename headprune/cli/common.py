@@ -19,7 +19,7 @@ from ..data import check_source, parse_label_map
 from ..errors import DataError, HeadpruneError
 from ..evaluation.harness import user_code
 from ..evaluation.metrics import check_metric_name, headline, metric_set
-from ..limits import POSITIVE_INT, ROWS_PER_BATCH, TOKENS_PER_ROW
+from ..limits import POSITIVE_INT, ROWS_PER_BATCH, TOKENS_PER_ROW, Interval
 from ..model.device import DEVICES, parse_device_map
 from ..model.loading import LoadedModel
 from ..model.mask import HeadMask, dropped_layers
@@ -243,10 +243,12 @@ def metric_choice(args, ws: Workspace, extra: tuple[str, ...] = ()) -> tuple[tup
             headline(ws.task, getattr(args, "metric", None), source, n_classes=ws.n_classes, extra=extra))
 
 
-def check_positive(value: int | None, option: str, what: str, doc: str) -> None:
-    """Refuse ``option`` = ``value`` unless it is None or an integer >= 1 (``limits.POSITIVE_INT``)."""
-    if value is not None and POSITIVE_INT(value):
-        raise HeadpruneError(f"{option} {value}: {what} must be {POSITIVE_INT.describe().removeprefix('an integer ')} "
+def check_positive(value: int | None, option: str, what: str, doc: str, at_most: int | None = None) -> None:
+    """Refuse ``option`` = ``value`` unless it is None or an integer >= 1 (``limits.POSITIVE_INT``), and at most
+    ``at_most`` when given (``doc`` says why)."""
+    limit = POSITIVE_INT if at_most is None else Interval(1, at_most, integer=True)
+    if value is not None and limit(value):
+        raise HeadpruneError(f"{option} {value}: {what} must be {limit.describe().removeprefix('an integer ')} "
                              f"({doc}).")
 
 

@@ -129,8 +129,10 @@ def cmd_prune(args) -> dict:
     if args.format != "headprune" and (HeadMask.read_file(args.mask) or {}).get("dropped_layers"):
         raise ExportError(f"--mask {args.mask} drops whole layers (SAP's layer rule); only --format headprune "
                           "records a dropped layer.")
-    check_positive(args.benchmark_repeats, "--benchmark-repeats", "repeats", "timed forwards per measurement")
-    check_positive(args.benchmark_threads, "--benchmark-threads", "threads", "torch CPU threads while timing")
+    check_positive(args.benchmark_repeats, "--benchmark-repeats", "repeats", "timed forwards per measurement, "
+                   "each of them at every batch and length", at_most=1000)
+    check_positive(args.benchmark_threads, "--benchmark-threads", "threads", "torch CPU threads while timing",
+                   at_most=1024)
     # loaded as it was scored (--dtype, --device-map): a model too big for one device is cut where it fits
     loaded = load_model(args.model, "cpu" if args.device_map is None else "auto", device_map=args.device_map,
                         dtype=args.dtype)
