@@ -59,14 +59,34 @@ class NamedModel:
     name: str
     description: str
     build: Callable[..., Path]
+    causal: bool | None = None      # a decoder (True) or an encoder (False), known before it is built; None: unsaid
 
 
 NAMED_MODELS: dict[str, NamedModel] = {}
 
 
-def register_model(name: str, description: str, build: Callable[..., Path]) -> None:
-    """Make ``load_model(name)`` load the folder ``build(progress=None)`` returns (built once, then cached)."""
-    NAMED_MODELS[name] = NamedModel(name, description, build)
+def register_model(name: str, description: str, build: Callable[..., Path], causal: bool | None = None) -> None:
+    """Make ``load_model(name)`` load the folder ``build(progress=None)`` returns (built once, then cached).
+    ``causal``: whether it is a decoder, so commands that need one refuse an encoder before building it."""
+    NAMED_MODELS[name] = NamedModel(name, description, build, causal)
+
+
+# model types of the encoder families headprune adapts (``arch.encoders`` / ``arch.modern``)
+ENCODER_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert", "deberta",
+                           "deberta-v2", "modernbert"})
+
+
+def declared_causal(spec: str) -> bool | None:
+    """Whether ``spec`` names a decoder, read without loading weights: a named model's declaration, else a
+    folder's ``config.json`` (``model_type``); None when nothing says (a hub id: checked once loaded)."""
+    if spec in NAMED_MODELS:
+        return NAMED_MODELS[spec].causal
+    try:
+        config = json.loads((Path(spec).expanduser() / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    model_type = (config.get("text_config") or {}).get("model_type") or config.get("model_type")
+    return None if not model_type else model_type not in ENCODER_TYPES
 
 
 def model_source_kind(spec: str) -> str:
