@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import csv
 import random
+import re
+import time
 
 import pytest
 
@@ -92,3 +94,46 @@ def trajectory(model, calib, evals, criterion: str, params: dict | None = None, 
 
     return run_trajectory(TrajectorySpec(criterion=get(criterion), params=params or {}, **spec), model, calib, evals,
                           tokenizer=tokenizer, texts=texts, evaluator=evaluator)
+
+
+# -- the demos, built once before the tests that need them ---------------------------------------------------------
+# A test that first needs a demo would build it inside its own timeout (an AppTest's 600 s script timeout, a browser
+# wait): on a busy 2-core machine the LM demo's build alone can take most of that. The demos the selected tests
+# name are built here instead, after collection and before the first test, and the build time is printed.
+DEMO_NEEDS = {   # demo -> what in a test module (or a test's fixtures) says it uses that demo's model
+    "demo": re.compile(r"""["']demo["']|ensure_demo_model|\bdemo_model_path\b"""),
+    "demo-lm": re.compile(r"""["']demo-lm["']|ensure_demo_lm"""),
+    "demo-circuit": re.compile(r"""["']demo-circuit["']|ensure_demo_circuit"""),
+}
+DEMO_FIXTURES = {"demo": "demo", "demo_model_path": "demo"}
+
+
+def demos_needed(items) -> list[str]:
+    """The demos the collected ``items`` use: named in their module's source, or through a demo fixture."""
+    needed, sources = set(), {}
+    for item in items:
+        path = getattr(item, "path", None)
+        if path is not None and path not in sources:
+            try:
+                sources[path] = path.read_text(encoding="utf-8")
+            except OSError:
+                sources[path] = ""
+        text = sources.get(path, "")
+        needed |= {demo for demo, pattern in DEMO_NEEDS.items() if pattern.search(text)}
+        needed |= {DEMO_FIXTURES[f] for f in getattr(item, "fixturenames", ()) if f in DEMO_FIXTURES}
+    return [demo for demo in DEMO_NEEDS if demo in needed]
+
+
+def pytest_collection_finish(session):
+    if session.config.option.collectonly or not session.items:
+        return
+    import headprune.demos  # noqa: F401 - registers the demos as named models
+    from headprune.model.loading import NAMED_MODELS
+
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    for name in demos_needed(session.items):
+        start = time.perf_counter()
+        NAMED_MODELS[name].build()   # a no-op once the shared cache holds it (a file lock keeps parallel builds apart)
+        line = f"{name}: ready in {time.perf_counter() - start:.1f} s (built or found before the first test)"
+        if reporter is not None:
+            reporter.write_line(line)

@@ -321,3 +321,39 @@ def test_dashboard_sets_a_separate_calibration_set_and_shows_the_roles(demo_mode
         assert (rows["calibration"]["source"], rows["evaluation"]["source"]) == ("demo:train", "demo")
         assert rows["calibration"]["rows"] == 32 and rows["evaluation"]["rows"] == 64
         assert any("Labels matched by name: rotten → 0 (rotten), fresh → 1 (fresh)" in c.value for c in at.caption)
+
+
+# -- a command reads only the roles it uses (issue 30 §6) -------------------------------------------------------------
+
+def test_evaluate_on_held_out_demo_rows_runs(demo, tmp_path, capsys, monkeypatch):
+    """60 of the demo's own held-out reviews as --eval-data: evaluate reads no selection or calibration rows, so
+    the default --data (the same held-out reviews) is never drawn from and nothing is refused."""
+    import headprune.workspace
+
+    held_out = load_data("demo")
+    rows = [[held_out.texts[i], held_out.labels[i]] for i in range(0, 600, 10)]
+    path = write_csv(tmp_path / "mine.csv", ["text", "label"], rows)
+    read = []
+    real = headprune.workspace.load_data
+    monkeypatch.setattr(headprune.workspace, "load_data",
+                        lambda spec, *a, **k: read.append(spec) or real(spec, *a, **k))
+    assert main(["evaluate", "--model", "demo", "--eval-data", path, "--eval-size", "all"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["n"] == 60 and set(read) == {path}   # the demo's rows were not even read
+    assert result["roles"]["select"]["size"] == 0 and result["roles"]["calib"]["size"] == 0
+    # the same rows by hand: the metric is the accuracy on exactly these 60 rows
+    ds = align_labels(load_data(path), demo.id2label)
+    assert result["accuracy"] == pytest.approx(evaluate(demo.model, make_batches(demo.tokenizer, ds, 32, 128))
+                                               .to_dict()["accuracy"])
+
+
+def test_roles_overlap_is_refused_before_the_weights_load(tiny_model_dir, files, monkeypatch, capsys):
+    import headprune.workspace
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("weights loaded before the overlap check")
+
+    monkeypatch.setattr(headprune.workspace, "load_model", no_load)
+    code = main(["evaluate", "--model", str(tiny_model_dir), "--data", files["a"], "--calib-data",
+                 files["shares_a"], "--max-length", "32"])
+    assert code == 2 and "--allow-overlap" in capsys.readouterr().err

@@ -291,3 +291,19 @@ def test_the_dashboard_takes_no_include_folder():
     from dashboard import export
     source = inspect.getsource(export.harness_tasks)
     assert "include" not in source and "include" not in inspect.signature(export.harness_tasks).parameters
+
+
+# -- the suite builds the demos its selected tests name, before the first test -------------------------------------
+
+def test_demos_needed_reads_the_selected_tests(tmp_path):
+    from types import SimpleNamespace
+
+    from conftest import demos_needed
+
+    lm = tmp_path / "test_lm.py"
+    lm.write_text('at.radio(key="md-model-kind").set_value("demo-lm")\n')
+    plain = tmp_path / "test_plain.py"
+    plain.write_text('task = "demo_lm_cloze"  # data only\n')
+    items = [SimpleNamespace(path=lm, fixturenames=[]), SimpleNamespace(path=plain, fixturenames=["demo"])]
+    assert demos_needed(items) == ["demo", "demo-lm"]
+    assert demos_needed([SimpleNamespace(path=plain, fixturenames=["tmp_path"])]) == []
