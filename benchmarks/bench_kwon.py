@@ -72,6 +72,25 @@ def timings(ws: Workspace, repeats: int) -> dict:
             "calib_rows": len(ws.calib), "repeats": repeats}
 
 
+def print_table(log: Path) -> None:
+    """The mean ± sd accuracy per (method, sparsity) of the cells in ``log`` (several processes' repeats)."""
+    rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    cells: dict[tuple[str, float], list[float]] = {}
+    for row in rows:
+        if "method" in row:
+            cells.setdefault((row["method"], row["sparsity"]), []).append(row["accuracy"])
+        else:
+            print(json.dumps(row))
+    sparsities = sorted({s for _, s in cells})
+    print("| method | " + " | ".join(f"{s:.0%}" for s in sparsities) + " |")
+    print("|---|" + "---|" * len(sparsities))
+    for name in dict.fromkeys(m for m, _ in cells):
+        values = [cells.get((name, s), []) for s in sparsities]
+        print(f"| {name} | " + " | ".join(
+            f"{statistics.mean(v):.3f} ± {statistics.stdev(v) if len(v) > 1 else 0:.3f} (n={len(v)})" if v else "—"
+            for v in values) + " |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--eval-size", type=int, default=500)
@@ -84,7 +103,11 @@ def main() -> None:
     ap.add_argument("--sparsities", default="0.25,0.5,0.75")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--log", default="bench_kwon.jsonl")
+    ap.add_argument("--table", action="store_true", help="print the table of the cells in --log and stop")
     args = ap.parse_args()
+    if args.table:
+        print_table(Path(args.log))
+        return
     torch.manual_seed(0)
     ws = Workspace.build("demo", "demo", calib_size=args.calib_size, eval_size=args.eval_size,
                          select_size=args.select_size, seed=0, device="cpu")

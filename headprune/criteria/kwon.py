@@ -10,7 +10,8 @@ This is our own implementation for attention heads only (headprune prunes no fee
      mask gradient HIS reads, ``onepass``), the empirical Fisher information is I = Σ_b g_b g_bᵀ (eq. 6; we divide by
      the number of examples, which changes no choice). The search reads its diagonal I_ii = Σ_b g_bi² (the loss
      increase of pruning head i alone, to second order); rearrangement the block-diagonal approximation (heads of one
-     layer interact, heads of different layers do not, §4.2). Scored together with HIS, both come from one pass.
+     layer interact, heads of different layers do not, §4.2). One forward + backward of the shared pass
+     (``onepass``, quantity ("fisher", "loss")), cached in the context: every budget scored on it reuses it.
 §4.1 Mask search (Algorithm 1) under a head budget: keep the mask with the least summed diagonal Fisher of the pruned
      heads. The paper's constraint is FLOPs (or latency) over heads and neurons; with heads only and every head of a
      model the same size, each head costs the same FLOPs (its Q/K/V/O slices and its attention), so a FLOPs budget
