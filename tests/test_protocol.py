@@ -86,8 +86,16 @@ def test_an_unknown_key_is_named_with_its_line(edit, key, fragment, after):
 @pytest.mark.parametrize("edit, key, fragment, needle", [
     (lambda t: t.replace("[0.25, 0.5]", "[0.25, 1.5]"), "sparsities", "sparsities", "[0, 1]"),
     (lambda t: t.replace("[0.25, 0.5]", "[-0.1]"), "sparsities", "sparsities", "[0, 1]"),
-    (lambda t: t.replace("repeats = 2", "repeats = 0"), "repeats", "repeats", ">= 1"),
-    (lambda t: t.replace('size = 8', 'size = -3'), "data.calib.size", "size = -3", ">= 1"),
+    (lambda t: t.replace("repeats = 2", "repeats = 0"), "repeats", "repeats", "in [1, 1000]"),
+    (lambda t: t.replace("repeats = 2", "repeats = 1000000000"), "repeats", "repeats", "each repeat is"),
+    (lambda t: t.replace("repeats = 2", "repeats = 2\nbatch_size = 1000000000"), "batch_size", "batch_size",
+     "in [1, 4096] (rows in one forward pass"),
+    (lambda t: t.replace("repeats = 2", "repeats = 2\nmax_length = 1000000000"), "max_length", "max_length",
+     "in [1, 1,048,576]"),
+    (lambda t: t.replace("repeats = 2", "repeats = 2\nseed = 10000000000"), "seed", "seed", "numpy and torch"),
+    (lambda t: t.replace('size = 8', 'size = -3'), "data.calib.size", "size = -3", "in [1, 100,000,000]"),
+    (lambda t: t.replace('size = 8', 'size = 1000000000000'), "data.calib.size", "size = 1000000000000",
+     "read into memory"),
     (lambda t: t.replace('name = "ae"', 'name = "entropy"'), "criteria.0.name", '"entropy"', "Known criteria"),
     (lambda t: t.replace('name = "ae"', 'name = "ae"\nparams = { form = "Z" }'), "criteria.0.params.form",
      "params", "accepted values"),
@@ -277,14 +285,19 @@ def test_an_interrupted_run_resumes_without_recomputing_finished_cells(tmp_path,
     assert len(done) == 4 and counter.calls == 4
     assert not list(out.rglob("*.tmp")) and not (out / "results.csv").exists()
     stamps = {p.name: p.stat().st_mtime_ns for p in done}
-    (out / "cells" / ".killed.json.x1.tmp").write_text('{"half": ')   # what a SIGKILL mid-write would leave
+    pending = expand(protocol)[-1].key   # what a SIGKILL mid-write of a cell would leave; and a user's own temp files
+    (out / "cells" / f".{pending}.json.x1y2z3.headprune.tmp").write_text('{"half": ')
+    (out / "cells" / ".draft.tmp").write_text("the user's")
+    (out / ".notes.json.x1.tmp").write_text("the user's")
 
     counter = Counting(monkeypatch)
     summary = run_protocol(protocol, out, plots=False)
     total = len(expand(protocol))
     assert counter.calls == total - 4 == summary["computed"] and summary["reused"] == 4
     assert {p.name: p.stat().st_mtime_ns for p in done} == stamps      # finished cells untouched
-    assert not list(out.rglob("*.tmp"))
+    assert sorted(p.name for p in out.rglob("*.tmp")) == [".draft.tmp", ".notes.json.x1.tmp"]   # ours deleted only
+    for user in out.rglob("*.tmp"):
+        user.unlink()
 
     # the same protocol run without interruption gives the same table
     Counting(monkeypatch)

@@ -17,8 +17,9 @@ from tqdm import tqdm
 
 from ..data import check_source, parse_label_map
 from ..errors import DataError, HeadpruneError
+from ..evaluation.harness import user_code
 from ..evaluation.metrics import check_metric_name, headline, metric_set
-from ..limits import POSITIVE_INT
+from ..limits import POSITIVE_INT, ROWS_PER_BATCH, TOKENS_PER_ROW
 from ..model.device import DEVICES, parse_device_map
 from ..model.loading import LoadedModel
 from ..model.mask import HeadMask, dropped_layers
@@ -47,11 +48,37 @@ def _count_or_all(text: str) -> int | None:
     return None if text.lower() == "all" else _count(text)
 
 
+def checked(limit, what: str):
+    """An argparse type: the value parsed as ``limit`` says (int or float) and inside it, else a message naming
+    the accepted range."""
+    def parse(text: str):
+        try:
+            value = int(text) if getattr(limit, "integer", False) else float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got '{text}'") from None
+        problem = limit(value)
+        if problem:
+            raise argparse.ArgumentTypeError(f"{what} {value!r} {problem}")
+        return value
+    return parse
+
+
 def _positive(text: str) -> int:
     value = _count(text)
     if value == 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'")
     return value
+
+
+def _bounded(limit):
+    """An argparse type: a positive integer (else "expected a positive integer") inside ``limit`` (else its
+    message, with the bound and why)."""
+    def parse(text: str) -> int:
+        value = _positive(text)
+        if limit(value):
+            raise argparse.ArgumentTypeError(f"{value} {limit(value)}")
+        return value
+    return parse
 
 
 def _budget(text: str) -> int | float:
@@ -120,8 +147,10 @@ def add_data_args(p: argparse.ArgumentParser, calib_size: int = 128, eval_size: 
                    help="accept matching the data's label names to the model's ids by their order")
     g.add_argument("--allow-overlap", action="store_true",
                    help="go on when roles read from different sources share rows (refused by default)")
-    g.add_argument("--max-length", type=_positive, default=128, help="truncate to this many tokens (default: 128)")
-    g.add_argument("--batch-size", type=_positive, default=32, help="examples per batch (default: 32)")
+    g.add_argument("--max-length", type=_bounded(TOKENS_PER_ROW), default=128,
+                   help="truncate to this many tokens (default: 128)")
+    g.add_argument("--batch-size", type=_bounded(ROWS_PER_BATCH), default=32,
+                   help="examples per batch (default: 32)")
     g.add_argument("--seed", type=int, default=0, help="seed of the calibration/evaluation split (default: 0)")
     g.add_argument("--device", default="auto", choices=DEVICES, help="where to run (default: auto = CUDA if present)")
 
@@ -184,9 +213,18 @@ def check_path_options(args) -> None:
     from whichever function first asks the file system about it. ``cli.main`` calls this for every command."""
     for dest in PATH_OPTIONS:
         value = getattr(args, dest, None)
-        if isinstance(value, str):
-            user_path(value, f"--{dest.replace('_', '-')}", f"a path of at most {PATH_MAX} bytes whose file and "
+        for text in [value] if isinstance(value, str) else value if isinstance(value, list) else []:
+            user_path(text, f"--{dest.replace('_', '-')}", f"a path of at most {PATH_MAX} bytes whose file and "
                       f"folder names hold at most {NAME_MAX} bytes each (or a named model/data set, an hf: name)")
+
+
+def warn_user_code(spec) -> None:
+    """Say on stderr which Python files of the ``--lm-eval-include`` folders lm-eval will import (``!function``
+    helpers of the requested tasks' YAML): they run as code, with this process's rights."""
+    for task, files in user_code(spec).items():
+        print(f"note: lm-eval task {task} imports Python code from your include folder: "
+              f"{', '.join(map(str, files))} (its YAML's !function helpers); lm-evaluation-harness runs it as the "
+              "task's code. Read it first if you did not write it.", file=sys.stderr)
 
 
 def add_metric_arg(p: argparse.ArgumentParser, what: str) -> None:
@@ -253,16 +291,17 @@ def build_workspace(args, calib_size: int | None = None, select_size: int | None
     return ws
 
 
-def load_model_and_data(args, calib_size: int | None = None) -> tuple[LoadedModel, list[dict], list[dict], dict]:
+def load_model_and_data(args, calib_size: int | None = None,
+                        select_size: int | None = None) -> tuple[LoadedModel, list[dict], list[dict], dict]:
     """Model, calibration batches, evaluation batches and an info dict, from the model and data arguments.
 
     ``info`` is ``Workspace.info()`` (model and data as given, the data roles under "roles") plus the TextDatasets
     under "calib_data", "select_data" and "eval_data" (raw texts, e.g. ``data.batch_texts(info["calib_data"],
     calib)``) and the selection batches under "select_batches" (where criteria make their choices:
-    ``ScoringContext(select=...)``); ``summary(info)`` drops those for printing. ``calib_size`` overrides
-    ``--calib-size``.
+    ``ScoringContext(select=...)``); ``summary(info)`` drops those for printing. ``calib_size`` /
+    ``select_size`` override ``--calib-size`` / ``--select-size`` (0: the role is not read).
     """
-    ws = build_workspace(args, calib_size)
+    ws = build_workspace(args, calib_size, select_size)
     info = {**ws.info(), "model": args.model, "data": args.data, "calib_data": ws.calib, "eval_data": ws.eval,
             "select_data": ws.select, "select_batches": ws.select_batches}
     return ws.loaded, ws.calib_batches, ws.eval_batches, info
@@ -276,10 +315,23 @@ def summary(info: dict) -> dict:
     return {k: v for k, v in info.items() if k not in UNPRINTED}
 
 
+OPEN_BARS: list = []   # bars drawn and not closed yet: an error or a cancel ends them first (end_bars)
+
+
+def end_bars() -> None:
+    """Close every bar still drawn, leaving it on its own line, so what is printed next (``error: ...``, a cancel's
+    summary) starts on a fresh line instead of being glued to an unfinished bar."""
+    while OPEN_BARS:
+        bar = OPEN_BARS.pop()
+        bar.leave = True   # a closed bar that is left ends its line; leave=False would only blank it
+        bar.close()
+
+
 def tqdm_progress(desc: str):
     """A ``progress(fraction, message)`` callback drawing a tqdm bar on stderr; it closes itself at 1.0."""
     bar = tqdm(total=1000, desc=desc, file=sys.stderr, leave=False, mininterval=0.5,
                bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}{postfix}]")
+    OPEN_BARS.append(bar)
 
     def update(fraction: float, message: str = "") -> None:
         bar.n = int(round(1000 * min(max(fraction, 0.0), 1.0)))
@@ -287,10 +339,12 @@ def tqdm_progress(desc: str):
         bar.refresh()
         if fraction >= 1.0:
             bar.close()
+            if bar in OPEN_BARS:
+                OPEN_BARS.remove(bar)
 
     return update
 
 
-__all__ = ["check_args", "check_path_options", "check_positive", "add_model_args", "add_data_args", "add_mask_arg",
-           "add_memory_arg", "add_metric_arg", "metric_choice", "load_mask", "mask_dropped_layers",
-           "load_model_and_data", "build_workspace", "summary", "tqdm_progress"]
+__all__ = ["checked", "check_args", "check_path_options", "warn_user_code", "check_positive", "add_model_args",
+           "add_data_args", "add_mask_arg", "add_memory_arg", "add_metric_arg", "metric_choice", "load_mask",
+           "mask_dropped_layers", "load_model_and_data", "build_workspace", "summary", "tqdm_progress", "end_bars"]

@@ -18,9 +18,10 @@ from ..evaluation.speed import compare_speed
 from ..kvcache.restrict import restricted
 from ..model.export import FORMATS, ExportError, export_model, round_to_uniform, type_problem
 from ..model.layers import skip_layers
-from ..model.loading import check_head, load_model
+from ..model.loading import check_head, is_lm_config, load_model, peek_config
 from ..model.mask import HeadMask
 from ..model.sizes import size_report
+from ..outdir import check_model_folder
 from ..provenance import versions
 from .common import (
     add_data_args,
@@ -36,6 +37,7 @@ from .common import (
     metric_choice,
     summary,
     tqdm_progress,
+    warn_user_code,
 )
 from .kvcache import read_plan_arg
 
@@ -103,6 +105,14 @@ def _evaluate_lm_eval(args) -> dict:
     Tasks, their data and the mask file are checked before the model loads."""
     spec = harness_spec(args, tuple(args.lm_eval.split(",")))
     check_args(args)
+    config = peek_config(args.model)   # a classifier is named before its weights load or any task is resolved
+    if config is not None and not is_lm_config(config):
+        raise HarnessError(f"--lm-eval runs lm-evaluation-harness tasks, which score a causal language model's "
+                           f"log-likelihoods; {args.model} is a classifier "
+                           f"({', '.join(config.get('architectures') or [str(config.get('model_type'))])}). "
+                           "Accepted: a *ForCausalLM model (e.g. --model demo-lm), or leave --lm-eval out to "
+                           "evaluate the classifier on --data.")
+    warn_user_code(spec)   # before resolve_tasks: checking a task's data already imports its helpers
     tasks = resolve_tasks(spec)
     loaded = load_model(args.model, args.device, device_map=args.device_map, dtype=args.dtype)
     mask = load_mask(args, loaded)
@@ -136,10 +146,10 @@ def cmd_prune(args) -> dict:
 
 
 def check_prune_out(out: str, option: str, format: str, model: str) -> None:
-    """A pruned-model folder and format, refused before the model loads: ``out`` (given as ``option``) must not
-    be a file, and a ``uniform`` export needs a family a stock config can cut."""
-    if Path(out).exists() and not Path(out).is_dir():
-        raise HeadpruneError(f"{option} {out} is a file; give a folder (created if missing) for the pruned model.")
+    """A pruned-model folder and format, refused before the model loads: ``out`` (given as ``option``) must be new
+    or an empty folder (``outdir.check_model_folder``), and a ``uniform`` export needs a family a stock config can
+    cut."""
+    check_model_folder(out, option)
     if format == "uniform":
         _check_uniform_family(model)
 
