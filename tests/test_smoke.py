@@ -127,3 +127,21 @@ def test_plan_names_a_label_map_target_the_model_lacks_with_its_line_before_any_
     path.write_text(text.replace(str(tiny_model_dir), "textattack/bert-base-uncased-SST-2"))
     assert main(["run", str(path), "--plan", "--no-timing"]) == 0
     assert "not checked: m: labels of textattack/bert-base-uncased-SST-2" in capsys.readouterr().err
+
+
+def test_a_smoke_run_keeps_the_out_folders_rules_and_resumes(tmp_path, one_thread):
+    """``--out`` is checked as for a run (a folder of someone else's files is refused, untouched); a rerun into the
+    smoke run's own folder rebuilds the same stand-ins and recomputes nothing."""
+    from headprune.errors import HeadpruneError
+
+    protocol = Protocol.read(next(p for p in PROTOCOLS if p.stem == "demo"))
+    foreign = tmp_path / "foreign"
+    (foreign / "smoke").mkdir(parents=True)
+    (foreign / "smoke" / "mine.txt").write_text("a user's file")
+    with pytest.raises(HeadpruneError, match="did not create"):
+        run_smoke(protocol, foreign)
+    assert (foreign / "smoke" / "mine.txt").read_text() == "a user's file"
+    out = tmp_path / "out"
+    first = run_smoke(protocol, out)
+    again = run_smoke(protocol, out)
+    assert first["computed"] == again["reused"] == first["cells"] and again["computed"] == 0

@@ -84,7 +84,8 @@ def cmd_run(args) -> dict:
             _say("smoke run: tiny random stand-ins of every model and data role (" + (
                 "hub configs and features where reachable" if online else "offline: families and stated labels")
                 + "); the numbers are meaningless")
-            return run_smoke(protocol, args.out, online=online, say=_say, plots=not args.no_plots, progress=progress)
+            return run_smoke(protocol, args.out, online=online, say=_say, plots=not args.no_plots, progress=progress,
+                             force=args.force)
         return run_protocol(protocol, args.out, memory_budget=args.memory_budget, say=_say,
                             plots=not args.no_plots, progress=progress, force=args.force)
     except KeyboardInterrupt as exc:

@@ -23,7 +23,8 @@ Where the stand-ins come from, per model and per data source (each recorded in t
     lm-eval  each lm-eval task is replaced by a local multiple-choice task "smoke_<task>" on stand-in rows
              (the metric columns are renamed accordingly; lm-eval's own data sets need the network)
 
-The stand-ins live in ``OUT/smoke/``; ``run.json`` gets ``"smoke": {...}`` and ``results.md`` a banner.
+The stand-ins live in ``OUT/smoke/`` (marked; rebuilt by a rerun); ``run.json`` gets ``"smoke": {...}`` and
+``results.md`` a banner.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import json
 import os
 import random
 import re
+import shutil
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,7 +51,7 @@ from ..evaluation.harness import is_harness_metric, parse_metric
 from ..model.loading import NAMED_MODELS, model_source_kind
 from ..testing import ARCHS, DECODER_ARCHS, tiny_config, tiny_decoder_config, write_choice_task
 from .plan import local_config, slug
-from .run import run_protocol, write_atomic
+from .run import RunError, check_out, run_protocol, write_atomic
 from .spec import ModelEntry, Protocol, ProtocolError, Role
 
 SMOKE_SIZES = {"calib": 8, "select": 8, "eval": 16, "train": 16}
@@ -539,13 +541,29 @@ BANNER = ("> **SMOKE RUN** — every model is a tiny random stand-in and every d
           "end.\n\n")
 
 
+STAND_INS = "smoke"                      # OUT/smoke: the stand-ins, marked by MARK
+MARK = "headprune-smoke-stand-ins.json"
+
+
 def run_smoke(protocol: Protocol, out: str | Path, *, online: bool = False, progress=None, say=None,
-              plots: bool = False) -> dict:
+              plots: bool = False, force: bool = False) -> dict:
     """Build the stand-ins of ``protocol`` under ``OUT/smoke`` and run it into ``out`` (module doc); the run file is
-    marked ``"smoke"`` and ``results.md`` carries a banner."""
+    marked ``"smoke"`` and ``results.md`` carries a banner.
+
+    ``out`` is checked as a run's folder first (``run.check_out``: new, empty, an earlier run of this protocol, or
+    ``force``); the stand-ins are then the only files there the run did not write, so the run itself goes on past
+    them. A rerun rebuilds them (the folder is removed only when it carries the stand-ins' mark)."""
+    check_out(out, protocol, force)
     out = Path(out).expanduser()
-    build = build_smoke(protocol, out / "smoke", online)
-    summary = run_protocol(build.protocol, out, progress=progress, say=say, plots=plots)
+    folder = out / STAND_INS
+    if folder.exists():
+        if not (folder / MARK).is_file():
+            raise RunError(f"{folder} exists and does not hold a smoke run's stand-ins (no {MARK}); it is left as it "
+                           "is. Accepted: another --out, or move that folder.")
+        shutil.rmtree(folder)
+    build = build_smoke(protocol, folder, online)
+    write_atomic(folder / MARK, json.dumps(build.to_json(), indent=1, default=str))
+    summary = run_protocol(build.protocol, out, progress=progress, say=say, plots=plots, force=True)
     run = json.loads((out / "run.json").read_text(encoding="utf-8"))
     run["smoke"] = build.to_json()
     write_atomic(out / "run.json", json.dumps(run, indent=1, default=str))
