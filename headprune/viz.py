@@ -214,10 +214,17 @@ def mask_figure(mask: HeadMask, *, tied: bool = False, selected: tuple[int, int]
     """The head mask as a grid: kept heads coloured (by ``score``'s rank when given), pruned heads grey with ✕.
 
     ``cut``: heads absent from the loaded weights (0 in ``cut``; a model saved by ``prune``); they are drawn
-    pruned whatever ``mask`` says, and their hover says they cannot be restored.
+    pruned whatever ``mask`` says, and their hover says they cannot be restored. A tuned mask's scaled heads
+    (``HeadMask.scales``, Kwon et al.'s mask tuning) show "×s" in their cell and their scale in the hover.
     """
     absent = np.zeros(mask.shape, bool) if cut is None else (cut.values == 0).numpy()
     pruned = (mask.values == 0).numpy() | absent
+    scales = np.ones(mask.shape) if mask.scales is None else mask.scales.numpy()
+    scaled = ~pruned & (scales != 1)
+    if scaled.any():   # "×s" after any role mark of the cell
+        base = np.full(mask.shape, "", dtype=object) if marks is None else np.asarray(marks, dtype=object)
+        marks = np.array([[f"{m} ×{s:.2f}".strip() if on else m for m, s, on in zip(*row)]
+                          for row in zip(base, scales, scaled)], dtype=object)
     hover = np.empty(mask.shape, dtype=object)
     for (layer, head), gone in np.ndenumerate(pruned):
         where = _where(layer, tied, layer_kinds)
@@ -225,8 +232,10 @@ def mask_figure(mask: HeadMask, *, tied: bool = False, selected: tuple[int, int]
         if absent[layer, head]:
             state = "cut out of the loaded model — cannot be restored"
         extra = ""
+        if scaled[layer, head]:
+            extra = f"<br>scaled ×{scales[layer, head]:.4g} (tuned mask: output multiplied by this)"
         if score is not None and not np.isnan(score.scores[layer, head]):
-            extra = f"<br>{score.criterion} = {score.scores[layer, head]:.4g}"
+            extra += f"<br>{score.criterion} = {score.scores[layer, head]:.4g}"
         hover[layer, head] = f"{where}, head {head}<br>{state}{extra}"
     if score is not None:
         z = score.importance()
@@ -606,3 +615,32 @@ def figure_png(fig: go.Figure, width: int = 1100, height: int | None = None, sca
 def figure_html(fig: go.Figure) -> str:
     """A self-contained HTML page (plotly.js inlined, so it opens offline)."""
     return fig.to_html(include_plotlyjs=True, full_html=True)
+
+
+# -- KV cache plans ------------------------------------------------------------------------------------------------
+
+FULL_MARK, STREAM_MARK = "F", "S"
+
+
+def kv_plan_grid(scores: np.ndarray, full: np.ndarray, *, selected: tuple[int, int] | None = None,
+                 title: str | None = None) -> go.Figure:
+    """(L x H_kv) key/value heads coloured by a rule's group score; full ones marked F, streaming ones S; a cell
+    click reports (layer, key/value head)."""
+    full = np.asarray(full, dtype=bool)
+    finite = np.where(np.isfinite(scores), scores, np.nan)
+    hover = np.array([[f"layer {b} · key/value head {g}<br>{'full cache' if full[b, g] else 'streaming'}"
+                       f"<br>score {finite[b, g]:.3f}" for g in range(full.shape[1])] for b in range(full.shape[0])],
+                     dtype=object)
+    marks = np.where(full, FULL_MARK, STREAM_MARK)
+    return head_grid(finite, hover, "Viridis", selected=selected, marks=marks, title=title,
+                     colorbar={"title": "score"})
+
+
+def kv_bytes_figure(counted: Mapping[str, float], length: int) -> go.Figure:
+    """Two bars: the full cache's and the plan's KV bytes (MiB) at ``length`` tokens (``kvcache.tasks.bytes_at``)."""
+    mib = [counted["full_cache"] / 2**20, counted["plan"] / 2**20]
+    fig = go.Figure(go.Bar(x=["full cache", "plan"], y=mib, marker_color=[PRUNED_COLOR, KEPT_COLOR],
+                           text=[f"{v:.2f} MiB" for v in mib], textposition="auto", name="kv bytes"))
+    fig.update_layout(title=f"KV cache at {length:,} tokens: {counted['ratio']:.0%} of the full cache",
+                      yaxis_title="MiB", height=320, margin={"t": 50, "b": 30, "l": 50, "r": 10})
+    return fig

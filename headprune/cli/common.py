@@ -17,13 +17,15 @@ from tqdm import tqdm
 
 from ..data import check_source, parse_label_map
 from ..errors import DataError, HeadpruneError
+from ..evaluation.harness import user_code
 from ..evaluation.metrics import check_metric_name, headline, metric_set
-from ..limits import POSITIVE_INT
+from ..limits import POSITIVE_INT, ROWS_PER_BATCH, TOKENS_PER_ROW
 from ..model.device import DEVICES, parse_device_map
 from ..model.loading import LoadedModel
 from ..model.mask import HeadMask, dropped_layers
 from ..model.memory import DEFAULT_SHARE, MemoryBudgetError, parse_budget
 from ..model.task import REQUESTABLE
+from ..userinput import NAME_MAX, PATH_MAX, shown, user_path
 from ..workspace import DEFAULT_SELECT_SIZE, DefaultSize, Workspace
 
 MODEL_HELP = "'demo' or 'demo-lm' (built offline on first use), a model folder, or a Hugging Face model id"
@@ -46,11 +48,37 @@ def _count_or_all(text: str) -> int | None:
     return None if text.lower() == "all" else _count(text)
 
 
+def checked(limit, what: str):
+    """An argparse type: the value parsed as ``limit`` says (int or float) and inside it, else a message naming
+    the accepted range."""
+    def parse(text: str):
+        try:
+            value = int(text) if getattr(limit, "integer", False) else float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got '{text}'") from None
+        problem = limit(value)
+        if problem:
+            raise argparse.ArgumentTypeError(f"{what} {value!r} {problem}")
+        return value
+    return parse
+
+
 def _positive(text: str) -> int:
     value = _count(text)
     if value == 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'")
     return value
+
+
+def _bounded(limit):
+    """An argparse type: a positive integer (else "expected a positive integer") inside ``limit`` (else its
+    message, with the bound and why)."""
+    def parse(text: str) -> int:
+        value = _positive(text)
+        if limit(value):
+            raise argparse.ArgumentTypeError(f"{value} {limit(value)}")
+        return value
+    return parse
 
 
 def _budget(text: str) -> int | float:
@@ -119,8 +147,10 @@ def add_data_args(p: argparse.ArgumentParser, calib_size: int = 128, eval_size: 
                    help="accept matching the data's label names to the model's ids by their order")
     g.add_argument("--allow-overlap", action="store_true",
                    help="go on when roles read from different sources share rows (refused by default)")
-    g.add_argument("--max-length", type=_positive, default=128, help="truncate to this many tokens (default: 128)")
-    g.add_argument("--batch-size", type=_positive, default=32, help="examples per batch (default: 32)")
+    g.add_argument("--max-length", type=_bounded(TOKENS_PER_ROW), default=128,
+                   help="truncate to this many tokens (default: 128)")
+    g.add_argument("--batch-size", type=_bounded(ROWS_PER_BATCH), default=32,
+                   help="examples per batch (default: 32)")
     g.add_argument("--seed", type=int, default=0, help="seed of the calibration/evaluation split (default: 0)")
     g.add_argument("--device", default="auto", choices=DEVICES, help="where to run (default: auto = CUDA if present)")
 
@@ -131,13 +161,16 @@ def add_mask_arg(p: argparse.ArgumentParser, required: bool = False) -> None:
                         '{"pruned_groups": {"<layer>": [key/value group, ...]}} (0-based)')
 
 
-def check_args(args, *, calib: str | None = None, evaluation: str | None = None) -> None:
+def check_args(args, *, calib: str | None = None, evaluation: str | None = None,
+               extra_metrics: tuple[str, ...] = ()) -> None:
     """Refuse, before any model loads or bar is drawn, the settings this command cannot run with.
 
     ``calib`` / ``evaluation`` name what needs a calibration / evaluation example (e.g. "scoring"): a size the
     user set to 0 is refused then (limits: ``limits.POSITIVE_INT``; a default size still shrinks to fit small data,
     and a size larger than the data is refused by the split, which knows the row count). A ``--mask`` file must
-    exist and hold JSON (its heads are checked against the model once it is loaded). Raises HeadpruneError.
+    exist and hold JSON (its heads are checked against the model once it is loaded). ``extra_metrics``: the
+    ``--metric`` names this command reports beyond the tasks' (a trajectory's stability measures). Raises
+    HeadpruneError.
     """
     if calib is not None and POSITIVE_INT(int(args.calib_size)):
         raise DataError(f"--calib-size {args.calib_size}: {calib} needs at least one calibration example. Accepted: "
@@ -152,7 +185,7 @@ def check_args(args, *, calib: str | None = None, evaluation: str | None = None)
             try:
                 check_source(spec)
             except DataError as exc:
-                raise DataError(f"--{option.replace('_', '-')} {spec}: {exc}") from None
+                raise DataError(f"--{option.replace('_', '-')} {shown(spec)}: {exc}") from None
     sizes = {"calib": ("--calib-size", "calib_size"), "select": ("--select-size", "select_size"),
              "eval": ("--eval-size", "eval_size")}
     for role, (option, attr) in sizes.items():
@@ -165,8 +198,33 @@ def check_args(args, *, calib: str | None = None, evaluation: str | None = None)
         parse_label_map(args.label_map)
     if getattr(args, "mask", None):
         HeadMask.read_file(args.mask)
-    check_metric_name(getattr(args, "metric", None))
+    check_metric_name(getattr(args, "metric", None), extra_metrics)
     parse_device_map(getattr(args, "device_map", None))   # a bad placement costs no loading
+
+
+# options whose value is a path (or a data/model spec that may be one): checked as text by ``check_path_options``
+PATH_OPTIONS = ("model", "teacher", "data", "calib_data", "select_data", "eval_data", "train_data", "mask", "scores",
+                "out", "prune_out", "save_mask", "protocol", "parse_cache", "lm_eval_include")
+
+
+def check_path_options(args) -> None:
+    """Refuse, before any command runs, a path option the operating system could not even look up (a NUL byte, a
+    name over 255 bytes, a path over 4096 bytes: ``userinput.path_problem``), so no ``OSError`` reaches the user
+    from whichever function first asks the file system about it. ``cli.main`` calls this for every command."""
+    for dest in PATH_OPTIONS:
+        value = getattr(args, dest, None)
+        for text in [value] if isinstance(value, str) else value if isinstance(value, list) else []:
+            user_path(text, f"--{dest.replace('_', '-')}", f"a path of at most {PATH_MAX} bytes whose file and "
+                      f"folder names hold at most {NAME_MAX} bytes each (or a named model/data set, an hf: name)")
+
+
+def warn_user_code(spec) -> None:
+    """Say on stderr which Python files of the ``--lm-eval-include`` folders lm-eval will import (``!function``
+    helpers of the requested tasks' YAML): they run as code, with this process's rights."""
+    for task, files in user_code(spec).items():
+        print(f"note: lm-eval task {task} imports Python code from your include folder: "
+              f"{', '.join(map(str, files))} (its YAML's !function helpers); lm-evaluation-harness runs it as the "
+              "task's code. Read it first if you did not write it.", file=sys.stderr)
 
 
 def add_metric_arg(p: argparse.ArgumentParser, what: str) -> None:
@@ -176,13 +234,13 @@ def add_metric_arg(p: argparse.ArgumentParser, what: str) -> None:
                         "headline; GLUE data: GLUE's, e.g. mcc for CoLA, f1 for MRPC/QQP)")
 
 
-def metric_choice(args, ws: Workspace) -> tuple[tuple[str, ...], str]:
+def metric_choice(args, ws: Workspace, extra: tuple[str, ...] = ()) -> tuple[tuple[str, ...], str]:
     """(metric set, headline) of this run (``evaluation.metrics.metric_set`` / ``headline``) for the workspace's
     task (the data decides multiple choice) and its evaluation source (a GLUE name gives GLUE's set); ``--metric``
-    must be one the task reports."""
+    must be one the task reports (or of ``extra``, the command's own: a trajectory's stability measures)."""
     source = ws.sources.get("eval") or args.data
     return (metric_set(ws.task, source, n_classes=ws.n_classes),
-            headline(ws.task, getattr(args, "metric", None), source, n_classes=ws.n_classes))
+            headline(ws.task, getattr(args, "metric", None), source, n_classes=ws.n_classes, extra=extra))
 
 
 def check_positive(value: int | None, option: str, what: str, doc: str) -> None:
@@ -207,19 +265,20 @@ def mask_dropped_layers(args, loaded: LoadedModel) -> list[int]:
     return dropped_layers(HeadMask.read_file(args.mask), loaded.adapter.n_layers)
 
 
-def build_workspace(args, calib_size: int | None = None) -> Workspace:
+def build_workspace(args, calib_size: int | None = None, select_size: int | None = None) -> Workspace:
     """The ``Workspace`` the model and data arguments name (the dashboard builds the same object).
 
-    ``calib_size`` overrides ``--calib-size``; sizes left at their defaults shrink to fit small data. What was
-    chosen for the user (an hf: split, a label mapping by position or by --label-map) is printed on stderr as
-    ``note: ...``.
+    ``calib_size`` / ``select_size`` override ``--calib-size`` / ``--select-size`` (0: the role is not read);
+    sizes left at their defaults shrink to fit small data. What was chosen for the user (an hf: split, a label
+    mapping by position or by --label-map) is printed on stderr as ``note: ...``.
     """
     label_map = parse_label_map(args.label_map) if getattr(args, "label_map", None) else None
     ws = Workspace.build(args.model, args.data, calib_data=getattr(args, "calib_data", None),
                          select_data=getattr(args, "select_data", None), eval_data=getattr(args, "eval_data", None),
                          text_col=args.text_col, pair_col=args.pair_col, label_col=args.label_col,
                          calib_size=args.calib_size if calib_size is None else calib_size, eval_size=args.eval_size,
-                         select_size=getattr(args, "select_size", DefaultSize(DEFAULT_SELECT_SIZE)),
+                         select_size=getattr(args, "select_size", DefaultSize(DEFAULT_SELECT_SIZE))
+                         if select_size is None else select_size,
                          label_map=label_map, labels_by_position=getattr(args, "labels_by_position", False),
                          allow_untrained_head=getattr(args, "allow_untrained_head", False),
                          allow_overlap=getattr(args, "allow_overlap", False), max_length=args.max_length,
@@ -232,16 +291,17 @@ def build_workspace(args, calib_size: int | None = None) -> Workspace:
     return ws
 
 
-def load_model_and_data(args, calib_size: int | None = None) -> tuple[LoadedModel, list[dict], list[dict], dict]:
+def load_model_and_data(args, calib_size: int | None = None,
+                        select_size: int | None = None) -> tuple[LoadedModel, list[dict], list[dict], dict]:
     """Model, calibration batches, evaluation batches and an info dict, from the model and data arguments.
 
     ``info`` is ``Workspace.info()`` (model and data as given, the data roles under "roles") plus the TextDatasets
     under "calib_data", "select_data" and "eval_data" (raw texts, e.g. ``data.batch_texts(info["calib_data"],
     calib)``) and the selection batches under "select_batches" (where criteria make their choices:
-    ``ScoringContext(select=...)``); ``summary(info)`` drops those for printing. ``calib_size`` overrides
-    ``--calib-size``.
+    ``ScoringContext(select=...)``); ``summary(info)`` drops those for printing. ``calib_size`` /
+    ``select_size`` override ``--calib-size`` / ``--select-size`` (0: the role is not read).
     """
-    ws = build_workspace(args, calib_size)
+    ws = build_workspace(args, calib_size, select_size)
     info = {**ws.info(), "model": args.model, "data": args.data, "calib_data": ws.calib, "eval_data": ws.eval,
             "select_data": ws.select, "select_batches": ws.select_batches}
     return ws.loaded, ws.calib_batches, ws.eval_batches, info
@@ -255,10 +315,23 @@ def summary(info: dict) -> dict:
     return {k: v for k, v in info.items() if k not in UNPRINTED}
 
 
+OPEN_BARS: list = []   # bars drawn and not closed yet: an error or a cancel ends them first (end_bars)
+
+
+def end_bars() -> None:
+    """Close every bar still drawn, leaving it on its own line, so what is printed next (``error: ...``, a cancel's
+    summary) starts on a fresh line instead of being glued to an unfinished bar."""
+    while OPEN_BARS:
+        bar = OPEN_BARS.pop()
+        bar.leave = True   # a closed bar that is left ends its line; leave=False would only blank it
+        bar.close()
+
+
 def tqdm_progress(desc: str):
     """A ``progress(fraction, message)`` callback drawing a tqdm bar on stderr; it closes itself at 1.0."""
     bar = tqdm(total=1000, desc=desc, file=sys.stderr, leave=False, mininterval=0.5,
                bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}{postfix}]")
+    OPEN_BARS.append(bar)
 
     def update(fraction: float, message: str = "") -> None:
         bar.n = int(round(1000 * min(max(fraction, 0.0), 1.0)))
@@ -266,10 +339,12 @@ def tqdm_progress(desc: str):
         bar.refresh()
         if fraction >= 1.0:
             bar.close()
+            if bar in OPEN_BARS:
+                OPEN_BARS.remove(bar)
 
     return update
 
 
-__all__ = ["check_args", "check_positive", "add_model_args", "add_data_args", "add_mask_arg", "add_memory_arg",
-           "add_metric_arg", "metric_choice", "load_mask", "mask_dropped_layers",
-           "load_model_and_data", "build_workspace", "summary", "tqdm_progress"]
+__all__ = ["checked", "check_args", "check_path_options", "warn_user_code", "check_positive", "add_model_args",
+           "add_data_args", "add_mask_arg", "add_memory_arg", "add_metric_arg", "metric_choice", "load_mask",
+           "mask_dropped_layers", "load_model_and_data", "build_workspace", "summary", "tqdm_progress", "end_bars"]

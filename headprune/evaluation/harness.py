@@ -33,6 +33,7 @@ import copy
 import dataclasses
 import difflib
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,7 +44,7 @@ import torch
 
 from ..data.choice import split_context_continuation
 from ..errors import HeadpruneError
-from ..limits import NON_NEGATIVE_INT, POSITIVE_INT
+from ..limits import ROWS_PER_BATCH, Interval
 from ..model.arch import adapt
 from ..model.gating import gate_heads
 from ..model.hooks import structural_copy
@@ -66,6 +67,13 @@ Progress = Callable[[float, str], None]
 
 class HarnessError(HeadpruneError):
     """An lm-eval task that does not exist or cannot load, a bad harness setting, lm-eval missing."""
+
+
+# how lm-eval runs: limits declared once, each with the reason it stops there (CLI options and [lm_eval] alike)
+LIMIT = Interval(1, 10_000_000, integer=True, why="examples per task; no task has more documents")
+FEWSHOT = Interval(0, 1000, integer=True, why="examples written into every prompt")
+BOOTSTRAP = Interval(0, 1_000_000, integer=True, why="lm-eval's resamples for a standard error (its own default "
+                                                      "is 100,000)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,10 +107,10 @@ class HarnessSpec:
             raise HarnessError("--lm-eval needs at least one task name, e.g. --lm-eval hellaswag,arc_easy or "
                                "--lm-eval demo_lm_cloze (the offline demo task).")
         object.__setattr__(self, "tasks", tasks)
-        for value, option, limit in ((self.limit, "--lm-eval-limit", POSITIVE_INT),
-                                     (self.num_fewshot, "--num-fewshot", NON_NEGATIVE_INT),
-                                     (self.batch_size, "--batch-size", POSITIVE_INT),
-                                     (self.bootstrap_iters, "bootstrap_iters", NON_NEGATIVE_INT)):
+        for value, option, limit in ((self.limit, "--lm-eval-limit", LIMIT),
+                                     (self.num_fewshot, "--num-fewshot", FEWSHOT),
+                                     (self.batch_size, "--batch-size", ROWS_PER_BATCH),
+                                     (self.bootstrap_iters, "bootstrap_iters", BOOTSTRAP)):
             if value is not None and limit(value):
                 raise HarnessError(f"{option} {value}: {limit(value)}.")
         if self.apply not in APPLY:
@@ -138,6 +146,48 @@ def lm_eval_version() -> str:
     except ImportError as exc:
         raise HarnessError(INSTALL_HELP) from exc
     return versions("lm_eval")["lm_eval"] or getattr(lm_eval, "__version__", "unknown")
+
+
+FUNCTION_TAG = re.compile(r"!function\s+([A-Za-z_][\w.]*)\.[A-Za-z_]\w*")   # "!function utils.process_docs"
+TASK_KEY = re.compile(r"^(task|group):\s*['\"]?([^'\"\s#]+)", re.MULTILINE)
+INCLUDE_KEY = re.compile(r"^include:\s*['\"]?([^'\"\s#]+)", re.MULTILINE)
+
+
+def _yaml_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return ""   # lm-eval names an unreadable YAML itself when it indexes the folder
+
+
+def user_code(spec: HarnessSpec) -> dict[str, list[Path]]:
+    """The Python files lm-evaluation-harness will import for ``spec``'s tasks from the user's ``include``
+    folders: ``!function module.name`` helpers named in the YAML of a requested task or group (searched
+    recursively, as lm-eval does), and in the YAML files those ``include:``. {task or group name: [.py files]}.
+
+    lm-eval imports a helper by design, as the task's code; headprune only reads the YAML text (nothing runs here),
+    so the CLI can say which files will run before it resolves the tasks. The shipped tasks hold no helper.
+    """
+    wanted, found = set(spec.tasks), {}
+    for folder in spec.include:
+        for yaml in sorted(Path(folder).expanduser().rglob("*.y*ml")):
+            text = _yaml_text(yaml)
+            names = {name for _, name in TASK_KEY.findall(text)} & wanted
+            if not names:
+                continue
+            files, chain, seen = [], [yaml], set()
+            while chain:   # the YAML and the files it includes (relative to it), each read once
+                current = chain.pop()
+                if current in seen:
+                    continue
+                seen.add(current)
+                body = _yaml_text(current)
+                files += [current.parent / f"{module.replace('.', '/')}.py" for module in FUNCTION_TAG.findall(body)]
+                chain += [current.parent / inc for inc in INCLUDE_KEY.findall(body)]
+            for name in names:
+                found.setdefault(name, [])
+                found[name] += [f for f in dict.fromkeys(files) if f not in found[name]]
+    return {name: files for name, files in found.items() if files}
 
 
 def resolve_tasks(spec: HarnessSpec, check_data: bool = True) -> Tasks:

@@ -2,7 +2,8 @@
 
 Cells (one result each, resumable one by one):
     sparsities    per model: one ``dense`` cell (the model as loaded, sparsity 0), then
-                  criterion x sparsity (> 0) x repeat
+                  criterion x sparsity (> 0) x repeat; a criterion in its tolerance mode (sap-cf with
+                  ``sparsity = 0``: ``CriterionEntry.tolerance_cells``) one ``tolerance`` cell per repeat instead
     trajectory    per model: criterion x order (inverse or not) x repeat; the random criterion runs one order
                   ``max(repeats, random_boxes)`` times (independent random orders: the boxes per ratio)
 
@@ -24,19 +25,21 @@ from pathlib import Path
 
 import torch
 from accelerate import init_empty_weights
-from transformers import AutoConfig
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from ..criteria import get
 from ..estimate import LIVE_STEP, forward_rate, human_duration
 from ..evaluation.harness import metric_tasks
 from ..model.arch import adapt
 from ..model.loading import NAMED_MODELS, auto_class, model_source_kind
+from ..model.memory import plan_for
 from ..scoring import ScoringContext
-from .cells import scored_params
+from .cells import check_roles, harness_tasks, scored_params
 from .spec import ModelEntry, Protocol
 
 DENSE = "dense"
 RECOVERED = "recovered"
+TOLERANCE = "tolerance"   # a criterion's own stop (sap-cf's tolerance mode): the sparsity is its result
 TRAIN_PASS = 3   # a training step's row-pass: forward + backward, about three forwards
 TEACHER_PASS = 1   # distillation adds the frozen teacher's forward to every training row
 TIMED_PARAMETERS = 600_000_000   # larger local models are not instantiated to time a pass (memory)
@@ -57,30 +60,34 @@ class Cell:
     sparsity: float | None = None    # sparsity cells
     inverse: bool | None = None      # trajectory cells
     recovered: bool = False          # the sparsity cell's model trained back ([recovery]): its own cell
+    tolerance: bool = False          # a criterion's tolerance mode (sap-cf, sparsity = 0): its own sparsity
 
     @property
     def kind(self) -> str:
         if self.recovered:
             return RECOVERED
+        if self.tolerance:
+            return TOLERANCE
         return DENSE if self.criterion == DENSE else ("trajectory" if self.inverse is not None else "sparsity")
 
     @property
     def pruned(self) -> Cell:
-        """The sparsity cell a recovered cell starts from (its mask)."""
-        return Cell(self.model, self.criterion, self.repeat, sparsity=self.sparsity)
+        """The sparsity (or tolerance) cell a recovered cell starts from (its mask)."""
+        return Cell(self.model, self.criterion, self.repeat, sparsity=self.sparsity, tolerance=self.tolerance)
 
     @property
     def key(self) -> str:
-        """A stable file name: ``demo__his__s0.25__r1``."""
-        what = f"s{self.sparsity:g}" if self.sparsity is not None else \
+        """A stable file name: ``demo__his__s0.25__r1`` (a tolerance cell: ``demo__sap-cf__tol__r0``)."""
+        what = f"s{self.sparsity:g}" if self.sparsity is not None else "tol" if self.tolerance else \
             ("inverse" if self.inverse else "order") if self.inverse is not None else ""
         parts = [self.model, self.criterion] + ([what] if what else []) + [f"r{self.repeat}"]
         return "__".join(slug(p) for p in parts + (["recovered"] if self.recovered else []))
 
     def to_json(self) -> dict:
         out = {**asdict(self), "kind": self.kind, "key": self.key}
-        if not self.recovered:   # a pruned cell's record (and fingerprint) as before recovery existed
-            del out["recovered"]
+        for flag in ("recovered", "tolerance"):   # a cell's record (and fingerprint) as before the flag existed
+            if not out[flag]:
+                del out[flag]
         return out
 
 
@@ -92,7 +99,10 @@ def expand(protocol: Protocol) -> list[Cell]:
             cells.append(Cell(entry.name, DENSE))
             stages = (False, True) if protocol.recovery is not None else (False,)
             cells += [Cell(entry.name, c.label, r, sparsity=s, recovered=rec) for r in range(protocol.repeats)
-                      for c in protocol.criteria for s in protocol.sparsities if s > 0 for rec in stages]
+                      for c in protocol.criteria if not c.tolerance_cells
+                      for s in protocol.sparsities if s > 0 for rec in stages]
+            cells += [Cell(entry.name, c.label, r, recovered=rec, tolerance=True) for r in range(protocol.repeats)
+                      for c in protocol.criteria if c.tolerance_cells for rec in stages]
             continue
         traj = protocol.trajectory
         for c in protocol.criteria:
@@ -197,16 +207,21 @@ def plan_model(protocol: Protocol, entry: ModelEntry, cells: list[Cell], time_it
     plan = ModelPlan(entry, kind, cells)
     plan.lm_eval_runs = lm_eval_runs(protocol, entry, cells)
     config = local_config(entry.model)
+    # what a run checks before its first cell, checked here too: lm-eval task names (offline), the data files and
+    # the role sizes against their sources' rows
+    harness_tasks(protocol, entry, check_data=False)
+    notes = check_roles(entry, None if config is None else auto_class(config) is AutoModelForCausalLM)
+    plan.note = "; ".join(notes)
     if config is None:
-        plan.note = (f"the estimate needs the model: {entry.model} is a hub id whose config is not on this machine "
-                     "(the run downloads it)")
+        plan.note = "; ".join([f"the estimate needs the model: {entry.model} is a hub id whose config is not on "
+                               "this machine (the run downloads it)"] + notes)
         return plan
     shell = shell_model(config)
     adapter = adapt(shell)
     plan.grid = adapter.grid_shape
     n_calib, n_eval = _rows(entry.data["calib"]), _rows(entry.data["eval"])
     if n_calib is None or n_eval is None or ("train" in entry.data and entry.data["train"].size is None):
-        plan.note = "a role of every row ('all'): its size is known once the data is read"
+        plan.note = "; ".join(["a role of every row ('all'): its size is known once the data is read"] + notes)
         return plan
     ctx = ScoringContext(shell, [], memory_budget=protocol.memory_budget)
     units = plan.grid[0] * plan.grid[1]
@@ -225,7 +240,7 @@ def plan_model(protocol: Protocol, entry: ModelEntry, cells: list[Cell], time_it
         crit = entry_c.criterion if entry_c is not None else get("random")   # random boxes
         params = scored_params(crit, dict(entry_c.params) if entry_c else {}, cell.sparsity)
         work = crit.work(ctx, crit.resolve_params(params))
-        if cell.kind == "sparsity":
+        if cell.kind in ("sparsity", TOLERANCE):
             key = (cell.criterion, cell.repeat, params.get("sparsity") if "sparsity" in crit.params else None)
             calib += 0 if key in scored else n_calib * work
             scored.add(key)
@@ -240,11 +255,14 @@ def plan_model(protocol: Protocol, entry: ModelEntry, cells: list[Cell], time_it
     if not time_it:
         return plan
     if n_params > TIMED_PARAMETERS:
-        plan.note = f"seconds need the model ({n_params / 1e9:.1f} B parameters are not instantiated to time a pass)"
+        plan.note = "; ".join([f"seconds need the model ({n_params / 1e9:.1f} B parameters are not instantiated to "
+                               "time a pass)"] + notes)
         return plan
     length = min(protocol.max_length, getattr(config, "max_position_embeddings", None) or protocol.max_length)
-    per_token, _ = forward_rate(_random_init(config), [_synthetic_batch(protocol.batch_size, length)],
-                                protocol.memory_budget)
+    model = _random_init(config)
+    # the rows the memory planner lets one forward hold, never batch_size x length tokens built first
+    rows = plan_for(model, protocol.memory_budget).rows("forward", length, protocol.batch_size)
+    per_token, _ = forward_rate(model, [_synthetic_batch(rows, length)], protocol.memory_budget)
     plan.seconds = per_token * length * (calib + evals + plan.train_row_passes)
     return plan
 
