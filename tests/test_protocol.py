@@ -559,8 +559,10 @@ def test_a_recovery_table_is_checked_key_by_key_with_its_line():
 def test_the_recovery_demo_plan_counts_its_training_rows():
     protocol = Protocol.read(PROTOCOLS / "demo_recover.toml")
     (p,) = plan(protocol, time_it=False)
-    # 3 criteria x 2 sparsities recovered, 1 epoch over 256 rows, a training row-pass counted as 3 forwards
-    assert len(p.cells) == 1 + 3 * 2 * 2 and p.train_row_passes == 3 * 2 * 256 * 3
+    # 3 criteria x 2 sparsities recovered, 1 epoch over 2,048 rows, a training row-pass counted as 3 forwards and
+    # the default recipe's teacher (distillation) as one more
+    assert protocol.recovery.distill
+    assert len(p.cells) == 1 + 3 * 2 * 2 and p.train_row_passes == 3 * 2 * 2048 * (3 + 1)
     assert "training row-passes" in p.text()
 
 
@@ -631,8 +633,8 @@ def test_recovered_cells_evaluate_the_recovered_model_and_resume(tmp_path, tiny_
 
 
 def test_the_recovery_demo_protocol_runs_from_the_command_line(tmp_path, capsys, demo_model_path):
-    """protocols/demo_recover.toml end to end: HIS, SAP and random at 50 % and 75 %, each recovered (a few
-    minutes on 2 shared cores)."""
+    """protocols/demo_recover.toml end to end: HIS, SAP and random at 50 % and 75 %, each recovered with the
+    default recipe (64 steps a cell: several minutes on 2 idle cores, much more on a loaded box)."""
     out = tmp_path / "demo_recover"
     assert main(["run", str(PROTOCOLS / "demo_recover.toml"), "--out", str(out), "--no-plots"]) == 0
     captured = capsys.readouterr()
@@ -647,5 +649,5 @@ def test_the_recovery_demo_protocol_runs_from_the_command_line(tmp_path, capsys,
     run = json.loads((out / "run.json").read_text())
     for cell in run["cells"].values():
         if cell["kind"] == "recovered":
-            assert cell["recovery"]["train"]["size"] == 256 and cell["recovery"]["train"]["source"] == "demo:train"
-            assert cell["roles"]["eval"]["size"] == 200
+            assert cell["recovery"]["train"]["size"] == 2048 and cell["recovery"]["train"]["source"] == "demo:train"
+            assert cell["roles"]["eval"]["size"] == 1000

@@ -41,6 +41,7 @@ DENSE = "dense"
 RECOVERED = "recovered"
 TOLERANCE = "tolerance"   # a criterion's own stop (sap-cf's tolerance mode): the sparsity is its result
 TRAIN_PASS = 3   # a training step's row-pass: forward + backward, about three forwards
+TEACHER_PASS = 1   # distillation adds the frozen teacher's forward to every training row
 TIMED_PARAMETERS = 600_000_000   # larger local models are not instantiated to time a pass (memory)
 
 
@@ -151,7 +152,7 @@ class ModelPlan:
     grid: tuple[int, int] | None = None
     calib_row_passes: float | None = None
     eval_row_passes: float | None = None
-    train_row_passes: float = 0.0    # recovery ([recovery]): rows x epochs x TRAIN_PASS
+    train_row_passes: float = 0.0    # recovery: rows x epochs x (TRAIN_PASS + TEACHER_PASS if distilled)
     seconds: float | None = None
     note: str = ""
     lm_eval_runs: int = 0            # lm-eval metrics: one run per cell (per reported ratio and start: trajectory)
@@ -231,7 +232,8 @@ def plan_model(protocol: Protocol, entry: ModelEntry, cells: list[Cell], time_it
             evals += n_eval
             continue
         if cell.kind == RECOVERED:   # train, then dense / pruned / recovered evaluated (recover_cell)
-            plan.train_row_passes += TRAIN_PASS * recovery_rows(protocol, entry)
+            per_row = TRAIN_PASS + (TEACHER_PASS if protocol.recovery.distill else 0)
+            plan.train_row_passes += per_row * recovery_rows(protocol, entry)
             evals += 3 * n_eval
             continue
         entry_c = next((c for c in protocol.criteria if c.label == cell.criterion), None)
