@@ -55,6 +55,7 @@ from ..provenance import versions
 from ..scoring import ScoreMap
 from ..trajectory import Trajectory, run_trajectory, spread
 from . import cells as adapter
+from .claims import Claims
 from .plan import DENSE, RECOVERED, TRAIN_PASS, Cell, expand, lm_eval_runs, recovery_rows, slug
 from .spec import CriterionEntry, ModelEntry, Protocol
 
@@ -133,10 +134,11 @@ class Runner:
     """Runs the cells of one protocol into ``out`` (module doc); :func:`run_protocol` is the entry point."""
 
     def __init__(self, protocol: Protocol, out: Path, memory_budget=None, progress: Progress | None = None,
-                 say: Say | None = None):
+                 say: Say | None = None, claims: Claims | None = None):
         self.protocol, self.out = protocol, out
+        self.claims = claims   # None: this process alone writes ``out`` (no claim files)
         self.budget = memory_budget if memory_budget is not None else protocol.memory_budget
-        self.progress, self.say = progress, say or (lambda text: None)
+        self.progress, self.say, self.tell = progress, say or (lambda text: None), say is not None
         self.cells = expand(protocol)
         self.done = 0
         self.computed: list[str] = []
@@ -156,11 +158,28 @@ class Runner:
 
     def run(self) -> None:
         for entry in self.protocol.models:
-            mine = [c for c in self.cells if c.model == entry.name]
-            pending = [c for c in mine if finished(self.out, self.protocol, entry, c) is None]
-            self.done += len(mine) - len(pending)
-            if pending:
-                self.run_model(entry, pending)
+            self.run_cells(entry, [c for c in self.cells if c.model == entry.name])
+
+    def run_cells(self, entry: ModelEntry, mine: list[Cell]) -> None:
+        """The cells of ``mine`` (one model's) not finished in ``out`` nor held by a live claim of another worker;
+        the model loads only when one is left."""
+        pending = [c for c in mine if finished(self.out, self.protocol, entry, c) is None]
+        self.done += len(mine) - len(pending)
+        if self.claims is not None:
+            pending = [c for c in pending if self.claims.free(c.key)]
+        if pending:
+            self.run_model(entry, pending)
+
+    def begin(self, entry: ModelEntry, cell: Cell) -> bool:
+        """Whether this process computes ``cell`` now: claimed (when claims are kept) and still unfinished."""
+        if self.claims is None:
+            return True
+        if not self.claims.take(cell.key):
+            return False
+        if finished(self.out, self.protocol, entry, cell) is not None:   # finished while it was unclaimed
+            self.claims.release(cell.key)
+            return False
+        return True
 
     def run_model(self, entry: ModelEntry, pending: list[Cell]) -> None:
         loaded = adapter.load_model_for(entry, self.protocol)
@@ -173,26 +192,43 @@ class Runner:
         told = False
         for repeat, cells in sorted(by_repeat.items()):
             data = adapter.build_workspace_for(loaded, entry, self.protocol, repeat, data_cache)
-            if not told:   # the expected duration, on its own line before the bar starts
+            if not told and self.tell:   # the expected duration, on its own line before the bar starts
                 self.say(f"estimate: {self.estimate(loaded, entry, data, pending)}")
                 told = True
             seed = self.protocol.seed + repeat
             contexts: dict[int, object] = {}   # one per seed: criteria sharing a pass share it through its cache
             scores: dict[tuple, ScoreMap] = {}
             for cell in cells:
-                start = time.perf_counter()
-                dropped: list[int] = []
-                if cell.kind == DENSE:
-                    result = {"metrics": adapter.evaluate_cell(loaded, data, None, self.sub(cell), self.budget,
-                                                               harness=self.harness[entry.name])}
-                    mask = None
-                elif cell.kind == RECOVERED:
-                    result, mask, dropped = self.recovered_cell(loaded, entry, data, data_cache, cell)
-                elif cell.kind == "sparsity":
-                    result, mask, dropped = self.sparsity_cell(loaded, entry, data, contexts, cell, scores, seed)
-                else:
-                    result, mask = self.trajectory_cell(loaded, entry, data, cell, seed)
-                self.write_cell(entry, cell, data, result, mask, seed, time.perf_counter() - start, dropped)
+                if not self.begin(entry, cell):
+                    continue
+                try:
+                    self.compute(loaded, entry, data, data_cache, contexts, scores, cell, seed)
+                except Exception as exc:   # recorded on the cell (failed/<key>.json), then raised to the scheduler
+                    if self.claims is not None:
+                        self.claims.fail(cell.key, exc)
+                    raise
+                finally:   # a cancel (KeyboardInterrupt, Cancelled) gives the claim back too
+                    if self.claims is not None:
+                        self.claims.release(cell.key)
+
+    def compute(self, loaded, entry: ModelEntry, data, data_cache: dict, contexts: dict, scores: dict, cell: Cell,
+                seed: int) -> None:
+        """One cell computed and written (its kind's method, then :meth:`write_cell`)."""
+        start = time.perf_counter()
+        dropped: list[int] = []
+        if cell.kind == DENSE:
+            result = {"metrics": adapter.evaluate_cell(loaded, data, None, self.sub(cell), self.budget,
+                                                       harness=self.harness[entry.name])}
+            mask = None
+        elif cell.kind == RECOVERED:
+            result, mask, dropped = self.recovered_cell(loaded, entry, data, data_cache, cell)
+        elif cell.kind == "sparsity":
+            result, mask, dropped = self.sparsity_cell(loaded, entry, data, contexts, cell, scores, seed)
+        else:
+            result, mask = self.trajectory_cell(loaded, entry, data, cell, seed)
+        self.write_cell(entry, cell, data, result, mask, seed, time.perf_counter() - start, dropped)
+        if self.claims is not None:
+            self.claims.succeeded(cell.key)
 
     def sparsity_cell(self, loaded, entry: ModelEntry, data, contexts: dict, cell: Cell, scores: dict,
                       seed: int) -> tuple[dict, HeadMask, list[int]]:
@@ -472,12 +508,28 @@ def run_protocol(protocol: Protocol, out: str | Path, *, memory_budget=None, pro
         stale.unlink()
     runner = Runner(protocol, out, memory_budget, progress, say)
     runner.run()
+    return merge(protocol, out, computed=runner.computed, memory_budget=runner.budget, plots=plots)
+
+
+def records_of(protocol: Protocol, out: Path) -> dict[str, dict | None]:
+    """Every cell's record in ``out`` by key (None: not finished for this protocol's settings)."""
+    entries = {m.name: m for m in protocol.models}
+    return {cell.key: finished(out, protocol, entries[cell.model], cell) for cell in expand(protocol)}
+
+
+def merge(protocol: Protocol, out: str | Path, *, computed: list[str] = (), memory_budget=None,
+          plots: bool = True) -> dict:
+    """The table, plots and run file of ``out`` built from its cell files (``headprune run --merge``): the end of
+    every run, and a step of its own after shards computed the cells elsewhere. A cell missing is a RunError."""
+    out = Path(out)
     if (out / "recovery").is_dir() and not any((out / "recovery").iterdir()):   # every recovered cell written
         (out / "recovery").rmdir()
-    records = {}
-    for cell in runner.cells:
-        entry = next(m for m in protocol.models if m.name == cell.model)
-        records[cell.key] = finished(out, protocol, entry, cell)
+    records = records_of(protocol, out)
+    missing = [key for key, record in records.items() if record is None]
+    if missing:
+        raise RunError(f"{out} lacks {len(missing)} of the protocol's {len(records)} cells ({', '.join(missing[:3])}"
+                       f"{', ...' if len(missing) > 3 else ''}): run the protocol (or its missing shards) to finish "
+                       f"them; `headprune run --status {out}` shows which are running, failed or pending.")
     rows, columns = table_rows(protocol, records)
     write_atomic(out / "results.csv", table_csv(rows, columns))
     write_atomic(out / "results.md", table_markdown(rows, columns))
@@ -486,12 +538,13 @@ def run_protocol(protocol: Protocol, out: str | Path, *, memory_budget=None, pro
     models = [{**m.to_json(), **first[m.name]["loaded"], "roles": first[m.name]["roles"]} for m in protocol.models]
     run = {"protocol": {"source": protocol.source, "sha256": protocol.hash, "text": protocol.text,
                         "parameters": protocol.to_json()},
-           "models": models, "versions": versions(), "memory_budget": runner.budget,
-           "computed": runner.computed, "reused": [k for k in records if k not in runner.computed],
+           "models": models, "versions": versions(),
+           "memory_budget": memory_budget if memory_budget is not None else protocol.memory_budget,
+           "computed": list(computed), "reused": [k for k in records if k not in computed],
            "table": {"columns": columns, "rows": [{k: list(v) if isinstance(v, tuple) else v for k, v in r.items()}
                                                    for r in rows]},
            "plots": plotted, "notes": notes, "cells": records}
     write_atomic(out / "run.json", _json(run))
     return {"out": str(out), "results": ["results.csv", "results.md"], "plots": plotted, "notes": notes,
-            "cells": len(records), "computed": len(runner.computed), "reused": len(run["reused"]),
+            "cells": len(records), "computed": len(computed), "reused": len(run["reused"]),
             "table": table_markdown(rows, columns)}

@@ -1,0 +1,240 @@
+"""Scheduling a protocol's cells: units and shards, a shard's run under claims, and the folder's status.
+
+    unit     the cells that share a model load and a repeat's rows and scores: one model x repeat group (the
+             dense cell goes with repeat 0), split by criterion when it holds more than ``MAX_UNIT`` cells (a
+             criterion's sparsities, and a recovered cell with its pruned one, always stay together)
+    shard    ``I/N``: units dealt to N shards, largest first, each to the shard with the fewest cells so far (ties:
+             the lower shard). A shard is a pure function of the protocol (its sha256: the cells), the results
+             folder (what is already there is read, not recomputed) and its id: any scheduler can run it
+             (``headprune run P.toml --out D --shard I/N``; a SLURM array passes ``$SLURM_ARRAY_TASK_ID``)
+    run      :func:`run_shard` computes a shard's unfinished cells, each claimed first (``claims``: two workers never
+             compute one cell); ``steal`` goes on to the other shards' cells once its own are done (a pool's
+             workers: a slow or dead worker's cells are picked up). A unit that raises has its failure recorded on
+             its cells (``failed/<key>.json``) and the next unit goes on.
+    status   :func:`status`: every cell done / running (holder, since) / failed (its error, last lines) / pending,
+             and the time left from the measured cell times
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import Cancelled
+from .claims import Claims, read_claim, read_failure, write_failure
+from .plan import Cell, expand
+from .run import RunError, Runner, finished, write_atomic
+from .spec import Protocol
+
+MAX_UNIT = 16   # cells of one model x repeat group before it is split by criterion (one shard's share stays small)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """Cells computed together: one model load, one repeat's rows, shared scores."""
+
+    model: str
+    repeat: int
+    cells: tuple[Cell, ...]
+
+    @property
+    def name(self) -> str:
+        criteria = sorted({c.criterion for c in self.cells})
+        return f"{self.model} r{self.repeat} ({', '.join(criteria)}: {len(self.cells)} cells)"
+
+
+def units(protocol: Protocol) -> list[Unit]:
+    """The protocol's units in run order (module doc)."""
+    groups: dict[tuple[str, int], list[Cell]] = {}
+    for cell in expand(protocol):
+        groups.setdefault((cell.model, cell.repeat), []).append(cell)
+    out = []
+    for (model, repeat), cells in groups.items():
+        if len(cells) <= MAX_UNIT:
+            out.append(Unit(model, repeat, tuple(cells)))
+            continue
+        by_criterion: dict[str, list[Cell]] = {}
+        for cell in cells:
+            by_criterion.setdefault(cell.criterion, []).append(cell)
+        chunk: list[Cell] = []
+        for same in by_criterion.values():
+            if chunk and len(chunk) + len(same) > MAX_UNIT:
+                out.append(Unit(model, repeat, tuple(chunk)))
+                chunk = []
+            chunk += same
+        out.append(Unit(model, repeat, tuple(chunk)))
+    return out
+
+
+def deal(protocol: Protocol, n: int) -> list[list[Unit]]:
+    """The units of each of ``n`` shards (module doc); a shard may be empty when there are fewer units."""
+    all_units = units(protocol)
+    order = sorted(range(len(all_units)), key=lambda i: (-len(all_units[i].cells), i))
+    shards: list[list[int]] = [[] for _ in range(n)]
+    load = [0] * n
+    for i in order:
+        target = min(range(n), key=lambda s: (load[s], s))
+        shards[target].append(i)
+        load[target] += len(all_units[i].cells)
+    return [[all_units[i] for i in sorted(members)] for members in shards]   # run order within a shard
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"I/N"`` as (I, N), 0 <= I < N (a SLURM array's task ids run from 0)."""
+    accepted = "Accepted: I/N with whole numbers 0 <= I < N, e.g. --shard 0/4 ... --shard 3/4 (a SLURM array " \
+               "passes --shard $SLURM_ARRAY_TASK_ID/N)."
+    parts = str(text).split("/")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise RunError(f"--shard {text!r} is not I/N. {accepted}")
+    i, n = int(parts[0]), int(parts[1])
+    if n < 1 or not 0 <= i < n:
+        raise RunError(f"--shard {text}: shard {i} of {n} does not exist. {accepted}")
+    return i, n
+
+
+Progress = Callable[[float, str], None]
+
+
+def run_shard(protocol: Protocol, out: str | Path, shard: tuple[int, int] = (0, 1), *, steal: bool = False,
+              memory_budget=None, progress: Progress | None = None, say: Callable[[str], None] | None = None,
+              worker: str = "") -> dict:
+    """Compute shard ``I/N`` of ``protocol`` into ``out`` under claims (module doc); no table (:func:`merge`).
+
+    Returns {"computed": keys written by this call, "failed": {unit name: error} of the units that raised}."""
+    out = Path(out)
+    i, n = shard
+    mine = deal(protocol, n)
+    order = mine[i] + ([u for s in range(1, n) for u in mine[(i + s) % n]] if steal else [])
+    claims = Claims(out, worker)
+    runner = Runner(protocol, out, memory_budget, progress, say, claims=claims)
+    entries = {m.name: m for m in protocol.models}
+    failed: dict[str, str] = {}
+    try:
+        for unit in order:
+            try:
+                runner.run_cells(entries[unit.model], list(unit.cells))
+            except (Cancelled, KeyboardInterrupt):
+                raise
+            except Exception as exc:   # a unit that raises: recorded on its cells; the other units go on
+                failed[unit.name] = f"{type(exc).__name__}: {exc}"
+                for cell in unit.cells:   # the failing cell has its traceback already; the rest are marked
+                    if finished(out, protocol, entries[unit.model], cell) is None and \
+                            read_failure(out, cell.key) is None and claims.free(cell.key):
+                        write_failure(out, cell.key, {"key": cell.key, "worker": claims.worker, "time": time.time(),
+                                                      "error": f"not computed: its unit failed ({failed[unit.name]})",
+                                                      "tail": []})
+    finally:
+        claims.close()
+    return {"computed": list(runner.computed), "failed": failed}
+
+
+# -- status ----------------------------------------------------------------------------------------------------
+
+@dataclass
+class CellState:
+    key: str
+    state: str                 # done | running | failed | pending
+    detail: str = ""           # running: holder and since; failed: the error
+    seconds: float | None = None   # done: measured; others: None
+    tail: tuple[str, ...] = ()  # failed: the last lines of the traceback
+    kind: str = ""
+
+
+def status(protocol: Protocol, out: str | Path, now: float | None = None) -> dict:
+    """Every cell of ``protocol`` in ``out``: done / running / failed / pending (module doc), with counts and the
+    time left: the mean measured seconds of each kind's done cells x its cells left, divided by the workers
+    running now (at least one); None until a cell of that kind is done."""
+    out = Path(out)
+    now = time.time() if now is None else now
+    entries = {m.name: m for m in protocol.models}
+    states = []
+    for cell in expand(protocol):
+        record = finished(out, protocol, entries[cell.model], cell)
+        if record is not None:
+            states.append(CellState(cell.key, "done", seconds=float(record.get("seconds", 0.0)), kind=cell.kind))
+            continue
+        holder = read_claim(out, cell.key)
+        gone = holder.stale(now) if holder is not None else None
+        if holder is not None and gone is None:
+            states.append(CellState(cell.key, "running", f"{holder.worker} (pid {holder.pid} on {holder.host}) "
+                                    f"since {time.strftime('%H:%M:%S', time.localtime(holder.since))}, "
+                                    f"{now - holder.since:.0f} s", kind=cell.kind))
+            continue
+        failure = read_failure(out, cell.key)
+        if gone is not None:
+            states.append(CellState(cell.key, "failed", f"its worker is gone: {gone}", kind=cell.kind))
+        elif failure is not None:
+            states.append(CellState(cell.key, "failed", failure["error"], tail=tuple(failure.get("tail", ())),
+                                    kind=cell.kind))
+        else:
+            states.append(CellState(cell.key, "pending", kind=cell.kind))
+    counts = {s: sum(c.state == s for c in states) for s in ("done", "running", "failed", "pending")}
+    workers = {c.detail.split(" since ")[0] for c in states if c.state == "running"}
+    left = 0.0
+    for kind in {c.kind for c in states}:
+        times = [c.seconds for c in states if c.kind == kind and c.state == "done"]
+        todo = sum(c.kind == kind and c.state != "done" for c in states)
+        if todo and not times:
+            left = None
+            break
+        left += todo * (sum(times) / len(times) if times else 0.0)
+    return {"out": str(out), "protocol": protocol.source, "cells": len(states), "counts": counts,
+            "workers": len(workers), "seconds_left": None if left is None else left / max(len(workers), 1),
+            "states": states}
+
+
+def status_text(report: dict) -> str:
+    """The status as lines for a terminal (``headprune run --status``)."""
+    c = report["counts"]
+    left = report["seconds_left"]
+    lines = [f"{report['out']}: {report['cells']} cells of {report['protocol']}: {c['done']} done, "
+             f"{c['running']} running, {c['failed']} failed, {c['pending']} pending; time left "
+             + ("unknown (no cell of each kind done yet)" if left is None else
+                f"about {left:.0f} s with {max(report['workers'], 1)} worker(s)")]
+    for state in ("running", "failed", "pending"):
+        for s in report["states"]:
+            if s.state == state:
+                lines.append(f"  {state:8s} {s.key}" + (f": {s.detail}" if s.detail else ""))
+                lines += [f"           | {line}" for line in s.tail[-5:]]
+    return "\n".join(lines)
+
+
+def worker_name(shard: tuple[int, int]) -> str:
+    return f"shard {shard[0]}/{shard[1]} pid {os.getpid()}"
+
+
+# -- the folder's protocol -------------------------------------------------------------------------------------
+
+PROTOCOL_FILE = "protocol.json"   # the protocol file a results folder belongs to: {"source", "sha256", "text"}
+
+
+def folder_protocol(out: str | Path) -> Protocol:
+    """The protocol ``out`` was written by (``--status D``, ``--merge D`` need no protocol argument)."""
+    path = Path(out) / PROTOCOL_FILE
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        text, source = record["text"], record["source"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise RunError(f"{out} is not a protocol's results folder ({PROTOCOL_FILE} is missing or unreadable). "
+                       "Accepted: the --out folder of a `headprune run`.") from None
+    return Protocol.parse(text, source, default_name=Path(source).stem)
+
+
+def own_folder(out: str | Path, protocol: Protocol) -> None:
+    """Record that ``out`` holds ``protocol``'s cells, or refuse a folder written by a different protocol file
+    (another sha256), before any model loads: the workers of one run must all compute the same file's cells."""
+    out = Path(out)
+    path = out / PROTOCOL_FILE
+    if path.exists():
+        theirs = folder_protocol(out)
+        if theirs.hash != protocol.hash:
+            raise RunError(f"{out} holds the results of a different protocol file ({theirs.source}, sha256 "
+                           f"{theirs.hash[:12]}; this is {protocol.source}, {protocol.hash[:12]}). Accepted: the "
+                           "folder of this protocol, or a new --out folder.")
+        return
+    write_atomic(path, json.dumps({"source": protocol.source, "sha256": protocol.hash, "text": protocol.text},
+                                  indent=1))
