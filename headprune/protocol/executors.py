@@ -24,6 +24,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
 from ..errors import Cancelled
 from .run import RunError, merge
 from .schedule import run_shard, units, worker_name
@@ -55,8 +57,6 @@ def shard_job(text: str, source: str, out: str, shard: tuple[int, int], *, steal
     os.environ.update(env or {})
     if log is not None:   # a pool's worker: the pool's stop (SIGTERM) gives the claims back (run_shard's finally);
         signal.signal(signal.SIGTERM, _raise_interrupt)   # submitit keeps its own SIGTERM handling (requeue)
-    import torch
-
     if threads is not None:
         torch.set_num_threads(threads)
     protocol = Protocol.parse(text, source, default_name=Path(source).stem)
@@ -74,8 +74,6 @@ def visible_gpus() -> list[str]:
     listed = os.environ.get("CUDA_VISIBLE_DEVICES")
     if listed is not None:
         return [g.strip() for g in listed.split(",") if g.strip() and g.strip() != "-1"]
-    import torch
-
     return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
 
 
@@ -161,7 +159,7 @@ def slurm_executor(out: Path, *, partition: str | None = None, gpus_per_task: in
                    array_parallelism: int | None = None, extra: dict | None = None):
     """A ``submitit.SlurmExecutor`` writing its job folders under ``out/jobs``, with the given sbatch options
     (``extra``: any other ``#SBATCH --KEY=VALUE``)."""
-    import submitit
+    import submitit  # the cluster extra: optional (check_slurm said so before any model loads)
 
     executor = submitit.SlurmExecutor(folder=out / "jobs" / "%A_%a")
     given = {"partition": partition, "gpus_per_task": gpus_per_task, "cpus_per_task": cpus_per_task, "mem": mem,

@@ -379,11 +379,16 @@ def eval_of(record: dict) -> tuple[str | None, int | None]:
     return record["roles"]["eval"]["source"], record.get("n_classes")
 
 
-def table_rows(protocol: Protocol, records: dict[str, dict]) -> tuple[list[dict], list[str]]:
-    """(rows, metric columns): one row per (model, criterion, sparsity or order) with (mean, sd, n) per metric."""
+def table_rows(protocol: Protocol, records: dict[str, dict | None]) -> tuple[list[dict], list[str]]:
+    """(rows, metric columns): one row per (model, criterion, sparsity or order) with (mean, sd, n) per metric.
+
+    A cell without a record (None or absent: not finished yet) is left out, so a folder being filled gives the
+    rows of the cells landed so far ("repeats" says how many); a row none of whose cells landed is not shown."""
     rows, columns = [], []
     groups: dict[tuple, list[dict]] = {}
     for cell in expand(protocol):
+        if records.get(cell.key) is None:
+            continue
         where = cell.sparsity if cell.inverse is None else ("inverse" if cell.inverse else "order")
         stage = RECOVERED if cell.recovered else (DENSE if cell.kind == DENSE else "pruned")
         groups.setdefault((cell.model, cell.criterion, where, stage), []).append(records[cell.key])

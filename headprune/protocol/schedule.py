@@ -27,7 +27,7 @@ from pathlib import Path
 from ..errors import Cancelled
 from .claims import Claims, read_claim, read_failure, write_failure
 from .plan import Cell, expand
-from .run import RunError, Runner, finished, write_atomic
+from .run import KEYS, RunError, Runner, finished, records_of, table_rows, write_atomic
 from .spec import Protocol
 
 MAX_UNIT = 16   # cells of one model x repeat group before it is split by criterion (one shard's share stays small)
@@ -185,6 +185,20 @@ def status(protocol: Protocol, out: str | Path, now: float | None = None) -> dic
     return {"out": str(out), "protocol": protocol.source, "cells": len(states), "counts": counts,
             "workers": len(workers), "seconds_left": None if left is None else left / max(len(workers), 1),
             "states": states}
+
+
+def landed_table(protocol: Protocol, out: str | Path) -> list[dict]:
+    """The table of the cells landed in ``out`` so far (``table_rows`` on the finished cells), one dict of display
+    strings per row: the key columns, "repeats" landed, and each metric as "mean ± sd" (the dashboard's view)."""
+    rows, columns = table_rows(protocol, records_of(protocol, Path(out)))
+    shown = []
+    for row in rows:
+        line = {k: row[k] for k in KEYS if k in row}
+        for c in columns:
+            mean, sd = row.get(c) or (None, None)
+            line[c] = "" if mean is None else f"{mean:.4f}" + ("" if sd is None else f" ± {sd:.4f}")
+        shown.append(line)
+    return shown
 
 
 def status_text(report: dict) -> str:
