@@ -74,10 +74,20 @@ def test_units_and_shards_partition_the_cells_and_keep_a_criterion_together(tmp_
             assert where.setdefault((c.criterion, c.repeat), i) == i
     large = len(cells) > 2 * MAX_UNIT
     assert (len(all_units) > 2) == large   # 2 repeats: split only when a repeat holds more than MAX_UNIT cells
-    for n in (1, 2, 3, 7):
+    criteria = len({(c.criterion, c.repeat) for c in cells if c.kind != "dense"})
+    for n in (1, 2, 3, 7, 40):
         shards = deal(protocol, n)
-        assert len(shards) == n and sorted(u.name for s in shards for u in s) == sorted(u.name for u in all_units)
+        dealt = [c.key for s in shards for u in s for c in u.cells]
+        assert len(shards) == n and sorted(dealt) == sorted(c.key for c in cells)   # each cell in one shard
         assert deal(Protocol.parse(protocol.text, "elsewhere.toml"), n) == shards   # the text decides, not the path
+        # more shards than model x repeat groups: units halved by criterion, so min(n, criterion groups) work
+        assert sum(1 for s in shards if s) == min(n, criteria)
+        owner = {}
+        for j, s in enumerate(shards):   # a criterion's cells of a repeat still share one shard (one scoring)
+            for u in s:
+                for c in u.cells:
+                    if c.kind != "dense":
+                        assert owner.setdefault((c.criterion, c.repeat), j) == j
         loads = [sum(len(u.cells) for u in s) for s in shards]
         assert max(loads) - min(loads) <= max(len(u.cells) for u in all_units)
 

@@ -2,7 +2,8 @@
 
     unit     the cells that share a model load and a repeat's rows and scores: one model x repeat group (the
              dense cell goes with repeat 0), split by criterion when it holds more than ``MAX_UNIT`` cells (a
-             criterion's sparsities, and a recovered cell with its pruned one, always stay together)
+             criterion's sparsities, and a recovered cell with its pruned one, always stay together); halved
+             by criterion again while there are fewer units than shards
     shard    ``I/N``: units dealt to N shards, largest first, each to the shard with the fewest cells so far (ties:
              the lower shard). A shard is a pure function of the protocol (its sha256: the cells), the results
              folder (what is already there is read, not recomputed) and its id: any scheduler can run it
@@ -47,32 +48,55 @@ class Unit:
         return f"{self.model} r{self.repeat} ({', '.join(criteria)}: {len(self.cells)} cells)"
 
 
-def units(protocol: Protocol) -> list[Unit]:
-    """The protocol's units in run order (module doc)."""
+def units(protocol: Protocol, at_least: int = 1) -> list[Unit]:
+    """The protocol's units in run order (module doc). With fewer than ``at_least`` units (more workers than
+    model x repeat groups), the largest unit of several criteria is halved by criterion until there are enough
+    or none is left to halve: each half loads the model again, but the workers are not left idle."""
     groups: dict[tuple[str, int], list[Cell]] = {}
     for cell in expand(protocol):
         groups.setdefault((cell.model, cell.repeat), []).append(cell)
     out = []
     for (model, repeat), cells in groups.items():
-        if len(cells) <= MAX_UNIT:
-            out.append(Unit(model, repeat, tuple(cells)))
-            continue
-        by_criterion: dict[str, list[Cell]] = {}
-        for cell in cells:
-            by_criterion.setdefault(cell.criterion, []).append(cell)
-        chunk: list[Cell] = []
-        for same in by_criterion.values():
-            if chunk and len(chunk) + len(same) > MAX_UNIT:
-                out.append(Unit(model, repeat, tuple(chunk)))
-                chunk = []
-            chunk += same
-        out.append(Unit(model, repeat, tuple(chunk)))
+        out += [Unit(model, repeat, chunk) for chunk in split(cells, MAX_UNIT)]
+    while len(out) < at_least:
+        halvable = [i for i, u in enumerate(out) if len(by_criterion(u.cells)) > 1]
+        if not halvable:
+            break
+        i = max(halvable, key=lambda j: (len(out[j].cells), -j))
+        unit = out[i]
+        out[i:i + 1] = [Unit(unit.model, unit.repeat, chunk)
+                        for chunk in split(list(unit.cells), (len(unit.cells) + 1) // 2)]
     return out
+
+
+def by_criterion(cells) -> list[list[Cell]]:
+    """``cells`` grouped by criterion in order of appearance (the dense cell goes with the criterion after it)."""
+    groups: dict[str, list[Cell]] = {}
+    for cell in cells:
+        groups.setdefault(cell.criterion, []).append(cell)
+    merged = list(groups.values())
+    if len(merged) > 1 and merged[0][0].kind == "dense":   # alone it would load a model for one evaluation
+        merged[1] = merged[0] + merged[1]
+        del merged[0]
+    return merged
+
+
+def split(cells: list[Cell], most: int) -> list[tuple[Cell, ...]]:
+    """``cells`` in chunks of whole criteria, a chunk closed once the next criterion would take it past ``most``."""
+    if len(cells) <= most:
+        return [tuple(cells)]
+    chunks, chunk = [], []
+    for same in by_criterion(cells):
+        if chunk and len(chunk) + len(same) > most:
+            chunks.append(tuple(chunk))
+            chunk = []
+        chunk += same
+    return chunks + [tuple(chunk)]
 
 
 def deal(protocol: Protocol, n: int) -> list[list[Unit]]:
     """The units of each of ``n`` shards (module doc); a shard may be empty when there are fewer units."""
-    all_units = units(protocol)
+    all_units = units(protocol, at_least=n)
     order = sorted(range(len(all_units)), key=lambda i: (-len(all_units[i].cells), i))
     shards: list[list[int]] = [[] for _ in range(n)]
     load = [0] * n
