@@ -306,3 +306,31 @@ def test_slurm_flags_reach_the_sbatch_parameters(tmp_path, monkeypatch):
             params["array_parallelism"]) == ("gpu", 1, 8, "32G", 90, 4)
     assert params["additional_parameters"] == {"account": "abc"}
     assert str(executor.folder).startswith(str(tmp_path / "jobs"))
+
+
+def test_a_unit_that_raises_is_recorded_on_its_cells_and_the_other_units_go_on(tmp_path, tiny_model_dir, tiny_csv,
+                                                                               monkeypatch, one_thread):
+    protocol = tiny(tmp_path, tiny_model_dir, tiny_csv)
+    out = tmp_path / "out"
+    keys = [c.key for c in expand(protocol)]
+    original = adapter.load_model_for
+    repeat_1 = {c.key for c in expand(protocol) if c.repeat == 1}
+
+    calls = []
+
+    def broken_on_repeat_1(entry, protocol):   # the second unit (repeat 1) cannot load its model
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError("the node's disk went away")
+        return original(entry, protocol)
+
+    monkeypatch.setattr(adapter, "load_model_for", broken_on_repeat_1)
+    result = run_shard(protocol, out, (0, 1))
+    assert sorted(result["computed"]) == sorted(k for k in keys if k not in repeat_1)
+    assert list(result["failed"].values()) == ["OSError: the node's disk went away"]
+    report = status(protocol, out)
+    failed = {s.key: s.detail for s in report["states"] if s.state == "failed"}
+    assert set(failed) == repeat_1 and all("the node's disk went away" in d for d in failed.values())
+    monkeypatch.setattr(adapter, "load_model_for", original)
+    assert sorted(run_shard(protocol, out, (0, 1))["computed"]) == sorted(repeat_1)   # the rerun: only those
+    assert status(protocol, out)["counts"] == {"done": len(keys), "running": 0, "failed": 0, "pending": 0}
