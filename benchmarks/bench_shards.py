@@ -53,8 +53,10 @@ def load() -> str:
 def cli(args: list[str]) -> float:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "headprune.cli", *args], check=True, env=env, cwd=ROOT,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    done = subprocess.run([sys.executable, "-m", "headprune", *args], env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True)
+    if done.returncode:
+        raise SystemExit(f"headprune {' '.join(args)} failed:\n{done.stderr[-3000:]}")
     return time.perf_counter() - start
 
 
