@@ -18,6 +18,7 @@ import numpy as np
 
 from headprune.criteria import ScoreMap, get
 from headprune.criteria.onepass import score_many
+from headprune.criteria.sap import OWN_SELECTION
 from headprune.data import align_labels, load_data
 from headprune.estimate import TimeEstimate, estimate_evaluation, estimate_scoring, estimate_trajectory, forward_rate
 from headprune.evaluation.live import LiveEvaluator
@@ -78,18 +79,20 @@ def criterion_mask(ws: DashboardWorkspace, sd: SessionData, name: str, ratio: fl
     with the k that performs best there on the selection batches (the selection role, else the calibration
     batches: ``ScoringContext.selection``), plus the heads of the layers its whole-layer rule drops (the live
     evaluation gates heads; ``evaluate`` and ``prune`` on the exported mask also skip those layers' feed-forward
-    blocks)."""
-    if name == "sap" and 0 < ratio < 1:
-        params = sd.params.get("sap") or {}
+    blocks). SAP+CF likewise: CF's own selection at that target (its pool re-ranked by measured degradation,
+    ``headprune.criteria.sap`` §3.4)."""
+    if name in OWN_SELECTION and 0 < ratio < 1:
+        params = sd.params.get(name) or {}
 
         def compute():
             ctx = ws.scoring_context(sd.mask, progress, memory_budget())
             with compute_slot():
-                return get("sap").per_sparsity(ctx, [ratio], params)[ratio]
+                return get(name).per_sparsity(ctx, [ratio], params)[ratio]
 
-        result = store().memo(f"sap-level|{ws.key}|{params_key(params)}|{mask_key(sd.mask)}|{ratio}", compute)
+        result = store().memo(f"{name}-level|{ws.key}|{params_key(params)}|{mask_key(sd.mask)}|{ratio}", compute)
         dropped = f", layers {result.dropped_layers} dropped" if result.dropped_layers else ""
-        return result.mask & sd.mask, f"SAP at {ratio:.0%} (best k = {result.k}{dropped})"
+        label = "SAP+CF" if name == "sap-cf" else "SAP"
+        return result.mask & sd.mask, f"{label} at {ratio:.0%} (best k = {result.k}{dropped})"
     score = compute_scores(ws, [name], sd.params, sd.mask, progress)[name]
     keep = score.kept_at(ratio)
     return HeadMask(np.where(keep, sd.mask.values.numpy(), 0.0)), f"pruned the lowest {ratio:.0%} by {name}"
@@ -341,9 +344,9 @@ def run_trajectories(ws: DashboardWorkspace, names: list[str], params: dict[str,
 
 def chart_metrics(ws: DashboardWorkspace, trajectories: list[Trajectory]) -> list[str]:
     """Metrics a trajectory chart can show, headline first: the workspace's metric set, then whatever else every
-    run recorded with a direction (loss, macro-F1, ...)."""
+    run recorded with a direction (loss, macro-F1, agreement; stability where every run measured it)."""
     recorded = [m for m in (trajectories[0].dense if trajectories else {}) if m in HIGHER_IS_BETTER
-                and all(m in t.dense for t in trajectories)]
+                and all(t.dense.get(m) is not None for t in trajectories)]
     return list(dict.fromkeys([ws.metric, *ws.metric_set(), *recorded]))
 
 

@@ -24,7 +24,8 @@ CLOSED = ("both", "left", "right", "neither")
 class Interval:
     """Numbers between ``low`` and ``high`` (None: unbounded on that side); ``closed`` says which ends belong.
 
-    ``integer=True`` accepts integers only (bools are never numbers here).
+    ``integer=True`` accepts integers only (bools are never numbers here). Infinities and NaN are refused on
+    every side, bounded or not ("must be a finite number > 0").
     """
 
     low: float | None
@@ -39,7 +40,10 @@ class Interval:
     def __call__(self, value) -> str | None:
         """None when ``value`` lies in the interval, else a message saying what is accepted."""
         kind = Integral if self.integer else Real
-        valid = not isinstance(value, bool) and isinstance(value, kind) and (self.integer or not math.isnan(value))
+        valid = not isinstance(value, bool) and isinstance(value, kind)
+        if valid and not self.integer and not math.isfinite(value):
+            # inf passes an unbounded side's comparison, NaN fails every one silently: name both
+            return f"must be a finite number {self.describe().removeprefix('a number')}".rstrip()
         if valid:
             low_ok = self.low is None or (value >= self.low if self.closed in ("both", "left") else value > self.low)
             high_ok = self.high is None or \

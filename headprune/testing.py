@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import textwrap
 from pathlib import Path
 
 import torch
@@ -206,3 +208,35 @@ def save_tiny_modern(arch: str, out_dir, corpus: list[str], id2label: dict[int, 
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def write_choice_task(folder, name: str, questions) -> Path:
+    """A local lm-eval multiple-choice task ``name`` in ``folder``: its rows as JSONL (``questions``: (context,
+    choices, answer index) triples) and a YAML reading them by absolute path (offline, from any directory)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = folder / f"{name}.jsonl"
+    rows.write_text("".join(json.dumps({"context": c, "choices": ch, "answer": a}) + "\n" for c, ch, a in questions),
+                    encoding="utf-8")
+    (folder / f"{name}.yaml").write_text(textwrap.dedent(f"""\
+        task: {name}
+        dataset_path: json
+        dataset_kwargs:
+          data_files:
+            test: {rows}
+        test_split: test
+        output_type: multiple_choice
+        doc_to_text: context
+        doc_to_choice: choices
+        doc_to_target: answer
+        metric_list:
+          - metric: acc
+            aggregation: mean
+            higher_is_better: true
+          - metric: acc_norm
+            aggregation: mean
+            higher_is_better: true
+        metadata:
+          version: 2.0
+        """), encoding="utf-8")
+    return folder

@@ -6,10 +6,12 @@ on the starting model and re-scoring a dynamic one (Greedy-Gnorm) on the pruned 
 re-scoring runs on a private copy cut physically (``surgery.prune_model``), so every later pass is cheaper.
 Evaluation runs incrementally (``live.LiveEvaluator``: only the layers from the first changed one are
 recomputed), on the caller's model under the mask, which is never touched. After each step it records the
-heads removed, the metrics on the evaluation split, stability if asked (see ``stability``), the parameters
-left and the elapsed time. It stops at a budget (a ratio of the grid, or a head count), at a tolerance (after
-the first step whose metric falls below τ × the dense metric -- or, for a lower-is-better metric such as
-perplexity, rises above the dense metric / τ), or when every head is gone.
+heads removed, the metrics on the evaluation split (with ``agreement``, the % of rows answered as the starting
+model answers them, for a classifier or multiple choice), stability if asked (``evaluation.stability``; also
+under the step's metrics, so ``metric="stability"`` reads it), the parameters left and the elapsed time. It
+stops at a budget (a ratio of the grid, or a head count), at a tolerance (after the first step whose metric falls
+below τ × the dense metric -- or, for a lower-is-better metric such as perplexity, rises above the dense metric /
+τ), or when every head is gone.
 
 Where the tolerance reads its metric: a stopping rule is a choice, so with selection batches (``select``, the
 selection role: ``--select-data`` or a disjoint selection share of ``--data``) it reads the headline metric on
@@ -213,6 +215,8 @@ class TrajectorySpec:
     stability   also record stability under a seeded word drop of probability ``drop``
     independent random only: at each step a fresh random mask with that many heads (seed (seed, step)), not the
                 prefix of one random order: the independent draws the random baseline's boxes need
+    track_select  record the selection rows' metrics after every step (as a tolerance does) without stopping on
+                them: a stopping rule applied afterwards, e.g. a protocol's ``mask_tolerance``
     metric_set  the metrics the task reports, recorded in the run file (``evaluation.metrics.metric_set``)
     model_name, data_info   provenance written into the run file
     """
@@ -229,6 +233,7 @@ class TrajectorySpec:
     stability: bool = False
     drop: float = DEFAULT_DROP
     independent: bool = False
+    track_select: bool = False
     metric_set: Sequence[str] = ()
     model_name: str = ""
     data_info: Mapping = field(default_factory=dict)
@@ -249,6 +254,9 @@ class TrajectorySpec:
                                   "perplexity).")
         if self.metric is not None and self.metric not in TOLERANCE_METRICS:
             raise TrajectoryError(f"Metric '{self.metric}' is unknown; accepted: {', '.join(TOLERANCE_METRICS)}.")
+        if self.metric == "stability" and not self.stability:
+            raise TrajectoryError("Metric 'stability' is measured under a seeded word drop: ask for it too "
+                                  "(stability=True, the CLI's --stability).")
         if DROP(self.drop):
             raise TrajectoryError(f"Word-drop probability {DROP(self.drop)}; got {self.drop!r}.")
         if self.independent and self.criterion.name != "random":
@@ -309,7 +317,7 @@ def run_trajectory(spec: TrajectorySpec, model, calib: list[dict], eval_batches:
     clean = evaluator.fork() if evaluator is not None else LiveEvaluator(model, eval_batches, mask)
     # the stop's own evaluator on the selection rows (module doc), moved with the same mask as ``clean``
     chooser = None
-    if select and spec.tolerance is not None:
+    if select and (spec.tolerance is not None or spec.track_select):
         gather_labels(select)
         chooser = select_evaluator.fork() if select_evaluator is not None else LiveEvaluator(model, select, mask)
     if spec.stability and clean.task.is_lm and not clean.task.is_choice:
@@ -320,14 +328,25 @@ def run_trajectory(spec: TrajectorySpec, model, calib: list[dict], eval_batches:
         noisy = LiveEvaluator(model, perturbed if perturbed is not None else
                               perturb_batches(eval_batches, tokenizer, spec.drop, spec.seed), mask)
 
+    # agreement (evaluation.stability): % of evaluation rows answered as the starting model answers them, recorded
+    # at every step of a task that gives answers (a classifier's class, a picked choice)
+    answering = clean.task.is_choice or (not clean.task.is_lm and clean.task.kind != "regression")
+    reference: list = []
+
     def measure() -> tuple[dict, float | None]:
         metrics = clean.set_mask(mask).to_dict()
+        if answering:
+            answers = clean.predictions()
+            reference[:] = reference or [answers]
+            metrics["agreement"] = same_answers(reference[0], answers)
         if not spec.stability:
             return metrics, None
         noisy.set_mask(mask)
         if clean.task.is_choice:
-            return metrics, same_answers(clean.predictions(), noisy.predictions())
-        return metrics, agreement(clean.logits, noisy.logits)
+            kept = same_answers(clean.predictions(), noisy.predictions())
+        else:
+            kept = agreement(clean.logits, noisy.logits)
+        return {**metrics, "stability": kept}, kept
 
     dense, dense_stability = measure()
     metric = _metric_of(spec, dense)

@@ -214,10 +214,17 @@ def mask_figure(mask: HeadMask, *, tied: bool = False, selected: tuple[int, int]
     """The head mask as a grid: kept heads coloured (by ``score``'s rank when given), pruned heads grey with ✕.
 
     ``cut``: heads absent from the loaded weights (0 in ``cut``; a model saved by ``prune``); they are drawn
-    pruned whatever ``mask`` says, and their hover says they cannot be restored.
+    pruned whatever ``mask`` says, and their hover says they cannot be restored. A tuned mask's scaled heads
+    (``HeadMask.scales``, Kwon et al.'s mask tuning) show "×s" in their cell and their scale in the hover.
     """
     absent = np.zeros(mask.shape, bool) if cut is None else (cut.values == 0).numpy()
     pruned = (mask.values == 0).numpy() | absent
+    scales = np.ones(mask.shape) if mask.scales is None else mask.scales.numpy()
+    scaled = ~pruned & (scales != 1)
+    if scaled.any():   # "×s" after any role mark of the cell
+        base = np.full(mask.shape, "", dtype=object) if marks is None else np.asarray(marks, dtype=object)
+        marks = np.array([[f"{m} ×{s:.2f}".strip() if on else m for m, s, on in zip(*row)]
+                          for row in zip(base, scales, scaled)], dtype=object)
     hover = np.empty(mask.shape, dtype=object)
     for (layer, head), gone in np.ndenumerate(pruned):
         where = _where(layer, tied, layer_kinds)
@@ -225,8 +232,10 @@ def mask_figure(mask: HeadMask, *, tied: bool = False, selected: tuple[int, int]
         if absent[layer, head]:
             state = "cut out of the loaded model — cannot be restored"
         extra = ""
+        if scaled[layer, head]:
+            extra = f"<br>scaled ×{scales[layer, head]:.4g} (tuned mask: output multiplied by this)"
         if score is not None and not np.isnan(score.scores[layer, head]):
-            extra = f"<br>{score.criterion} = {score.scores[layer, head]:.4g}"
+            extra += f"<br>{score.criterion} = {score.scores[layer, head]:.4g}"
         hover[layer, head] = f"{where}, head {head}<br>{state}{extra}"
     if score is not None:
         z = score.importance()

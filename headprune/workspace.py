@@ -55,7 +55,7 @@ from .data import (
 )
 from .errors import DataError
 from .evaluation.metrics import HIGHER_IS_BETTER, Metrics, evaluate, headline, metric_set
-from .model.loading import LoadedModel, check_head, load_model
+from .model.loading import LoadedModel, check_head, is_lm_config, load_model, peek_config
 from .model.mask import HeadMask
 from .model.task import Task, TaskError, is_language_model, task_of
 from .scoring import ScoringContext
@@ -265,7 +265,12 @@ class Workspace:
         The workspace. Metrics of the model as loaded are computed on first use (:meth:`dense`).
         """
         report = progress or (lambda f, m: None)
-        sources = {"eval": eval_data or data, "calib": calib_data or data, "select": select_data or data}
+        wanted = {"eval": eval_size, "calib": calib_size, "select": select_size}
+        # a role is read only when it takes rows (a size of 0 reads nothing, so it cannot be refused for rows it
+        # never uses); evaluation's source is always read: it is the workspace's dataset
+        sources = {role: spec for role, spec in
+                   (("eval", eval_data or data), ("calib", calib_data or data), ("select", select_data or data))
+                   if role == "eval" or wanted[role] is None or int(wanted[role]) > 0}
         # multiple-choice data is read and checked BEFORE the model loads (a bad row costs no loading); a run's
         # roles are all multiple choice or none (a question set cannot calibrate a classifier, nor text a question)
         choices = {spec: load_data(spec, context_col=context_col, choices_col=choices_col, answer_col=answer_col)
@@ -275,6 +280,11 @@ class Workspace:
             mixed = ", ".join(f"{role} {spec}" for role, spec in sources.items() if spec not in choices)
             raise DataError(f"Some data roles are multiple-choice data ({', '.join(choices)}) and some are not "
                             f"({mixed}). Accepted: every role multiple choice, or none.")
+        columns = {"text_col": text_col, "pair_col": pair_col, "label_col": label_col}
+        # the other roles are read, split and compared BEFORE the weights load too, when the config says which
+        # task the rows are for (rows shared by two sources cost no loading); the check runs again on aligned rows
+        hint = None if choices else _task_hint(model, task, loaded)
+        raw = _read_roles(sources, wanted, columns, hint, seed, allow_overlap) if hint else {}
         if loaded is None:
             report(0.05, f"loading model {model}")
             loaded = load_model(model, device, device_map=device_map, dtype=dtype)
@@ -286,26 +296,25 @@ class Workspace:
                 raise TaskError(f"{data} is multiple-choice data, scored by a causal language model's log-likelihood "
                                 f"of each choice, but {model} is a classifier. Load a *ForCausalLM model.")
             kind = Task("multiple_choice")
-        wanted = {"eval": eval_size, "calib": calib_size, "select": select_size}
         parts: dict[str, TextDataset] = {}
         datasets: dict[str, TextDataset] = {}
         notes: list[str] = []
-        for spec in dict.fromkeys(sources[r] for r in ROLE_ORDER):
-            roles = [r for r in ROLE_ORDER if sources[r] == spec]
-            # the strictest role that takes rows decides an hf: split: evaluation never reads train unless named
-            # (a command that evaluates nothing, e.g. score with --eval-size 0, may score on train)
-            deciding = [r for r in roles if wanted[r] is None or int(wanted[r]) > 0] or roles
+        for spec in dict.fromkeys(sources[r] for r in ROLE_ORDER if r in sources):
+            roles = [r for r in ROLE_ORDER if sources.get(r) == spec]
             if spec in choices:
                 ds = choices[spec]
             else:
-                ds = align_labels(load_data(spec, text_col, pair_col, label_col,
-                                            task="lm" if kind.is_lm else "classification", role=deciding[0]),
-                                  loaded.id2label, label_map=label_map, by_position=labels_by_position)
+                read_as = "lm" if kind.is_lm else "classification"
+                rows = raw[spec] if hint == read_as else \
+                    load_data(spec, **columns, task=read_as, role=_deciding_role(roles, wanted))
+                ds = align_labels(rows, loaded.id2label, label_map=label_map, by_position=labels_by_position)
                 if ds.task == "multiple_choice":   # hf: data whose columns fit a field map, read as the LM's data
                     kind = Task("multiple_choice")
             datasets[spec] = ds
-            notes += [n for n in (_split_note(spec, ds, deciding), label_note(ds)) if n]
+            notes += [n for n in (_split_note(spec, ds, _deciding_roles(roles, wanted)), label_note(ds)) if n]
             parts.update(split_roles(ds, fit_role_sizes(len(ds), {r: wanted[r] for r in roles}), seed))
+        for role in ROLE_ORDER:   # a role that reads nothing: empty, and recorded without a source
+            parts.setdefault(role, TextDataset([], task=parts["eval"].task))
         check_overlap(parts, sources, allow_overlap)
         report(0.8, "tokenizing")
         batches = {role: make_batches(loaded.tokenizer, part, batch_size, max_length) if len(part) else []
@@ -412,7 +421,8 @@ class Workspace:
         Hugging Face split read or None, "size": rows, "seed": seed of the draw, "hash": sha256 of the rows}}."""
         parts = {"calib": self.calib, "select": self.select, "eval": self.eval}
         return {role: data_role(TextDataset([]) if part is None else part,
-                                self.sources.get(role, part.source if part is not None else None), self.seed)
+                                self.sources.get(role, part.source if part is not None and len(part) else None),
+                                self.seed)
                 for role, part in parts.items()}
 
     def label_mapping(self) -> dict | None:
@@ -428,6 +438,42 @@ class Workspace:
                 "eval_size": len(self.eval), "select_size": len(self.select) if self.select is not None else 0,
                 "seed": self.seed, "device": str(self.loaded.device), "roles": self.roles(),
                 "labels": self.label_mapping(), "untrained_head": self.loaded.untrained_head}
+
+
+def _deciding_roles(roles: list[str], wanted: dict) -> list[str]:
+    """The roles whose needs decide an hf: split for a source read by ``roles``: those that take rows (evaluation
+    never reads train unless named; a command that evaluates nothing, e.g. score with --eval-size 0, may score on
+    train)."""
+    return [r for r in roles if wanted[r] is None or int(wanted[r]) > 0] or roles
+
+
+def _deciding_role(roles: list[str], wanted: dict) -> str:
+    return _deciding_roles(roles, wanted)[0]
+
+
+def _task_hint(model: str, task: str | None, loaded: LoadedModel | None) -> str | None:
+    """"lm" or "classification": what the rows will be read for, known before the weights load (the requested
+    task, the loaded model, or the model's config.json), or None when only loading it can tell (a hub id)."""
+    if task in ("lm", "classification"):
+        return task
+    if loaded is not None:
+        return "lm" if is_language_model(loaded.model) else "classification"
+    config = peek_config(model)
+    return None if config is None else "lm" if is_lm_config(config) else "classification"
+
+
+def _read_roles(sources: dict[str, str], wanted: dict, columns: dict, hint: str, seed: int,
+                allow_overlap: bool) -> dict[str, TextDataset]:
+    """Every source the roles read, as loaded (labels raw), with the roles' rows split and compared as
+    ``Workspace.build`` will split them: shared rows (same text, pair and raw label) are refused here, before any
+    weights load. Returns {spec: rows}."""
+    raw, parts = {}, {}
+    for spec in dict.fromkeys(sources[r] for r in ROLE_ORDER if r in sources):
+        roles = [r for r in ROLE_ORDER if sources.get(r) == spec]
+        raw[spec] = load_data(spec, **columns, task=hint, role=_deciding_role(roles, wanted))
+        parts.update(split_roles(raw[spec], fit_role_sizes(len(raw[spec]), {r: wanted[r] for r in roles}), seed))
+    check_overlap(parts, sources, allow_overlap)
+    return raw
 
 
 def _split_note(spec: str, ds: TextDataset, roles: list[str]) -> str | None:

@@ -3,14 +3,12 @@
 
 from __future__ import annotations
 
-import json
 import random
-import textwrap
 
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
-from headprune.testing import tiny_decoder
+from headprune.testing import tiny_decoder, write_choice_task
 
 WORDS = ("the a film story book song was is felt seemed good bad long short dull bright warm cold slow quick and but "
          "very quite not never love war peace cats dogs rain sun night day end start it all nothing liked").split()
@@ -38,31 +36,7 @@ def word_tokenizer(end_token: bool = False) -> PreTrainedTokenizerFast:
 
 def write_task(folder, name: str = "tiny_mc", questions=QUESTIONS):
     """A local lm-eval multiple-choice task: JSONL rows and a YAML reading them by absolute path."""
-    folder.mkdir(parents=True, exist_ok=True)
-    rows = folder / f"{name}.jsonl"
-    rows.write_text("".join(json.dumps({"context": c, "choices": ch, "answer": a}) + "\n" for c, ch, a in questions))
-    (folder / f"{name}.yaml").write_text(textwrap.dedent(f"""\
-        task: {name}
-        dataset_path: json
-        dataset_kwargs:
-          data_files:
-            test: {rows}
-        test_split: test
-        output_type: multiple_choice
-        doc_to_text: context
-        doc_to_choice: choices
-        doc_to_target: answer
-        metric_list:
-          - metric: acc
-            aggregation: mean
-            higher_is_better: true
-          - metric: acc_norm
-            aggregation: mean
-            higher_is_better: true
-        metadata:
-          version: 2.0
-        """))
-    return folder
+    return write_choice_task(folder, name, questions)
 
 
 def random_questions(n: int, seed: int = 0) -> list[tuple[str, list[str], int]]:

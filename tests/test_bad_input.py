@@ -139,7 +139,7 @@ def cli_cases(root, model, data) -> dict[str, tuple[list, str]]:
         "max length 1": (["evaluate", *md, "--max-length", "1"], r"max_length >= 2"),
         # devices
         "device map not json": (["evaluate", *md, "--device-map", "nonsense"],
-                                r"--device-map must be 'auto', a JSON object or a JSON file; got 'nonsense'"),
+                                r"--device-map is not JSON .*got 'nonsense'.*Accepted: 'auto', a JSON object"),
         "device map to a missing device": (["evaluate", *md, "--device-map", '{"bert": 7}'],
                                            r"sends 'bert' to '7', which this machine does not have. Available: "),
         "gpu asked for scoring without one": (["score", *md, "--criterion", "ae", "--device", "cuda"],

@@ -187,7 +187,10 @@ def test_the_papers_protocols_parse_and_plan_without_the_network(name, n_models,
     for p in plans:
         assert p.kind == "hub" and "needs the model" in p.text()
         assert p.entry.data["eval"].source.startswith("hf:")
-        assert "select" not in p.entry.data or p.entry.data["select"].source != p.entry.data["eval"].source
+        # choices are never made on the reported rows: another source, or (a data set of one split) disjoint
+        # draws from the evaluation rows' source, as every role on one source is
+        assert "select" not in p.entry.data or p.entry.data["select"].source != p.entry.data["eval"].source or \
+            p.entry.data["calib"].source == p.entry.data["eval"].source
         if p.entry.harness_metrics:   # lm-eval's numbers: one run per cell, said in the plan
             assert p.lm_eval_runs == cells_per_model and f"{cells_per_model} lm-eval runs" in p.text()
 

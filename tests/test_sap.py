@@ -231,7 +231,8 @@ def test_sap_criterion_matches_the_loops(setup):
 def test_sap_cf_criterion_respects_the_tolerance(setup):
     model, tokenizer, calib = setup
     ctx = ScoringContext(model, calib, tokenizer=tokenizer, texts=TEXTS)
-    scores = get("sap-cf")(ctx, {"k": 2, "sparsity": 0.75, "tolerance": 0.75})
+    # tolerance mode (sparsity 0) on a pool of SAP's first 9 heads (pool 0.75 of 12)
+    scores = get("sap-cf")(ctx, {"k": 2, "sparsity": 0, "pool": 0.75, "tolerance": 0.75})
     meta = scores.meta
     accuracy = lambda mask: evaluate(model, calib, mask).accuracy  # noqa: E731
     assert meta["dense_metric"] == 1.0 and meta["floor"] == 0.75
@@ -240,7 +241,7 @@ def test_sap_cf_criterion_respects_the_tolerance(setup):
     assert len(meta["selected"]) >= 2 and meta["rejected"] is not None       # this seed stops inside the list
     assert accuracy(final.prune(*meta["rejected"]["head"])) < 0.75
     assert [list(h) for h in scores.order()[:len(meta["selected"])]] == meta["selected"]
-    assert set(map(tuple, meta["selected"])) <= set(map(tuple, meta["sap_selected"]))
+    assert set(map(tuple, meta["selected"])) <= set(map(tuple, meta["pool"])) and len(meta["pool"]) == 9
 
 
 def test_sap_needs_a_tokenizer_and_labels_for_the_sweep(setup):

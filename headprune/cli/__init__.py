@@ -15,6 +15,7 @@ import pkgutil
 import sys
 
 from ..errors import HeadpruneError
+from .common import check_path_options
 from .output import jsonable
 
 HELPERS = ("common", "output")   # modules of this package that define no command
@@ -47,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        check_path_options(args)
         result = args.handler(args)
     except HeadpruneError as exc:
         print(f"error: {exc}", file=sys.stderr)

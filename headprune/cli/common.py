@@ -24,6 +24,7 @@ from ..model.loading import LoadedModel
 from ..model.mask import HeadMask, dropped_layers
 from ..model.memory import DEFAULT_SHARE, MemoryBudgetError, parse_budget
 from ..model.task import REQUESTABLE
+from ..userinput import NAME_MAX, PATH_MAX, shown, user_path
 from ..workspace import DEFAULT_SELECT_SIZE, DefaultSize, Workspace
 
 MODEL_HELP = "'demo' or 'demo-lm' (built offline on first use), a model folder, or a Hugging Face model id"
@@ -131,13 +132,16 @@ def add_mask_arg(p: argparse.ArgumentParser, required: bool = False) -> None:
                         '{"pruned_groups": {"<layer>": [key/value group, ...]}} (0-based)')
 
 
-def check_args(args, *, calib: str | None = None, evaluation: str | None = None) -> None:
+def check_args(args, *, calib: str | None = None, evaluation: str | None = None,
+               extra_metrics: tuple[str, ...] = ()) -> None:
     """Refuse, before any model loads or bar is drawn, the settings this command cannot run with.
 
     ``calib`` / ``evaluation`` name what needs a calibration / evaluation example (e.g. "scoring"): a size the
     user set to 0 is refused then (limits: ``limits.POSITIVE_INT``; a default size still shrinks to fit small data,
     and a size larger than the data is refused by the split, which knows the row count). A ``--mask`` file must
-    exist and hold JSON (its heads are checked against the model once it is loaded). Raises HeadpruneError.
+    exist and hold JSON (its heads are checked against the model once it is loaded). ``extra_metrics``: the
+    ``--metric`` names this command reports beyond the tasks' (a trajectory's stability measures). Raises
+    HeadpruneError.
     """
     if calib is not None and POSITIVE_INT(int(args.calib_size)):
         raise DataError(f"--calib-size {args.calib_size}: {calib} needs at least one calibration example. Accepted: "
@@ -152,7 +156,7 @@ def check_args(args, *, calib: str | None = None, evaluation: str | None = None)
             try:
                 check_source(spec)
             except DataError as exc:
-                raise DataError(f"--{option.replace('_', '-')} {spec}: {exc}") from None
+                raise DataError(f"--{option.replace('_', '-')} {shown(spec)}: {exc}") from None
     sizes = {"calib": ("--calib-size", "calib_size"), "select": ("--select-size", "select_size"),
              "eval": ("--eval-size", "eval_size")}
     for role, (option, attr) in sizes.items():
@@ -165,8 +169,24 @@ def check_args(args, *, calib: str | None = None, evaluation: str | None = None)
         parse_label_map(args.label_map)
     if getattr(args, "mask", None):
         HeadMask.read_file(args.mask)
-    check_metric_name(getattr(args, "metric", None))
+    check_metric_name(getattr(args, "metric", None), extra_metrics)
     parse_device_map(getattr(args, "device_map", None))   # a bad placement costs no loading
+
+
+# options whose value is a path (or a data/model spec that may be one): checked as text by ``check_path_options``
+PATH_OPTIONS = ("model", "teacher", "data", "calib_data", "select_data", "eval_data", "train_data", "mask", "scores",
+                "out", "prune_out", "save_mask", "protocol", "parse_cache", "lm_eval_include")
+
+
+def check_path_options(args) -> None:
+    """Refuse, before any command runs, a path option the operating system could not even look up (a NUL byte, a
+    name over 255 bytes, a path over 4096 bytes: ``userinput.path_problem``), so no ``OSError`` reaches the user
+    from whichever function first asks the file system about it. ``cli.main`` calls this for every command."""
+    for dest in PATH_OPTIONS:
+        value = getattr(args, dest, None)
+        if isinstance(value, str):
+            user_path(value, f"--{dest.replace('_', '-')}", f"a path of at most {PATH_MAX} bytes whose file and "
+                      f"folder names hold at most {NAME_MAX} bytes each (or a named model/data set, an hf: name)")
 
 
 def add_metric_arg(p: argparse.ArgumentParser, what: str) -> None:
@@ -176,13 +196,13 @@ def add_metric_arg(p: argparse.ArgumentParser, what: str) -> None:
                         "headline; GLUE data: GLUE's, e.g. mcc for CoLA, f1 for MRPC/QQP)")
 
 
-def metric_choice(args, ws: Workspace) -> tuple[tuple[str, ...], str]:
+def metric_choice(args, ws: Workspace, extra: tuple[str, ...] = ()) -> tuple[tuple[str, ...], str]:
     """(metric set, headline) of this run (``evaluation.metrics.metric_set`` / ``headline``) for the workspace's
     task (the data decides multiple choice) and its evaluation source (a GLUE name gives GLUE's set); ``--metric``
-    must be one the task reports."""
+    must be one the task reports (or of ``extra``, the command's own: a trajectory's stability measures)."""
     source = ws.sources.get("eval") or args.data
     return (metric_set(ws.task, source, n_classes=ws.n_classes),
-            headline(ws.task, getattr(args, "metric", None), source, n_classes=ws.n_classes))
+            headline(ws.task, getattr(args, "metric", None), source, n_classes=ws.n_classes, extra=extra))
 
 
 def check_positive(value: int | None, option: str, what: str, doc: str) -> None:
@@ -207,19 +227,20 @@ def mask_dropped_layers(args, loaded: LoadedModel) -> list[int]:
     return dropped_layers(HeadMask.read_file(args.mask), loaded.adapter.n_layers)
 
 
-def build_workspace(args, calib_size: int | None = None) -> Workspace:
+def build_workspace(args, calib_size: int | None = None, select_size: int | None = None) -> Workspace:
     """The ``Workspace`` the model and data arguments name (the dashboard builds the same object).
 
-    ``calib_size`` overrides ``--calib-size``; sizes left at their defaults shrink to fit small data. What was
-    chosen for the user (an hf: split, a label mapping by position or by --label-map) is printed on stderr as
-    ``note: ...``.
+    ``calib_size`` / ``select_size`` override ``--calib-size`` / ``--select-size`` (0: the role is not read);
+    sizes left at their defaults shrink to fit small data. What was chosen for the user (an hf: split, a label
+    mapping by position or by --label-map) is printed on stderr as ``note: ...``.
     """
     label_map = parse_label_map(args.label_map) if getattr(args, "label_map", None) else None
     ws = Workspace.build(args.model, args.data, calib_data=getattr(args, "calib_data", None),
                          select_data=getattr(args, "select_data", None), eval_data=getattr(args, "eval_data", None),
                          text_col=args.text_col, pair_col=args.pair_col, label_col=args.label_col,
                          calib_size=args.calib_size if calib_size is None else calib_size, eval_size=args.eval_size,
-                         select_size=getattr(args, "select_size", DefaultSize(DEFAULT_SELECT_SIZE)),
+                         select_size=getattr(args, "select_size", DefaultSize(DEFAULT_SELECT_SIZE))
+                         if select_size is None else select_size,
                          label_map=label_map, labels_by_position=getattr(args, "labels_by_position", False),
                          allow_untrained_head=getattr(args, "allow_untrained_head", False),
                          allow_overlap=getattr(args, "allow_overlap", False), max_length=args.max_length,
@@ -270,6 +291,6 @@ def tqdm_progress(desc: str):
     return update
 
 
-__all__ = ["check_args", "check_positive", "add_model_args", "add_data_args", "add_mask_arg", "add_memory_arg",
-           "add_metric_arg", "metric_choice", "load_mask", "mask_dropped_layers",
+__all__ = ["check_args", "check_path_options", "check_positive", "add_model_args", "add_data_args", "add_mask_arg",
+           "add_memory_arg", "add_metric_arg", "metric_choice", "load_mask", "mask_dropped_layers",
            "load_model_and_data", "build_workspace", "summary", "tqdm_progress"]

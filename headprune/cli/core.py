@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 from ..demos.circuit import demo_circuit_info, ensure_demo_circuit_model
@@ -14,6 +15,7 @@ from ..errors import HeadpruneError
 from ..evaluation.harness import APPLY, HarnessError, HarnessSpec, resolve_tasks, run_lm_eval
 from ..evaluation.metrics import evaluate
 from ..evaluation.speed import compare_speed
+from ..kvcache.restrict import restricted
 from ..model.export import FORMATS, ExportError, export_model, round_to_uniform, type_problem
 from ..model.layers import skip_layers
 from ..model.loading import check_head, load_model
@@ -35,6 +37,7 @@ from .common import (
     summary,
     tqdm_progress,
 )
+from .kvcache import read_plan_arg
 
 
 def cmd_demo(args) -> dict:
@@ -67,15 +70,21 @@ def cmd_evaluate(args) -> dict:
         raise HarnessError(f"{', '.join(given)} set without --lm-eval: name the lm-eval tasks to run, e.g. "
                            "--lm-eval arc_easy, or leave the lm-eval options out.")
     check_args(args, evaluation="evaluation")
-    # nothing is scored: no calibration rows are drawn, unless --calib-data names them (recorded, overlap-checked)
-    ws = build_workspace(args, calib_size=None if args.calib_data else 0)
+    plan = read_plan_arg(args.kv_plan, args.model)
+    # nothing is scored or chosen: only the evaluation rows are read; a calibration or selection role is read (and
+    # recorded, and overlap-checked) only when --calib-data / --select-data names it
+    ws = build_workspace(args, calib_size=None if args.calib_data else 0,
+                         select_size=None if args.select_data else 0)
     loaded, evals, info = ws.loaded, ws.eval_batches, {**ws.info(), "model": args.model, "data": args.data}
     mask = load_mask(args, loaded)
     names, head = metric_choice(args, ws)
     dropped = mask_dropped_layers(args, loaded)
-    with skip_layers(loaded.adapter, dropped):   # SAP's whole-layer rule travels with its mask file
-        metrics = evaluate(loaded.model, evals, mask, progress=tqdm_progress("evaluate"),
-                           memory_budget=args.memory_budget)
+    if plan is not None:
+        plan.check_fits(loaded.adapter)
+    with skip_layers(loaded.adapter, dropped), \
+            (restricted(loaded.model, plan) if plan is not None else nullcontext(loaded.model)) as model:
+        # SAP's whole-layer rule travels with its mask file; a KV plan's streaming heads see sink + window only
+        metrics = evaluate(model, evals, mask, progress=tqdm_progress("evaluate"), memory_budget=args.memory_budget)
     values = metrics.to_dict()
     # heads gone either way: cut out of a saved pruned model, or gated by --mask
     gone = ~loaded.adapter.live_grid()
@@ -84,6 +93,8 @@ def cmd_evaluate(args) -> dict:
     # every metric that applies at the top level (as before); the task's set and its headline said explicitly
     return {**values, "metric_set": list(names), "headline": head, "metrics": {m: values[m] for m in names},
             **summary(info), "mask": args.mask, "pruned_heads": int(gone.sum()),
+            **({"kv_plan": args.kv_plan, "kv_plan_full_kv_heads": int(plan.full.sum()), "kv_plan_sink": plan.sink,
+                "kv_plan_window": plan.window} if plan is not None else {}),
             **({"dropped_layers": dropped} if dropped else {})}
 
 
@@ -216,6 +227,8 @@ def add_commands(sub) -> None:
     add_memory_arg(p)
     add_metric_arg(p, "printed as 'headline'")
     add_lm_eval_args(p)
+    p.add_argument("--kv-plan", help="KV cache plan file (headprune kvplan): its streaming heads attend to their "
+                                     "sink + window keys only, exactly as with the plan's cache")
     p.set_defaults(handler=cmd_evaluate)
 
     p = sub.add_parser("prune", help="remove the heads of a mask from the weights and save the smaller model")

@@ -3,13 +3,17 @@
     headprune mask --scores scores.json --ratio 0.5 --out mask.json      # round(0.5 N) grid heads pruned
     headprune mask --scores scores.json --count 40 [--inverse]           # 40 heads; most important first
     headprune mask --scores sap.json --sparsity 0.25                     # SAP: that level's best-k selection
+    headprune mask --scores sap-cf.json --sparsity 0.25                  # SAP+CF: CF's own selection there
 
 ``--ratio`` / ``--count`` prune in the score's order (``ScoreMap.kept_at`` / ``kept_count``: lowest score first,
 heads already pruned in the scores count towards the number). ``--sparsity`` reads SAP's own selection at a target
 sparsity with the k that performed best there on the selection data (§4.1): from the score file's
 ``"per_sparsity"`` levels (``score --criterion sap --sap-sparsities 0.25,0.5,0.75``) or its own ``sparsity``
-parameter (``"sap_mask"``). A SAP score with ``layer_threshold`` > 0 writes its whole-layer rule into the mask
-(``"dropped_layers"``), which ``evaluate`` and ``prune`` apply.
+parameter (``"sap_mask"``); for SAP+CF, CF's own selection at that target (``"mask"``: its candidate pool
+re-ranked by measured degradation, ``headprune.criteria.sap`` §3.4). A SAP score with ``layer_threshold`` > 0
+writes its whole-layer rule into the mask (``"dropped_layers"``), which ``evaluate`` and ``prune`` apply. For a
+``kwon`` score file (Kwon et al.) ``--sparsity`` is 1 − its ``budget``: the rearranged mask with the tuned head
+scales (``"scales"``) it was scored to.
 """
 
 from __future__ import annotations
@@ -19,14 +23,15 @@ from pathlib import Path
 
 import numpy as np
 
-from ..criteria.sap import apply_layer_rule, layer_rule_json
+from ..criteria.kwon import kwon_mask
+from ..criteria.sap import OWN_SELECTION, apply_layer_rule, layer_rule_json
 from ..errors import HeadpruneError
 from ..limits import UNIT
 from ..model.mask import HeadMask
 from ..scoring import ScoreMap
 from .output import checked_out_file, write_json
 
-SAP_CRITERIA = ("sap", "sap-cf")
+SAP_CRITERIA = tuple(OWN_SELECTION)
 
 
 class MaskCommandError(HeadpruneError):
@@ -65,20 +70,36 @@ def read_scores(path: str) -> tuple[ScoreMap, dict]:
 
 
 def sap_level(scores: ScoreMap, sparsity: float) -> dict:
-    """SAP's selection at ``sparsity`` in a SAP score file: {"best_k", "mask" (with "dropped_layers"), ...}."""
-    if scores.criterion != "sap":   # sap-cf's mask is chosen by a tolerance, not at a sparsity
-        raise MaskCommandError(f"--sparsity reads SAP's per-sparsity selection; this score file is "
-                               f"'{scores.criterion}'. Use --ratio or --count, or score with --criterion sap.")
+    """The selection of SAP (or SAP+CF) at ``sparsity`` in its score file: {"best_k", "mask" (with
+    "dropped_layers"), ...}; SAP+CF's is CF's own at that target (its pool re-ranked by degradation)."""
+    if scores.criterion not in OWN_SELECTION:
+        raise MaskCommandError(f"--sparsity reads SAP's (or SAP+CF's) per-sparsity selection; this score file is "
+                               f"'{scores.criterion}'. Use --ratio or --count, or score with --criterion sap or "
+                               "sap-cf.")
     levels = {float(k): v for k, v in (scores.meta.get("per_sparsity") or {}).items()}
     if sparsity in levels:
         return levels[sparsity]
+    mask_key, dropped_key = OWN_SELECTION[scores.criterion]
     if scores.params.get("sparsity") is not None and float(scores.params["sparsity"]) == sparsity:
         return {"best_k": scores.meta.get("best_k"), "k_sweep": scores.meta.get("k_sweep", {}),
-                "mask": {**scores.meta["sap_mask"], "dropped_layers": scores.meta.get("sap_dropped_layers", [])}}
+                "mask": {**scores.meta[mask_key], "dropped_layers": scores.meta.get(dropped_key, [])}}
     have = sorted(set(levels) | ({float(scores.params["sparsity"])} if "sparsity" in scores.params else set()))
-    raise MaskCommandError(f"--sparsity {sparsity}: this SAP score file holds the levels "
+    raise MaskCommandError(f"--sparsity {sparsity}: this {scores.criterion} score file holds the levels "
                            f"{', '.join(map(str, have)) or 'none'}. Score again with `python -m headprune score "
-                           f"--criterion sap --sap-sparsities {sparsity}` (several: comma-separated).")
+                           f"--criterion {scores.criterion} --sap-sparsities {sparsity}` (several: "
+                           "comma-separated).")
+
+
+def kwon_level(scores: ScoreMap, sparsity: float) -> dict:
+    """Kwon et al.'s final mask (rearranged, with tuned scales) in a ``kwon`` score file scored at budget
+    1 − ``sparsity``; MaskCommandError naming the budget it holds otherwise."""
+    mask = kwon_mask(scores, sparsity)
+    if mask is None:
+        budget = scores.params.get("budget")
+        raise MaskCommandError(f"--sparsity {sparsity}: this kwon score file was scored at budget {budget} (sparsity "
+                               f"{1 - float(budget):g}); its tuned mask exists at that sparsity only. Score again with "
+                               f"`--criterion kwon --param budget={1 - sparsity:g}`, or use --ratio (the order).")
+    return mask.to_json()
 
 
 def mask_from_scores(scores: ScoreMap, *, ratio: float | None = None, count: int | None = None,
@@ -99,7 +120,9 @@ def cmd_mask(args) -> dict:
     if args.count is not None and args.count > scores.scores.size:
         raise MaskCommandError(f"--count {args.count}: the score grid has {scores.scores.size} heads.")
     how = {"ratio": args.ratio, "count": args.count, "sparsity": args.sparsity, "inverse": args.inverse}
-    if args.sparsity is not None:
+    if args.sparsity is not None and scores.criterion == "kwon":
+        obj = kwon_level(scores, args.sparsity)
+    elif args.sparsity is not None:
         level = sap_level(scores, args.sparsity)
         obj, how["best_k"] = dict(level["mask"]), level.get("best_k")
     else:
@@ -118,8 +141,9 @@ def add_commands(sub) -> None:
     p.add_argument("--ratio", type=float, help="prune this share of the grid's heads, in [0, 1], lowest score first")
     p.add_argument("--count", type=int, help="prune this many heads (heads already pruned in the scores count)")
     p.add_argument("--sparsity", type=float,
-                   help="SAP only: its selection at this target sparsity with the best k there (from the score "
-                        "file's --sap-sparsities levels or its own sparsity parameter)")
+                   help="SAP / SAP+CF: its own selection at this target sparsity with the best k there (from the "
+                        "score file's --sap-sparsities levels or its own sparsity parameter); kwon: its tuned mask "
+                        "at 1 - budget")
     p.add_argument("--inverse", action="store_true", help="prune the most important heads first")
     p.add_argument("--out", help="write the mask file here (loads with --mask in evaluate and prune)")
     p.set_defaults(handler=cmd_mask)

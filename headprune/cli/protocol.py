@@ -1,6 +1,7 @@
 """``run``: one command per results table. ``headprune run PROTOCOL.toml --out DIR`` computes every cell of a
 protocol file (``headprune.protocol``), resumably, and writes the table, masks, plots and run file;
-``--plan`` prints the cells and their work without the network and without loading weights.
+``--plan`` prints the cells and their work without the network and without loading weights; ``--smoke`` runs the
+whole protocol on tiny random stand-ins of its models and data (``headprune.protocol.smoke``) in seconds.
 
 Parallel runs (``headprune.protocol.executors``): ``--executor pool --workers N`` (this machine's GPUs or cores),
 ``--executor slurm`` (a submitit job array), ``--shard I/N`` (one shard, for any scheduler); ``--status DIR``
@@ -16,6 +17,7 @@ from ..protocol import Protocol, plan
 from ..protocol.executors import EXECUTORS, check_slurm, run_pool, shard_count, slurm_executor, submit
 from ..protocol.run import RunError, check_out, merge, run_protocol
 from ..protocol.schedule import folder_protocol, own_folder, parse_shard, run_shard, status, status_text
+from ..protocol.smoke import check_labels, hub_reachable, require_labels, run_smoke
 from .common import add_memory_arg, tqdm_progress
 
 # limits of the parallel-run flags, each checked before any model loads
@@ -59,6 +61,11 @@ def slurm_extra(pairs: list[str]) -> dict:
     return extra
 
 
+def _online() -> bool:
+    """Whether hub configs and data set features may be read (HF_HUB_OFFLINE=1, or the hub out of reach: never)."""
+    return hub_reachable()
+
+
 def cmd_run(args) -> dict:
     if args.status or args.merge:
         folder = args.status or args.merge
@@ -75,24 +82,36 @@ def cmd_run(args) -> dict:
                        "DIR read the protocol from the results folder.")
     check_flags(args)
     shard = parse_shard(args.shard) if args.shard is not None else None
+    if args.executor == "slurm":
+        check_slurm()
+    extra = slurm_extra(args.slurm_arg)
     protocol = Protocol.read(args.protocol)   # every key and value checked here, before any model loads
     if args.plan:
+        labels = check_labels(protocol, _online())
+        for line in labels.unchecked:
+            _say(f"not checked: {line}")
+        for line in labels.problems:
+            _say(f"problem: {line}")
         plans = plan(protocol, time_it=not args.no_timing)
         for p in plans:
             grid = f", grid {p.grid[0]} x {p.grid[1]}" if p.grid else ""
             _say(f"{p.entry.name}: {p.entry.model} ({p.kind}{grid}), {len(p.cells)} cells; {p.text()}")
             for cell in p.cells:
                 _say(f"  {cell.key}")
+        if labels.problems:
+            require_labels(protocol, False, labels)   # the same problems, as the error (exit 2)
         return {"protocol": protocol.source, "sha256": protocol.hash, "cells": sum(len(p.cells) for p in plans),
-                "models": [p.to_json() for p in plans]}
+                "models": [p.to_json() for p in plans], "labels": labels.to_json()}
     if not args.out:
         raise RunError("--out DIR is needed to run a protocol (the folder its cells and table are written to); "
                        "--plan shows the cells without running them.")
-    if args.executor == "slurm":
-        check_slurm()
-    extra = slurm_extra(args.slurm_arg)
+    if args.smoke and (args.executor != "local" or shard is not None):
+        raise RunError("--smoke runs the stand-ins in this process; it does not go with --executor pool / slurm or "
+                       "--shard.")
     out = check_out(args.out)
     own_folder(out, protocol)
+    if not args.smoke:   # labels, splits and columns against configs and features: before any weights load
+        require_labels(protocol, _online())
     if shard is not None:
         result = run_shard(protocol, out, shard, memory_budget=args.memory_budget, say=_say)
         return {"out": str(out), "shard": args.shard, **result}
@@ -113,6 +132,12 @@ def cmd_run(args) -> dict:
         bar[0](fraction, message)
 
     try:
+        if args.smoke:
+            online = _online()
+            _say("smoke run: tiny random stand-ins of every model and data role (" + (
+                "hub configs and features where reachable" if online else "offline: families and stated labels")
+                + "); the numbers are meaningless")
+            return run_smoke(protocol, args.out, online=online, say=_say, plots=not args.no_plots, progress=progress)
         return run_protocol(protocol, args.out, memory_budget=args.memory_budget, say=_say, plots=not args.no_plots,
                             progress=progress)
     except KeyboardInterrupt:
@@ -129,6 +154,10 @@ def add_commands(sub) -> None:
                    help="print the cells and their estimated work, offline, without loading any weights")
     p.add_argument("--no-timing", action="store_true",
                    help="with --plan: count the work only (no random-initialised forward is timed)")
+    p.add_argument("--smoke", action="store_true",
+                   help="run the whole protocol on stand-ins: each model a tiny random model of its family and "
+                        "labels, each data role a few synthetic rows with its features; writes a real, meaningless "
+                        "table to --out in seconds (HF_HUB_OFFLINE=1: no network at all)")
     p.add_argument("--no-plots", action="store_true", help="write no figures")
     add_memory_arg(p)
     g = p.add_argument_group("parallel runs", "cells as shards: one model x repeat group each, split by criterion "

@@ -12,17 +12,16 @@ or not at all (``model.loading.write_staged``), with the run file ``OUT.run.json
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from ..data import TextDataset, align_labels, load_data
+from ..data import TextDataset, align_labels, load_data, row_hashes
 from ..errors import DataError, HeadpruneError
 from ..model.export import FORMATS, round_to_uniform, type_problem
-from ..model.loading import NAMED_MODELS, LoadedModel, load_model, model_source_kind
+from ..model.loading import LoadedModel, is_lm_config, load_model, peek_config
 from ..model.mask import HeadMask
 from ..model.task import REQUESTABLE, task_of
 from ..recovery import (
@@ -37,7 +36,8 @@ from ..recovery import (
     stage_metrics,
     teacher_problem,
 )
-from ..workspace import DefaultSize, Workspace
+from ..recovery.workdir import check_work_dir
+from ..workspace import DefaultSize, Workspace, fit_role_sizes, split_roles
 from .common import DATA_HELP, add_mask_arg, add_memory_arg, add_model_args, check_args, load_mask, tqdm_progress
 from .output import write_json
 
@@ -64,24 +64,6 @@ def paths_of(out: str) -> tuple[Path, Path, Path]:
     return path, path.with_name(path.name + ".work"), path.with_name(path.name + ".run.json")
 
 
-def peek_config(spec: str) -> dict | None:
-    """config.json of a named model or local folder, read without loading the model (None for a hub id)."""
-    if spec in NAMED_MODELS:
-        folder = NAMED_MODELS[spec].build()
-    elif model_source_kind(spec) == "folder":
-        folder = Path(spec).expanduser()
-    else:
-        return None
-    try:
-        return json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None   # load_model names the problem
-
-
-def is_lm_config(config: dict) -> bool:
-    return any(m in " ".join(config.get("architectures") or []) for m in ("ForCausalLM", "LMHeadModel"))
-
-
 def read_train_data(args, lm: bool) -> tuple[TextDataset, str]:
     """The training rows (a seeded ``--train-size`` draw) and their source; refuses a classifier's unlabelled data."""
     source = args.train_data or DEFAULT_TRAIN.get(args.model)
@@ -98,6 +80,16 @@ def read_train_data(args, lm: bool) -> tuple[TextDataset, str]:
                             f"{len(ds)}, or all.")
         ds = ds.subset(np.sort(np.random.default_rng(args.seed).permutation(len(ds))[:args.train_size]))
     return ds, source
+
+
+def shared_with_eval(args, train: TextDataset, lm: bool) -> int:
+    """How many training rows (same text, pair and label, as loaded) are among the evaluation rows ``eval_data``
+    will draw: the same source, seeded draw and size, read before the model loads."""
+    source = args.eval_data or args.data
+    rows = load_data(source, args.text_col, args.pair_col, args.label_col, task="lm" if lm else "classification")
+    size = None if args.eval_size is None else DefaultSize(args.eval_size)
+    evals = split_roles(rows, fit_role_sizes(len(rows), {"eval": size}), args.seed)["eval"]
+    return len(set(row_hashes(train)) & set(row_hashes(evals)))
 
 
 def eval_data(args, loaded: LoadedModel) -> tuple[TextDataset, list[dict], dict]:
@@ -128,8 +120,9 @@ def check_recover_args(args) -> tuple[RecoverySpec, dict | None]:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise HeadpruneError(f"--out {args.out} exists and is not an empty folder; give a new or empty folder for "
                              "the recovered model.")
-    if args.resume and not work.is_dir():
-        print(f"note: --resume: no checkpoints in {work}; starting from the beginning", file=sys.stderr)
+    # every state of OUT.work (a file, a foreign folder, a broken spec, nothing to resume, other settings, pickles)
+    # refused before a model loads; the checkpoint's model is compared with the student's once it is built
+    check_work_dir(work, resume=args.resume, wanted=spec.to_json(), strict=True)
     config = peek_config(args.model)
     if config is not None:
         pruned_before = bool(config.get("headprune_kept_heads"))
@@ -149,8 +142,8 @@ def check_recover_args(args) -> tuple[RecoverySpec, dict | None]:
             problem = teacher_problem(config, teacher_config) if teacher_config is not None else None
             if problem:
                 raise RecoveryError(f"--teacher {args.teacher} cannot be distilled from: {problem}. Accepted: a "
-                                    "teacher with the student's label set or vocabulary (default: the model "
-                                    "before pruning).")
+                                    "teacher of the student's family, tokenizer and vocabulary (and label set, for "
+                                    "a classifier); default: the model before pruning.")
     if args.teacher and not spec.distill:
         print(f"note: --teacher is used by distillation only; --method {spec.method} ignores it", file=sys.stderr)
     return spec, config
@@ -160,6 +153,12 @@ def cmd_recover(args) -> dict:
     spec, config = check_recover_args(args)
     lm = args.task == "lm" or (args.task is None and config is not None and is_lm_config(config))
     train, train_source = read_train_data(args, lm)   # read before the model: unlabelled rows are refused first
+    shared = shared_with_eval(args, train, lm)
+    if shared and not args.allow_overlap:
+        raise DataError(f"The training rows ({train_source}) and the evaluation rows ({args.eval_data or args.data}) "
+                        f"share {shared} row(s) (same text and label, by content hash): the recovered model would "
+                        "be reported on rows it was trained on. Use disjoint sources (e.g. demo:train to train, "
+                        "demo to evaluate), or pass --allow-overlap to go on anyway (recorded in the run file).")
     out, work, run_file = paths_of(args.out)
 
     loaded = load_model(args.model, args.device, device_map=args.device_map, dtype=args.dtype)
@@ -194,7 +193,8 @@ def cmd_recover(args) -> dict:
     roles = {"train": data_role(train, train_source, args.seed), "eval": eval_role}
     record = run_record(spec, result, metrics, roles, model=args.model, teacher=args.teacher or args.model,
                         format=args.format, out=str(out))
-    record.update({"estimate_seconds": round(estimate.seconds, 1), "uniform_rounding": result_note})
+    record.update({"estimate_seconds": round(estimate.seconds, 1), "uniform_rounding": result_note,
+                   "train_eval_overlap": {"rows": shared, "allowed": bool(args.allow_overlap)}})
     written = export_recovered(result, loaded.model, loaded.tokenizer, out, args.format,
                                extra={"source_model": loaded.source, "recovery": str(run_file)})
     write_json(record, str(run_file))
@@ -220,6 +220,9 @@ def add_commands(sub) -> None:
                    help=f"what dense / pruned / recovered are evaluated on: {DATA_HELP} (default: --data)")
     g.add_argument("--eval-size", type=_count_or_all, default=500,
                    help="evaluation rows, a seeded draw, or all (default: 500, at most the data)")
+    g.add_argument("--allow-overlap", action="store_true",
+                   help="go on when training rows are among the evaluation rows (refused by default; the count is "
+                        "recorded in the run file)")
     g.add_argument("--text-col", help="text column (default: auto-detect)")
     g.add_argument("--pair-col", help="second text column for sentence pairs (default: auto-detect)")
     g.add_argument("--label-col", help="label column (default: auto-detect)")
@@ -258,5 +261,5 @@ def add_commands(sub) -> None:
     p.set_defaults(handler=cmd_recover)
 
 
-__all__ = ["add_commands", "check_recover_args", "cmd_recover", "eval_data", "paths_of", "peek_config",
+__all__ = ["add_commands", "check_recover_args", "cmd_recover", "eval_data", "paths_of",
            "read_train_data", "spec_of"]

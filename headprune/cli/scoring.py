@@ -16,6 +16,7 @@ from ..data import calibration_texts, content_hash
 from ..errors import CriterionError
 from ..estimate import estimate_harness, estimate_scoring, estimate_trajectory
 from ..evaluation.harness import harness_metrics, is_harness_metric, metric_tasks, resolve_tasks
+from ..evaluation.stability import STABILITY_METRICS
 from ..limits import POSITIVE_INT, UNIT
 from ..model.export import FORMATS
 from ..trajectory import (
@@ -57,9 +58,9 @@ def _params(pairs: list[str] | None) -> dict:
     return out
 
 
-def _checked(args, evaluation: str | None = None) -> tuple:
+def _checked(args, evaluation: str | None = None, extra_metrics: tuple[str, ...] = ()) -> tuple:
     """Criterion and parameters, sizes, mask file and the ``--out`` path, validated before any model is loaded."""
-    check_args(args, calib="scoring", evaluation=evaluation)
+    check_args(args, calib="scoring", evaluation=evaluation, extra_metrics=extra_metrics)
     checked_out_file(args.out)
     crit = get(args.criterion)
     params = _params(args.param)
@@ -67,18 +68,22 @@ def _checked(args, evaluation: str | None = None) -> tuple:
     return crit, params
 
 
-def sap_levels(text: str | None, crit) -> list[float]:
-    """``--sap-sparsities 0.25,0.5,0.75`` as target sparsities, checked before any model loads."""
+def sap_levels(text: str | None, crit, params: dict | None = None) -> list[float]:
+    """``--sap-sparsities 0.25,0.5,0.75`` as target sparsities, checked before any model loads (with ``params``:
+    the criterion's parameters at each level, e.g. a sap-cf ``pool`` that must hold every target)."""
     if not text:
         return []
     if not hasattr(crit, "per_sparsity"):
         raise CriterionError(f"--sap-sparsities selects SAP's best k per target sparsity; criterion '{crit.name}' "
-                             "has no such selection. Accepted with: --criterion sap.")
+                             "has no such selection. Accepted with: --criterion sap or sap-cf.")
     try:
-        return [crit.params["sparsity"].parse("sparsity", float(x)) for x in text.split(",")]
+        levels = [crit.params["sparsity"].parse("sparsity", float(x)) for x in text.split(",")]
     except ValueError:
         raise CriterionError(f"--sap-sparsities {text!r}: expected comma-separated numbers in [0, 1), e.g. "
                              "0.25,0.5,0.75.") from None
+    for level in levels:
+        crit.resolve_params({**(params or {}), "sparsity": level})
+    return levels
 
 
 def cmd_criteria(args) -> dict:
@@ -92,7 +97,7 @@ def cmd_criteria(args) -> dict:
 
 def cmd_score(args) -> dict:
     crit, params = _checked(args)
-    levels = sap_levels(args.sap_sparsities, crit)
+    levels = sap_levels(args.sap_sparsities, crit, params)
     loaded, calib, _, info = load_model_and_data(args)
     texts = calibration_texts(info["calib_data"], calib)
     start = time.perf_counter()
@@ -179,7 +184,7 @@ def cmd_trajectory(args) -> dict:
     lm_names, at = harness_points(args)
     if lm_names:   # the steps record the task's own metrics (headline: the task's); lm-eval's at the points
         args = argparse.Namespace(**{**vars(args), "metric": None})
-    crit, params = _checked(args, evaluation="a trajectory")
+    crit, params = _checked(args, evaluation="a trajectory", extra_metrics=STABILITY_METRICS)
     points = save_mask_points(args.save_mask)
     lm_tasks = resolve_tasks(harness_spec(args, metric_tasks(lm_names))) if lm_names else None
     # every setting is checked here, before the model loads (a bad --step or --tolerance costs no waiting)
@@ -198,7 +203,7 @@ def cmd_trajectory(args) -> dict:
                           stability=args.stability, drop=args.drop, model_name=args.model,
                           independent=crit.name == "random" and args.repeats > 1)
     ws = build_workspace(args)
-    names, head = metric_choice(args, ws)
+    names, head = metric_choice(args, ws, extra=STABILITY_METRICS)
     info = {**ws.info(), "model": args.model, "data": args.data}
     spec = replace(spec, metric=head, metric_set=names, data_info=info)
     n_runs = max(args.seeds, args.repeats)
@@ -293,7 +298,9 @@ def add_commands(sub) -> None:
     p.add_argument("--budget", type=float, help="stop at this pruned ratio of all heads, in (0, 1]")
     p.add_argument("--count", type=int, help="stop after this many heads")
     p.add_argument("--tolerance", type=float, help="stop once the metric falls below T x the dense metric")
-    add_metric_arg(p, "for the tolerance, AUC and plots; or lm-eval:TASK/METRIC[,...]: lm-eval numbers "
+    add_metric_arg(p, "for the tolerance, AUC and plots; or agreement (%% of answers as the starting model's, "
+                      "recorded at every step of a classifier or multiple choice) or stability (%% unchanged "
+                      "under word drop, with --stability); or lm-eval:TASK/METRIC[,...]: lm-eval numbers "
                       "measured at the --at points only")
     p.add_argument("--seeds", type=int, default=1,
                    help="runs with criterion seeds seed..seed+N-1 on one calibration draw (random: the spread)")

@@ -7,6 +7,7 @@ criteria are listed (the protocol itself is ``headprune.scoring.protocol``).
     kl.py        kl (ablation + recursive layer smoothing)
     sap.py       sap, sap-cf (dependency arcs, Candidate Filtering)
     random.py    random (the seeded baseline)
+    kwon.py      kwon (Kwon et al. 2022: Fisher mask search, rearrangement, mask tuning; real-valued head scales)
 """
 
 from __future__ import annotations

@@ -36,6 +36,10 @@ Quantities are named by tuples, cached in ``ScoringContext.cache["onepass"]`` an
     ("his", objective)         mean over sentences of |∂o/∂m_h|
     ("taylor", objective)      mean over sentences of |Σ A ⊙ ∂o/∂A|
     ("gnorm", objective, reduction)   (3, L, H): G_Q, G_K, G_V (Greedy-Gnorm eqs. 13-16)
+    ("fisher", objective)      (L, H, H): mean over sentences of g gᵀ within each block, g = ∂o/∂m of the block's
+                               heads (signed, the same per-example mask gradient as HIS): the block-diagonal
+                               empirical Fisher information of the head masks (Kwon et al. 2022, eq. 6; its
+                               diagonal is Σ g² / n)
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ from ..model.task import GOLD_KEY, Task
 from ..scoring import Criterion, Param, ScoreMap, ScoringContext, get
 
 OBJECTIVES = ("loss", "logits_norm")
-GRADIENT_KINDS = ("his", "taylor", "gnorm")
+GRADIENT_KINDS = ("his", "taylor", "gnorm", "fisher")
 
 
 # -- objectives ------------------------------------------------------------------------------------------------
@@ -204,8 +208,8 @@ def run_pass(model, batches: list[dict], keys, mask=None, device=None, progress=
         batches = planned_batches(batches, plan_for(model, memory_budget, device),
                                   "gradient" if objectives else "attention")
     want = {kind: any(k[0] == kind for k in keys) for kind in ("entropy", "deficit", *GRADIENT_KINDS)}
-    totals = {k: torch.zeros((3, n_blocks, n_heads) if k[0] == "gnorm" else (n_blocks, n_heads), dtype=torch.float64)
-              for k in keys}
+    shapes = {"gnorm": (3, n_blocks, n_heads), "fisher": (n_blocks, n_heads, n_heads)}
+    totals = {k: torch.zeros(shapes.get(k[0], (n_blocks, n_heads)), dtype=torch.float64) for k in keys}
     n_examples = 0
     for i, batch in enumerate(batches):
         inputs = {k: v.to(device) for k, v in model_inputs(batch).items()}
@@ -214,7 +218,7 @@ def run_pass(model, batches: list[dict], keys, mask=None, device=None, progress=
         # no backward: no graph (the attention statistics read detached probabilities)
         with torch.enable_grad() if objectives else torch.no_grad(), gate_heads(model, mask, adapter), \
                 _capture(model, adapter, want["entropy"] or want["deficit"] or want["taylor"], want["gnorm"],
-                         want["his"]) as rec:
+                         want["his"] or want["fisher"]) as rec:
             logits = model(**inputs).logits
         for key in keys:
             if key[0] in ("entropy", "deficit"):
@@ -243,7 +247,7 @@ def _differentiated(rec: dict, keys: list[tuple]) -> list[torch.Tensor]:
     tensors = []
     if "taylor" in kinds:
         tensors += [w for _, w in rec["probs"] if w is not None]
-    if "his" in kinds:
+    if kinds & {"his", "fisher"}:
         tensors += [c for cs in rec["ctx"].values() for c in cs]
     if "gnorm" in kinds:
         tensors += [out for pairs in rec["qkv"].values() for _, out, _ in pairs]
@@ -329,11 +333,24 @@ def _gradient_stat(key, rec, grad_of, adapter, valid) -> torch.Tensor:
     """Σ over examples of |per-example value| for HIS / Taylor, (L, H); Gnorm via ``_gnorm_stat``."""
     if key[0] == "gnorm":
         return _gnorm_stat(key, rec, grad_of, adapter, valid)
+    if key[0] == "fisher":
+        return _fisher_stat(rec, grad_of, adapter, valid)
     terms = (_taylor_terms if key[0] == "taylor" else _his_terms)(rec, grad_of, adapter, valid)
     out = torch.zeros(adapter.grid_shape, dtype=torch.float64)
     for block_index, values in terms.items():
         out[block_index] = _scatter(values.detach().abs().sum(0).double().cpu(), adapter.blocks[block_index].kept,
                                     adapter.n_heads)
+    return out
+
+
+def _fisher_stat(rec, grad_of, adapter, valid) -> torch.Tensor:
+    """(L, H, H): Σ over examples of g_b g_bᵀ per block, g_b (H,) the signed mask gradient of example b (0 for absent
+    heads); Kwon et al. 2022 eq. 6 with the block-diagonal approximation of §4.2 (heads of different layers apart)."""
+    n_blocks, n_heads = adapter.grid_shape
+    out = torch.zeros((n_blocks, n_heads, n_heads), dtype=torch.float64)
+    for block_index, values in _his_terms(rec, grad_of, adapter, valid).items():
+        g = _scatter(values.detach().double().cpu(), adapter.blocks[block_index].kept, n_heads)   # (B, H)
+        out[block_index] = g.T @ g
     return out
 
 

@@ -20,14 +20,27 @@
      level), and the order is −cnt for that k. The paper's model at another level s is ``sparsity=s``
      (``meta["sap_mask"]``, with that level's best k in ``meta["best_k"]``); ``SAP.per_sparsity`` gives the
      paper's per-level selections for several levels at once.
-§3.4 Candidate Filtering. The candidates are the SAP selection of the best k by the S·R rule alone (R =
-     ``ratio``, no target sparsity: the paper's CF replaces a sparsity by a tolerance; ``sparsity`` > 0 lowers R
-     as for SAP). On the demo (128 calibration reviews, defaults) the k sweep keeps k = 7 (calibration accuracy
-     0.805 with its selection) and R = 0.5 gives 19 candidates (a 50 % target would force 36); CF accepts all 19
-     (0.828 → 0.805, floor 0.745). With m0 the metric of the model as
-     given, each candidate is pruned alone and its degradation m0 − m(c) measured; candidates are re-ranked by
-     ascending degradation (ties: SAP order), then pruned cumulatively from the model as given; CF stops before the
-     first head whose cumulative pruning would bring the metric below tolerance · m0.
+§3.4 Candidate Filtering. CF re-ranks a pool of SAP candidates by each one's measured single-head degradation and
+     prunes in that order. With m0 the metric of the model as given (on the selection rows), each pool head is
+     pruned alone and its degradation m0 − m(c) measured; the pool is re-ranked by ascending degradation (ties: SAP
+     order), then pruned cumulatively from the model as given, in one of two modes:
+     * tolerance (``sparsity`` = 0, the paper's mode: "instead of providing a sparsity ratio, the user specifies a
+       tolerance threshold"): CF stops before the first head whose cumulative pruning would bring the metric below
+       tolerance · m0; the sparsity reached is CF's result. The pool is "the set of head pruning candidates (the
+       orange block in Figure 3)": the heads with cnt ≥ S·R at R = ``ratio`` (``pool`` = 0), or SAP's first
+       round(pool·N) heads when ``pool`` > 0. On the demo (128 calibration reviews, defaults) the k sweep keeps
+       k = 7 and R = 0.5 gives 19 candidates; CF accepts all 19 (0.828 → 0.805, floor 0.745).
+     * target (``sparsity`` = s > 0, Fig. 5's SAP+CF at 0.25/0.5/0.75): CF prunes the first round(s·N) heads of its
+       degradation ranking (no tolerance stop). The paper does not say how CF meets a target; a pool of exactly
+       round(s·N) heads (SAP's own selection) would leave CF nothing to choose, its mask SAP's whatever it measured.
+       Our pool rule, documented: SAP's ranking at a larger target -- R lowered from ``ratio`` as SAP does to reach
+       a sparsity (§4.1, "we gradually decrease R"), until round(pool·N) heads qualify, with the k SAP picks at
+       the target s. ``pool`` = 0 (auto) is halfway between the target and every head, p = s + (1 − s)/2
+       (0.25 → 0.625, 0.5 → 0.75, 0.75 → 0.875): CF picks its target among (1 + s)/(2s) times as many heads
+       (2.5x at 0.25, 1.5x at 0.5, 1.17x at 0.75), and SAP's most syntax-relevant heads, (1 − s)/2 of the grid,
+       are never candidates, so SAP keeps its say ("SAP provides coarse-grained pruning ..., while CF refines
+       the process", §4.2). A ``pool`` below ``sparsity`` is an
+       error (CriterionError; a protocol names the key and its line).
 §3.4 Whole-layer rule ("if the number of pruned heads in a layer exceeds a certain threshold, the entire layer is
      pruned"). Our reading: with ``layer_threshold`` = n > 0, a layer with more than n pruned heads is dropped: its
      encoder layer is skipped (output = input, feed-forward block included) and all its heads count as pruned (so
@@ -64,7 +77,7 @@ import numpy as np
 
 from ..errors import CriterionError
 from ..evaluation.metrics import HIGHER_IS_BETTER, evaluate
-from ..limits import NON_NEGATIVE, POSITIVE, Interval
+from ..limits import NON_NEGATIVE, POSITIVE, UNIT, Interval
 from ..model.arch import adapt
 from ..model.layers import skip_layers
 from ..model.mask import HeadMask
@@ -140,6 +153,23 @@ def select_for_sparsity(counters: np.ndarray, total: float, n_prune: int, ratio:
         ratio = max(0.0, round(ratio - step, 10))
 
 
+def pool_fraction(sparsity: float, pool: float) -> float:
+    """CF's candidate pool as a fraction of the grid (module doc, §3.4): ``pool`` when set, else (0, auto) halfway
+    between the target ``sparsity`` and every head; 0 for the tolerance mode's S·R candidates (``sparsity`` 0)."""
+    if pool > 0 or sparsity <= 0:
+        return pool
+    return sparsity + (1.0 - sparsity) / 2
+
+
+def check_pool(sparsity: float, pool: float) -> str | None:
+    """Why a ``pool`` cannot serve a target ``sparsity`` (None when it can): CF picks its target from the pool."""
+    if sparsity > 0 and 0 < pool < sparsity:
+        return (f"the candidate pool pool={pool:g} (a fraction of the heads) is smaller than the target "
+                f"sparsity={sparsity:g}: candidate filtering prunes its target from the pool. Accepted: pool >= "
+                f"sparsity, or pool = 0 (auto: halfway between the target and every head)")
+    return None
+
+
 def apply_layer_rule(mask: HeadMask, layer_threshold: int) -> tuple[HeadMask, list[int]]:
     """§3.4: layers with more than ``layer_threshold`` pruned heads are dropped whole (0 = rule off)."""
     if layer_threshold <= 0:
@@ -213,12 +243,18 @@ class CFResult:
 
 def candidate_filtering(candidates: Sequence[Head], metric_fn: MetricFn, base: HeadMask, tolerance: float,
                         layer_threshold: int = 0,
-                        progress: Callable[[float, str], None] | None = None) -> CFResult:
-    """§3.4 (module doc): rank candidates by single-head degradation, prune cumulatively while ≥ tolerance · m0."""
+                        progress: Callable[[float, str], None] | None = None,
+                        n_target: int | None = None) -> CFResult:
+    """§3.4 (module doc): rank candidates by single-head degradation, then prune in that order: cumulatively while
+    the metric stays ≥ tolerance · m0 (``n_target`` None: the paper's tolerance mode), or the first ``n_target``
+    of the ranking (a target sparsity: no stop, one evaluation of the result in ``trace``)."""
     def metric(mask: HeadMask) -> float:
         return metric_fn(*apply_layer_rule(mask, layer_threshold))
 
-    steps, done = 2 * len(candidates) + 1, 0
+    if n_target is not None and n_target > len(candidates):
+        raise CriterionError(f"Candidate filtering was asked to prune {n_target} heads from a pool of "
+                             f"{len(candidates)} candidates; the pool must hold at least the target.")
+    steps, done = len(candidates) + 1 + (1 if n_target is not None else len(candidates)), 0
 
     def report(message: str) -> None:
         nonlocal done
@@ -234,6 +270,14 @@ def candidate_filtering(candidates: Sequence[Head], metric_fn: MetricFn, base: H
         report(f"candidate filtering: head {c} alone")
     order = sorted(candidates, key=lambda c: degradation[c])     # stable: ties keep SAP's order
     floor = tolerance * dense
+    if n_target is not None:
+        mask = base
+        for c in order[:n_target]:
+            mask = mask.prune(*c)
+        trace = [metric(mask)]
+        report(f"candidate filtering: {n_target} heads")
+        final, dropped = apply_layer_rule(mask, layer_threshold)
+        return CFResult(dense, floor, degradation, order, list(order[:n_target]), trace, final, dropped)
     mask, selected, trace, rejected = base, [], [], None
     for c in order:
         value = metric(mask.prune(*c))
@@ -246,6 +290,10 @@ def candidate_filtering(candidates: Sequence[Head], metric_fn: MetricFn, base: H
         trace.append(value)
     final, dropped = apply_layer_rule(mask, layer_threshold)
     return CFResult(dense, floor, degradation, order, selected, trace, final, dropped, rejected)
+
+
+# where a ScoreMap of sap / sap-cf keeps its own selection at its ``sparsity`` parameter: (mask key, dropped layers)
+OWN_SELECTION = {"sap": ("sap_mask", "sap_dropped_layers"), "sap-cf": ("mask", "dropped_layers")}
 
 
 def layer_rule_json(mask: HeadMask, dropped_layers: Sequence[int]) -> dict:
@@ -395,25 +443,72 @@ class SAP(_SapBase):
 @register
 class SAPCandidateFiltering(_SapBase):
     name = "sap-cf"
-    description = "SAP candidates re-ranked by single-head degradation, pruned while the metric stays ≥ tolerance."
+    description = ("SAP candidates (a pool larger than the target) re-ranked by measured single-head degradation, "
+                   "pruned to the target sparsity or while the metric stays ≥ tolerance.")
     reference = "sap-syntactic-attention-pruning.txt §3.4"
     latex = r"\text{prune candidates by ascending } m_0-m(c)\ \text{while } m \ge \tau\, m_0"
     needs_labels = True
     params = {**_SapBase.params,
-              "sparsity": Param(0.0, "target fraction of heads among the candidates (0 = the candidates are the "
-                                "heads with cnt ≥ S·R, as the paper's CF: a tolerance instead of a sparsity)", float,
-                                FRACTION),
-              "tolerance": Param(0.9, "keep at least this fraction of the dense calibration metric", float,
-                                 Interval(0, 1, closed="right"))}
+              "sparsity": Param(0.0, "target fraction of heads pruned: CF prunes that many of its degradation "
+                                "ranking of the pool (0 = the paper's mode: prune while the metric stays ≥ "
+                                "tolerance, the sparsity reached is CF's result)", float, FRACTION),
+              "pool": Param(0.0, "candidate pool, a fraction of the heads: SAP's first round(pool·N) heads (0 = "
+                                 "auto: halfway between the target sparsity and every head; with sparsity 0, the "
+                                 "heads with cnt ≥ S·R)", float, UNIT),
+              "tolerance": Param(0.9, "keep at least this fraction of the dense calibration metric (sparsity 0)",
+                                 float, Interval(0, 1, closed="right"))}
 
     def requires_labels(self, params: dict) -> bool:
         return True
 
-    def score(self, ctx: ScoringContext, **p) -> ScoreMap:
+    def resolve_params(self, given: dict | None) -> dict:
+        """Each parameter checked alone, then the pool against the target (``check_pool``)."""
+        resolved = super().resolve_params(given)
+        problem = check_pool(resolved["sparsity"], resolved["pool"])
+        if problem:
+            raise CriterionError(f"Parameter pool={resolved['pool']!r}: {problem}.")
+        return resolved
+
+    def candidates(self, ctx: ScoringContext, p: dict) -> tuple[SapResult, DependencyStats, ArcData,
+                                                                  list[Head], int | None]:
+        """(SAP at the target with its best k, stats, arcs, CF's pool, the number of heads to prune or None for
+        the tolerance mode): the pool rule of the module doc."""
         result, stats, data = self._sap(ctx, p)
+        fraction = pool_fraction(p["sparsity"], p["pool"])
         base = ctx.mask if ctx.mask is not None else HeadMask.ones(result.mask.shape)
-        cf = candidate_filtering(result.selected, calibration_metric(ctx, p["metric"]), base, p["tolerance"],
-                                 p["layer_threshold"], progress=lambda f, m: ctx.report(0.6 + 0.4 * f, m))
+        if fraction <= 0:
+            return result, stats, data, list(result.selected), None
+        n_pool = round(fraction * base.values.numel()) - base.n_pruned
+        pool, _ = select_for_sparsity(result.counters, result.total, n_pool, p["ratio"], p["ratio_step"])
+        n_target = round(p["sparsity"] * base.values.numel()) - base.n_pruned if p["sparsity"] > 0 else None
+        return result, stats, data, pool, None if n_target is None else max(min(n_target, len(pool)), 0)
+
+    def filtered(self, ctx: ScoringContext, p: dict) -> tuple[SapResult, DependencyStats, ArcData, list[Head],
+                                                               CFResult]:
+        result, stats, data, pool, n_target = self.candidates(ctx, p)
+        base = ctx.mask if ctx.mask is not None else HeadMask.ones(result.mask.shape)
+        cf = candidate_filtering(pool, calibration_metric(ctx, p["metric"]), base, p["tolerance"],
+                                 p["layer_threshold"], progress=lambda f, m: ctx.report(0.6 + 0.4 * f, m),
+                                 n_target=n_target)
+        return result, stats, data, pool, cf
+
+    def per_sparsity(self, ctx: ScoringContext, levels: Iterable[float], params: dict | None = None
+                     ) -> dict[float, SapResult]:
+        """CF's own selection at each target sparsity (module doc), as ``SAP.per_sparsity`` gives SAP's: each a
+        SapResult whose ``selected``, ``mask`` and ``dropped_layers`` are CF's (``k``, ``sweep``: SAP's at that
+        target)."""
+        resolved = self.prepare(ctx, params)
+        out = {}
+        for level in levels:
+            p = {**resolved, "sparsity": self.params["sparsity"].parse("sparsity", level)}
+            result, _, _, _, cf = self.filtered(ctx, self.resolve_params(p))
+            out[float(level)] = SapResult(result.k, result.counters, result.total, cf.selected, result.ratio,
+                                          cf.mask, cf.dropped_layers, cf.trace[-1] if cf.trace else cf.dense,
+                                          result.sweep)
+        return out
+
+    def score(self, ctx: ScoringContext, **p) -> ScoreMap:
+        result, stats, data, pool, cf = self.filtered(ctx, p)
         rest = [h for h in ScoreMap(-result.counters, "sap").order() if h not in cf.order]
         pruning_order = cf.selected + [h for h in cf.order if h not in cf.selected] + rest
         scores = np.full(result.counters.shape, np.nan)
@@ -421,6 +516,9 @@ class SAPCandidateFiltering(_SapBase):
             scores[l, h] = position
         meta = {**self._meta(result, stats, data), "mask": cf.mask.to_json(), "selected": _heads_json(cf.selected),
                 "dropped_layers": cf.dropped_layers, "dense_metric": cf.dense, "floor": cf.floor,
+                "pool": _heads_json(pool), "pool_fraction": pool_fraction(p["sparsity"], p["pool"]),
+                "mode": "target" if p["sparsity"] > 0 else "tolerance",
+                "sparsity_reached": cf.mask.n_pruned / cf.mask.values.numel(),
                 "metric_trace": cf.trace, "degradation": {f"{l},{h}": d for (l, h), d in cf.degradation.items()},
                 "rejected": None if cf.rejected is None else {"head": list(cf.rejected[0]), "metric": cf.rejected[1]}}
         return ScoreMap(scores, self.name, p, meta)

@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 
 from ..errors import DataError
+from ..userinput import json_or_file
 from .dataset import TextDataset
 
 
@@ -43,20 +43,17 @@ def _as_float(value, source: str) -> float:
 POSITIONAL = re.compile(r"(LABEL_)?\d+")   # model label names that say only a position
 
 
+LABEL_MAP_ACCEPTED = ("a JSON object from the data's labels to the model's ids or label names, e.g. "
+                      "'{\"negative\": 0, \"positive\": 1}', or a file holding one")
+
+
 def parse_label_map(text: str) -> dict[str, int | str]:
     """A label map from a JSON object, or from a file holding one: {data label: model id or model label name}.
 
     Raises DataError naming what is accepted (checked by the CLI before a model loads).
     """
-    path = Path(text).expanduser()
-    source = f"label map file {text}" if path.is_file() else "label map"
-    raw = path.read_text(encoding="utf-8") if path.is_file() else text
-    try:
-        obj = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise DataError(f"The {source} is not JSON ({exc.msg}). Accepted: a JSON object from the data's labels to "
-                        "the model's ids or label names, e.g. '{\"negative\": 0, \"positive\": 1}', or a file "
-                        "holding one.") from None
+    obj, source = json_or_file(text, "label map", LABEL_MAP_ACCEPTED, DataError)
+    raw = json.dumps(obj)
     if not isinstance(obj, dict) or not obj or not all(
             isinstance(v, (int, str)) and not isinstance(v, bool) for v in obj.values()):
         raise DataError(f"The {source} must be a non-empty JSON object from the data's labels to the model's ids "

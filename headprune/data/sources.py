@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DataError
+from ..userinput import is_dir, is_file, shown, user_path
 from .choice import choice_dataset, choice_fields
 from .dataset import TextDataset, as_lm_data
 
@@ -280,12 +281,12 @@ def check_source(spec: str) -> None:
     if spec.startswith("hf:"):
         parse_hf_spec(spec)
         return
-    path = Path(spec).expanduser()
-    if path.is_dir():
+    path = user_path(spec, "Data", accepted(), DataError)
+    if is_dir(path):
         raise DataError(f"{spec} is a folder, not a data file. Accepted: {accepted()} (a dataset folder written "
                         f"by save_to_disk is read as hf:{spec}).")
-    if not path.is_file():
-        raise DataError(f"Data file not found: {spec}. Accepted: {accepted()}.")
+    if not is_file(path):
+        raise DataError(f"Data file not found: {shown(spec)}. Accepted: {accepted()}.")
 
 
 def is_choice_data(spec: str, context_col: str | None = None, choices_col: str | None = None,
@@ -299,7 +300,7 @@ def is_choice_data(spec: str, context_col: str | None = None, choices_col: str |
     if named is not None:
         return named.task == "multiple_choice"
     path = Path(spec).expanduser()
-    if spec.startswith("hf:") or not path.is_file() or FILE_FORMATS.get(path.suffix.lower()) in (None, "txt"):
+    if spec.startswith("hf:") or not is_file(path) or FILE_FORMATS.get(path.suffix.lower()) in (None, "txt"):
         return False
     return choice_fields(columns_of(path)) is not None
 

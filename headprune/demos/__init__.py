@@ -20,9 +20,9 @@ from . import circuit, classifier, lm
 from .corpus import fine_tuning, held_out
 
 register_model("demo", "MiniLM-L6 sentiment classifier fine-tuned on Rotten Tomatoes (built offline once)",
-               classifier.ensure_demo_model)
+               classifier.ensure_demo_model, causal=False)
 register_model("demo-lm", "6-layer Llama language model, 8 query / 2 key-value heads (built offline once)",
-               lm.ensure_demo_lm_model)
+               lm.ensure_demo_lm_model, causal=True)
 register_dataset("demo", "held-out Rotten Tomatoes reviews (fresh / rotten)", held_out)
 register_dataset("demo-lm", "the same held-out reviews as unlabelled text", lm.demo_lm_dataset, labelled=False)
 register_dataset("demo:train", "the 9,000 reviews the demos were fine-tuned on (a separate split: calibration or "
@@ -33,7 +33,7 @@ register_dataset("demo-lm-cloze", "cloze questions from the held-out reviews for
                  "and four endings, its own and three others' (multiple choice)", lm.demo_lm_cloze_dataset,
                  labelled=False, task="multiple_choice")
 register_model("demo-circuit", "3-layer Llama LM trained to copy repeated word blocks: an induction circuit "
-               "(built offline once)", circuit.ensure_demo_circuit_model)
+               "(built offline once)", circuit.ensure_demo_circuit_model, causal=True)
 register_dataset("demo-circuit", "repeated random word blocks, scored on the repeated half",
                  circuit.demo_circuit_dataset, labelled=False)
 register_dataset("demo-circuit-choice", "induction questions for demo-circuit: a block, its repeat cut after a "

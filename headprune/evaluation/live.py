@@ -76,7 +76,7 @@ Progress = Callable[[float, str], None]
 
 def first_changed_layer(old: HeadMask, new: HeadMask, layer_to_block: Sequence[int]) -> int | None:
     """Smallest forward layer whose block has a gate that differs between ``old`` and ``new`` (None: same)."""
-    changed = (old.values != new.values).any(dim=1)
+    changed = (old.gates != new.gates).any(dim=1)   # a tuned mask's scale change counts too
     for layer, block in enumerate(layer_to_block):
         if bool(changed[block]):
             return layer

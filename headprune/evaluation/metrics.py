@@ -141,14 +141,16 @@ def metric_set(task: Task, dataset_source: str | None = None, *, n_classes: int 
 
 
 def headline(task: Task, metric: str | None = None, dataset_source: str | None = None, *,
-             n_classes: int | None = None) -> str:
+             n_classes: int | None = None, extra: tuple[str, ...] = ()) -> str:
     """The metric tolerances, stopping rules and plots read: ``metric`` when given (it must be one the task
-    reports: its set or its loss), else GLUE's headline for a named GLUE task, else the task's own
+    reports: its set or its loss, or one of ``extra`` -- a trajectory's stability measures -- for a task that gives
+    answers: a classifier or multiple choice), else GLUE's headline for a named GLUE task, else the task's own
     (``Task.headline``). Raises MetricError naming the accepted metrics."""
     reported = metric_set(task, dataset_source, n_classes=n_classes)
     if metric is None:
         return reported[0] if reported == GLUE_METRICS.get(glue_task(dataset_source) or "") else task.headline
-    accepted = tuple(dict.fromkeys(KIND_METRICS[task.kind] + ("loss",)))
+    answered = task.kind in ("classification", "multiple_choice")
+    accepted = tuple(dict.fromkeys(KIND_METRICS[task.kind] + ("loss",) + (extra if answered else ())))
     accepted = tuple(m for m in accepted if m != "f1" or n_classes in (None, 2))
     if metric not in accepted:
         raise MetricError(f"--metric {metric}: not reported for a {task.kind} task. Accepted: "
@@ -156,10 +158,11 @@ def headline(task: Task, metric: str | None = None, dataset_source: str | None =
     return metric
 
 
-def check_metric_name(metric: str | None) -> None:
-    """Refuse, before any model loads, a ``--metric`` no task reports (MetricError listing every name)."""
-    if metric is not None and metric not in METRIC_NAMES:
-        raise MetricError(f"--metric '{metric}' is unknown; accepted: {', '.join(METRIC_NAMES)}.")
+def check_metric_name(metric: str | None, extra: tuple[str, ...] = ()) -> None:
+    """Refuse, before any model loads, a ``--metric`` no task reports (MetricError listing every name; ``extra``:
+    names this command reports besides, e.g. a trajectory's stability measures)."""
+    if metric is not None and metric not in METRIC_NAMES + extra:
+        raise MetricError(f"--metric '{metric}' is unknown; accepted: {', '.join(METRIC_NAMES + extra)}.")
 
 
 def binary_f1(y_true: np.ndarray, y_pred: np.ndarray, positive: int = 1) -> float:

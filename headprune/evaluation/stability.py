@@ -1,7 +1,19 @@
-"""Prediction stability under input perturbation (reported beside accuracy, HIES paper Table 2).
+"""Stability of a pruned model's answers (reported beside accuracy, HIES paper Table 2 and Fig. 5): two measures.
 
-The HIES paper reports "stability" as a percentage without defining it; it motivates stability as resilience
-to input perturbations. We operationalise it as
+The HIES paper (hies.txt §4, Table 2) reports "stability" as a percentage without defining it; it motivates
+stability as "a model's resilience to input perturbations and pruning-induced changes" (§1). Both readings are
+measured here, each a named metric (``STABILITY_METRICS``) that trajectories (``trajectory --metric agreement``,
+``--stability``) and protocols (``metrics = ["accuracy", "agreement", "stability"]``) report, in percent:
+
+    agreement(mask) = 100 · (1/n) Σ_i [answer_mask(x_i) = answer_dense(x_i)]
+
+the percentage of evaluation rows on which the pruned model gives the dense model's answer (a classifier's argmax
+class, or the picked choice of a multiple-choice question). Our choice, documented: this is the reading Table 2's
+numbers fit -- 94-97 % at 10 % of the heads pruned, falling with the ratio to 43.62 % for CoLA under HIS at 50 %,
+where CoLA's MCC is near 0 (a model answering one class agrees with the dense one on about that class's share of
+the rows); a perturbation measure would not fall with pruning that way. The dense model agrees with itself: 100.
+
+The perturbation measure ("resilience to input perturbations"):
 
     stability(mask) = 100 · (1/n) Σ_i [argmax f_mask(x_i) = argmax f_mask(x̃_i)]
 
@@ -30,6 +42,8 @@ from ..model.task import IGNORE_INDEX, is_choice_batch
 from .metrics import choice_predictions, lm_stats, predict
 
 DEFAULT_DROP = 0.1
+# the stability measures of the module doc, as metric names (percent; higher is better)
+STABILITY_METRICS = ("agreement", "stability")
 
 
 def drop_words(text: str, p: float, rng: np.random.Generator) -> str:
@@ -139,9 +153,27 @@ def agreement(clean_logits: torch.Tensor, perturbed_logits: torch.Tensor) -> flo
     return same_answers(clean_logits.argmax(-1), perturbed_logits.argmax(-1))
 
 
+def answers(model, batches: list[dict], mask=None, device=None) -> np.ndarray:
+    """(n,) the model's answer per row under ``mask``: a classifier's argmax class, or per question the picked
+    choice of multiple-choice data. A regression head or a language model on plain text gives none (DataError)."""
+    if is_choice_batch(batches[0]):
+        return np.asarray(choice_predictions(lm_stats(model, batches, mask, device), batches)[0])
+    if "labels" in batches[0] and batches[0]["labels"].ndim > 1:
+        raise DataError("Stability compares the answers a model gives (a classifier's class, or the picked choice "
+                        "of multiple-choice data); a language model on plain text gives none.")
+    logits = predict(model, batches, mask, device)
+    if logits.shape[-1] < 2:
+        raise DataError("Stability compares predicted classes; a regression head has none.")
+    return logits.argmax(-1).numpy()
+
+
 def stability(model, batches: list[dict], perturbed: list[dict], mask=None, device=None) -> float:
     """stability(mask) of the module doc, on ``batches`` and their ``perturbed`` copies."""
-    if is_choice_batch(batches[0]):
-        return same_answers(*(choice_predictions(lm_stats(model, b, mask, device), b)[0]
-                              for b in (batches, perturbed)))
-    return agreement(predict(model, batches, mask, device), predict(model, perturbed, mask, device))
+    return same_answers(answers(model, batches, mask, device), answers(model, perturbed, mask, device))
+
+
+def dense_agreement(model, batches: list[dict], mask=None, device=None, dense: np.ndarray | None = None) -> float:
+    """agreement(mask) of the module doc: % of ``batches``' rows answered as the model without a mask answers them
+    (``dense``: those answers, ``answers(model, batches)``, when already computed)."""
+    reference = answers(model, batches, None, device) if dense is None else dense
+    return same_answers(reference, answers(model, batches, mask, device))

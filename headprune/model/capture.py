@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ..errors import HeadpruneError
 from .arch import ModelAdapter, adapt, supported
@@ -43,18 +44,24 @@ class AttentionMaps:
 
 @contextmanager
 def eager_attention(model):
-    """Temporarily run ``model`` with the eager attention kernel (the only one that returns probabilities)."""
+    """Temporarily run ``model`` with the eager attention kernel (the only one that returns probabilities).
+
+    A registered attention function may name its own eager twin (``fn.eager_name``: the KV plan's restricted
+    attention does), so a capture keeps what the function changes and still gets probabilities.
+    """
     config = model.config
     previous = getattr(config, "_attn_implementation", None)
-    if previous == "eager":
+    function = ALL_ATTENTION_FUNCTIONS.get(previous) if previous else None
+    target = getattr(function, "eager_name", "eager")
+    if previous == target:
         yield model
         return
     setter = getattr(model, "set_attn_implementation", None)
     try:
         if setter is not None:
-            setter("eager")
+            setter(target)
         else:
-            config._attn_implementation = "eager"
+            config._attn_implementation = target
         yield model
     finally:
         if setter is not None and previous is not None:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-import json
-from pathlib import Path
 
 import torch
 
 from ..errors import DeviceError
+from ..userinput import json_or_file
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -57,6 +56,10 @@ def available_devices() -> list[str]:
     return ["cpu", "disk"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
 
 
+DEVICE_MAP_ACCEPTED = ("'auto', a JSON object {\"module.name\": device} or a JSON file holding one, e.g. "
+                       '{"model.embed_tokens": 0, "model.layers": "cpu", "lm_head": "disk"}')
+
+
 def parse_device_map(spec: str | dict | None) -> str | dict | None:
     """``"auto"``, a JSON object ``{"module.name": device}`` (device: "cpu", "disk", a GPU index or "cuda:N"), or
     a path to such a JSON file. Every device is checked against this machine, so an absent GPU is named in a
@@ -66,13 +69,7 @@ def parse_device_map(spec: str | dict | None) -> str | dict | None:
     if isinstance(spec, str):
         if spec == "auto":
             return "auto"
-        text = Path(spec).read_text(encoding="utf-8") if Path(spec).is_file() else spec
-        try:
-            spec = json.loads(text)
-        except json.JSONDecodeError:
-            raise DeviceError(f"--device-map must be 'auto', a JSON object or a JSON file; got {text[:60]!r}. "
-                              'Example: {"model.embed_tokens": 0, "model.layers": "cpu", "lm_head": "disk"}.')\
-                from None
+        spec, _ = json_or_file(spec, "--device-map", DEVICE_MAP_ACCEPTED, DeviceError)
     if not isinstance(spec, dict) or not spec:
         raise DeviceError("A device map is a non-empty JSON object {\"module.name\": device}.")
     for module, device in spec.items():

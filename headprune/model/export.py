@@ -12,7 +12,8 @@ masked      the original architecture and config, the pruned heads' weights zero
             W_O[:, p] c_h = 0 for every context c_h, i.e. exactly a 0 gate (``gating.py``); Q then no longer
             matters and is zeroed for sparsity. A key/value head's W_K / W_V rows (and key-side extras) are zeroed
             only when every query head reading it is pruned, so every kept head sees its own keys and values
-            unchanged (grouped-query attention). Same compute as the dense model: the export says so.
+            unchanged (grouped-query attention). Same compute as the dense model: the export says so. A tuned
+            mask's scales are baked into the kept heads' O columns (``surgery.bake_scales``), as in every format.
 uniform     the cut of ``surgery.prune_model`` with a stock config: possible when every layer keeps the same
             number q of query heads in the same number n of key/value groups, c = q / n heads per kept group
             (multi-head attention: c = 1, n = q). Surgery then holds each kept group's K/V rows once and orders
@@ -45,7 +46,7 @@ from .arch import AttentionBlock, adapt, out_axis
 from .layers import drop_layers
 from .loading import save_pruned, write_staged
 from .mask import HeadMask
-from .surgery import head_features, prune_model
+from .surgery import bake_scales, head_features, prune_model
 
 # model_type values whose config and attention read an explicit head_dim (transformers 5.23:
 # ``getattr(config, "head_dim", hidden_size // num_attention_heads)`` in each attention's __init__)
@@ -137,6 +138,7 @@ def masked_model(model: nn.Module, mask: HeadMask) -> nn.Module:
     _check_uncut(adapt(model), "masked")
     target = copy.deepcopy(model)
     zero_pruned_heads(target, mask)
+    bake_scales(target, mask)
     _stock_config(target)
     return target
 
@@ -330,7 +332,7 @@ def nearest_uniform(model: nn.Module, mask: HeadMask, scores: torch.Tensor | Non
     new = values.bool()
     added = [tuple(x) for x in (new & ~keep).nonzero().tolist()]
     removed = [tuple(x) for x in (keep & ~new).nonzero().tolist()]
-    return UniformRounding(HeadMask(values), c * n, n, added, removed)
+    return UniformRounding(HeadMask(values, mask.scales), c * n, n, added, removed)   # a kept head keeps its scale
 
 
 def round_to_uniform(model: nn.Module, mask: HeadMask, scores: torch.Tensor | None = None) -> UniformRounding:

@@ -5,7 +5,8 @@ forward pre-hook on each block's output projection O multiplies the concatenated
 ``[c_1, ..., c_H]`` by ``[m_1 1_{d_h}, ..., m_H 1_{d_h}]`` before O is applied. The context is the same under
 ``sdpa`` and ``eager`` attention, so the gate works under both. A gate of 0 is exactly what removing the head's
 rows of Q/K/V and columns of O does (tests/test_equivalence.py proves it against surgery); soft gates in
-[0, 1] are differentiable, and d loss / d gate is Michel et al.'s head importance.
+[0, 1] are differentiable, and d loss / d gate is Michel et al.'s head importance. A tuned HeadMask (Kwon et al.'s
+mask tuning) gates a kept head by its real-valued scale (``HeadMask.gates``).
 
 Weights are never touched: the gate is a named hook (``headprune.model.hooks``) at ``Stage.CHANGE`` on each O
 projection, attached on entry and detached on exit. Code that needs the context *before* the gate (live evaluation
@@ -29,7 +30,7 @@ AFTER_GATE = Stage.OBSERVE   # a hook here sees what O receives (gated)
 
 
 def _as_tensor(mask: HeadMask | torch.Tensor) -> torch.Tensor:
-    return mask.values if isinstance(mask, HeadMask) else mask
+    return mask.gates if isinstance(mask, HeadMask) else mask
 
 
 @contextmanager

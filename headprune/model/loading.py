@@ -25,6 +25,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 from ..errors import DeviceError, ModelLoadError, UntrainedHeadError
+from ..userinput import exists, is_dir, is_file, user_path
 from .arch import ModelAdapter, adapt
 from .device import OFFLOAD_HELP, parse_device_map, parse_dtype, resolve_device
 from .layers import DROPPED_LAYERS_KEY, drop_layers
@@ -58,14 +59,34 @@ class NamedModel:
     name: str
     description: str
     build: Callable[..., Path]
+    causal: bool | None = None      # a decoder (True) or an encoder (False), known before it is built; None: unsaid
 
 
 NAMED_MODELS: dict[str, NamedModel] = {}
 
 
-def register_model(name: str, description: str, build: Callable[..., Path]) -> None:
-    """Make ``load_model(name)`` load the folder ``build(progress=None)`` returns (built once, then cached)."""
-    NAMED_MODELS[name] = NamedModel(name, description, build)
+def register_model(name: str, description: str, build: Callable[..., Path], causal: bool | None = None) -> None:
+    """Make ``load_model(name)`` load the folder ``build(progress=None)`` returns (built once, then cached).
+    ``causal``: whether it is a decoder, so commands that need one refuse an encoder before building it."""
+    NAMED_MODELS[name] = NamedModel(name, description, build, causal)
+
+
+# model types of the encoder families headprune adapts (``arch.encoders`` / ``arch.modern``)
+ENCODER_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert", "deberta",
+                           "deberta-v2", "modernbert"})
+
+
+def declared_causal(spec: str) -> bool | None:
+    """Whether ``spec`` names a decoder, read without loading weights: a named model's declaration, else a
+    folder's ``config.json`` (``model_type``); None when nothing says (a hub id: checked once loaded)."""
+    if spec in NAMED_MODELS:
+        return NAMED_MODELS[spec].causal
+    try:
+        config = json.loads((Path(spec).expanduser() / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    model_type = (config.get("text_config") or {}).get("model_type") or config.get("model_type")
+    return None if not model_type else model_type not in ENCODER_TYPES
 
 
 def model_source_kind(spec: str) -> str:
@@ -75,7 +96,26 @@ def model_source_kind(spec: str) -> str:
         return "named"
     parts = spec.split("/")
     hub_like = len(parts) <= 2 and all(p and not p.startswith(".") for p in parts) and not spec.startswith(("/", "~"))
-    return "hub" if hub_like and not Path(spec).expanduser().exists() else "folder"
+    return "hub" if hub_like and not exists(spec) else "folder"
+
+
+def peek_config(spec: str) -> dict | None:
+    """config.json of a named model or local folder, read without loading the model (None for a hub id)."""
+    if spec in NAMED_MODELS:
+        folder = NAMED_MODELS[spec].build()
+    elif model_source_kind(spec) == "folder":
+        folder = user_path(spec, "--model", "a model folder", ModelLoadError)
+    else:
+        return None
+    try:
+        return json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None   # load_model names the problem
+
+
+def is_lm_config(config: dict) -> bool:
+    """Whether a config.json dict describes a causal language model (its architectures say so)."""
+    return any(m in " ".join(config.get("architectures") or []) for m in ("ForCausalLM", "LMHeadModel"))
 
 
 def named_models_help() -> str:
@@ -196,16 +236,17 @@ def load_model(spec: str, device: str | torch.device = "auto", attn_implementati
         path = NAMED_MODELS[spec].build()
         source = str(path)
     else:
-        path = Path(spec).expanduser()
+        path = user_path(spec, "--model", f"a named model ({named_models_help()}), a model folder or a Hugging Face "
+                         "model id", ModelLoadError)
         source = str(path)
-        if not path.exists():
+        if not exists(path):
             if model_source_kind(spec) != "hub":
                 raise ModelLoadError(f"Model path not found: {spec}. Give a named model ({named_models_help()}), "
                                      "a folder with config.json and model.safetensors, or a Hugging Face model id "
                                      "(e.g. 'bert-base-uncased').")
             path = None
             source = spec
-        elif not path.is_dir() or not (path / "config.json").is_file():
+        elif not is_dir(path) or not is_file(path / "config.json"):
             raise ModelLoadError(f"{spec} is not a model folder: it needs config.json and model.safetensors "
                                  "(a folder written by save_pretrained or by 'python -m headprune prune').")
     try:

@@ -5,6 +5,11 @@ On disk a mask is ``{"pruned": {"<layer>": [head, ...]}}`` (0-based), the dict s
 ``prune_heads`` took; ``"shape": [L, H]`` is written too so a file says which model it fits. With grouped-query
 attention a file may also (or instead) name whole key/value groups: ``{"pruned_groups": {"<layer>": [g, ...]}}``
 prunes every query head of group g (heads h with h // (H / H_kv) == g); the grid itself stays layers x query heads.
+A tuned mask (Kwon et al. 2022's mask tuning, ``criteria.kwon``) also carries real-valued scales of kept heads,
+``"scales": {"<layer>": {"<head>": s}}`` (heads not named keep scale 1): the gate of a kept head is its scale, so a
+head's output is multiplied by s (any finite real; > 1 and < 0 included). ``values`` stays the keep/prune grid
+(every view below reads it); ``gates`` = values x scales is what ``gating`` applies. Files without "scales" load
+as before.
 A mask written with SAP's whole-layer rule (``criteria.sap.layer_rule_json``) also names
 ``"dropped_layers": [layer, ...]``: layers skipped whole (their heads are pruned in ``"pruned"`` too);
 :func:`dropped_layers` reads them, and commands that apply a mask apply them (``evaluate`` skips those layers,
@@ -14,21 +19,35 @@ A mask written with SAP's whole-layer rule (``criteria.sap.layer_rule_json``) al
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
 
 from ..errors import MaskError
+from ..userinput import is_dir, is_file, user_path
 
 
 class HeadMask:
-    def __init__(self, values: torch.Tensor):
+    def __init__(self, values: torch.Tensor, scales: torch.Tensor | None = None):
         values = torch.as_tensor(values, dtype=torch.float32)
         if values.ndim != 2:
             raise MaskError(f"A head mask is a 2-D grid (layers x heads); got shape {tuple(values.shape)}.")
         if torch.isnan(values).any() or (values < 0).any() or (values > 1).any():
             raise MaskError("Head-mask values must lie in [0, 1] (1 = keep, 0 = prune).")
+        if scales is not None:
+            scales = torch.as_tensor(scales, dtype=torch.float32)
+            if tuple(scales.shape) != tuple(values.shape):
+                raise MaskError(f"Head scales of shape {tuple(scales.shape)} do not fit the mask's "
+                                f"{tuple(values.shape)} grid.")
+            if not torch.isfinite(scales).all():
+                raise MaskError("Head scales must be finite numbers.")
+            # a pruned head has no scale; an all-ones grid is no scaling at all (a plain mask compares equal)
+            scales = torch.where(values == 0, torch.ones_like(scales), scales)
+            if bool((scales == 1).all()):
+                scales = None
         self.values = values
+        self.scales = scales
 
     # -- construction -------------------------------------------------------------------------------------
     @classmethod
@@ -70,7 +89,33 @@ class HeadMask:
         mask = cls.from_pruned(obj.get("pruned", {}), shape)
         if "pruned_groups" in obj:
             mask = mask & cls.from_pruned_groups(obj["pruned_groups"], shape, groups)
+        if obj.get("scales"):
+            mask = mask.with_scales(cls.scales_from_json(obj["scales"], mask))
         return mask
+
+    @classmethod
+    def scales_from_json(cls, scales: dict, mask: HeadMask) -> torch.Tensor:
+        """The (n_blocks, n_heads) scale grid of ``{"<layer>": {"<head>": s}}`` (1 where not named); MaskError
+        naming the entry when a layer or head is out of range, a head named is pruned, or s is not a finite number."""
+        grid = torch.ones(mask.shape)
+        if not isinstance(scales, dict):
+            raise MaskError('"scales" must be an object {"<layer>": {"<head>": scale}}.')
+        for layer_key, heads in scales.items():
+            layer = cls._layer_index(layer_key, mask.shape[0])
+            if not isinstance(heads, dict):
+                raise MaskError(f'"scales" layer {layer}: expected an object {{"<head>": scale}}, got {heads!r}.')
+            for head_key, value in heads.items():
+                head = int(head_key) if str(head_key).isdigit() else -1
+                if not 0 <= head < mask.shape[1]:
+                    raise MaskError(f'"scales" layer {layer} names head {head_key!r}; heads are '
+                                    f"0..{mask.shape[1] - 1}.")
+                if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+                    raise MaskError(f'"scales" of head ({layer}, {head}) is {value!r}; accepted: a finite number.')
+                if mask.values[layer, head] == 0:
+                    raise MaskError(f'"scales" names head ({layer}, {head}), which the mask prunes; only kept heads '
+                                    "carry a scale.")
+                grid[layer, head] = float(value)
+        return grid
 
     @classmethod
     def from_pruned_groups(cls, pruned_groups: dict, shape: tuple[int, int],
@@ -114,11 +159,12 @@ class HeadMask:
 
         Raises MaskError when the path is a folder, missing, or not UTF-8 JSON.
         """
-        path = Path(path)
-        if path.is_dir():
+        path = user_path(str(path), "Mask file", 'a JSON file holding {"pruned": {"<layer>": [head, ...]}}',
+                         MaskError)
+        if is_dir(path):
             raise MaskError(f"Mask file {path} is a folder; give the JSON file, e.g. {path / 'mask.json'}, holding "
                             '{"pruned": {"<layer>": [head, ...]}}.')
-        if not path.is_file():
+        if not is_file(path):
             raise MaskError(f"Mask file not found: {path}")
         try:
             return json.loads(path.read_text(encoding="utf-8"))
@@ -151,8 +197,33 @@ class HeadMask:
             out.setdefault(layer, []).append(head)
         return out
 
+    @property
+    def gates(self) -> torch.Tensor:
+        """What gating multiplies each head's output by: 0 for a pruned head, its scale (default 1) for a kept one."""
+        return self.values if self.scales is None else self.values * self.scales
+
+    @property
+    def is_scaled(self) -> bool:
+        return self.scales is not None
+
+    def with_scales(self, scales: torch.Tensor | None) -> HeadMask:
+        """This keep/prune grid with ``scales`` (None: unscaled)."""
+        return HeadMask(self.values, scales)
+
+    def scales_json(self) -> dict:
+        """{"<layer>": {"<head>": s}} of the kept heads whose scale is not 1 (empty when unscaled)."""
+        if self.scales is None:
+            return {}
+        out: dict[str, dict[str, float]] = {}
+        for layer, head in ((self.scales != 1) & (self.values != 0)).nonzero().tolist():
+            out.setdefault(str(layer), {})[str(head)] = float(self.scales[layer, head])
+        return out
+
     def to_json(self) -> dict:
-        return {"pruned": {str(k): v for k, v in self.pruned().items()}, "shape": list(self.shape)}
+        obj = {"pruned": {str(k): v for k, v in self.pruned().items()}, "shape": list(self.shape)}
+        if self.scales is not None:
+            obj["scales"] = self.scales_json()
+        return obj
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_json(), indent=1), encoding="utf-8")
@@ -179,7 +250,7 @@ class HeadMask:
             raise MaskError(f"No head ({layer}, {head}): layers are 0..{n_layers - 1}, heads 0..{n_heads - 1}.")
         values = self.values.clone()
         values[layer, head] = value
-        return HeadMask(values)
+        return HeadMask(values, self.scales)
 
     def prune(self, layer: int, head: int) -> HeadMask:
         return self._set(layer, head, 0.0)
@@ -188,16 +259,24 @@ class HeadMask:
         return self._set(layer, head, 1.0)
 
     def __and__(self, other: HeadMask) -> HeadMask:
-        return HeadMask(torch.minimum(self.values, other.values))
+        """Heads kept by both; a head scaled in either keeps the product of its scales."""
+        if self.scales is None and other.scales is None:
+            scales = None
+        else:
+            scales = (torch.ones(self.shape) if self.scales is None else self.scales) * \
+                (torch.ones(self.shape) if other.scales is None else other.scales)
+        return HeadMask(torch.minimum(self.values, other.values), scales)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, HeadMask) and torch.equal(self.values, other.values)
+        return isinstance(other, HeadMask) and torch.equal(self.gates, other.gates) \
+            and torch.equal(self.values, other.values)
 
     def __hash__(self) -> int:
-        return hash(tuple(self.values.flatten().tolist()))
+        return hash(tuple(self.gates.flatten().tolist()))
 
     def __repr__(self) -> str:
-        return f"HeadMask({self.shape[0]}x{self.shape[1]}, pruned={self.n_pruned})"
+        scaled = f", scaled={int(((self.scales != 1) & (self.values != 0)).sum())}" if self.scales is not None else ""
+        return f"HeadMask({self.shape[0]}x{self.shape[1]}, pruned={self.n_pruned}{scaled})"
 
 
 def dropped_layers(obj: dict, n_layers: int) -> list[int]:

@@ -24,6 +24,10 @@ p // num_key_value_groups, one count per layer). Let c_g be the number of kept q
   Multi-head attention is the case where every head is its own group (all c_g = 1).
 Kept query heads are stored grouped by key/value group, in original order within a group.
 
+A tuned mask's scales (``HeadMask.scales``, Kwon et al.'s mask tuning) are baked into the weights before the cut
+(:func:`bake_scales`): head h's O input columns are multiplied by its scale s, since O(s c_h) = (s W_O[:, h]) c_h,
+so the cut model computes what the gated one does and needs no gate at run time.
+
 The kept query heads and the group each key/value head holds are recorded in ``config.headprune_kept_heads``
 and ``config.headprune_kv_sources`` so that a saved model loads back through ``headprune.models.load_model``.
 Surgery works on a deep copy unless ``inplace=True``: a cached original model is never mutated.
@@ -138,10 +142,34 @@ def _as_mask(mask: HeadMask | dict, adapter: ModelAdapter) -> HeadMask:
     return mask
 
 
+def bake_scales(model: nn.Module, mask: HeadMask) -> nn.Module:
+    """Multiply, in place, the O input columns of every head present in ``model`` by its scale in ``mask`` (module
+    doc; heads absent or unscaled are left alone). Returns ``model``."""
+    if mask.scales is None:
+        return model
+    adapter = adapt(model)
+    if mask.shape != adapter.grid_shape:
+        raise MaskError(f"Mask shape {mask.shape} does not fit this model's {adapter.grid_shape} heads.")
+    for block in adapter.blocks:
+        for position, head in enumerate(block.kept):
+            scale = float(mask.scales[block.index, head])
+            if scale != 1.0 and mask.values[block.index, head] != 0:
+                _scale_input_features(block.output, head_features([position], block.head_size), scale)
+    return model
+
+
+def _scale_input_features(module: nn.Module, index: list[int], scale: float) -> None:
+    axis = 1 - out_axis(module)
+    idx = torch.tensor(index, dtype=torch.long, device=module.weight.device)
+    with torch.no_grad():
+        module.weight.index_copy_(axis, idx, module.weight.index_select(axis, idx) * scale)
+
+
 def prune_model(model: nn.Module, mask: HeadMask | dict, inplace: bool = False, allow_meta: bool = False) -> nn.Module:
     """Remove every head whose gate is 0 in ``mask`` (original ids; heads already gone are ignored).
 
-    Returns the pruned model: a deep copy unless ``inplace``. Soft gates (0 < m < 1) are not surgery's
+    Returns the pruned model: a deep copy unless ``inplace``. A tuned mask's scales are baked into the kept heads'
+    O columns (:func:`bake_scales`). Soft gates (0 < m < 1) are not surgery's
     business and raise MaskError: apply them with ``gate_heads``. Weights offloaded by accelerate (on the meta
     device) cannot be sliced; such a model raises a MaskError unless ``allow_meta`` (used when a saved pruned
     model is rebuilt on the meta device before its weights are loaded).
@@ -152,7 +180,9 @@ def prune_model(model: nn.Module, mask: HeadMask | dict, inplace: bool = False, 
                         "heads, or gate them instead (the mask works on an offloaded model).")
     target = model if inplace else copy.deepcopy(model)
     adapter = adapt(target)
-    keep_grid = _as_mask(mask, adapter).keep_bool()
+    mask = _as_mask(mask, adapter)
+    bake_scales(target, mask)
+    keep_grid = mask.keep_bool()
     for block in adapter.blocks:
         keep = [h for h in block.kept if keep_grid[block.index, h]]
         if keep != block.kept:

@@ -146,7 +146,9 @@ class Task:
 # The direction of every metric ``headprune.evaluate.Metrics`` can hold.
 HIGHER_IS_BETTER = {"accuracy": True, "f1": True, "macro_f1": True, "mcc": True, "pearson": True,
                     "spearman": True, "next_token_accuracy": True, "loss": False, "mse": False, "perplexity": False,
-                    "acc": True, "acc_norm": True, "acc_bytes": True}
+                    "acc": True, "acc_norm": True, "acc_bytes": True,
+                    # percent of answers kept: as the dense model's, or under word drop (evaluation.stability)
+                    "agreement": True, "stability": True}
 CHOICE_METRICS = ("acc", "acc_norm", "acc_bytes")   # the multiple-choice task's metric set (lm-eval's names)
 
 

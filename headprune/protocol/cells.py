@@ -8,15 +8,19 @@ the functions below:
                           disjoint subsets of one permutation of it), then ``ws.calibration_draw(repeat)``: the
                           evaluation and selection rows stay, the calibration rows are re-drawn per repeat outside
                           the evaluation rows. ``ws.roles()`` is recorded, with the repeat's calibration hash.
-    task_metrics          the metrics a table reports (``metric_set(task, eval source)``: GLUE's for a GLUE name)
+    task_metrics          the metrics a table reports (``metric_set(task, eval source)``: GLUE's for a GLUE name;
+                          the protocol's list, where "task" stands for that set and "agreement" / "stability"
+                          are the stability measures of ``evaluation.stability``, evaluated by ``evaluate_cell``)
     headline_of           the headline metric (``headline(task, metric, eval source)``)
     scoring_context       the criteria's context: calibration batches, choices (HIES's α, SAP's k) made on the
                           selection batches
     score_cell            a criterion's ScoreMap (a criterion with a ``sparsity`` parameter, SAP, is scored at the
                           cell's sparsity unless the protocol fixed it)
     cell_seed             the seed of a cell's scoring (random: independent masks per sparsity)
-    mask_at               the mask of a ScoreMap at a sparsity (``kept_at``; for SAP its own selection at that
-                          sparsity with its best k, and the layers its layer rule drops)
+    mask_at               the mask of a ScoreMap at a sparsity (``kept_at``; for SAP and SAP+CF their own
+                          selection at that sparsity with SAP's best k there, and the layers the layer rule drops;
+                          for a sap-cf tolerance cell the mask CF's tolerance reached; for Kwon et al. its
+                          rearranged mask with the tuned scales)
     evaluate_cell         the metrics of the model under a mask (those layers skipped) on the evaluation rows,
                           with the model's lm-eval numbers ("lm-eval:TASK/METRIC") from one lm-eval run
     harness_tasks         a model's lm-eval tasks checked against lm-eval's index, with their data, before any
@@ -36,9 +40,19 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..criteria.kwon import kwon_mask
+from ..criteria.sap import OWN_SELECTION
 from ..data import TextDataset, align_labels, calibration_texts, content_hash, load_data, row_hashes
 from ..evaluation.harness import Tasks, harness_metrics, is_harness_metric, resolve_tasks
 from ..evaluation.metrics import evaluate, headline, metric_set
+from ..evaluation.stability import (
+    DEFAULT_DROP,
+    STABILITY_METRICS,
+    answers,
+    dense_agreement,
+    perturb_batches,
+    stability,
+)
 from ..model.layers import skip_layers
 from ..model.loading import LoadedModel, load_model
 from ..model.mask import HeadMask
@@ -47,7 +61,7 @@ from ..recovery import recover_cell
 from ..scoring import ScoreMap, ScoringContext
 from ..trajectory import Trajectory, measure_points
 from ..workspace import DEFAULT_CALIB_SIZE, DEFAULT_SELECT_SIZE, DefaultSize, Workspace
-from .spec import ModelEntry, Protocol
+from .spec import TASK_SET, ModelEntry, Protocol
 
 Progress = Callable[[float, str], None]
 
@@ -65,6 +79,8 @@ class CellData:
     select_batches: list[dict] = field(default_factory=list)   # where choices are made; []: the calibration rows
     eval_source: str | None = None              # the evaluation role's data spec (GLUE names pick GLUE's metrics)
     n_classes: int | None = None                # the classifier's outputs (f1 applies to two only)
+    dense_answers: np.ndarray | None = None     # the loaded model's answers on the evaluation rows (agreement)
+    perturbed: list | None = None               # the evaluation batches with words dropped (stability)
 
     def calib_texts(self) -> list:
         return calibration_texts(self.calib, self.calib_batches)
@@ -116,8 +132,17 @@ def build_workspace_for(loaded: LoadedModel, entry: ModelEntry, protocol: Protoc
 def task_metrics(task: Task, entry: ModelEntry, eval_source: str | None, n_classes: int | None
                  ) -> tuple[str, ...]:
     """The metrics the table reports for ``entry``: the protocol's, else the task's set for the evaluation source
-    (``metric_set``: GLUE's for a data spec naming a GLUE task; f1 only for two classes)."""
-    return entry.metrics or metric_set(task, eval_source, n_classes=n_classes)
+    (``metric_set``: GLUE's for a data spec naming a GLUE task; f1 only for two classes); "task" in the protocol's
+    list stands for that set. The stability measures only where the task gives answers (``answering``): a
+    regression head's row leaves them out."""
+    own = metric_set(task, eval_source, n_classes=n_classes)
+    names = [m for name in (entry.metrics or (TASK_SET,)) for m in (own if name == TASK_SET else (name,))]
+    return tuple(dict.fromkeys(m for m in names if m not in STABILITY_METRICS or answering(task)))
+
+
+def answering(task: Task) -> bool:
+    """Whether the task's model gives answers the stability measures compare (a class, a picked choice)."""
+    return task.kind in ("classification", "multiple_choice")
 
 
 def headline_of(task: Task, entry: ModelEntry, eval_source: str | None, n_classes: int | None) -> str:
@@ -139,9 +164,11 @@ def scoring_context(loaded: LoadedModel, data: CellData, seed: int, progress: Pr
 
 def scored_params(crit, params: dict, sparsity: float | None) -> dict:
     """The parameters a criterion is scored with in a cell: a ``sparsity`` parameter (SAP's target) follows the
-    cell's sparsity unless the protocol set it."""
+    cell's sparsity unless the protocol set it; a ``budget`` (Kwon et al.'s share of heads kept) is 1 − sparsity."""
     if sparsity is not None and "sparsity" in crit.params and "sparsity" not in params:
         return {**params, "sparsity": sparsity}
+    if sparsity is not None and "budget" in crit.params and "budget" not in params and sparsity < 1:
+        return {**params, "budget": round(1 - sparsity, 12)}
     return dict(params)
 
 
@@ -157,33 +184,68 @@ def score_cell(ctx: ScoringContext, crit, params: dict, sparsity: float | None) 
     return crit(ctx, scored_params(crit, params, sparsity))
 
 
-def mask_at(scores: ScoreMap, sparsity: float) -> tuple[HeadMask, list[int]]:
+def mask_at(scores: ScoreMap, sparsity: float | None) -> tuple[HeadMask, list[int]]:
     """The mask a cell evaluates and the layers it drops whole.
 
     For ``sap`` scored at the cell's sparsity (``scored_params``): SAP's own selection at that sparsity with its
     best k (chosen on the selection rows) and its layer rule, as ``SAP.per_sparsity(ctx, [sparsity])`` gives it
     (the ScoreMap's ``sap_mask`` / ``sap_dropped_layers`` are that result: one parse and sweep, kept in the score
-    file). Otherwise the heads ``scores`` keeps once ``round(sparsity * N)`` grid heads are pruned (``kept_at``)."""
-    if scores.criterion == "sap" and scores.params.get("sparsity") == sparsity and "sap_mask" in scores.meta:
-        mask = HeadMask.from_json(scores.meta["sap_mask"], scores.shape)
-        return mask, [int(layer) for layer in scores.meta.get("sap_dropped_layers", [])]
+    file). For ``sap-cf`` likewise CF's own selection (``mask`` / ``dropped_layers``): at the cell's sparsity its
+    target mode, and for a tolerance cell (``sparsity`` None: ``sparsity = 0`` in the protocol's params) the mask
+    its tolerance reached. For ``kwon`` scored at budget 1 − sparsity: its rearranged mask with the tuned scales
+    (``kwon_mask``). Otherwise the heads ``scores`` keeps once ``round(sparsity * N)`` grid heads are pruned
+    (``kept_at``)."""
+    tuned = kwon_mask(scores, sparsity) if sparsity is not None else None
+    if tuned is not None:
+        return tuned, []
+    keys = OWN_SELECTION.get(scores.criterion)
+    own = sparsity if sparsity is not None else 0.0
+    if keys and float(scores.params.get("sparsity", -1)) == own and keys[0] in scores.meta:
+        mask = HeadMask.from_json(scores.meta[keys[0]], scores.shape)
+        return mask, [int(layer) for layer in scores.meta.get(keys[1], [])]
+    if sparsity is None:
+        raise ValueError(f"'{scores.criterion}' scores hold no selection of their own; a cell without a sparsity "
+                         "is a tolerance cell of sap-cf (params sparsity = 0).")
     return HeadMask(torch.from_numpy(scores.kept_at(sparsity)).to(torch.float32)), []
 
 
 def evaluate_cell(loaded: LoadedModel, data: CellData, mask: HeadMask | None, progress: Progress | None,
-                  memory_budget, dropped_layers: list[int] | tuple = (), harness: tuple | None = None) -> dict:
+                  memory_budget, dropped_layers: list[int] | tuple = (), harness: tuple | None = None,
+                  stable: tuple[str, ...] = (), seed: int = 0) -> dict:
     """Every metric of the task on the evaluation rows, the model gated by ``mask`` (None: as loaded) and
     ``dropped_layers`` skipped (SAP's layer rule, as ``headprune evaluate`` reads it from a mask file); with
     ``harness`` = (lm-eval metric names, their ``Tasks``), those numbers too, from one lm-eval run on the same mask
-    and layers (lm-eval reads its task's own rows, not the evaluation role's)."""
+    and layers (lm-eval reads its task's own rows, not the evaluation role's); with ``stable`` (names of
+    ``STABILITY_METRICS``), those on the same rows (``stability_metrics``, word drop seeded by ``seed``)."""
+    stable = stable if answering(data.task) else ()
+    if "agreement" in stable and data.dense_answers is None:   # the model as loaded: no layer skipped
+        data.dense_answers = answers(loaded.model, data.eval_batches, None, loaded.device)
     with skip_layers(loaded.adapter, dropped_layers):
         metrics = evaluate(loaded.model, data.eval_batches, mask, progress=progress, task=data.task,
                            memory_budget=memory_budget).to_dict()
+        if stable:
+            metrics |= stability_metrics(loaded, data, mask, stable, seed)
     if harness:
         names, tasks = harness
         metrics |= harness_metrics(loaded.model, loaded.tokenizer, mask, names, tasks=tasks, progress=progress,
                                    dropped_layers=dropped_layers)
     return metrics
+
+
+def stability_metrics(loaded: LoadedModel, data: CellData, mask: HeadMask | None, names: tuple[str, ...],
+                      seed: int) -> dict:
+    """The stability measures ``names`` of the model under ``mask`` on the evaluation rows (``evaluation.stability``
+    module doc, percent): "agreement" with ``data.dense_answers`` (the answers of the model as loaded, which
+    ``evaluate_cell`` records once per ``data`` before any layer is skipped), and "stability", answers kept under a
+    word drop of ``DEFAULT_DROP`` seeded by ``seed`` (drawn once per ``data``)."""
+    out = {}
+    if "agreement" in names:
+        out["agreement"] = dense_agreement(loaded.model, data.eval_batches, mask, loaded.device, data.dense_answers)
+    if "stability" in names:
+        if data.perturbed is None:
+            data.perturbed = perturb_batches(data.eval_batches, loaded.tokenizer, DEFAULT_DROP, seed)
+        out["stability"] = stability(loaded.model, data.eval_batches, data.perturbed, mask, loaded.device)
+    return out
 
 
 def harness_tasks(protocol: Protocol, entry: ModelEntry) -> tuple | None:

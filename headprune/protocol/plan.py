@@ -2,7 +2,8 @@
 
 Cells (one result each, resumable one by one):
     sparsities    per model: one ``dense`` cell (the model as loaded, sparsity 0), then
-                  criterion x sparsity (> 0) x repeat
+                  criterion x sparsity (> 0) x repeat; a criterion in its tolerance mode (sap-cf with
+                  ``sparsity = 0``: ``CriterionEntry.tolerance_cells``) one ``tolerance`` cell per repeat instead
     trajectory    per model: criterion x order (inverse or not) x repeat; the random criterion runs one order
                   ``max(repeats, random_boxes)`` times (independent random orders: the boxes per ratio)
 
@@ -37,6 +38,7 @@ from .spec import ModelEntry, Protocol
 
 DENSE = "dense"
 RECOVERED = "recovered"
+TOLERANCE = "tolerance"   # a criterion's own stop (sap-cf's tolerance mode): the sparsity is its result
 TRAIN_PASS = 3   # a training step's row-pass: forward + backward, about three forwards
 TIMED_PARAMETERS = 600_000_000   # larger local models are not instantiated to time a pass (memory)
 
@@ -56,30 +58,34 @@ class Cell:
     sparsity: float | None = None    # sparsity cells
     inverse: bool | None = None      # trajectory cells
     recovered: bool = False          # the sparsity cell's model trained back ([recovery]): its own cell
+    tolerance: bool = False          # a criterion's tolerance mode (sap-cf, sparsity = 0): its own sparsity
 
     @property
     def kind(self) -> str:
         if self.recovered:
             return RECOVERED
+        if self.tolerance:
+            return TOLERANCE
         return DENSE if self.criterion == DENSE else ("trajectory" if self.inverse is not None else "sparsity")
 
     @property
     def pruned(self) -> Cell:
-        """The sparsity cell a recovered cell starts from (its mask)."""
-        return Cell(self.model, self.criterion, self.repeat, sparsity=self.sparsity)
+        """The sparsity (or tolerance) cell a recovered cell starts from (its mask)."""
+        return Cell(self.model, self.criterion, self.repeat, sparsity=self.sparsity, tolerance=self.tolerance)
 
     @property
     def key(self) -> str:
-        """A stable file name: ``demo__his__s0.25__r1``."""
-        what = f"s{self.sparsity:g}" if self.sparsity is not None else \
+        """A stable file name: ``demo__his__s0.25__r1`` (a tolerance cell: ``demo__sap-cf__tol__r0``)."""
+        what = f"s{self.sparsity:g}" if self.sparsity is not None else "tol" if self.tolerance else \
             ("inverse" if self.inverse else "order") if self.inverse is not None else ""
         parts = [self.model, self.criterion] + ([what] if what else []) + [f"r{self.repeat}"]
         return "__".join(slug(p) for p in parts + (["recovered"] if self.recovered else []))
 
     def to_json(self) -> dict:
         out = {**asdict(self), "kind": self.kind, "key": self.key}
-        if not self.recovered:   # a pruned cell's record (and fingerprint) as before recovery existed
-            del out["recovered"]
+        for flag in ("recovered", "tolerance"):   # a cell's record (and fingerprint) as before the flag existed
+            if not out[flag]:
+                del out[flag]
         return out
 
 
@@ -91,7 +97,10 @@ def expand(protocol: Protocol) -> list[Cell]:
             cells.append(Cell(entry.name, DENSE))
             stages = (False, True) if protocol.recovery is not None else (False,)
             cells += [Cell(entry.name, c.label, r, sparsity=s, recovered=rec) for r in range(protocol.repeats)
-                      for c in protocol.criteria for s in protocol.sparsities if s > 0 for rec in stages]
+                      for c in protocol.criteria if not c.tolerance_cells
+                      for s in protocol.sparsities if s > 0 for rec in stages]
+            cells += [Cell(entry.name, c.label, r, recovered=rec, tolerance=True) for r in range(protocol.repeats)
+                      for c in protocol.criteria if c.tolerance_cells for rec in stages]
             continue
         traj = protocol.trajectory
         for c in protocol.criteria:
@@ -223,7 +232,7 @@ def plan_model(protocol: Protocol, entry: ModelEntry, cells: list[Cell], time_it
         crit = entry_c.criterion if entry_c is not None else get("random")   # random boxes
         params = scored_params(crit, dict(entry_c.params) if entry_c else {}, cell.sparsity)
         work = crit.work(ctx, crit.resolve_params(params))
-        if cell.kind == "sparsity":
+        if cell.kind in ("sparsity", TOLERANCE):
             key = (cell.criterion, cell.repeat, params.get("sparsity") if "sparsity" in crit.params else None)
             calib += 0 if key in scored else n_calib * work
             scored.add(key)

@@ -56,7 +56,7 @@ from ..scoring import ScoreMap
 from ..trajectory import Trajectory, run_trajectory, spread
 from . import cells as adapter
 from .claims import Claims
-from .plan import DENSE, RECOVERED, TRAIN_PASS, Cell, expand, lm_eval_runs, recovery_rows, slug
+from .plan import DENSE, RECOVERED, TOLERANCE, TRAIN_PASS, Cell, expand, lm_eval_runs, recovery_rows, slug
 from .spec import CriterionEntry, ModelEntry, Protocol
 
 Progress = Callable[[float, str], None]
@@ -126,6 +126,30 @@ def finished(out: Path, protocol: Protocol, entry: ModelEntry, cell: Cell) -> di
     """The cell's record when ``out`` holds it for this protocol's settings, else None."""
     record = _read(out / "cells" / f"{cell.key}.json")
     return record if record and record.get("fingerprint") == fingerprint(protocol, entry, cell) else None
+
+
+BYTES_PER_PARAMETER = 4   # the papers' sizes are fp32 checkpoints: Greedy-Gnorm Table 2, 102,269,955 -> 390.13 MB
+
+
+def saved_step(traj: Trajectory, mask_tolerance: float | None) -> tuple[int, str]:
+    """(step, rule) of the mask a trajectory cell saves: without ``mask_tolerance`` the stopping point
+    (``stop_index``); with it the last step before the metric first falls below τ x dense, read on the selection
+    rows when the run recorded them (``Trajectory.stop_values``), else on the evaluation rows."""
+    if mask_tolerance is None:
+        return traj.stop_index(), "stop"
+    rows = "selection" if traj.select_dense and all("select_metrics" in s for s in traj.steps) else "evaluation"
+    index = traj.point_at_ratio(traj.tolerance_ratio(mask_tolerance))
+    return index, f"last step within {mask_tolerance:g} x dense {traj.metric} on the {rows} rows"
+
+
+def size_at(traj: Trajectory, index: int) -> dict:
+    """Parameters and MB (fp32, 2^20 bytes) of the model as loaded and cut to the mask of step ``index``
+    (``parameters_left`` as each step recorded it), as Greedy-Gnorm's Tables 1-5 report them."""
+    before = int(traj.dense["params"])
+    after = int(traj.steps[index - 1]["params"]) if index else before
+    mb = [p * BYTES_PER_PARAMETER / 2 ** 20 for p in (before, after)]
+    return {"params_before": before, "params_after": after, "mb_before": mb[0], "mb_after": mb[1],
+            "reduction_pct": 100.0 * (1 - after / before)}
 
 
 # -- running ---------------------------------------------------------------------------------------------------
@@ -218,11 +242,12 @@ class Runner:
         dropped: list[int] = []
         if cell.kind == DENSE:
             result = {"metrics": adapter.evaluate_cell(loaded, data, None, self.sub(cell), self.budget,
-                                                       harness=self.harness[entry.name])}
+                                                       harness=self.harness[entry.name], stable=entry.metrics,
+                                                       seed=self.protocol.seed)}
             mask = None
         elif cell.kind == RECOVERED:
             result, mask, dropped = self.recovered_cell(loaded, entry, data, data_cache, cell)
-        elif cell.kind == "sparsity":
+        elif cell.kind in ("sparsity", TOLERANCE):
             result, mask, dropped = self.sparsity_cell(loaded, entry, data, contexts, cell, scores, seed)
         else:
             result, mask = self.trajectory_cell(loaded, entry, data, cell, seed)
@@ -242,9 +267,11 @@ class Runner:
             scores[key] = self.scores_of(contexts[seed], entry, data, c, params, cell)
         mask, dropped = adapter.mask_at(scores[key], cell.sparsity)
         metrics = adapter.evaluate_cell(loaded, data, mask, self.sub(cell), self.budget, dropped,
-                                        harness=self.harness[entry.name])
+                                        harness=self.harness[entry.name], stable=entry.metrics,
+                                        seed=self.protocol.seed)
+        reached = {"sparsity_reached": mask.n_pruned / mask.values.numel()} if cell.kind == TOLERANCE else {}
         return {"metrics": metrics, "scores": str(self.score_file(cell, params, seed).relative_to(self.out)),
-                "score_params": scores[key].params, "score_seed": seed}, mask, dropped
+                "score_params": scores[key].params, "score_seed": seed, **reached}, mask, dropped
 
     def recovered_cell(self, loaded, entry: ModelEntry, data, cache: dict, cell: Cell
                        ) -> tuple[dict, HeadMask, list[int]]:
@@ -267,6 +294,8 @@ class Runner:
         result = adapter.recover(loaded, data, cache["train"], mask, self.protocol, work / "run", self.sub(cell),
                                  self.budget)
         dropped = [int(layer) for layer in saved.get("dropped_layers", [])]
+        if cell.tolerance:
+            result["sparsity_reached"] = mask.n_pruned / mask.values.numel()
         if dropped:   # SAP's layer rule skips whole layers; recovery trains the heads' mask only
             result["note"] = (f"the pruned cell also skips layers {dropped} (SAP's layer rule); recovery trained "
                               "and evaluated the head mask with those layers kept")
@@ -305,8 +334,12 @@ class Runner:
             adapter.harness_at(loaded, traj, self.protocol.trajectory.report_at, self.harness[entry.name],
                                self.sub(cell))
         # Algorithm 1's M: the heads left at the stopping point (after a tolerance stop, the last step within it,
-        # read on the selection rows when there are some), as `trajectory --save-mask stop` writes it
-        return {"trajectory": traj.to_json()}, traj.mask_at(traj.stop_index())
+        # read on the selection rows when there are some), as `trajectory --save-mask stop` writes it; with
+        # mask_tolerance the run goes on to the end and the rule picks the step afterwards (saved_step)
+        index, rule = saved_step(traj, self.protocol.trajectory.mask_tolerance)
+        return {"trajectory": traj.to_json(), "saved_mask": {"step": index, "ratio": float(traj.ratios()[index]),
+                                                             "rule": rule, "size": size_at(traj, index)}}, \
+            traj.mask_at(index)
 
     def write_cell(self, entry: ModelEntry, cell: Cell, data, result: dict, mask: HeadMask | None, seed: int,
                    seconds: float, dropped: list[int]) -> None:
@@ -346,7 +379,7 @@ class Runner:
                 seconds += per_token * (2 * tokens(data.eval_batches)
                                         + TRAIN_PASS * per_row * recovery_rows(self.protocol, entry))
             seconds += per_token * tokens(data.eval_batches)
-            if cell.kind == "sparsity" and (cell.criterion, cell.repeat) not in scored:
+            if cell.kind in ("sparsity", TOLERANCE) and (cell.criterion, cell.repeat) not in scored:
                 scored.add((cell.criterion, cell.repeat))
                 c = self.entry_of(cell)
                 params = adapter.scored_params(c.criterion, dict(c.params), cell.sparsity)
@@ -389,7 +422,8 @@ def table_rows(protocol: Protocol, records: dict[str, dict | None]) -> tuple[lis
     for cell in expand(protocol):
         if records.get(cell.key) is None:
             continue
-        where = cell.sparsity if cell.inverse is None else ("inverse" if cell.inverse else "order")
+        where = TOLERANCE if cell.tolerance else \
+            cell.sparsity if cell.inverse is None else ("inverse" if cell.inverse else "order")
         stage = RECOVERED if cell.recovered else (DENSE if cell.kind == DENSE else "pruned")
         groups.setdefault((cell.model, cell.criterion, where, stage), []).append(records[cell.key])
     entries = {m.name: m for m in protocol.models}
@@ -398,6 +432,8 @@ def table_rows(protocol: Protocol, records: dict[str, dict | None]) -> tuple[lis
         if protocol.trajectory is None:
             names = list(adapter.task_metrics(task, entries[model], *eval_of(recs[0])))
             values = {m: [r["metrics"][m] for r in recs] for m in names}
+            if where == TOLERANCE:   # the sparsity is the criterion's result (sap-cf's tolerance mode)
+                values[REACHED] = [r["sparsity_reached"] for r in recs]
             row = {"model": model, "criterion": criterion, "sparsity": 0.0 if where is None else where}
         else:
             trajs = [Trajectory.from_json(r["trajectory"]) for r in recs]
@@ -419,6 +455,7 @@ def table_rows(protocol: Protocol, records: dict[str, dict | None]) -> tuple[lis
 
 
 KEYS = ("model", "criterion", "sparsity", "order", "stage", "repeats")   # a row's identifying columns
+REACHED = "sparsity reached"   # the column of tolerance rows: the pruned share CF's tolerance stopped at
 
 
 def _fmt(value: tuple | None) -> str:
@@ -446,9 +483,116 @@ def table_markdown(rows: list[dict], columns: list[str]) -> str:
     keys = [k for k in KEYS if k in rows[0]]
     lines = ["| " + " | ".join(keys + columns) + " |", "|" + "---|" * (len(keys) + len(columns))]
     for row in rows:
-        shown = [f"{row[k]:g}" if k == "sparsity" else str(row[k]) for k in keys]
+        shown = [f"{row[k]:g}" if k == "sparsity" and not isinstance(row[k], str) else str(row[k]) for k in keys]
         lines.append("| " + " | ".join(shown + [_fmt(row.get(c)) for c in columns]) + " |")
     return "\n".join(lines) + "\n"
+
+
+def headline_by_model(protocol: Protocol, records: dict[str, dict]) -> dict[str, str]:
+    """Each model's headline metric (the one its paper row reports), read from its first cell's task and data."""
+    first = {}
+    for cell in expand(protocol):
+        first.setdefault(cell.model, records[cell.key])
+    entries = {m.name: m for m in protocol.models}
+    return {name: adapter.headline_of(Task(rec["task"]), entries[name], *eval_of(rec)) for name, rec in first.items()}
+
+
+def average_rows(protocol: Protocol, records: dict[str, dict], rows: list[dict]) -> list[dict]:
+    """The papers' "Average" column: per (criterion, sparsity, stage), the mean over models of each model's headline
+    metric (HIES Table 1: SST-2 accuracy, CoLA MCC, ... averaged), and with ``[table] baseline`` the "% vs" column,
+    100 x (average / the baseline's average at the same sparsity and stage - 1). Sparsity protocols of several
+    models, or with a baseline, only (one model's average is its own table)."""
+    if protocol.trajectory is not None or (len(protocol.models) < 2 and not protocol.table.get("baseline")):
+        return []
+    headline = headline_by_model(protocol, records)
+    groups: dict[tuple, list[float]] = {}
+    for row in rows:
+        metric = headline[row["model"]]
+        if metric in row:
+            groups.setdefault((row["criterion"], row["sparsity"], row.get("stage")), []).append(row[metric][0])
+    out = [{"criterion": c, "sparsity": s, **({"stage": st} if st else {}), "models": len(v),
+            "average": float(np.mean(v))} for (c, s, st), v in groups.items()]
+    base = protocol.table.get("baseline")
+    if base:
+        ref = {(r["sparsity"], r.get("stage")): r["average"] for r in out if r["criterion"] == base}
+        for r in out:
+            b = ref.get((r["sparsity"], r.get("stage")))
+            r[f"% vs {base}"] = None if not b else 100.0 * (r["average"] / b - 1.0)
+    return out
+
+
+def paper_rows(protocol: Protocol, rows: list[dict]) -> list[dict]:
+    """The paper's reported values ([[paper]]) beside ours: paper | ours (mean over repeats) | delta = ours - paper."""
+    out = []
+    for entry in protocol.paper:
+        for label, cells in entry.values.items():
+            for ratio, value in cells.items():
+                mine = next((r for r in rows if r["model"] == entry.model and r["criterion"] == label
+                             and abs(r["sparsity"] - ratio) < 1e-9 and r.get("stage", "pruned") != RECOVERED), None)
+                ours = mine[entry.metric][0] if mine and entry.metric in mine else None
+                out.append({"model": entry.model, "criterion": label, "sparsity": ratio, "metric": entry.metric,
+                            "paper": value, "ours": ours, "delta": None if ours is None else ours - value,
+                            "cite": entry.cite})
+    return out
+
+
+def _num(value, fmt: str = ".4f") -> str:
+    return "" if value is None else format(value, fmt)
+
+
+def size_rows(protocol: Protocol, records: dict[str, dict]) -> list[dict]:
+    """Per (model, criterion, order): the saved mask's step ratio, metric and size (``size_at``), mean over repeats:
+    Greedy-Gnorm's Table 1 (accuracy and MB before / after pruning). Trajectory protocols with a mask_tolerance
+    only (every trajectory cell's record carries its saved mask's size in run.json)."""
+    if protocol.trajectory is None or protocol.trajectory.mask_tolerance is None:
+        return []
+    groups: dict[tuple, list[dict]] = {}
+    for cell in expand(protocol):
+        rec = records[cell.key]
+        if "saved_mask" in rec:
+            groups.setdefault((cell.model, cell.criterion, "inverse" if cell.inverse else "order"), []).append(rec)
+    out = []
+    for (model, criterion, order), recs in groups.items():
+        trajs = [Trajectory.from_json(r["trajectory"]) for r in recs]
+        steps = [r["saved_mask"]["step"] for r in recs]
+        sizes = [r["saved_mask"]["size"] for r in recs]
+        out.append({"model": model, "criterion": criterion, "order": order, "repeats": len(recs),
+                    "rule": recs[0]["saved_mask"]["rule"], "metric": trajs[0].metric,
+                    "ratio": float(np.mean([r["saved_mask"]["ratio"] for r in recs])),
+                    "before": float(np.mean([t.values()[0] for t in trajs])),
+                    "after": float(np.mean([t.values()[i] for t, i in zip(trajs, steps)])),
+                    **{k: float(np.mean([s[k] for s in sizes])) for k in sizes[0]}})
+    return out
+
+
+def sections_markdown(averages: list[dict], papers: list[dict], sizes: list[dict] = ()) -> str:
+    """The Average (and % vs) table, the paper | ours | delta table and the saved masks' sizes, as markdown
+    sections (empty: none)."""
+    text = ""
+    if sizes:
+        text += (f"\n## The saved masks ({sizes[0]['rule']}): {sizes[0]['metric']} and size (MB, fp32) before / "
+                 "after\n\n| model | criterion | order | repeats | pruned ratio | before | after | params before | "
+                 "params after | MB before | MB after | size reduction |\n|" + "---|" * 12 + "\n")
+        for r in sizes:
+            text += (f"| {r['model']} | {r['criterion']} | {r['order']} | {r['repeats']} | {r['ratio']:.4f} | "
+                     f"{r['before']:.4f} | {r['after']:.4f} | {r['params_before']:,.0f} | {r['params_after']:,.0f} | "
+                     f"{r['mb_before']:.2f} | {r['mb_after']:.2f} | {r['reduction_pct']:.2f}% |\n")
+    if averages:
+        extra = [k for k in averages[0] if k.startswith("% vs")]
+        keys = ["criterion", "sparsity"] + (["stage"] if "stage" in averages[0] else [])
+        text += "\n## Average over models (each model's headline metric)\n\n| " + " | ".join(
+            keys + ["models", "average"] + extra) + " |\n|" + "---|" * (len(keys) + 2 + len(extra)) + "\n"
+        for r in averages:
+            shown = [f"{r[k]:g}" if k == "sparsity" else str(r[k]) for k in keys]
+            percent = [_num(r[k], "+.2f") + ("%" if r[k] is not None else "") for k in extra]
+            text += "| " + " | ".join(shown + [str(r["models"]), _num(r["average"])] + percent) + " |\n"
+    if papers:
+        text += ("\n## The paper's values beside ours\n\n| model | criterion | sparsity | metric | paper | ours | Δ | "
+                 "cited |\n|---|---|---|---|---|---|---|---|\n")
+        for r in papers:
+            text += (f"| {r['model']} | {r['criterion']} | {r['sparsity']:g} | {r['metric']} | {_num(r['paper'])} | "
+                     f"{_num(r['ours'])} | {_num(r['delta'], '+.4f')} | {r['cite']} |\n")
+    return text
 
 
 # -- plots (optional: plotly is the dashboard extra) -----------------------------------------------------------
@@ -468,7 +612,8 @@ def write_plots(protocol: Protocol, records: dict[str, dict], rows: list[dict], 
             dense = records[mine[0].key]
             metric = adapter.headline_of(Task(dense["task"]), entry, *eval_of(dense))
             points = [{"criterion": r["criterion"] + (" (recovered)" if r.get("stage") == RECOVERED else ""),
-                       "sparsity": r["sparsity"], "mean": r[metric][0],
+                       "sparsity": r[REACHED][0] if r["sparsity"] == TOLERANCE else r["sparsity"],
+                       "mean": r[metric][0],
                        "sd": r[metric][1]} for r in rows if r["model"] == entry.name and r["criterion"] != DENSE
                       and metric in r]
             fig = viz.sparsity_figure(points, metric, dense["metrics"].get(metric))
@@ -537,7 +682,9 @@ def merge(protocol: Protocol, out: str | Path, *, computed: list[str] = (), memo
                        f"them; `headprune run --status {out}` shows which are running, failed or pending.")
     rows, columns = table_rows(protocol, records)
     write_atomic(out / "results.csv", table_csv(rows, columns))
-    write_atomic(out / "results.md", table_markdown(rows, columns))
+    averages, papers = average_rows(protocol, records, rows), paper_rows(protocol, rows)
+    sizes = size_rows(protocol, records)
+    write_atomic(out / "results.md", table_markdown(rows, columns) + sections_markdown(averages, papers, sizes))
     plotted, notes = write_plots(protocol, records, rows, out) if plots else ([], ["plots not asked for"])
     first = {m.name: next(r for r in records.values() if r["model"] == m.name) for m in protocol.models}
     models = [{**m.to_json(), **first[m.name]["loaded"], "roles": first[m.name]["roles"]} for m in protocol.models]
@@ -547,9 +694,10 @@ def merge(protocol: Protocol, out: str | Path, *, computed: list[str] = (), memo
            "memory_budget": memory_budget if memory_budget is not None else protocol.memory_budget,
            "computed": list(computed), "reused": [k for k in records if k not in computed],
            "table": {"columns": columns, "rows": [{k: list(v) if isinstance(v, tuple) else v for k, v in r.items()}
-                                                   for r in rows]},
+                                                   for r in rows], "average": averages, "paper": papers,
+                     "sizes": sizes},
            "plots": plotted, "notes": notes, "cells": records}
     write_atomic(out / "run.json", _json(run))
     return {"out": str(out), "results": ["results.csv", "results.md"], "plots": plotted, "notes": notes,
             "cells": len(records), "computed": len(computed), "reused": len(run["reused"]),
-            "table": table_markdown(rows, columns)}
+            "table": table_markdown(rows, columns) + sections_markdown(averages, papers, sizes)}

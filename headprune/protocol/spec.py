@@ -15,10 +15,19 @@ The file (``protocols/demo.toml`` is a commented example)::
     [[criteria]]                        # one table per criterion: name, label (default: name), params
     name = "his"
 
+A criterion with a ``sparsity`` parameter (SAP, SAP+CF) is scored at each cell's sparsity and evaluated at its
+own selection there. SAP+CF's tolerance mode (the paper's CF: prune while the metric stays ≥ tolerance x dense)
+is ``params = { sparsity = 0, tolerance = 0.9 }``: one cell per model and repeat instead of one per sparsity,
+evaluated at the mask CF chose; its table row has sparsity "tolerance" and a "sparsity reached" column (a
+protocol of tolerance cells only writes ``sparsities = [0]``: the dense cell). sap-cf's ``pool`` (a fraction of
+the heads) must hold every target: a pool below a sparsity is an error naming ``params.pool`` and its line.
+
 or, instead of ``sparsities``, a ``[trajectory]`` table (step, budget, count, tolerance, inverse = [false, true],
-random_boxes = N independent random orders). Roles are drawn with the protocol's ``seed`` (roles on one
-source are disjoint; each repeat re-draws the calibration rows outside the evaluation rows). A key this module
-does not know, or a bad value, is a
+random_boxes = N independent random orders, report_at = ratios, mask_tolerance = τ: each cell saves the mask of
+the last step within τ x dense on the selection rows, with its size, instead of the last step). ``[[paper]]``
+tables carry a paper's values per cell (``PaperValues``), ``[table] baseline`` names the criterion of the "% vs"
+column. Roles are drawn with the protocol's ``seed`` (roles on one source are disjoint; each repeat re-draws the
+calibration rows outside the evaluation rows). A key this module does not know, or a bad value, is a
 :class:`ProtocolError` naming the key and its line in the file: TOML parsers give no line numbers for keys, so
 :class:`KeyLines` finds them by scanning the text for the table headers and keys.
 """
@@ -36,6 +45,7 @@ from ..criteria import get
 from ..errors import HeadpruneError
 from ..evaluation.harness import HarnessError, HarnessSpec, is_harness_metric, metric_tasks, parse_metric
 from ..evaluation.metrics import Metrics
+from ..evaluation.stability import STABILITY_METRICS
 from ..limits import NON_NEGATIVE_INT, POSITIVE_INT, UNIT
 from ..model.device import DEVICES
 from ..model.memory import MemoryBudgetError, parse_budget
@@ -45,6 +55,8 @@ from ..trajectory import TrajectoryError, TrajectorySpec
 ROLES = ("calib", "select", "eval", "train")   # train: recovery's rows ([recovery])
 # metric names a protocol may ask for: every field of Metrics that is a metric (new metrics join by themselves)
 NOT_METRICS = ("n", "tokens")
+# in a metrics list: the task's own set there (GLUE's for GLUE data), e.g. metrics = ["task", "agreement"]
+TASK_SET = "task"
 DTYPES = ("fp32", "bf16", "fp16")
 
 
@@ -53,8 +65,9 @@ class ProtocolError(HeadpruneError):
 
 
 def metric_names() -> tuple[str, ...]:
-    """Metric names a protocol may list (``Metrics`` fields less the counts)."""
-    return tuple(f.name for f in dataclasses.fields(Metrics) if f.name not in NOT_METRICS)
+    """Metric names a protocol may list (``Metrics`` fields less the counts, and the stability measures of
+    ``evaluation.stability``: agreement with the dense model's answers, and answers kept under word drop)."""
+    return tuple(f.name for f in dataclasses.fields(Metrics) if f.name not in NOT_METRICS) + STABILITY_METRICS
 
 
 # -- where a key is written -------------------------------------------------------------------------------------
@@ -224,10 +237,32 @@ class CriterionEntry(Located):
                 crit.resolve_params({key: self.params[key]})
             except HeadpruneError as exc:
                 raise params.fail(key, str(exc)) from None
+        self.check_target(None)
         if not isinstance(self.label, str):
             raise self.fail("label", f"expected text, got {self.label!r}.")
         if not self.label:
             object.__setattr__(self, "label", self.name)
+
+    def check_target(self, sparsity: float | None) -> None:
+        """The parameters together, at a cell's ``sparsity`` when the criterion's own ``sparsity`` follows the cell
+        (e.g. sap-cf's ``pool`` must hold its target); the error names ``params.pool`` when written, else params."""
+        params = dict(self.params)
+        if sparsity is not None and "sparsity" in self.criterion.params and "sparsity" not in params:
+            params["sparsity"] = sparsity
+        try:
+            self.criterion.resolve_params(params)
+        except HeadpruneError as exc:
+            at = Located(path=self.path + ("params",), where=self.where)
+            key = "pool" if "pool" in self.params else None
+            raise at.fail(key, f"{exc}" + (f" (at the protocol's sparsity {sparsity:g})" if sparsity else "")
+                          ) from None
+
+    @property
+    def tolerance_cells(self) -> bool:
+        """A criterion run in its tolerance mode: sap-cf with ``sparsity = 0`` written in its params (the paper's
+        CF: prune while the metric stays ≥ tolerance · dense). It gets one cell per model and repeat, not one per
+        sparsity, evaluated at the mask CF chose; the table reports the sparsity it reached."""
+        return "tolerance" in self.criterion.params and self.params.get("sparsity", None) == 0
 
     @property
     def criterion(self):
@@ -248,6 +283,7 @@ class TrajectoryPart(Located):
     inverse: tuple = (False,)            # orders run: False = least important first (the criterion's order)
     random_boxes: int = 0                # independent random orders (boxplots per ratio), 0 = none
     report_at: tuple = ()                # ratios the table reports the metric at (the step at or below each)
+    mask_tolerance: float | None = None  # the saved mask: the last step within τ x dense on the selection rows
 
     def __post_init__(self):
         inverse = self.inverse if isinstance(self.inverse, (list, tuple)) else (self.inverse,)
@@ -261,9 +297,9 @@ class TrajectoryPart(Located):
         for ratio in self.report_at:
             _check(self, "report_at", ratio, UNIT, "ratio")
         object.__setattr__(self, "report_at", tuple(float(r) for r in self.report_at))
-        for key in ("step", "budget", "count", "tolerance"):
-            try:   # the trajectory's own limits, declared once in TrajectorySpec
-                TrajectorySpec(criterion=get("random"), **{key: getattr(self, key)})
+        for key in ("step", "budget", "count", "tolerance", "mask_tolerance"):
+            try:   # the trajectory's own limits, declared once in TrajectorySpec (mask_tolerance: a tolerance's)
+                TrajectorySpec(criterion=get("random"), **{key.replace("mask_", ""): getattr(self, key)})
             except TrajectoryError as exc:
                 raise self.fail(key, str(exc)) from None
 
@@ -271,11 +307,12 @@ class TrajectoryPart(Located):
         """The TrajectorySpec of one cell: ``criterion`` (a Criterion) with ``params``, one order, one seed."""
         return TrajectorySpec(criterion=criterion, params=dict(params), inverse=inverse, step=self.step,
                               budget=self.budget, count=self.count, tolerance=self.tolerance, metric=metric,
-                              seed=seed)
+                              seed=seed, track_select=self.mask_tolerance is not None)
 
     def to_json(self) -> dict:
         return {k: getattr(self, k) for k in ("step", "budget", "count", "tolerance", "random_boxes")} | \
-            {"inverse": list(self.inverse), "report_at": list(self.report_at)}
+            {"inverse": list(self.inverse), "report_at": list(self.report_at)} | \
+            ({"mask_tolerance": self.mask_tolerance} if self.mask_tolerance is not None else {})
 
 
 def _metric(part: Located, key: str, name: str) -> str:
@@ -287,9 +324,10 @@ def _metric(part: Located, key: str, name: str) -> str:
         except HarnessError as exc:
             raise part.fail(key, str(exc)) from None
         return name
-    if name not in metric_names():
-        raise part.fail(key, f"unknown metric {name!r}; accepted: {', '.join(metric_names())}, or an lm-eval "
-                             "number lm-eval:TASK/METRIC (e.g. lm-eval:arc_easy/acc_norm).")
+    if name not in metric_names() + (TASK_SET,):
+        raise part.fail(key, f"unknown metric {name!r}; accepted: {', '.join(metric_names())}, {TASK_SET} (the "
+                             "task's own set), or an lm-eval number lm-eval:TASK/METRIC (e.g. "
+                             "lm-eval:arc_easy/acc_norm).")
     return name
 
 
@@ -386,6 +424,61 @@ def _read_data(obj, path: tuple, where, inherited: Mapping | None = None) -> dic
 
 
 @dataclass(frozen=True, kw_only=True)
+class PaperValues(Located):
+    """One ``[[paper]]`` table: a paper's reported values of one model's metric, cited by table and row, to print
+    beside ours (``results.md``: paper | ours | delta). Keys other than model / metric / cite are criterion labels,
+    each an inline table of sparsity -> value (``his = { "0.1" = 0.8888 }``), or ``dense = VALUE``. Values are in
+    headprune's units (fractions: a paper's 88.76 % is 0.8876)."""
+
+    model: str
+    metric: str
+    cite: str
+    values: Mapping = field(default_factory=dict)   # criterion label -> {sparsity: value}
+
+    def __post_init__(self):
+        for key in ("model", "cite"):
+            if not isinstance(getattr(self, key), str) or not getattr(self, key):
+                raise self.fail(key, f"expected text (the model's name; the paper's table and row), got "
+                                     f"{getattr(self, key)!r}.")
+        _metric(self, "metric", self.metric)
+        values = {}
+        for label, cells in self.values.items():
+            if label == "dense":
+                cells = {"0": cells}
+            if not isinstance(cells, Mapping):
+                raise self.fail(label, f"expected {{ \"SPARSITY\" = VALUE, ... }}, got {cells!r}.")
+            here = Located(path=self.path + (label,), where=self.where)
+            values[label] = {}
+            for ratio, value in cells.items():
+                try:
+                    at = float(ratio)
+                except ValueError:
+                    raise here.fail(ratio, "expected a sparsity as the key (e.g. \"0.5\").") from None
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise here.fail(ratio, f"expected a number, got {value!r}.")
+                values[label][at] = float(value)
+        object.__setattr__(self, "values", values)
+
+    @classmethod
+    def read(cls, obj, i: int, where) -> PaperValues:
+        part = Located(path=("paper", i), where=where)
+        obj = dict(_table(Located(path=("paper",), where=where), i, obj, "a [[paper]] table"))
+        for key in ("model", "metric", "cite"):
+            if key not in obj:
+                raise part.fail(key, "missing: a [[paper]] table names model, metric and cite (the paper's table "
+                                     "and row), then criterion = { \"SPARSITY\" = VALUE } lines.")
+        fixed = {k: obj.pop(k) for k in ("model", "metric", "cite")}
+        return cls(**fixed, values=obj, path=("paper", i), where=where)
+
+    def to_json(self) -> dict:
+        return {"model": self.model, "metric": self.metric, "cite": self.cite,
+                "values": {c: {f"{s:g}": v for s, v in cells.items()} for c, cells in self.values.items()}}
+
+
+TABLE_KEYS = ("baseline",)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Protocol(Located):
     """A whole protocol (module doc), validated on construction; :meth:`read` builds it from a file."""
 
@@ -404,6 +497,8 @@ class Protocol(Located):
     max_length: int = 128
     recovery: RecoverySpec | None = None         # [recovery]: every pruned cell also recovered on data.train
     lm_eval: Mapping = field(default_factory=dict)   # [lm_eval]: how lm-eval metrics run (HarnessSpec's fields)
+    paper: tuple = ()                            # [[paper]]: PaperValues, printed beside ours
+    table: Mapping = field(default_factory=dict)  # [table]: baseline = a criterion label ("% vs" column)
     text: str = field(default="", repr=False)     # the file as written (hashed into the run file)
     source: str = ""                               # the file's path
 
@@ -430,6 +525,10 @@ class Protocol(Located):
         for ratio in self.sparsities:
             _check(self, "sparsities", ratio, UNIT, "sparsity")
         object.__setattr__(self, "sparsities", tuple(sorted({float(r) for r in self.sparsities})))
+        for c in self.criteria:   # a parameter that depends on the cell's sparsity (sap-cf's pool) at each one
+            for ratio in self.sparsities:
+                if ratio > 0:
+                    c.check_target(ratio)
         _check(self, "repeats", self.repeats, POSITIVE_INT, "repeats")
         _check(self, "seed", self.seed, NON_NEGATIVE_INT, "seed")
         _check(self, "batch_size", self.batch_size, POSITIVE_INT, "batch_size")
@@ -447,11 +546,41 @@ class Protocol(Located):
                                          "on the train role's rows. Accepted: both (recovered cells) or neither.")
         for entry in self.models:
             self._check_harness(entry)
+        self._check_paper()
         if self.memory_budget is not None:
             try:
                 parse_budget(str(self.memory_budget))
             except MemoryBudgetError as exc:
                 raise self.fail("memory_budget", str(exc)) from None
+
+    def _check_paper(self) -> None:
+        """Paper values name cells the protocol has (model, criterion, sparsity); [table]'s baseline a criterion."""
+        labels = [c.label for c in self.criteria]
+        unknown = [k for k in self.table if k not in TABLE_KEYS]
+        if unknown:
+            raise self.fail("table", f"unknown key {unknown[0]!r}; accepted: {', '.join(TABLE_KEYS)}.")
+        if "baseline" in self.table and self.table["baseline"] not in labels:
+            raise Located(path=("table",), where=self.where).fail(
+                "baseline", f"{self.table['baseline']!r} is not a criterion of this protocol; accepted: "
+                            f"{', '.join(labels)}.")
+        if self.paper and self.trajectory is not None:
+            raise self.paper[0].fail(None, "paper values sit beside sparsity cells; a [trajectory] protocol has "
+                                           "none. Accepted: [[paper]] with sparsities = [...].")
+        names = [m.name for m in self.models]
+        for entry in self.paper:
+            if entry.model not in names:
+                raise entry.fail("model", f"{entry.model!r} is not a model of this protocol; accepted: "
+                                          f"{', '.join(names)}.")
+            for label, cells in entry.values.items():
+                here = Located(path=entry.path + (label,), where=self.where)
+                if label != "dense" and label not in labels:
+                    raise entry.fail(label, f"no criterion labelled {label!r} in this protocol; accepted: dense, "
+                                            f"{', '.join(labels)} (a cell the protocol does not have).")
+                allowed = [0.0] if label == "dense" else [r for r in self.sparsities if r > 0]
+                for ratio in cells:
+                    if not any(abs(ratio - r) < 1e-9 for r in allowed):
+                        raise here.fail(f"{ratio:g}", f"sparsity {ratio:g} is not a cell of this protocol; "
+                                                      f"accepted: {', '.join(f'{r:g}' for r in allowed)}.")
 
     def _check_harness(self, entry: ModelEntry) -> None:
         """lm-eval metrics are measured on masks (one lm-eval run per cell, or per reported ratio of a trajectory),
@@ -464,6 +593,15 @@ class Protocol(Located):
         if entry.harness_metrics and self.trajectory is not None and not self.trajectory.report_at:
             raise self.trajectory.fail("report_at", "lm-eval metrics in a trajectory protocol are measured at "
                                                     "the reported ratios: give report_at = [0.1, 0.2, ...].")
+        stable = [m for m in entry.metrics if m in STABILITY_METRICS]
+        if stable and self.trajectory is not None:
+            raise entry.fail("metrics", f"{', '.join(stable)}: a trajectory protocol's table reads its headline "
+                                        "(AUC, report_at). Accepted: stability measures with sparsities = [...], or "
+                                        "`headprune trajectory --metric agreement` / `--stability`.")
+        if stable and self.recovery is not None:
+            raise entry.fail("metrics", f"{', '.join(stable)}: not measured on recovered models yet. Accepted: "
+                                        "stability measures without [recovery], or [recovery] with the task's "
+                                        "metrics.")
         if entry.harness_metrics and self.recovery is not None:
             raise entry.fail("metrics", f"lm-eval metrics ({', '.join(entry.harness_metrics)}) are not measured on "
                                     "recovered models yet; run `headprune evaluate --lm-eval TASKS` on a recovered "
@@ -506,6 +644,11 @@ class Protocol(Located):
 
         top = Located(where=where)
         _unknown(top, obj, cls, extra=("data", "metrics", "headline") + GUARDS)
+        paper = obj.get("paper", [])
+        if not isinstance(paper, list):
+            raise top.fail("paper", f"expected [[paper]] tables, got {paper!r}.")
+        paper = tuple(PaperValues.read(item, i, where) for i, item in enumerate(paper))
+        table = dict(_table(top, "table", obj.get("table", {}), "a table: baseline = CRITERION"))
         for key in ("text", "source"):
             if key in obj:
                 raise top.fail(key, f"unknown key; '{key}' is recorded by headprune, not written in the file.")
@@ -554,10 +697,11 @@ class Protocol(Located):
             _unknown(Located(path=("trajectory",), where=where), part, TrajectoryPart)
             trajectory = TrajectoryPart(**part, path=("trajectory",), where=where)
         rest = {k: v for k, v in obj.items() if k not in ("data", "models", "criteria", "trajectory", "metrics",
-                                                         "headline", "recovery", "lm_eval") + GUARDS}
+                                                         "headline", "recovery", "lm_eval", "paper", "table")
+                + GUARDS}
         rest.setdefault("name", default_name)
         return cls(**rest, models=tuple(entries), criteria=tuple(criteria), trajectory=trajectory, recovery=recovery,
-                   lm_eval=lm_eval, text=text,
+                   lm_eval=lm_eval, paper=paper, table=table, text=text,
                    source=source, where=where)
 
     def to_json(self) -> dict:
@@ -567,7 +711,9 @@ class Protocol(Located):
                 "trajectory": self.trajectory.to_json() if self.trajectory else None, "repeats": self.repeats,
                 "seed": self.seed, "memory_budget": self.memory_budget, "device": self.device, "dtype": self.dtype,
                 "batch_size": self.batch_size, "max_length": self.max_length,
-                "recovery": self.recovery.to_json() if self.recovery else None, "lm_eval": dict(self.lm_eval)}
+                "recovery": self.recovery.to_json() if self.recovery else None, "lm_eval": dict(self.lm_eval),
+                **({"paper": [p.to_json() for p in self.paper]} if self.paper else {}),
+                **({"table": dict(self.table)} if self.table else {})}
 
 
 def _read_recovery(obj: Mapping, top: Located, where) -> RecoverySpec:

@@ -37,7 +37,6 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
-from transformers.trainer_utils import get_last_checkpoint
 
 from ..data import TextDataset, data_role, make_batches, model_inputs
 from ..errors import Cancelled
@@ -51,9 +50,9 @@ from ..model.memory import plan_for
 from ..model.surgery import prune_model
 from ..model.task import IGNORE_INDEX, Task, task_of
 from .spec import RecoveryError, RecoverySpec
+from .workdir import SPEC_FILE, check_work_dir
 
 Progress = Callable[[float, str], None]
-SPEC_FILE = "recovery_spec.json"   # in the work folder: a resumed run must be the same run
 MODES = ("cut", "gated")
 
 
@@ -112,8 +111,11 @@ def recovery_loss(spec: RecoverySpec, task: Task, logits: torch.Tensor, batch: d
 # -- teacher ---------------------------------------------------------------------------------------------------
 
 def teacher_problem(student_config, teacher_config) -> str | None:
-    """Why a teacher cannot distil into the student (label count or vocabulary size differs), or None. Takes
-    configs (objects or config.json dicts), so a teacher folder can be refused before either model loads."""
+    """Why a teacher cannot distil into the student, or None: one is a language model and the other a classifier,
+    the families differ (the teacher reads the student's batches: its token ids and input names), the vocabulary
+    sizes differ (any task: an id past the teacher's vocabulary does not exist there), or a classifier's label
+    count differs. Takes configs (objects or config.json dicts), so a teacher folder can be refused before either
+    model loads."""
     def get(config, key):
         return config.get(key) if isinstance(config, dict) else getattr(config, key, None)
 
@@ -124,13 +126,18 @@ def teacher_problem(student_config, teacher_config) -> str | None:
     def lm(config):
         return any(m in " ".join(get(config, "architectures") or []) for m in ("ForCausalLM", "LMHeadModel"))
 
+    def kind(config):
+        return "a language model" if lm(config) else "a classifier"
+
     if lm(student_config) != lm(teacher_config):
-        return "one is a language model and the other a classifier"
-    if lm(student_config):
-        sv, tv = get(student_config, "vocab_size"), get(teacher_config, "vocab_size")
-        if sv != tv:
-            return f"the vocabularies differ ({tv} tokens in the teacher, {sv} in the student)"
-    elif labels(student_config) != labels(teacher_config):
+        return f"the teacher is {kind(teacher_config)} and the student {kind(student_config)}"
+    st, tt = get(student_config, "model_type"), get(teacher_config, "model_type")
+    if st and tt and st != tt:
+        return f"the families differ (a {tt} teacher, a {st} student)"
+    sv, tv = get(student_config, "vocab_size"), get(teacher_config, "vocab_size")
+    if sv != tv:
+        return f"the vocabularies differ ({tv} tokens in the teacher, {sv} in the student)"
+    if not lm(student_config) and labels(student_config) != labels(teacher_config):
         return f"the label counts differ ({labels(teacher_config)} in the teacher, {labels(student_config)} in " \
                "the student)"
     return None
@@ -140,12 +147,12 @@ def check_teacher(student: nn.Module, student_tokenizer, teacher: nn.Module, tea
     """Refuse a teacher whose outputs cannot be compared with the student's: label count, vocabulary size, or
     (language models) a tokenizer mapping tokens to other ids. Raises RecoveryError."""
     problem = teacher_problem(student.config, teacher.config)
-    if problem is None and task_of(student).is_lm and teacher_tokenizer is not None \
+    if problem is None and teacher_tokenizer is not None and student_tokenizer is not None \
             and teacher_tokenizer.get_vocab() != student_tokenizer.get_vocab():
         problem = "the tokenizers map tokens to different ids"
     if problem:
-        raise RecoveryError(f"The teacher cannot be distilled from: {problem}. Accepted: a teacher with the "
-                            "student's label set (classifier) or tokenizer and vocabulary (language model), such as "
+        raise RecoveryError(f"The teacher cannot be distilled from: {problem}. Accepted: a teacher of the "
+                            "student's family, tokenizer and vocabulary (and label set, for a classifier), such as "
                             "the model before pruning (the default).")
 
 
@@ -343,19 +350,10 @@ class RecoveryRun:
     # -- the run -----------------------------------------------------------------------------------------------
     def _check_work_dir(self, resume: bool) -> str | None:
         """The checkpoint to resume from (None: a fresh run); refuses a work folder of another run."""
-        spec_file = self.work_dir / SPEC_FILE
-        last = get_last_checkpoint(str(self.work_dir)) if self.work_dir.is_dir() else None
-        recorded = json.loads(spec_file.read_text(encoding="utf-8")) if spec_file.is_file() else None
         wanted = {**self.spec.to_json(), "mode": self.mode, "mask": self.mask.to_json() if self.mask else None}
-        if last and not resume:
-            raise RecoveryError(f"{self.work_dir} holds checkpoints of an interrupted run ({Path(last).name}). "
-                                "Pass --resume to continue it, or delete the folder to start again.")
-        if resume and recorded is not None and recorded != wanted:
-            changed = sorted(k for k in wanted if recorded.get(k) != wanted[k])
-            raise RecoveryError(f"--resume: the run in {self.work_dir} had other settings ({', '.join(changed)}); "
-                                "resume with the same settings, or delete the folder to start again.")
+        last = check_work_dir(self.work_dir, resume=resume, wanted=wanted, config=self.student.config.to_dict())
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        spec_file.write_text(json.dumps(wanted, indent=1), encoding="utf-8")
+        (self.work_dir / SPEC_FILE).write_text(json.dumps(wanted, indent=1), encoding="utf-8")
         return last
 
     def arguments(self) -> TrainingArguments:

@@ -1,0 +1,129 @@
+"""KV cache plans measured (issue 32).
+
+    nice -n 10 python benchmarks/bench_kv.py circuit [--seeds 10] [--window 4] [--sink 1] [--json OUT]
+    nice -n 10 python benchmarks/bench_kv.py decode [--lengths 4096,16384] [--new-tokens 6] [--json OUT]
+
+circuit   demo-circuit's repeated-half next-token accuracy (its evaluation rows, ``load_data("demo-circuit")``):
+          dense; the plan keeping the induction + previous-token heads full (labels of ``roles.head_roles`` on the
+          demo's calibration rows) and streaming the rest at sink S, window W; the plan streaming the induction
+          heads instead (every other head full); random plans with as many full heads as the first (--seeds).
+decode    a random decoder of Qwen2.5-0.5B's shape (24 layers, 14 query / 2 key-value heads, head size 64, hidden
+          896, MLP 4864, vocabulary 151936, fp32) at each context length: the cache filled with random keys/values
+          of that many tokens (``cache.fill_random``: a 16k prefill on a shared CPU takes minutes and does not change
+          what a decode step costs), then --new-tokens real decode steps with the full cache (stock SDPA) and with
+          a random plan keeping 25% of the key/value heads full (mixed cache, S=4, W=64). KV bytes are measured
+          from the cache tensors; the ideal ratio is counted from the plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from headprune.kvcache.cache import cache_bytes, fill_random, generate, new_cache  # noqa: E402
+from headprune.kvcache.restrict import restricted  # noqa: E402
+from headprune.kvcache.tasks import invert, metric_under_plan, random_plans, role_plan  # noqa: E402
+
+
+def circuit(args) -> dict:
+    from headprune.roles import head_roles
+    from headprune.workspace import Workspace
+
+    ws = Workspace.build("demo-circuit", "demo-circuit", calib_size=args.calib_size, eval_size=None)
+    model, adapter = ws.loaded.model, ws.loaded.adapter
+    report = head_roles(model, ws.loaded.tokenizer, ws.calib_batches)
+    induction, previous = report.heads_with("induction"), report.heads_with("previous-token")
+    n_kv = adapter.n_kv_heads
+    keep = role_plan(induction | previous, n_kv, args.sink, args.window, {"rule": "induction+previous-token"})
+    stream_induction = invert(role_plan(induction, n_kv, args.sink, args.window), {"rule": "stream induction"})
+    metric = "accuracy"
+    dense = metric_under_plan(model, ws.eval_batches, None).to_dict()[metric]
+    kept = metric_under_plan(model, ws.eval_batches, keep).to_dict()[metric]
+    streamed = metric_under_plan(model, ws.eval_batches, stream_induction).to_dict()[metric]
+    randoms = [metric_under_plan(model, ws.eval_batches, p).to_dict()[metric]
+               for p in random_plans(keep.shape, keep.n_heads, int(keep.full.sum()), range(args.seeds), args.sink,
+                                     args.window)]
+    return {"model": "demo-circuit", "eval_rows": sum(len(b["input_ids"]) for b in ws.eval_batches),
+            "metric": metric, "sink": args.sink, "window": args.window, "dense": dense,
+            "induction_heads": np.argwhere(induction).tolist(), "previous_token_heads": np.argwhere(previous).tolist(),
+            "keep_induction_previous": {"full_heads": int(keep.full.sum()), "accuracy": kept,
+                                        "ratio_to_dense": kept / dense},
+            "stream_induction": {"full_heads": int(stream_induction.full.sum()), "accuracy": streamed,
+                                 "ratio_to_dense": streamed / dense},
+            "random_same_count": {"seeds": args.seeds, "accuracies": randoms, "mean": statistics.mean(randoms),
+                                  "min": min(randoms), "max": max(randoms)}}
+
+
+def qwen_shape_model(seed: int = 0):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                         num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
+                         tie_word_embeddings=True, use_sliding_window=False)
+    return Qwen2ForCausalLM(config).eval()
+
+
+def decode(args) -> dict:
+    from headprune.model.arch import adapt
+
+    model = qwen_shape_model()
+    adapter = adapt(model)
+    plan = random_plans((24, 2), 14, 12, [0], 4, 64)[0]    # 12 of 48 key/value heads full: 25%
+    shape = (24, 2, 64)
+    rows = []
+    for length in [int(x) for x in args.lengths.split(",")]:
+        row = {"context": length}
+        token = torch.tensor([[11]])
+        for name, mode in (("full_cache", "full"), ("plan", "mixed")):
+            with restricted(model, plan, adapter) if mode == "mixed" else nullcontext(model) as runner:
+                cache = new_cache(runner, mode)
+                fill_random(cache, shape, length, seed=1)
+                start = time.perf_counter()
+                out = generate(runner, token, args.new_tokens, mode=mode, cache=cache)
+                row[name] = {"kv_bytes": cache_bytes(cache), "time_per_output_token_s": out.per_token_s,
+                             "first_step_s": out.first_token_s, "wall_s": time.perf_counter() - start}
+                del cache
+        ideal = plan.ideal_bytes(length + args.new_tokens, 64, 4)
+        row["measured_byte_ratio"] = row["plan"]["kv_bytes"] / row["full_cache"]["kv_bytes"]
+        row["ideal_byte_ratio"] = ideal["ratio"]
+        row["per_token_speedup"] = row["full_cache"]["time_per_output_token_s"] / row["plan"]["time_per_output_token_s"]
+        rows.append(row)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+    return {"model": "random Qwen2.5-0.5B shape (fp32, CPU)", "full_kv_heads": 12, "kv_heads": 48, "sink": 4,
+            "window": 64, "new_tokens": args.new_tokens, "threads": torch.get_num_threads(), "rows": rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="part", required=True)
+    p = sub.add_parser("circuit")
+    p.add_argument("--seeds", type=int, default=10)
+    p.add_argument("--window", type=int, default=4)
+    p.add_argument("--sink", type=int, default=1)
+    p.add_argument("--calib-size", type=int, default=64)
+    p.add_argument("--json")
+    p = sub.add_parser("decode")
+    p.add_argument("--lengths", default="4096,16384")
+    p.add_argument("--new-tokens", type=int, default=6)
+    p.add_argument("--json")
+    args = parser.parse_args()
+    result = circuit(args) if args.part == "circuit" else decode(args)
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""KV cache commands: ``kvplan`` (choose which key/value heads keep the whole cache, write a plan file) and
+``generate`` (generate under a plan with the mixed cache, beside the full cache: measured bytes and speed).
+``evaluate --kv-plan`` (in ``core``) evaluates under a plan. Every argument and the plan file are checked before
+a model loads; an encoder is refused by what its name or config.json says, before its weights load."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from ..kvcache.cache import generate
+from ..kvcache.plan import KVPlan, KVPlanError, check_decoder, check_full_share, check_window
+from ..kvcache.restrict import restricted
+from ..kvcache.scores import REDUCE, RULES, check_rule, head_scores, plan_from_scores
+from ..limits import POSITIVE, POSITIVE_INT
+from ..model.device import DEVICES
+from ..model.loading import declared_causal, load_model
+from ..provenance import versions
+from .common import add_data_args, add_mask_arg, add_model_args, check_args, load_mask, load_model_and_data, summary
+from .output import checked_out_file
+
+
+def refuse_encoder(model: str) -> None:
+    """An encoder named by ``--model`` is refused before it loads (it keeps no KV cache)."""
+    if declared_causal(model) is False:
+        raise KVPlanError(f"--model {model} is an encoder: a KV cache plan needs a decoder (an encoder keeps no "
+                          "key/value cache; every query sees every key of the row at once). Use a causal LM such "
+                          "as demo-lm or demo-circuit.")
+
+
+def read_plan_arg(path: str | None, model: str) -> KVPlan | None:
+    """``--kv-plan`` read and validated (format, sink, window) before the model loads; None without one."""
+    if not path:
+        return None
+    refuse_encoder(model)
+    return KVPlan.read(path)
+
+
+def cmd_kvplan(args) -> dict:
+    check_window(args.sink, args.window)
+    check_full_share(args.full_share)
+    check_rule(args.rule)
+    refuse_encoder(args.model)
+    for option in (args.out, args.tsv, args.head_ids):
+        checked_out_file(option)
+    needs_rows = args.rule not in ("razor", "random")
+    check_args(args, calib="this rule" if needs_rows else None)
+    loaded, calib, _, info = load_model_and_data(args, calib_size=None if needs_rows else 0)
+    check_decoder(loaded.adapter)
+    start = time.perf_counter()
+    scores = head_scores(args.rule, loaded.model, calib=calib, tokenizer=loaded.tokenizer, sink=args.sink,
+                         window=args.window, seed=args.seed, mask=load_mask(args, loaded), probe_rows=args.probe_rows)
+    meta = {"rule": args.rule, "full_share": args.full_share, "model": args.model, "data": summary(info),
+            "mask": args.mask, "seed": args.seed, "query_scores": [[None if s != s else float(s) for s in row]
+                                                                   for row in scores],
+            "versions": versions()}
+    plan = plan_from_scores(scores, loaded.adapter.n_kv_heads, args.full_share, args.sink, args.window,
+                            args.group, meta)
+    plan.write(args.out)
+    if args.tsv:
+        checked_out_file(args.tsv).write_text(plan.to_duo_tsv())
+    if args.head_ids:
+        checked_out_file(args.head_ids).write_text(json.dumps(plan.head_ids(), indent=1))
+    return {"out": args.out, "rule": args.rule, "group_reduce": args.group, "full_kv_heads": int(plan.full.sum()),
+            "kv_heads": plan.full.numel(), "sink": args.sink, "window": args.window,
+            "head_ids": plan.head_ids()["full_kv_heads"], "seconds": time.perf_counter() - start,
+            "tsv": args.tsv, "head_ids_file": args.head_ids}
+
+
+def cmd_generate(args) -> dict:
+    for name, value, limit in (("--max-new-tokens", args.max_new_tokens, POSITIVE_INT),
+                               ("--temperature", args.temperature, POSITIVE)):
+        problem = limit(value)
+        if problem:
+            raise KVPlanError(f"{name} {value!r} {problem}.")
+    refuse_encoder(args.model)
+    plan = read_plan_arg(args.kv_plan, args.model)
+    loaded = load_model(args.model, args.device, device_map=args.device_map, dtype=args.dtype)
+    check_decoder(loaded.adapter)
+    if not hasattr(loaded.model, "get_output_embeddings") or loaded.model.get_output_embeddings() is None:
+        raise KVPlanError(f"--model {args.model} has no language-model head to generate with.")
+    if plan is not None:
+        plan.check_fits(loaded.adapter)
+    ids = loaded.tokenizer(args.prompt, return_tensors="pt")["input_ids"].to(loaded.device)
+    options = {"sample": args.sample, "temperature": args.temperature, "seed": args.seed}
+    full = generate(loaded.model, ids, args.max_new_tokens, mode="full", **options)
+    decode = lambda tokens: loaded.tokenizer.decode(tokens, skip_special_tokens=True)  # noqa: E731
+    result = {"model": args.model, "prompt_tokens": int(ids.shape[1]), "decoding": "sampling" if args.sample
+              else "greedy", **options, "full_cache": {**full.to_dict(), "text": decode(full.tokens)}}
+    if plan is not None:
+        with restricted(loaded.model, plan) as copy:
+            mixed = generate(copy, ids, args.max_new_tokens, mode="mixed", **options)
+        block = loaded.adapter.blocks[0]
+        length = int(ids.shape[1]) + args.max_new_tokens - 1
+        ideal = plan.ideal_bytes(length, block.head_size, next(loaded.model.parameters()).element_size())
+        result["kv_plan"] = {**mixed.to_dict(), "text": decode(mixed.tokens), "file": args.kv_plan,
+                             "full_kv_heads": int(plan.full.sum()), "kv_heads": plan.full.numel(),
+                             "sink": plan.sink, "window": plan.window,
+                             "measured_byte_ratio": mixed.kv_bytes / full.kv_bytes if full.kv_bytes else None,
+                             "ideal_byte_ratio": ideal["ratio"],
+                             "per_token_speedup": full.per_token_s / mixed.per_token_s if mixed.per_token_s
+                             else None}
+    result["software"] = versions()
+    return result
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser("kvplan", help="choose which key/value heads keep the whole KV cache (the rest stream: "
+                                      "sink + recent window) and write the plan file")
+    add_model_args(p)
+    add_data_args(p, eval_size=0)
+    add_mask_arg(p)
+    p.add_argument("--rule", default="duo",
+                   help=f"what decides: {', '.join(RULES)} (razor: RazorAttention's echo + induction scores on "
+                        "probes longer than the window; duo: attention mass outside sink + window on calibration "
+                        "rows, DuoAttention's question; random: seeded) or any criterion name (default: duo)")
+    p.add_argument("--full-share", type=float, default=0.25,
+                   help="share of key/value heads keeping the whole cache, in [0, 1] (default: 0.25)")
+    p.add_argument("--sink", type=int, default=4, help="first keys a streaming head keeps (default: 4)")
+    p.add_argument("--window", type=int, default=64, help="last keys a streaming head keeps (default: 64)")
+    p.add_argument("--group", default="max", choices=REDUCE,
+                   help="GQA: a group's score from its query heads' (default: max, the group streams only if no "
+                        "query head of it needs far keys)")
+    p.add_argument("--probe-rows", type=int, default=8, help="razor: repeated-token probes (default: 8)")
+    p.add_argument("--out", required=True, help="plan file to write (JSON)")
+    p.add_argument("--tsv", help="also write DuoAttention's full_attention_heads.tsv layout here")
+    p.add_argument("--head-ids", help="also write a JSON of full / streaming head ids here")
+    p.set_defaults(handler=cmd_kvplan)
+
+    p = sub.add_parser("generate", help="generate text with the full KV cache and, with --kv-plan, with the plan's "
+                                        "mixed cache: tokens, measured KV bytes, time to first / per output token")
+    add_model_args(p)
+    p.add_argument("--prompt", required=True, help="text to continue")
+    p.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate (default: 32)")
+    p.add_argument("--kv-plan", help="cache plan file (headprune kvplan): streaming heads keep sink + window")
+    p.add_argument("--sample", action="store_true", help="sample (seeded) instead of greedy decoding")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default: 1.0)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    p.add_argument("--device", default="auto", choices=DEVICES, help="where to run (default: auto)")
+    p.set_defaults(handler=cmd_generate)

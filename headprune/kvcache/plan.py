@@ -1,0 +1,197 @@
+"""A KV cache plan: for every key/value head (grouped-query group) of a decoder, ``full`` or ``streaming``.
+
+A full head keeps every key and value; a streaming head keeps the first ``sink`` keys (attention sinks) and the
+last ``window`` keys, as in DuoAttention (Xiao et al. 2024, "streaming heads"). A query head reads the keys of
+its group, so the plan is per group: with grouped-query attention the ``H / H_kv`` query heads of a group stream
+or not together.
+
+On disk (``*.json`` beside mask files)::
+
+    {"format": "headprune-kv-plan", "version": 1,
+     "shape": [L, H_kv],              # blocks x key/value heads of the model it was made for
+     "n_heads": H,                    # query heads per block (H_kv divides H)
+     "sink": 4, "window": 64,         # S >= 0 first keys, W >= 1 last keys (the key itself included)
+     "full": {"<layer>": [group, ...]},   # groups keeping the whole cache; every other group streams
+     "rule": "...", "scores": [[...]]}    # optional: how it was chosen (recorded, never read back)
+
+A query at position q of a streaming head sees key position p iff ``p <= q`` and (``p < S`` or ``p > q - W``):
+the same keys a cache holding the first S and last W entries gives it (``cache.MixedCache``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..errors import HeadpruneError
+from ..limits import NON_NEGATIVE_INT, POSITIVE_INT, UNIT
+
+FORMAT = "headprune-kv-plan"
+SINK = NON_NEGATIVE_INT       # attention sinks: 0, 1, 2, ... first keys
+WINDOW = POSITIVE_INT         # recent window: at least the key itself
+FULL_SHARE = UNIT             # share of key/value heads kept full
+
+
+class KVPlanError(HeadpruneError):
+    """A cache plan that does not fit its model, or parameters outside their limits."""
+
+
+def check_window(sink, window) -> None:
+    """Refuse a sink or window outside its limits (before anything loads)."""
+    for name, value, limit in (("sink", sink, SINK), ("window", window, WINDOW)):
+        problem = limit(value)
+        if problem:
+            meaning = "first keys kept" if name == "sink" else "last keys kept, the key itself included"
+            raise KVPlanError(f"KV plan {name} {value!r} {problem} ({meaning}).")
+
+
+def check_full_share(share) -> None:
+    problem = FULL_SHARE(share)
+    if problem:
+        raise KVPlanError(f"--full-share {share!r} {problem}: the share of key/value heads keeping the whole cache.")
+
+
+@dataclass
+class KVPlan:
+    """``full``: bool (L, H_kv), True = the group keeps every key/value; the rest stream (``sink`` + ``window``)."""
+
+    full: torch.Tensor
+    n_heads: int
+    sink: int = 4
+    window: int = 64
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        check_window(self.sink, self.window)
+        self.full = torch.as_tensor(self.full, dtype=torch.bool)
+        if self.full.ndim != 2 or self.full.shape[1] < 1:
+            raise KVPlanError(f"A KV plan's grid is blocks x key/value heads; got shape {tuple(self.full.shape)}.")
+        n_kv = self.full.shape[1]
+        if isinstance(self.n_heads, bool) or not isinstance(self.n_heads, int) or self.n_heads < n_kv \
+                or self.n_heads % n_kv:
+            raise KVPlanError(f"A KV plan's n_heads {self.n_heads!r} must be a multiple of its {n_kv} key/value heads.")
+
+    # -- shape -------------------------------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.full.shape)
+
+    @property
+    def group_size(self) -> int:
+        return self.n_heads // self.full.shape[1]
+
+    def query_full(self) -> torch.Tensor:
+        """Bool (L, H): the plan per query head (a query head streams with its group)."""
+        return self.full.repeat_interleave(self.group_size, dim=1)
+
+    @classmethod
+    def all_full(cls, shape: tuple[int, int], n_heads: int, sink: int = 4, window: int = 64) -> KVPlan:
+        return cls(torch.ones(shape, dtype=torch.bool), n_heads, sink, window)
+
+    def with_window(self, sink: int, window: int) -> KVPlan:
+        return KVPlan(self.full.clone(), self.n_heads, sink, window, dict(self.meta))
+
+    # -- fitting a model -----------------------------------------------------------------------------------------
+    def check_fits(self, adapter) -> None:
+        """Refuse a plan for an encoder (no cache: its queries see every key) or for another grid."""
+        check_decoder(adapter)
+        want = (len(adapter.blocks), adapter.n_kv_heads)
+        if self.shape != want or self.n_heads != adapter.n_heads:
+            raise KVPlanError(
+                f"This KV plan is for {self.shape[0]} blocks x {self.shape[1]} key/value heads ({self.n_heads} query "
+                f"heads); the model has {want[0]} x {want[1]} ({adapter.n_heads} query heads). Make a plan for this "
+                "model (headprune kvplan).")
+
+    # -- files ---------------------------------------------------------------------------------------------------
+    def to_json(self) -> dict:
+        full = {str(layer): [int(g) for g in torch.nonzero(row).flatten()] for layer, row in enumerate(self.full)}
+        return {"format": FORMAT, "version": 1, "shape": list(self.shape), "n_heads": self.n_heads,
+                "sink": self.sink, "window": self.window, "full": full, **self.meta}
+
+    @classmethod
+    def from_json(cls, obj) -> KVPlan:
+        if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+            raise KVPlanError(f'A KV plan is a JSON object with "format": "{FORMAT}" (write one with headprune '
+                              "kvplan); this one has none.")
+        missing = [k for k in ("shape", "n_heads", "full") if k not in obj]
+        if missing:
+            raise KVPlanError(f"KV plan misses {', '.join(missing)}: a plan names its shape [L, H_kv], n_heads and "
+                              'full {"<layer>": [group, ...]}.')
+        shape = obj["shape"]
+        if not (isinstance(shape, list) and len(shape) == 2 and all(POSITIVE_INT(v) is None for v in shape)):
+            raise KVPlanError(f"KV plan shape {shape!r} must be [blocks, key/value heads], two integers >= 1.")
+        full = torch.zeros(shape, dtype=torch.bool)
+        if not isinstance(obj["full"], dict):
+            raise KVPlanError('KV plan "full" must be an object {"<layer>": [group, ...]}.')
+        for key, groups in obj["full"].items():
+            if not str(key).isdigit() or not int(key) < shape[0]:
+                raise KVPlanError(f"KV plan names layer {key!r}; the plan's layers are 0..{shape[0] - 1}.")
+            if not isinstance(groups, list) or any(NON_NEGATIVE_INT(g) is not None or g >= shape[1] for g in groups):
+                raise KVPlanError(f"KV plan layer {key}: groups must be a list of integers in 0..{shape[1] - 1}, "
+                                  f"got {groups!r}.")
+            full[int(key), groups] = True
+        meta = {k: v for k, v in obj.items() if k not in ("format", "version", "shape", "n_heads", "sink", "window",
+                                                          "full")}
+        return cls(full, obj["n_heads"], obj.get("sink", 4), obj.get("window", 64), meta)
+
+    def write(self, path: str | Path) -> None:
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=1))
+        tmp.replace(path)   # atomic: never a half-written plan beside the masks
+
+    @classmethod
+    def read(cls, path: str | Path) -> KVPlan:
+        try:
+            obj = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise KVPlanError(f"KV plan file {path} does not exist.") from None
+        except (OSError, ValueError) as exc:
+            raise KVPlanError(f"KV plan file {path} is not readable JSON: {exc}.") from None
+        return cls.from_json(obj)
+
+    # -- other tools' layouts ------------------------------------------------------------------------------------
+    def to_duo_tsv(self) -> str:
+        """DuoAttention's ``full_attention_heads.tsv``: one line per layer, one tab-separated value per key/value
+        head, 1.0 = retrieval (full) head, 0.0 = streaming head (their ``load_attn_pattern`` reads it with
+        ``np.loadtxt(..., delimiter="\\t")``)."""
+        return "".join("\t".join("1.0" if v else "0.0" for v in row.tolist()) + "\n" for row in self.full)
+
+    def head_ids(self) -> dict:
+        """A JSON of head ids other tools read: full and streaming (layer, kv head) pairs, and the query heads
+        that read each kind."""
+        pairs = lambda grid: [[int(i), int(j)] for i, j in torch.nonzero(grid).tolist()]  # noqa: E731
+        return {"full_kv_heads": pairs(self.full), "streaming_kv_heads": pairs(~self.full),
+                "full_query_heads": pairs(self.query_full()), "streaming_query_heads": pairs(~self.query_full()),
+                "sink": self.sink, "window": self.window, "shape": list(self.shape), "n_heads": self.n_heads}
+
+    # -- memory ----------------------------------------------------------------------------------------------------
+    def ideal_bytes(self, length: int, head_dim: int, bytes_per_value: int, live: torch.Tensor | None = None) -> dict:
+        """KV bytes at ``length`` tokens (batch 1) for the full cache and under the plan, counted (not measured).
+
+        ``live``: bool (L, H_kv), groups with a query head left (a pruned group needs no cache at all)."""
+        live = torch.ones(self.shape, dtype=torch.bool) if live is None else live
+        per_token = 2 * head_dim * bytes_per_value        # one key and one value
+        kept = min(length, self.sink + self.window)
+        full = int(live.sum()) * length * per_token
+        plan = int((live & self.full).sum()) * length * per_token + int((live & ~self.full).sum()) * kept * per_token
+        return {"full_cache": full, "plan": plan, "ratio": plan / full if full else 0.0}
+
+
+def check_decoder(adapter) -> None:
+    if not adapter.causal:
+        raise KVPlanError(f"A KV cache plan needs a decoder; {adapter.family or adapter.arch} is an encoder: it keeps "
+                          "no key/value cache (every query sees every key of the row at once).")
+
+
+def top_share(scores: torch.Tensor, share: float) -> torch.Tensor:
+    """Bool grid like ``scores`` with the round(share x n) highest scores True (ties: lower flat index first)."""
+    check_full_share(share)
+    n = round(share * scores.numel())
+    order = sorted(range(scores.numel()), key=lambda i: (-float(scores.flatten()[i]), i))
+    full = torch.zeros(scores.numel(), dtype=torch.bool)
+    full[order[:n]] = True
+    return full.view(scores.shape)

@@ -1,0 +1,184 @@
+"""Exact streaming heads: each streaming head's attention restricted to the first S and last W keys.
+
+Two attention functions are registered with transformers' ``AttentionInterface`` (and the eager float mask with
+its ``AttentionMaskInterface``, so the model builds its causal + padding mask as usual):
+
+``headprune_kv``        torch's scaled-dot-product attention with a per-head boolean mask (no probabilities)
+``headprune_kv_eager``  transformers' eager arithmetic, op for op, with the restriction added to the mask; it
+                        returns the probabilities, so ``model.capture`` records them (its ``eager_name``)
+
+Each reads the plan of its layer from the model's config (``config.headprune_kv``, set only on a private copy by
+:func:`restricted`): per physical query position whether it streams, plus S and W. The keys it receives are
+either one tensor (B, H_kv, T_k, d) at positions 0..T_k-1 -- the ordinary cache or none: the restriction is a mask
+-- or a :class:`SplitKV` from ``cache.MixedCache``, where streaming heads hold only their S + W keys with their
+positions. Queries are the last T_q positions. Rows are right-padded (headprune's batches), so a position is a
+token index.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch.nn import functional as F
+from transformers import AttentionInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
+
+from ..model.arch import adapt
+from ..model.hooks import structural_copy
+from .plan import KVPlan, KVPlanError
+
+SDPA, EAGER = "headprune_kv", "headprune_kv_eager"
+CONFIG_KEY = "headprune_kv"
+
+
+@dataclass
+class SplitKV:
+    """Keys and values of one layer of a mixed cache, returned by ``MixedLayer.update`` to the attention function.
+
+    full_k/full_v: (B, n_full, T, d), positions 0..T-1; stream_k/stream_v: (B, n_stream, K, d) at ``positions``
+    (K,); ``full_heads``/``stream_heads``: the physical key/value heads each part holds, in order; ``length``: T.
+    """
+
+    full_k: torch.Tensor
+    full_v: torch.Tensor
+    stream_k: torch.Tensor
+    stream_v: torch.Tensor
+    positions: torch.Tensor
+    full_heads: list[int]
+    stream_heads: list[int]
+    length: int
+
+
+def window_allowed(q_pos: torch.Tensor, k_pos: torch.Tensor, sink: int, window: int) -> torch.Tensor:
+    """Bool (T_q, T_k): key position p is visible to query position q for a streaming head (causal, sink, window)."""
+    q, k = q_pos[:, None], k_pos[None, :]
+    return (k <= q) & ((k < sink) | (k > q - window))
+
+
+def base_allowed(attention_mask: torch.Tensor | None, t_q: int, k_pos: torch.Tensor) -> torch.Tensor:
+    """Bool (B or 1, 1, T_q, T_k): what the model's own mask allows (causal and padding) at key positions
+    ``k_pos``; without a mask, causal over the last T_q positions."""
+    if attention_mask is None:
+        q_pos = torch.arange(int(k_pos.max()) + 1 - t_q, int(k_pos.max()) + 1, device=k_pos.device)
+        return (k_pos[None, :] <= q_pos[:, None])[None, None]
+    if attention_mask.dtype == torch.bool:
+        return attention_mask[..., k_pos]
+    return attention_mask[..., k_pos] > torch.finfo(attention_mask.dtype).min / 2
+
+
+def layer_spec(module) -> dict:
+    specs = getattr(module.config, CONFIG_KEY, None)
+    if specs is None:
+        raise KVPlanError("A headprune_kv attention function ran on a model without a KV plan; use "
+                          "kvcache.restricted(model, plan).")
+    return specs[module.layer_idx]
+
+
+def repeat_kv(states: torch.Tensor, groups: int) -> torch.Tensor:
+    """(B, H_kv, T, d) -> (B, H_kv * groups, T, d), each key/value head repeated for its query heads (stock)."""
+    if groups == 1:
+        return states
+    b, h, t, d = states.shape
+    return states[:, :, None].expand(b, h, groups, t, d).reshape(b, h * groups, t, d)
+
+
+def dense_allowed(spec: dict, query: torch.Tensor, t_k: int, attention_mask) -> torch.Tensor:
+    """Bool (B, H, T_q, T_k): the model's mask, and for streaming query heads the sink + window restriction."""
+    t_q = query.shape[2]
+    k_pos = torch.arange(t_k, device=query.device)
+    q_pos = k_pos[t_k - t_q:]
+    stream = torch.tensor(spec["stream"], dtype=torch.bool, device=query.device)[None, :, None, None]
+    near = window_allowed(q_pos, k_pos, spec["sink"], spec["window"])[None, None]
+    return base_allowed(attention_mask, t_q, k_pos) & (~stream | near)
+
+
+def eager_kv_attention(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0, **_kwargs):
+    """transformers' eager attention (repeat_kv, QK^T x scaling + mask, float32 softmax, x V) with the plan's
+    restriction in the mask. query (B, H, T_q, d), key/value (B, H_kv, T_k, d) -> ((B, T_q, H, d), (B, H, T_q, T_k))."""
+    if isinstance(key, SplitKV):
+        raise KVPlanError("Attention probabilities are recorded on the ordinary cache, not a mixed one.")
+    spec = layer_spec(module)
+    groups = query.shape[1] // key.shape[1]
+    allowed = dense_allowed(spec, query, key.shape[2], attention_mask)
+    mask = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device)
+    mask.masked_fill_(~allowed, torch.finfo(query.dtype).min)
+    weights = torch.matmul(query, repeat_kv(key, groups).transpose(2, 3)) * scaling + mask
+    weights = F.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    weights = F.dropout(weights, p=dropout, training=module.training)
+    out = torch.matmul(weights, repeat_kv(value, groups))
+    return out.transpose(1, 2).contiguous(), weights
+
+
+def sdpa_kv_attention(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0, **_kwargs):
+    """The same restriction on torch's scaled-dot-product attention (no probabilities returned); on a
+    :class:`SplitKV` the full and the streaming heads attend over their own keys, each part a GQA call.
+    query (B, H, T_q, d) -> ((B, T_q, H, d), None)."""
+    spec = layer_spec(module)
+    if isinstance(key, SplitKV):
+        return split_attention(spec, query, key, attention_mask, scaling), None
+    groups = query.shape[1] // key.shape[1]
+    allowed = dense_allowed(spec, query, key.shape[2], attention_mask)
+    out = F.scaled_dot_product_attention(query, repeat_kv(key, groups), repeat_kv(value, groups), attn_mask=allowed,
+                                         dropout_p=dropout if module.training else 0.0, scale=scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def split_attention(spec: dict, query: torch.Tensor, kv: SplitKV, attention_mask, scaling: float) -> torch.Tensor:
+    """Attention over a mixed cache: query heads of full groups over every key, those of streaming groups over
+    their S + W keys (masked to the exact window of each query position). -> (B, T_q, H, d)."""
+    t_q = query.shape[2]
+    groups = query.shape[1] // (len(kv.full_heads) + len(kv.stream_heads))
+    out = torch.empty_like(query)
+    q_pos = torch.arange(kv.length - t_q, kv.length, device=query.device)
+    parts = ((kv.full_heads, kv.full_k, kv.full_v, torch.arange(kv.length, device=query.device), False),
+             (kv.stream_heads, kv.stream_k, kv.stream_v, kv.positions.to(query.device), True))
+    for heads, k, v, k_pos, streams in parts:
+        if not heads:
+            continue
+        rows = torch.tensor([h * groups + i for h in heads for i in range(groups)], device=query.device)
+        allowed = base_allowed(attention_mask, t_q, k_pos)
+        if streams:
+            allowed = allowed & window_allowed(q_pos, k_pos, spec["sink"], spec["window"])[None, None]
+        out[:, rows] = F.scaled_dot_product_attention(query[:, rows], repeat_kv(k, groups), repeat_kv(v, groups),
+                                                      attn_mask=allowed, scale=scaling)
+    return out.transpose(1, 2).contiguous()
+
+
+eager_kv_attention.returns_probabilities = True
+sdpa_kv_attention.eager_name = EAGER          # model.capture switches to this one to record probabilities
+eager_kv_attention.eager_name = EAGER
+AttentionInterface.register(SDPA, sdpa_kv_attention)
+AttentionInterface.register(EAGER, eager_kv_attention)
+ALL_MASK_ATTENTION_FUNCTIONS.register(SDPA, eager_mask)
+ALL_MASK_ATTENTION_FUNCTIONS.register(EAGER, eager_mask)
+
+
+def layer_specs(adapter, plan: KVPlan) -> dict[int, dict]:
+    """Per forward layer: ``stream`` (per physical query position: does it stream?), ``kv_stream`` (per physical
+    key/value head), ``sink``, ``window``. Surgery's kept heads and key/value sources map physical to original."""
+    specs = {}
+    for layer, block_index in enumerate(adapter.layer_to_block):
+        block = adapter.blocks[block_index]
+        kv_stream = [not bool(plan.full[block.index, g]) for g in block.kv_sources]
+        stream = [kv_stream[j] for j in block.kv_of_position()]
+        specs[layer] = {"stream": stream, "kv_stream": kv_stream, "sink": plan.sink, "window": plan.window}
+    return specs
+
+
+@contextmanager
+def restricted(model, plan: KVPlan, adapter=None):
+    """Yield a private copy of ``model`` whose streaming heads see only their sink + window keys.
+
+    ``model`` is never changed (the copy shares its weights: ``hooks.structural_copy``); the copy is gated,
+    evaluated, captured or generated with as any model. Eager models get the eager twin (probabilities), others
+    the SDPA one.
+    """
+    adapter = adapter or adapt(model)
+    plan.check_fits(adapter)
+    copy = structural_copy(model)
+    setattr(copy.config, CONFIG_KEY, layer_specs(adapt(copy), plan))
+    eager = getattr(model.config, "_attn_implementation", None) == "eager"
+    copy.set_attn_implementation(EAGER if eager else SDPA)
+    yield copy

@@ -1,0 +1,555 @@
+"""``headprune run P.toml --smoke``: the whole protocol on stand-ins, in seconds, before anyone spends a GPU hour.
+
+Every model is replaced by a tiny random model of the same family with the same label configuration, every data
+role by a few synthetic rows with the same features (splits, columns, ClassLabel names), and the protocol then runs
+as written through the normal runner (``run.run_protocol``): label alignment, splits, metric sets, criteria (SAP,
+CF, Kwon, ...), recovery and lm-eval all run, and the output is a real, meaningless table.
+
+Where the stand-ins come from, per model and per data source (each recorded in the run file's ``smoke`` entry):
+
+    model    its config when it can be read without weights (a local folder, the local Hugging Face cache, or the
+             hub when the network is on: ``config.json`` only), shrunk to ``testing.tiny_config``'s sizes with the
+             family, the label names and the head kept; offline, the family guessed from the model id
+             (``FAMILIES``) and the labels the protocol states: ``label_map``'s targets, ``labels_by_position``
+             (LABEL_0..k-1 for k data classes), else the data's own label names (recorded as an assumption)
+    data     the dataset's features when the network is on (``datasets.load_dataset_builder``: no rows), else the
+             features of a known source (``KNOWN_SOURCES``: GLUE, the Greedy-Gnorm and HIES data sets), else
+             the role's columns and the protocol's label statements; rows are seeded word strings, labels cycle
+             over the classes (every class present), written with ``save_to_disk`` as a DatasetDict of the same
+             splits so ClassLabel names survive and the split rule acts as on the real data set
+    sizes    calibration and selection 8 rows, evaluation and training 16 ("all" included); at most 2 repeats,
+             2 random orders and 2 sparsities besides 0 (the smallest and largest: the code paths of more, without
+             repeating the same work)
+    lm-eval  each lm-eval task is replaced by a local multiple-choice task "smoke_<task>" on stand-in rows
+             (the metric columns are renamed accordingly; lm-eval's own data sets need the network)
+
+The stand-ins live in ``OUT/smoke/``; ``run.json`` gets ``"smoke": {...}`` and ``results.md`` a banner.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import random
+import re
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, PreTrainedTokenizerFast
+
+from ..data import TextDataset, align_labels
+from ..data.sources import parse_hf_spec
+from ..errors import HeadpruneError
+from ..evaluation.harness import is_harness_metric, parse_metric
+from ..model.loading import NAMED_MODELS, model_source_kind
+from ..testing import ARCHS, DECODER_ARCHS, tiny_config, tiny_decoder_config, write_choice_task
+from .plan import local_config, slug
+from .run import run_protocol, write_atomic
+from .spec import ModelEntry, Protocol, ProtocolError, Role
+
+SMOKE_SIZES = {"calib": 8, "select": 8, "eval": 16, "train": 16}
+SMOKE_REPEATS = 2              # repeats and random orders of a smoke run, at most
+ROWS_PER_SPLIT = 48            # enough for every role of one source drawn apart (8 + 8 + 16 + 16)
+WORDS = ("the a film story book song market price shares rose fell stock was is felt seemed good bad long short "
+         "dull bright warm cold slow quick and but very quite not never love war peace cats dogs rain sun night "
+         "day end start it all nothing liked question answer why how what where").split()
+SPECIALS_ENCODER = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+SPECIALS_DECODER = ("<pad>", "<s>", "</s>", "<unk>")
+
+# model id words -> family (``testing`` builds these); the first match wins, so longer names come first
+FAMILIES = (("xlm-roberta", "xlm-roberta"), ("roberta", "roberta"), ("albert", "albert"),
+            ("distilbert", "distilbert"), ("electra", "electra"), ("llama", "llama"), ("qwen3", "qwen3"),
+            ("qwen", "qwen2"), ("mistral", "mistral"), ("gemma", "gemma3"), ("phi", "phi3"), ("gpt2", "gpt2"),
+            ("bert", "bert"))
+NAMED_FAMILIES = {"demo": "bert", "demo-lm": "llama", "demo-circuit": "llama"}   # headprune.demos' models
+
+# features of the data sets the shipped protocols read (the datasets' cards on the hub): columns, ClassLabel
+# names (None: a float target), splits; "choice" marks multiple-choice rows in that data set's field layout
+_GLUE_SPLITS = ("train", "validation", "test")
+_GLUE = {"cola": (("sentence",), ["unacceptable", "acceptable"]),
+         "sst2": (("sentence",), ["negative", "positive"]),
+         "mrpc": (("sentence1", "sentence2"), ["not_equivalent", "equivalent"]),
+         "qqp": (("question1", "question2"), ["not_duplicate", "duplicate"]),
+         "stsb": (("sentence1", "sentence2"), None),
+         "mnli": (("premise", "hypothesis"), ["entailment", "neutral", "contradiction"]),
+         "qnli": (("question", "sentence"), ["entailment", "not_entailment"]),
+         "rte": (("sentence1", "sentence2"), ["entailment", "not_entailment"]),
+         "wnli": (("sentence1", "sentence2"), ["not_entailment", "entailment"])}
+_LANGUAGES = "ar bg de el en es fr hi it ja nl pl pt ru sw th tr ur vi zh".split()
+
+
+@dataclass
+class Features:
+    """What a data source's rows look like: text columns, the label column and its names, splits."""
+
+    texts: tuple = ("text",)
+    label: str | None = "label"
+    names: list | None = None          # ClassLabel names; None with ``label``: a float target (regression)
+    string_labels: bool = False        # labels stored as text (no ClassLabel)
+    splits: tuple = ("train", "validation", "test")
+    choice: str | None = None          # "hellaswag" | "arc": multiple-choice rows in that layout
+    origin: str = "known source"
+
+
+def _known(name: str, config: str | None) -> Features | None:
+    """``KNOWN_SOURCES``: the features of a data set the shipped protocols read, by hub name and config."""
+    base = name.rsplit("/", 1)[-1].lower()
+    if base == "glue" and config in _GLUE:
+        texts, names = _GLUE[config]
+        splits = ("train", "validation_matched", "validation_mismatched") if config == "mnli" else _GLUE_SPLITS
+        return Features(texts, "label", names, splits=splits)
+    if base == "financial_phrasebank":
+        return Features(("sentence",), "label", ["negative", "neutral", "positive"], splits=("train",))
+    if base == "tweet_eval":
+        return Features(("text",), "label", ["negative", "neutral", "positive"])
+    if base == "language-identification":
+        return Features(("text",), "labels", list(_LANGUAGES), string_labels=True)
+    if base == "hellaswag":
+        return Features(("ctx",), "label", None, choice="hellaswag")
+    if base == "ai2_arc":
+        return Features(("question",), "answerKey", None, choice="arc")
+    return None
+
+
+KNOWN_SOURCES = ("nyu-mll/glue:" + "|".join(_GLUE), "takala/financial_phrasebank", "cardiffnlp/tweet_eval",
+                 "papluca/language-identification", "Rowan/hellaswag", "allenai/ai2_arc")
+
+
+HUB = ("huggingface.co", 443)
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether configs and features may be read from the hub: not with HF_HUB_OFFLINE set, and not when one
+    connection to it fails (a single probe: the hub clients would retry every read for half a minute)."""
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
+        return False
+    try:
+        socket.create_connection(HUB, timeout=timeout).close()
+    except OSError:
+        return False
+    return True
+
+
+@functools.cache
+def _hub_features(name: str, config: str | None) -> Features | None:
+    """The data set's features from the hub (no rows: the builder's info), or None offline / on any failure."""
+    try:
+        import datasets  # deferred: a 1.5 s import that only hf: stand-ins need
+
+        info = datasets.load_dataset_builder(name, config).info
+    except Exception:   # offline, gated, or a script data set: the known table and the statements stand in
+        return None
+    feats = info.features or {}
+    labels = [c for c, f in feats.items() if isinstance(f, datasets.ClassLabel)]
+    label = labels[0] if labels else next((c for c in ("label", "labels", "score") if c in feats), None)
+    texts = tuple(c for c, f in feats.items() if c != label and getattr(f, "dtype", None) == "string")[:2]
+    if not texts:
+        return None
+    names = list(feats[label].names) if labels else None
+    return Features(texts, label, names, splits=tuple(info.splits or ("train", "validation", "test")),
+                    origin="hub features")
+
+
+def _stated(role: Role, entry: ModelEntry) -> Features:
+    """Features from the protocol alone: the role's columns and the label names its label map states."""
+    texts = tuple(c for c in (role.text_col or "text", role.pair_col) if c)
+    names = [str(k) for k in entry.label_map] if entry.label_map else ["negative", "positive"]
+    return Features(texts, role.label_col or "label", names, origin="protocol statements")
+
+
+def source_features(role: Role, entry: ModelEntry, online: bool) -> Features:
+    """The features of ``role``'s source (module doc: hub, known table, protocol statements, in that order)."""
+    if role.source.startswith("hf:"):
+        name, config, _ = parse_hf_spec(role.source)
+        found = (_hub_features(name, config) if online else None) or _known(name, config)
+        if found is not None:
+            return found
+    return _stated(role, entry)
+
+
+# -- rows ----------------------------------------------------------------------------------------------------------
+
+def _phrase(rng: random.Random, low: int = 3, high: int = 10) -> str:
+    return " ".join(rng.choices(WORDS, k=rng.randint(low, high)))
+
+
+def stand_in_rows(features: Features, n: int, seed: int) -> list[dict]:
+    """``n`` seeded rows with ``features``' columns; class labels cycle (every class present), floats in [0, 5]."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        if features.choice == "hellaswag":
+            rows.append({"ctx": _phrase(rng), "endings": [_phrase(rng, 1, 4) for _ in range(4)], "label": str(i % 4)})
+            continue
+        if features.choice == "arc":
+            rows.append({"question": _phrase(rng), "choices": {"text": [_phrase(rng, 1, 3) for _ in range(4)],
+                                                               "label": list("ABCD")}, "answerKey": "ABCD"[i % 4]})
+            continue
+        row = {c: _phrase(rng) for c in features.texts}
+        if features.label:
+            if features.names is None:
+                row[features.label] = round(rng.uniform(0, 5), 2)
+            else:
+                k = i % len(features.names)
+                row[features.label] = features.names[k] if features.string_labels else k
+        rows.append(row)
+    return rows
+
+
+def write_source(features: Features, splits: list[str], folder: Path, seed: int) -> Path:
+    """The stand-in data set: a DatasetDict of ``splits`` saved to ``folder`` (ClassLabel names kept)."""
+    import datasets  # deferred: the stand-in data sets are Hugging Face DatasetDicts
+
+    parts = {}
+    for k, split in enumerate(splits):
+        ds = datasets.Dataset.from_list(stand_in_rows(features, ROWS_PER_SPLIT, seed + k))
+        if features.label and features.names is not None and not features.string_labels and not features.choice:
+            ds = ds.cast_column(features.label, datasets.ClassLabel(names=features.names))
+        parts[split] = ds
+    datasets.DatasetDict(parts).save_to_disk(str(folder))
+    return folder
+
+
+# -- models --------------------------------------------------------------------------------------------------------
+
+def family_of(spec: str, config) -> str:
+    """The family of a model: its config's ``model_type`` where known, else a guess from its name (FAMILIES)."""
+    if config is not None:
+        kind = config.model_type.replace("_", "-")
+        return {"qwen2": "qwen2", "xlm-roberta": "xlm-roberta"}.get(kind, kind)
+    if spec in NAMED_FAMILIES:
+        return NAMED_FAMILIES[spec]
+    low = spec.lower()
+    return next((fam for word, fam in FAMILIES if word in low), "bert")
+
+
+@functools.cache
+def _hub_config(spec: str):
+    """The hub's config.json of ``spec`` (no weights), or None (offline, gated, unknown); read once per process."""
+    try:
+        from transformers import AutoConfig  # deferred: only the online path reads a hub config
+
+        return AutoConfig.from_pretrained(spec)
+    except Exception:   # offline or gated: the family and the stated labels stand in
+        return None
+
+
+def _online_config(spec: str, online: bool):
+    """The model's config without weights: this machine's copy, else the hub's config.json when online."""
+    if model_source_kind(spec) == "named" or spec in NAMED_MODELS:
+        return None   # a demo's config needs its build (minutes): the family table stands in
+    config = local_config(spec)
+    return _hub_config(spec) if config is None and online else config
+
+
+def stated_labels(entry: ModelEntry, features: Features) -> tuple[dict[int, str], str]:
+    """(id2label, how) of a stand-in classifier from the protocol's statements (module doc)."""
+    if features.label and features.names is None:
+        return {0: "LABEL_0"}, "regression (the data's label is a number)"
+    n_data = len(features.names or ["negative", "positive"])
+    if entry.label_map:
+        targets = list(entry.label_map.values())
+        ids = [int(m.group(1)) for t in targets if isinstance(t, str) and (m := re.fullmatch(r"LABEL_(\d+)", t))]
+        ints = [t for t in targets if isinstance(t, int)]
+        if len(ids) + len(ints) == len(targets):
+            n = max([n_data - 1] + ids + ints) + 1
+            return {i: f"LABEL_{i}" for i in range(n)}, "label_map (positional targets)"
+        names = list(dict.fromkeys(str(t) for t in targets))
+        return dict(enumerate(names)), "label_map (named targets)"
+    if entry.labels_by_position:
+        return {i: f"LABEL_{i}" for i in range(n_data)}, "labels_by_position (LABEL_0..k-1)"
+    return dict(enumerate(features.names or ["negative", "positive"])), \
+        "not stated: assumed the model names the data's labels (state label_map or labels_by_position)"
+
+
+def word_tokenizer(decoder: bool) -> PreTrainedTokenizerFast:
+    """A word-level tokenizer over WORDS: ``[CLS] a [SEP] b [SEP]`` for encoders, ``<s> text`` for decoders."""
+    specials = SPECIALS_DECODER if decoder else SPECIALS_ENCODER
+    vocab = {w: i for i, w in enumerate(list(specials) + list(dict.fromkeys(WORDS)))}
+    unk = "<unk>" if decoder else "[UNK]"
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=unk))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    if decoder:
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A $B",
+                                                           special_tokens=[("<s>", vocab["<s>"])])
+        return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+                                       unk_token=unk)
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token=unk, cls_token="[CLS]",
+                                   sep_token="[SEP]", mask_token="[MASK]")
+
+
+@dataclass
+class ModelStandIn:
+    path: Path
+    family: str
+    head: str                      # "cls" | "lm"
+    id2label: dict = field(default_factory=dict)
+    origin: str = ""
+    labels: str = ""
+
+    def to_json(self) -> dict:
+        return {"path": str(self.path), "family": self.family, "head": self.head,
+                "id2label": {str(k): v for k, v in self.id2label.items()}, "config": self.origin,
+                "labels": self.labels}
+
+
+def stand_in_model(entry: ModelEntry, features: Features, folder: Path, online: bool, seed: int) -> ModelStandIn:
+    """A tiny random model of ``entry``'s family and label configuration, saved to ``folder`` (module doc)."""
+    config = _online_config(entry.model, online)
+    family = family_of(entry.model, config)
+    decoder = family in DECODER_ARCHS
+    head = "lm" if features.choice or features.label is None else "cls"
+    if config is not None and head == "cls" and getattr(config, "id2label", None):
+        id2label, labels = {int(k): v for k, v in config.id2label.items()}, "the model's config"
+        if config.num_labels == 1:
+            id2label = {0: "LABEL_0"}
+    else:
+        id2label, labels = stated_labels(entry, features) if head == "cls" else ({}, "none (a language model)")
+    tokenizer = word_tokenizer(decoder)
+    vocab = len(tokenizer) + 8
+    n = max(len(id2label), 1)
+    if decoder:
+        tiny = tiny_decoder_config(family, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=vocab, num_labels=n)
+        tiny.pad_token_id, tiny.bos_token_id, tiny.eos_token_id = 0, 1, 2
+    else:
+        tiny = tiny_config(family if family in ARCHS else "bert", n_layers=2, n_heads=4, vocab_size=vocab,
+                           num_labels=n)
+        tiny.pad_token_id = 0
+    if head == "cls":
+        tiny.id2label, tiny.label2id = dict(id2label), {v: k for k, v in id2label.items()}
+    torch.manual_seed(seed)
+    auto = AutoModelForCausalLM if head == "lm" else AutoModelForSequenceClassification
+    model = auto.from_config(tiny).eval()
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    origin = "its config (shrunk)" if config is not None else f"the family of its name ({family}), offline"
+    return ModelStandIn(folder, family if (family in ARCHS or decoder) else f"bert (for {family})", head, id2label,
+                        origin, labels)
+
+
+# -- labels, splits and columns checked before any weights -------------------------------------------------------
+
+@dataclass
+class LabelCheck:
+    """What ``check_labels`` found: problems (each naming the model, the role, the key and its line), the checks
+    it made and the ones it could not make (offline: a hub config or a data set's features out of reach)."""
+
+    problems: list = field(default_factory=list)
+    checked: list = field(default_factory=list)
+    unchecked: list = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"problems": self.problems, "checked": self.checked, "unchecked": self.unchecked}
+
+
+def _feature_rows(features: Features) -> TextDataset:
+    """One row per class of ``features`` as ``load_data`` would hold them (ClassLabel ints with their names)."""
+    if features.names is None:
+        return TextDataset(texts=["x"], labels=[2.5], source="features")
+    if features.string_labels:
+        return TextDataset(texts=["x"] * len(features.names), labels=list(features.names), source="features")
+    return TextDataset(texts=["x"] * len(features.names), labels=list(range(len(features.names))),
+                       label_names=list(features.names), source="features")
+
+
+def check_labels(protocol: Protocol, online: bool) -> LabelCheck:
+    """Every model's label alignment, and every role's split and columns, against the model's config and the data
+    set's features (no weights, no rows): ``align_labels`` on one row per class, with the entry's ``label_map`` /
+    ``labels_by_position``, exactly as the run will call it. Sources read from hub features (online) or the table
+    of known sources (offline); what neither reaches is listed as unchecked."""
+    found = LabelCheck()
+    for entry in protocol.models:
+        config = _online_config(entry.model, online)
+        if config is None:
+            found.unchecked.append(f"{entry.name}: labels of {entry.model} (its config.json is not on this machine"
+                                   + (")" if online else "; offline)"))
+        for name, role in entry.data.items():
+            where = f"{entry.name}, data.{name} ({role.source})"
+            if not role.source.startswith("hf:"):
+                found.unchecked.append(f"{where}: read when the run starts (not a hub data set)")
+                continue
+            hub, config_name, split = parse_hf_spec(role.source)
+            features = (_hub_features(hub, config_name) if online else None) or _known(hub, config_name)
+            if features is None:
+                found.unchecked.append(f"{where}: its features (unknown offline)")
+                continue
+            if split and split not in features.splits:
+                found.problems.append(str(role.fail("source", f"{entry.name}: split {split!r} is not one of "
+                                                              f"{', '.join(features.splits)} ({features.origin}).")))
+            columns = list(features.texts) + ([features.label] if features.label else [])
+            for key in ("text_col", "pair_col", "label_col"):
+                if getattr(role, key) and getattr(role, key) not in columns:
+                    found.problems.append(str(role.fail(key, f"{entry.name}: no column {getattr(role, key)!r}; "
+                                                             f"the data set has {', '.join(columns)}.")))
+            if config is None or features.choice or not getattr(config, "id2label", None):
+                continue
+            id2label = {int(k): v for k, v in config.id2label.items()}
+            try:
+                align_labels(_feature_rows(features), id2label, label_map=entry.label_map,
+                             by_position=entry.labels_by_position)
+            except HeadpruneError as exc:
+                key = "label_map" if entry.label_map else "labels_by_position" if entry.labels_by_position else "model"
+                found.problems.append(str(entry.fail(key, f"{entry.name}, data.{name}: {exc}")))
+                continue
+            found.checked.append(f"{where}: labels, split and columns ({features.origin})")
+    return found
+
+
+def require_labels(protocol: Protocol, online: bool, found: LabelCheck | None = None) -> LabelCheck:
+    """``check_labels`` (or what it ``found`` already), raising a ProtocolError listing every problem."""
+    found = check_labels(protocol, online) if found is None else found
+    if found.problems:
+        raise ProtocolError(f"{len(found.problems)} label/split/column problem(s) found before loading any weights:\n"
+                            + "\n".join(f"  {p}" for p in found.problems))
+    return found
+
+
+# -- the smoke protocol --------------------------------------------------------------------------------------------
+
+@dataclass
+class SmokeBuild:
+    """The stand-in protocol and what every stand-in was built from (the run file's ``smoke`` entry)."""
+
+    protocol: Protocol
+    models: dict = field(default_factory=dict)      # entry name -> ModelStandIn.to_json()
+    sources: dict = field(default_factory=dict)     # real source -> {"stand_in", "features", ...}
+    notes: list = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"models": self.models, "sources": self.sources, "notes": self.notes, "sizes": dict(SMOKE_SIZES)}
+
+
+def _source_key(source: str) -> tuple[str, str | None]:
+    """(data set, split) of a role's source: hf specs by name and config, other specs as they are."""
+    if source.startswith("hf:"):
+        name, config, split = parse_hf_spec(source)
+        return f"{name}:{config}" if config else name, split
+    return source, None
+
+
+def _lm_eval_task(task: str, folder: Path, seed: int) -> str:
+    """A local multiple-choice lm-eval task ``smoke_<task>`` on stand-in questions (the real task's data needs the
+    network); returns its name."""
+    name = f"smoke_{slug(task).replace('-', '_')}"
+    rng = random.Random(seed)
+    write_choice_task(folder, name, [(_phrase(rng), [_phrase(rng, 1, 3) for _ in range(4)], i % 4) for i in range(8)])
+    return name
+
+
+def _smoke_metric(metric: str, renamed: dict) -> str:
+    if not is_harness_metric(metric):
+        return metric
+    task, name = parse_metric(metric)
+    return f"lm-eval:{renamed[task]}/{name}"
+
+
+def build_smoke(protocol: Protocol, folder: Path, online: bool = False) -> SmokeBuild:
+    """The stand-in protocol of ``protocol`` (module doc), its stand-ins written under ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    build = SmokeBuild(protocol)
+    written: dict[str, tuple[Path, Features, list]] = {}
+    # every split each data set is read with, so one stand-in holds them all
+    wanted: dict[str, tuple[Role, ModelEntry, set]] = {}
+    for entry in protocol.models:
+        for role in entry.data.values():
+            key, split = _source_key(role.source)
+            wanted.setdefault(key, (role, entry, set()))[2].add(split)
+    for i, (key, (role, entry, splits)) in enumerate(wanted.items()):
+        features = source_features(role, entry, online)
+        names = list(dict.fromkeys([s for s in features.splits] + [s for s in splits if s]))
+        path = write_source(features, names, folder / "data" / slug(key.replace(":", "-")), protocol.seed + 100 * i)
+        written[key] = (path, features, names)
+        build.sources[key] = {"stand_in": str(path), "features": features.origin, "splits": names,
+                              "columns": list(features.texts) + ([features.label] if features.label else []),
+                              "labels": features.names, "choice": features.choice}
+    renamed: dict[str, str] = {}
+    entries = []
+    for k, entry in enumerate(protocol.models):
+        eval_key, _ = _source_key(entry.data["eval"].source)
+        features = written[eval_key][1]
+        model = stand_in_model(entry, features, folder / "models" / slug(entry.name), online, protocol.seed + k)
+        build.models[entry.name] = model.to_json()
+        if model.labels.startswith("not stated"):
+            build.notes.append(f"{entry.name}: labels {model.labels}")
+        roles = {}
+        for name, role in entry.data.items():
+            key, split = _source_key(role.source)
+            spec = f"hf:{written[key][0]}" + (f"::{split}" if split else "")   # a saved folder: no config
+            roles[name] = dataclasses.replace(role, source=spec, size=min(role.size or SMOKE_SIZES[name],
+                                                                          SMOKE_SIZES[name]))
+        for metric in entry.harness_metrics:
+            task, _ = parse_metric(metric)
+            if task not in renamed:
+                renamed[task] = _lm_eval_task(task, folder / "lm_eval", protocol.seed + len(renamed))
+                build.notes.append(f"lm-eval task {task} stood in for by the local task {renamed[task]}")
+        metrics = tuple(_smoke_metric(m, renamed) for m in entry.metrics)
+        headline = _smoke_metric(entry.headline, renamed) if entry.headline else None
+        entries.append(dataclasses.replace(entry, model=str(model.path), data=roles, metrics=metrics,
+                                           headline=headline))
+    # repeats, random orders and sparsities exercise their code paths at two; more of them repeat the same work
+    repeats = min(protocol.repeats, SMOKE_REPEATS)
+    positive = [r for r in protocol.sparsities if r > 0]
+    sparsities = protocol.sparsities if len(positive) <= 2 else \
+        tuple(r for r in protocol.sparsities if r == 0) + (positive[0], positive[-1])
+    if sparsities != protocol.sparsities:
+        build.notes.append(f"sparsities {', '.join(f'{r:g}' for r in protocol.sparsities)} -> "
+                           f"{', '.join(f'{r:g}' for r in sparsities)} (the smallest and largest)")
+    trajectory = protocol.trajectory
+    if trajectory is not None and trajectory.random_boxes > SMOKE_REPEATS:
+        trajectory = dataclasses.replace(trajectory, random_boxes=SMOKE_REPEATS)
+    if repeats < protocol.repeats or trajectory is not protocol.trajectory:
+        build.notes.append(f"repeats {protocol.repeats} -> {repeats}" + (
+            f", random_boxes {protocol.trajectory.random_boxes} -> {SMOKE_REPEATS}"
+            if trajectory is not protocol.trajectory else "") + " (the same code paths, less of the same work)")
+    lm_eval = dict(protocol.lm_eval)
+    if renamed:
+        lm_eval["include"] = tuple(lm_eval.get("include", ())) + (str(folder / "lm_eval"),)
+        lm_eval["limit"] = 8
+    try:
+        build.protocol = dataclasses.replace(protocol, models=tuple(entries), lm_eval=lm_eval, repeats=repeats,
+                                             trajectory=trajectory, sparsities=sparsities,
+                                             paper=_cells_kept(protocol.paper, sparsities),
+                                             device="cpu", dtype=None, memory_budget=None)
+    except HeadpruneError as exc:   # a stand-in the protocol's own checks refuse: a bug of this module
+        raise HeadpruneError(f"the smoke stand-ins of {protocol.source} are refused by the protocol's checks: "
+                             f"{exc}") from None
+    return build
+
+
+def _cells_kept(paper: tuple, sparsities: tuple) -> tuple:
+    """``paper`` values of the sparsities a smoke run keeps (the others name cells it does not run)."""
+    kept = []
+    for entry in paper:
+        values = {c: {r: v for r, v in cells.items() if c == "dense" or any(abs(r - s) < 1e-9 for s in sparsities)}
+                  for c, cells in entry.values.items()}
+        kept.append(dataclasses.replace(entry, values={c: {f"{r:g}": v for r, v in cells.items()} if c != "dense"
+                                                       else next(iter(cells.values()), None)
+                                                       for c, cells in values.items() if cells}))
+    return tuple(kept)
+
+
+BANNER = ("> **SMOKE RUN** — every model is a tiny random stand-in and every data role a few synthetic rows "
+          "(`headprune run --smoke`). These numbers are meaningless; they show only that the protocol runs end to "
+          "end.\n\n")
+
+
+def run_smoke(protocol: Protocol, out: str | Path, *, online: bool = False, progress=None, say=None,
+              plots: bool = False) -> dict:
+    """Build the stand-ins of ``protocol`` under ``OUT/smoke`` and run it into ``out`` (module doc); the run file is
+    marked ``"smoke"`` and ``results.md`` carries a banner."""
+    out = Path(out).expanduser()
+    build = build_smoke(protocol, out / "smoke", online)
+    summary = run_protocol(build.protocol, out, progress=progress, say=say, plots=plots)
+    run = json.loads((out / "run.json").read_text(encoding="utf-8"))
+    run["smoke"] = build.to_json()
+    write_atomic(out / "run.json", json.dumps(run, indent=1, default=str))
+    write_atomic(out / "results.md", BANNER + (out / "results.md").read_text(encoding="utf-8"))
+    return {**summary, "smoke": True, "smoke_notes": build.notes}

@@ -1,0 +1,92 @@
+"""Greedy-Gnorm as the paper measured it (greedy-gnorm.txt): the protocol's models have the shapes of the paper's size
+tables (Tables 2-5), and each trajectory cell saves the mask of a stated stopping rule with its size (Table 1)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from transformers import AlbertConfig, BertConfig, RobertaConfig, XLMRobertaConfig
+
+from headprune.model.arch import adapt
+from headprune.protocol import Protocol
+from headprune.protocol.plan import shell_model
+
+PROTOCOL = Path(__file__).resolve().parent.parent / "protocols" / "greedy_gnorm_fig3.toml"
+
+# each checkpoint's config as its hub config.json states it (sizes only; no weights), with the paper's classes
+CONFIGS = {
+    "bert-base-chinese": BertConfig(vocab_size=21128, num_labels=3),
+    "prajjwal1/albert-base-v2-mnli": AlbertConfig(vocab_size=30000, embedding_size=128, hidden_size=768,
+                                                  num_attention_heads=12, intermediate_size=3072, num_labels=3),
+    "siebert/sentiment-roberta-large-english": RobertaConfig(vocab_size=50265, hidden_size=1024, num_hidden_layers=24,
+                                                             num_attention_heads=16, intermediate_size=4096,
+                                                             max_position_embeddings=514, type_vocab_size=1,
+                                                             num_labels=2),
+    "papluca/xlm-roberta-base-language-detection": XLMRobertaConfig(vocab_size=250002, max_position_embeddings=514,
+                                                                    type_vocab_size=1, num_labels=20),
+}
+# the paper's tables (greedy-gnorm.txt, Appendix A): (table, Model params, Embeddings params, classifier params,
+# classes, head-grid positions)
+TABLES = {
+    "BERT financial sentiment": ("Table 2", 102_269_955, 16_622_592, 2_307, 3, 144),
+    "ALBERT MNLI": ("Table 3", 11_685_891, 3_906_048, 2_307, 3, 12),   # tied: 12 positions x 12 layers (Fig. 1)
+    "RoBERTa tweet sentiment": ("Table 4", 355_361_794, 52_000_768, 1_051_650, 2, 384),
+    "XLM-RoBERTa language identification": ("Table 5", 278_059_028, 192_398_592, 605_972, 20, 144),
+}
+
+
+def count(module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+@pytest.mark.parametrize("name", list(TABLES))
+def test_each_model_has_the_parameter_and_class_counts_of_the_papers_size_tables(name):
+    entry = next(m for m in Protocol.read(PROTOCOL).models if m.name == name)
+    table, total, embeddings, classifier, classes, heads = TABLES[name]
+    config = CONFIGS[entry.model]          # a protocol naming another checkpoint must say its shape here
+    model = shell_model(config)            # meta device: shapes, no memory, no weights
+    base = getattr(model, model.base_model_prefix)
+    assert count(model) == total, table
+    assert count(base.embeddings) == embeddings, table
+    assert count(model.classifier) == classifier and config.num_labels == classes, table
+    grid = adapt(model).grid_shape
+    assert grid[0] * grid[1] == heads
+
+
+def test_the_saved_mask_is_the_last_step_within_the_tolerance_on_the_selection_rows_with_its_size(
+        tmp_path, tiny_model_dir, tiny_csv, one_thread):
+    import copy
+
+    from headprune.model.loading import load_model
+    from headprune.model.mask import HeadMask
+    from headprune.model.surgery import prune_model
+    from headprune.protocol.run import run_protocol
+
+    text = (f'name = "g"\nmodels = ["{tiny_model_dir}"]\nbatch_size = 8\n\n[data.calib]\nsource = "{tiny_csv}"\n'
+            f'size = 12\n\n[data.select]\nsource = "{tiny_csv}"\nsize = 16\n\n[data.eval]\nsource = "{tiny_csv}"\n'
+            'size = 20\n\n[[criteria]]\nname = "ae"\n\n[trajectory]\nstep = 1\nmask_tolerance = 0.95\n')
+    protocol = Protocol.parse(text, str(tmp_path / "g.toml"))
+    out = tmp_path / "out"
+    run_protocol(protocol, out, plots=False)
+    [cell] = json.loads((out / "run.json").read_text())["cells"].values()
+    traj = cell["trajectory"]
+    assert len(traj["steps"]) == 12                         # the run went on to the end (Figure 3's curve)
+    # by hand: the last step before the selection accuracy first falls below 0.95 x its dense value
+    select = [traj["select_dense"]["accuracy"]] + [s["select_metrics"]["accuracy"] for s in traj["steps"]]
+    first_below = next((i for i, v in enumerate(select) if v < 0.95 * select[0]), len(select))
+    step = max(first_below - 1, 0)
+    saved = cell["saved_mask"]
+    assert saved["step"] == step and "selection rows" in saved["rule"]
+    mask = HeadMask.load(out / cell["mask"], (3, 4))
+    assert mask.n_pruned == step
+    # the size: parameters of the model physically cut to that mask, 4 bytes each, in MB (2^20)
+    model = load_model(str(tiny_model_dir), "cpu").model
+    cut = prune_model(copy.deepcopy(model), mask)
+    assert saved["size"]["params_before"] == count(model)
+    assert saved["size"]["params_after"] == count(cut)
+    assert saved["size"]["mb_after"] == pytest.approx(count(cut) * 4 / 2 ** 20)
+    md = (out / "results.md").read_text()
+    assert "## The saved masks (last step within 0.95 x dense accuracy on the selection rows)" in md
+    assert f"{count(model):,} | {count(cut):,} |" in md

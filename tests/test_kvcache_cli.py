@@ -1,0 +1,107 @@
+"""The KV cache commands end to end on a tiny saved Llama: kvplan, evaluate --kv-plan, generate --kv-plan, and
+their refusals before any model loads (issue 32)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import sentences, write_csv
+
+from headprune.cli import main
+from headprune.kvcache.plan import KVPlan
+from headprune.testing import offline_tokenizer, tiny_decoder
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def lm_dir(tmp_path_factory):
+    texts = sentences(40, seed=3, min_words=8, max_words=14)
+    tokenizer = offline_tokenizer("byte-level-bpe", texts)
+    model = tiny_decoder("llama", vocab_size=len(tokenizer), max_positions=128)
+    out = tmp_path_factory.mktemp("tiny_llama")
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    data = write_csv(out / "rows.csv", ["text"], [[t] for t in texts])
+    return str(out), data
+
+
+def run(capsys, *argv) -> tuple[int, dict | str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, (json.loads(out) if code == 0 else err)
+
+
+def test_kvplan_evaluate_and_generate(lm_dir, tmp_path, capsys):
+    model, data = lm_dir
+    plan_file, tsv, ids = tmp_path / "plan.json", tmp_path / "heads.tsv", tmp_path / "ids.json"
+    code, out = run(capsys, "kvplan", "--model", model, "--data", data, "--rule", "duo", "--full-share", "0.25",
+                    "--sink", "1", "--window", "3", "--calib-size", "8", "--out", str(plan_file), "--tsv", str(tsv),
+                    "--head-ids", str(ids))
+    assert code == 0, out
+    plan = KVPlan.read(plan_file)
+    assert int(plan.full.sum()) == out["full_kv_heads"] == 2 and (plan.sink, plan.window) == (1, 3)
+    assert plan.meta["rule"] == "duo" and "versions" in plan.meta
+    # the groups kept full are those with the highest duo scores (group = max of its query heads)
+    scores = np.array(plan.meta["query_scores"]).reshape(4, 2, 4).max(-1)
+    assert set(map(tuple, np.argwhere(plan.full.numpy()))) == set(map(tuple, np.argwhere(
+        scores >= np.sort(scores.ravel())[-2])))
+    assert np.array_equal(np.loadtxt(tsv, delimiter="\t"), plan.full.float().numpy())
+    assert json.loads(ids.read_text())["full_kv_heads"] == out["head_ids"]
+
+    evaluate = ("evaluate", "--model", model, "--data", data, "--eval-size", "12")
+    code, dense = run(capsys, *evaluate)
+    code, streamed = run(capsys, *evaluate, "--kv-plan", str(plan_file))
+    assert code == 0 and streamed["kv_plan_full_kv_heads"] == 2
+    assert streamed["perplexity"] != dense["perplexity"]
+    wide = tmp_path / "wide.json"
+    plan.with_window(0, 1000).write(wide)
+    code, same = run(capsys, *evaluate, "--kv-plan", str(wide))
+    assert same["perplexity"] == dense["perplexity"]      # W >= every row: exactly the dense metric
+
+    code, gen = run(capsys, "generate", "--model", model, "--prompt", sentences(1, seed=9, min_words=12)[0],
+                    "--max-new-tokens", "6", "--kv-plan", str(plan_file))
+    assert code == 0, gen
+    assert len(gen["full_cache"]["tokens"]) == len(gen["kv_plan"]["tokens"]) == 6
+    assert gen["kv_plan"]["kv_bytes"] < gen["full_cache"]["kv_bytes"]
+    assert gen["kv_plan"]["measured_byte_ratio"] == pytest.approx(gen["kv_plan"]["ideal_byte_ratio"])
+    assert gen["kv_plan"]["time_per_output_token_s"] > 0
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["kvplan", "--window", "0"], "window 0 must be an integer >= 1"),
+    (["kvplan", "--sink", "-1"], "sink -1 must be an integer >= 0"),
+    (["kvplan", "--full-share", "1.5"], "--full-share 1.5 must lie in [0, 1]"),
+    (["kvplan", "--rule", "nope"], "Unknown KV plan rule 'nope'"),
+    (["kvplan", "--model", "demo"], "--model demo is an encoder"),
+    (["evaluate", "--model", "demo", "--kv-plan", "plan.json"], "--model demo is an encoder"),
+    (["generate", "--model", "demo", "--prompt", "hi"], "--model demo is an encoder"),
+])
+def test_bad_input_is_refused_before_loading(argv, words, tmp_path, capsys, monkeypatch, lm_dir):
+    import headprune.cli.kvcache
+    import headprune.workspace
+
+    for module in (headprune.workspace, headprune.cli.kvcache):   # every place a command loads a model from
+        monkeypatch.setattr(module, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    argv = [a if a != "plan.json" else str(tmp_path / a) for a in argv]
+    if argv[0] == "kvplan" and "--model" not in argv:
+        argv += ["--model", lm_dir[0]]
+    if argv[0] == "kvplan":
+        argv += ["--out", str(tmp_path / "p.json")]
+    code, err = run(capsys, *argv)
+    assert code == 2 and err.startswith("error: ") and words in err
+
+
+def test_plan_for_another_grid_is_refused(lm_dir, tmp_path, capsys):
+    model, data = lm_dir
+    other = tmp_path / "other.json"
+    KVPlan(torch.ones(3, 2, dtype=torch.bool), 8).write(other)
+    code, err = run(capsys, "evaluate", "--model", model, "--data", data, "--eval-size", "4", "--kv-plan", str(other))
+    assert code == 2 and "3 blocks x 2 key/value heads" in err and "model has 4 x 2" in err
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**KVPlan(torch.ones(4, 2, dtype=torch.bool), 8).to_json(), "window": 0}))
+    code, err = run(capsys, "evaluate", "--model", model, "--data", data, "--kv-plan", str(bad))
+    assert code == 2 and "window 0 must be an integer >= 1" in err
