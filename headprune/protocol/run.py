@@ -198,6 +198,8 @@ class Runner:
         """Whether this process computes ``cell`` now: claimed (when claims are kept) and still unfinished."""
         if self.claims is None:
             return True
+        if cell.recovered and finished(self.out, self.protocol, entry, cell.pruned) is None:
+            return False   # its pruned cell's mask is not written yet: left to that cell's worker, or a rerun
         if not self.claims.take(cell.key):
             return False
         if finished(self.out, self.protocol, entry, cell) is not None:   # finished while it was unclaimed
