@@ -55,7 +55,6 @@ from ..provenance import versions
 from ..scoring import ScoreMap
 from ..trajectory import Trajectory, run_trajectory, spread
 from . import cells as adapter
-from .claims import Claims
 from .plan import DENSE, RECOVERED, TOLERANCE, TRAIN_PASS, Cell, expand, lm_eval_runs, recovery_rows, slug
 from .spec import CriterionEntry, ModelEntry, Protocol
 
@@ -154,13 +153,36 @@ def size_at(traj: Trajectory, index: int) -> dict:
 
 # -- running ---------------------------------------------------------------------------------------------------
 
+class Gate:
+    """Who computes which cell, asked by the :class:`Runner` around each cell; this one lets every cell through
+    (one process owns the folder). The scheduler's ``schedule.ClaimGate`` answers with claims, so workers sharing a
+    folder never compute one cell twice."""
+
+    def free(self, cell: Cell) -> bool:
+        """Whether ``cell`` may be computed by this process at all (before the model loads)."""
+        return True
+
+    def begin(self, entry: ModelEntry, cell: Cell) -> bool:
+        """Whether this process computes ``cell`` now (its turn starts when True)."""
+        return True
+
+    def written(self, cell: Cell) -> None:
+        """``cell``'s file was written."""
+
+    def failed(self, cell: Cell, exc: Exception) -> None:
+        """``cell`` raised ``exc`` (re-raised after this)."""
+
+    def end(self, cell: Cell) -> None:
+        """``cell``'s turn is over: written, raised or cancelled."""
+
+
 class Runner:
     """Runs the cells of one protocol into ``out`` (module doc); :func:`run_protocol` is the entry point."""
 
     def __init__(self, protocol: Protocol, out: Path, memory_budget=None, progress: Progress | None = None,
-                 say: Say | None = None, claims: Claims | None = None):
+                 say: Say | None = None, gate: Gate | None = None):
         self.protocol, self.out = protocol, out
-        self.claims = claims   # None: this process alone writes ``out`` (no claim files)
+        self.gate = gate or Gate()   # who computes which cell: the scheduler's (``schedule.ClaimGate``), or all
         self.budget = memory_budget if memory_budget is not None else protocol.memory_budget
         self.progress, self.say, self.tell = progress, say or (lambda text: None), say is not None
         self.cells = expand(protocol)
@@ -189,23 +211,9 @@ class Runner:
         the model loads only when one is left."""
         pending = [c for c in mine if finished(self.out, self.protocol, entry, c) is None]
         self.done += len(mine) - len(pending)
-        if self.claims is not None:
-            pending = [c for c in pending if self.claims.free(c.key)]
+        pending = [c for c in pending if self.gate.free(c)]
         if pending:
             self.run_model(entry, pending)
-
-    def begin(self, entry: ModelEntry, cell: Cell) -> bool:
-        """Whether this process computes ``cell`` now: claimed (when claims are kept) and still unfinished."""
-        if self.claims is None:
-            return True
-        if cell.recovered and finished(self.out, self.protocol, entry, cell.pruned) is None:
-            return False   # its pruned cell's mask is not written yet: left to that cell's worker, or a rerun
-        if not self.claims.take(cell.key):
-            return False
-        if finished(self.out, self.protocol, entry, cell) is not None:   # finished while it was unclaimed
-            self.claims.release(cell.key)
-            return False
-        return True
 
     def run_model(self, entry: ModelEntry, pending: list[Cell]) -> None:
         loaded = adapter.load_model_for(entry, self.protocol)
@@ -225,17 +233,15 @@ class Runner:
             contexts: dict[int, object] = {}   # one per seed: criteria sharing a pass share it through its cache
             scores: dict[tuple, ScoreMap] = {}
             for cell in cells:
-                if not self.begin(entry, cell):
+                if not self.gate.begin(entry, cell):
                     continue
                 try:
                     self.compute(loaded, entry, data, data_cache, contexts, scores, cell, seed)
-                except Exception as exc:   # recorded on the cell (failed/<key>.json), then raised to the scheduler
-                    if self.claims is not None:
-                        self.claims.fail(cell.key, exc)
+                except Exception as exc:   # told to the scheduler (recorded on the cell), then raised to it
+                    self.gate.failed(cell, exc)
                     raise
-                finally:   # a cancel (KeyboardInterrupt, Cancelled) gives the claim back too
-                    if self.claims is not None:
-                        self.claims.release(cell.key)
+                finally:   # a cancel (KeyboardInterrupt, Cancelled) ends the cell's turn too
+                    self.gate.end(cell)
 
     def compute(self, loaded, entry: ModelEntry, data, data_cache: dict, contexts: dict, scores: dict, cell: Cell,
                 seed: int) -> None:
@@ -254,8 +260,7 @@ class Runner:
         else:
             result, mask = self.trajectory_cell(loaded, entry, data, cell, seed)
         self.write_cell(entry, cell, data, result, mask, seed, time.perf_counter() - start, dropped)
-        if self.claims is not None:
-            self.claims.succeeded(cell.key)
+        self.gate.written(cell)
 
     def sparsity_cell(self, loaded, entry: ModelEntry, data, contexts: dict, cell: Cell, scores: dict,
                       seed: int) -> tuple[dict, HeadMask, list[int]]:

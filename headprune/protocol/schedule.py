@@ -28,7 +28,7 @@ from pathlib import Path
 from ..errors import Cancelled
 from .claims import Claims, read_claim, read_failure, write_failure
 from .plan import Cell, expand
-from .run import KEYS, RunError, Runner, finished, records_of, table_rows, write_atomic
+from .run import KEYS, Gate, RunError, Runner, finished, records_of, table_rows, write_atomic
 from .spec import Protocol
 
 MAX_UNIT = 16   # cells of one model x repeat group before it is split by criterion (one shard's share stays small)
@@ -123,6 +123,36 @@ def parse_shard(text: str) -> tuple[int, int]:
 Progress = Callable[[float, str], None]
 
 
+class ClaimGate(Gate):
+    """The runner's gate (``run.Gate``) when workers share ``out``: a cell is computed by the process that claims it
+    (``claims``), only while unfinished; its failure is recorded on it; its claim is given back at its end."""
+
+    def __init__(self, protocol: Protocol, out: Path, claims: Claims):
+        self.protocol, self.out, self.claims = protocol, out, claims
+
+    def free(self, cell: Cell) -> bool:
+        return self.claims.free(cell.key)
+
+    def begin(self, entry, cell: Cell) -> bool:
+        if cell.recovered and finished(self.out, self.protocol, entry, cell.pruned) is None:
+            return False   # its pruned cell's mask is not written yet: left to that cell's worker, or a rerun
+        if not self.claims.take(cell.key):
+            return False
+        if finished(self.out, self.protocol, entry, cell) is not None:   # finished while it was unclaimed
+            self.claims.release(cell.key)
+            return False
+        return True
+
+    def written(self, cell: Cell) -> None:
+        self.claims.succeeded(cell.key)
+
+    def failed(self, cell: Cell, exc: Exception) -> None:
+        self.claims.fail(cell.key, exc)
+
+    def end(self, cell: Cell) -> None:
+        self.claims.release(cell.key)
+
+
 def run_shard(protocol: Protocol, out: str | Path, shard: tuple[int, int] = (0, 1), *, steal: bool = False,
               memory_budget=None, progress: Progress | None = None, say: Callable[[str], None] | None = None,
               worker: str = "") -> dict:
@@ -134,7 +164,7 @@ def run_shard(protocol: Protocol, out: str | Path, shard: tuple[int, int] = (0, 
     mine = deal(protocol, n)
     order = mine[i] + ([u for s in range(1, n) for u in mine[(i + s) % n]] if steal else [])
     claims = Claims(out, worker)
-    runner = Runner(protocol, out, memory_budget, progress, say, claims=claims)
+    runner = Runner(protocol, out, memory_budget, progress, say, gate=ClaimGate(protocol, out, claims))
     entries = {m.name: m for m in protocol.models}
     failed: dict[str, str] = {}
     try:
