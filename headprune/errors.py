@@ -44,3 +44,12 @@ class Cancelled(HeadpruneError):
 
     def __init__(self, message: str = "Cancelled: the run was stopped before it finished; nothing was stored."):
         super().__init__(message)
+
+
+class Interrupted(HeadpruneError):
+    """A command stopped by a signal (Ctrl+C, SIGTERM) after keeping what it finished: the CLI prints the message
+    and exits with ``status``, the shell's convention 128 + the signal's number (130 for SIGINT, 143 for SIGTERM)."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status

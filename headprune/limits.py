@@ -6,6 +6,11 @@ says what it accepts in words, so every error message names the accepted range t
     Param(0.5, "balancing factor", float, check=Interval(0, 1))      # "must lie in [0, 1]"
     Interval(0, None, closed="neither")                               # "must be > 0"
     Interval(1, None, integer=True)                                   # "must be an integer >= 1"
+    Interval(1, 1000, integer=True, why="each repeat is a full set of cells")   # the reason joins the message
+
+Infinity and NaN are refused unless ``infinite=True`` (an open end admits every finite number, never inf: a
+learning rate of inf "is > 0" but trains a NaN model). An upper bound says why it stops there (``why``), so
+a user meeting it learns the reason, not just the number.
 
 A check returns None for a valid value and the message otherwise; it never raises, so the caller decides which
 error class a user sees (a criterion's parameter, a trajectory's step, a role's threshold).
@@ -24,14 +29,17 @@ CLOSED = ("both", "left", "right", "neither")
 class Interval:
     """Numbers between ``low`` and ``high`` (None: unbounded on that side); ``closed`` says which ends belong.
 
-    ``integer=True`` accepts integers only (bools are never numbers here). Infinities and NaN are refused on
-    every side, bounded or not ("must be a finite number > 0").
+    ``integer=True`` accepts integers only (bools are never numbers here). NaN is refused on every side, and so
+    are infinities unless ``infinite=True`` admits ±inf where the ends allow it ("must be a finite number > 0");
+    ``why`` is the reason for the limits, added to every message.
     """
 
     low: float | None
     high: float | None
     closed: str = "both"
     integer: bool = False
+    infinite: bool = False
+    why: str = ""
 
     def __post_init__(self):
         if self.closed not in CLOSED:
@@ -41,15 +49,20 @@ class Interval:
         """None when ``value`` lies in the interval, else a message saying what is accepted."""
         kind = Integral if self.integer else Real
         valid = not isinstance(value, bool) and isinstance(value, kind)
-        if valid and not self.integer and not math.isfinite(value):
+        if valid and not self.integer and not math.isfinite(value) and not (math.isinf(value) and self.infinite):
             # inf passes an unbounded side's comparison, NaN fails every one silently: name both
-            return f"must be a finite number {self.describe().removeprefix('a number')}".rstrip()
+            return f"must be a finite number {self.describe().removeprefix('a number')}".rstrip() + self._reason()
         if valid:
             low_ok = self.low is None or (value >= self.low if self.closed in ("both", "left") else value > self.low)
             high_ok = self.high is None or \
                 (value <= self.high if self.closed in ("both", "right") else value < self.high)
             valid = low_ok and high_ok
-        return None if valid else f"must {'lie' if self.describe().startswith('in ') else 'be'} {self.describe()}"
+        if valid:
+            return None
+        return f"must {'lie' if self.describe().startswith('in ') else 'be'} {self.describe()}{self._reason()}"
+
+    def _reason(self) -> str:
+        return f" ({self.why})" if self.why else ""
 
     def describe(self) -> str:
         """The accepted values in words: "in [0, 1]", "> 0", "an integer >= 1" (messages read "must lie in [0, 1]",
@@ -67,6 +80,9 @@ class Interval:
 
 
 def _number(value: float) -> str:
+    """A bound in words: 0.5, 1, 4096, 1,048,576 (large whole numbers with thousands separators, not 1.04858e+06)."""
+    if float(value).is_integer():
+        return f"{int(value):,}" if abs(value) >= 10_000 else str(int(value))
     return f"{value:g}"
 
 
@@ -75,3 +91,9 @@ POSITIVE = Interval(0, None, closed="neither")          # > 0
 NON_NEGATIVE_INT = Interval(0, None, integer=True)      # 0, 1, 2, ...
 POSITIVE_INT = Interval(1, None, integer=True)          # 1, 2, ...
 NON_NEGATIVE = Interval(0, None)                        # >= 0
+
+# limits many commands share, each with its reason: a plan or a tensor is sized by these numbers, so a number past
+# them is refused before anything is allocated
+ROWS_PER_BATCH = Interval(1, 4096, integer=True, why="rows in one forward pass; the memory planner splits what does "
+                                                     "not fit anyway")
+TOKENS_PER_ROW = Interval(1, 1_048_576, integer=True, why="tokens per row; rows are cut to the model's context")

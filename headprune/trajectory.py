@@ -196,7 +196,8 @@ class Trajectory:
 
 
 RATIO = Interval(0, 1, closed="right")
-STEPS = Interval(1, None, integer=True)
+STEPS = Interval(1, 1_000_000, integer=True, why="heads of one model's grid; no model has more")
+RUNS = Interval(1, 1000, integer=True, why="each run (seed or repeat) is a whole trajectory, run one after another")
 DROP = Interval(0, 1, closed="left")
 
 
@@ -243,11 +244,13 @@ class TrajectorySpec:
             raise TrajectoryError(f"A trajectory follows a Criterion (headprune.criteria.get(name)), not "
                                   f"{type(self.criterion).__name__}.")
         if STEPS(self.step):
-            raise TrajectoryError(f"Step {self.step!r} must be a positive integer (heads removed per step).")
+            raise TrajectoryError(f"Step {self.step!r} must be a positive integer, at most {STEPS.high:,} (heads "
+                                  f"removed per step; {STEPS.why}).")
         if self.budget is not None and RATIO(self.budget):
             raise TrajectoryError(f"Budget {self.budget!r} is not a ratio in (0, 1] (e.g. 0.5 prunes half the heads).")
         if self.count is not None and STEPS(self.count):
-            raise TrajectoryError(f"Head count {self.count!r} must be a positive integer.")
+            raise TrajectoryError(f"Head count {self.count!r} must be a positive integer, at most {STEPS.high:,} "
+                                  f"({STEPS.why}).")
         if self.tolerance is not None and RATIO(self.tolerance):
             raise TrajectoryError(f"Tolerance {self.tolerance!r} {RATIO(self.tolerance)}: stop once the metric is "
                                   "worse than τ × the dense metric (1/τ × for a lower-is-better metric such as "

@@ -86,8 +86,16 @@ def test_an_unknown_key_is_named_with_its_line(edit, key, fragment, after):
 @pytest.mark.parametrize("edit, key, fragment, needle", [
     (lambda t: t.replace("[0.25, 0.5]", "[0.25, 1.5]"), "sparsities", "sparsities", "[0, 1]"),
     (lambda t: t.replace("[0.25, 0.5]", "[-0.1]"), "sparsities", "sparsities", "[0, 1]"),
-    (lambda t: t.replace("repeats = 2", "repeats = 0"), "repeats", "repeats", ">= 1"),
-    (lambda t: t.replace('size = 8', 'size = -3'), "data.calib.size", "size = -3", ">= 1"),
+    (lambda t: t.replace("repeats = 2", "repeats = 0"), "repeats", "repeats", "in [1, 1000]"),
+    (lambda t: t.replace("repeats = 2", "repeats = 1000000000"), "repeats", "repeats", "each repeat is"),
+    (lambda t: t.replace("repeats = 2", "repeats = 2\nbatch_size = 1000000000"), "batch_size", "batch_size",
+     "in [1, 4096] (rows in one forward pass"),
+    (lambda t: t.replace("repeats = 2", "repeats = 2\nmax_length = 1000000000"), "max_length", "max_length",
+     "in [1, 1,048,576]"),
+    (lambda t: t.replace("repeats = 2", "repeats = 2\nseed = 10000000000"), "seed", "seed", "numpy and torch"),
+    (lambda t: t.replace('size = 8', 'size = -3'), "data.calib.size", "size = -3", "in [1, 100,000,000]"),
+    (lambda t: t.replace('size = 8', 'size = 1000000000000'), "data.calib.size", "size = 1000000000000",
+     "read into memory"),
     (lambda t: t.replace('name = "ae"', 'name = "entropy"'), "criteria.0.name", '"entropy"', "Known criteria"),
     (lambda t: t.replace('name = "ae"', 'name = "ae"\nparams = { form = "Z" }'), "criteria.0.params.form",
      "params", "accepted values"),
@@ -171,7 +179,8 @@ def test_models_tables_override_the_protocols_roles_key_by_key_and_name_their_li
     ("hies_table1", 8, 1 + 4 * 3, ["textattack/bert-base-uncased-SST-2", "textattack/bert-base-uncased-MNLI"]),
     ("sap_fig5", 6, 1 + 3 * 3, ["textattack/bert-base-uncased-STS-B"]),
     ("greedy_gnorm_fig3", 4, 2 * 2 * 3 + 10, ["prajjwal1/albert-base-v2-mnli"]),
-    ("sap_fig6", 6, 1 + 2 * 1 * 2, ["textattack/bert-base-uncased-MNLI"]),   # pruned + recovered per sparsity
+    ("sap_fig6", 6, 1 + 3 * 1 * 2, ["textattack/bert-base-uncased-MNLI"]),   # pruned + recovered per sparsity
+    ("sap_fig7", 2, 1 + 10 * 3, ["textattack/bert-base-uncased-MNLI", "textattack/bert-base-uncased-STS-B"]),
     ("hies_llama_zeroshot", 3, 1 + 2 * 6, ["meta-llama/Llama-2-7b-hf"]),     # HellaSwag, ARC-e, ARC-c
 ])
 def test_the_papers_protocols_parse_and_plan_without_the_network(name, n_models, cells_per_model, ids, monkeypatch):
@@ -276,14 +285,19 @@ def test_an_interrupted_run_resumes_without_recomputing_finished_cells(tmp_path,
     assert len(done) == 4 and counter.calls == 4
     assert not list(out.rglob("*.tmp")) and not (out / "results.csv").exists()
     stamps = {p.name: p.stat().st_mtime_ns for p in done}
-    (out / "cells" / ".killed.json.x1.tmp").write_text('{"half": ')   # what a SIGKILL mid-write would leave
+    pending = expand(protocol)[-1].key   # what a SIGKILL mid-write of a cell would leave; and a user's own temp files
+    (out / "cells" / f".{pending}.json.x1y2z3.headprune.tmp").write_text('{"half": ')
+    (out / "cells" / ".draft.tmp").write_text("the user's")
+    (out / ".notes.json.x1.tmp").write_text("the user's")
 
     counter = Counting(monkeypatch)
     summary = run_protocol(protocol, out, plots=False)
     total = len(expand(protocol))
     assert counter.calls == total - 4 == summary["computed"] and summary["reused"] == 4
     assert {p.name: p.stat().st_mtime_ns for p in done} == stamps      # finished cells untouched
-    assert not list(out.rglob("*.tmp"))
+    assert sorted(p.name for p in out.rglob("*.tmp")) == [".draft.tmp", ".notes.json.x1.tmp"]   # ours deleted only
+    for user in out.rglob("*.tmp"):
+        user.unlink()
 
     # the same protocol run without interruption gives the same table
     Counting(monkeypatch)

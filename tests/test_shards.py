@@ -283,14 +283,20 @@ def test_a_folder_of_another_protocol_is_refused(tmp_path, capsys, no_model):
     protocol = tiny(tmp_path, "m", "d.csv")
     out = tmp_path / "out"
     own_folder(out, protocol)
-    other = tiny(tmp_path, "m", "d.csv", "[0.5]", name="other.toml")
+    (tmp_path / "other.toml").write_text(protocol.text.replace('name = "tiny"', 'name = "other"'), encoding="utf-8")
+    other = Protocol.read(tmp_path / "other.toml")
     before = sorted(p.name for p in out.iterdir())
     for flags in ([], ["--executor", "pool", "--workers", "2"], ["--shard", "0/2"]):
         assert main(["run", other.source, "--out", str(out), *flags]) == 2
         err = capsys.readouterr().err
-        assert "different protocol file" in err and "tiny.toml" in err and "other.toml" in err
+        assert "holds the results of another run" in err and "tiny.toml" in err and "other" in err, err
     assert sorted(p.name for p in out.iterdir()) == before
-    assert json.loads((out / "protocol.json").read_text())["sha256"] == protocol.hash
+    assert json.loads((out / ".headprune-run.json").read_text())["sha256"] == protocol.hash
+    # --status and --merge read the protocol from the marker, or take the file given when it is the folder's
+    assert main(["run", "--status", str(out)]) == 0 and "0 done" in capsys.readouterr().err
+    assert main(["run", other.source, "--status", str(out)]) == 2
+    assert "holds the results of" in capsys.readouterr().err
+    assert main(["run", "--merge", str(out)]) == 2 and "lacks 9 of the protocol's 9 cells" in capsys.readouterr().err
 
 
 def test_slurm_flags_reach_the_sbatch_parameters(tmp_path, monkeypatch):

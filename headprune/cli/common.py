@@ -18,7 +18,7 @@ from tqdm import tqdm
 from ..data import check_source, parse_label_map
 from ..errors import DataError, HeadpruneError
 from ..evaluation.metrics import check_metric_name, headline, metric_set
-from ..limits import POSITIVE_INT
+from ..limits import POSITIVE_INT, ROWS_PER_BATCH, TOKENS_PER_ROW
 from ..model.device import DEVICES, parse_device_map
 from ..model.loading import LoadedModel
 from ..model.mask import HeadMask, dropped_layers
@@ -47,11 +47,37 @@ def _count_or_all(text: str) -> int | None:
     return None if text.lower() == "all" else _count(text)
 
 
+def checked(limit, what: str):
+    """An argparse type: the value parsed as ``limit`` says (int or float) and inside it, else a message naming
+    the accepted range."""
+    def parse(text: str):
+        try:
+            value = int(text) if getattr(limit, "integer", False) else float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got '{text}'") from None
+        problem = limit(value)
+        if problem:
+            raise argparse.ArgumentTypeError(f"{what} {value!r} {problem}")
+        return value
+    return parse
+
+
 def _positive(text: str) -> int:
     value = _count(text)
     if value == 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'")
     return value
+
+
+def _bounded(limit):
+    """An argparse type: a positive integer (else "expected a positive integer") inside ``limit`` (else its
+    message, with the bound and why)."""
+    def parse(text: str) -> int:
+        value = _positive(text)
+        if limit(value):
+            raise argparse.ArgumentTypeError(f"{value} {limit(value)}")
+        return value
+    return parse
 
 
 def _budget(text: str) -> int | float:
@@ -120,8 +146,10 @@ def add_data_args(p: argparse.ArgumentParser, calib_size: int = 128, eval_size: 
                    help="accept matching the data's label names to the model's ids by their order")
     g.add_argument("--allow-overlap", action="store_true",
                    help="go on when roles read from different sources share rows (refused by default)")
-    g.add_argument("--max-length", type=_positive, default=128, help="truncate to this many tokens (default: 128)")
-    g.add_argument("--batch-size", type=_positive, default=32, help="examples per batch (default: 32)")
+    g.add_argument("--max-length", type=_bounded(TOKENS_PER_ROW), default=128,
+                   help="truncate to this many tokens (default: 128)")
+    g.add_argument("--batch-size", type=_bounded(ROWS_PER_BATCH), default=32,
+                   help="examples per batch (default: 32)")
     g.add_argument("--seed", type=int, default=0, help="seed of the calibration/evaluation split (default: 0)")
     g.add_argument("--device", default="auto", choices=DEVICES, help="where to run (default: auto = CUDA if present)")
 
@@ -276,10 +304,23 @@ def summary(info: dict) -> dict:
     return {k: v for k, v in info.items() if k not in UNPRINTED}
 
 
+OPEN_BARS: list = []   # bars drawn and not closed yet: an error or a cancel ends them first (end_bars)
+
+
+def end_bars() -> None:
+    """Close every bar still drawn, leaving it on its own line, so what is printed next (``error: ...``, a cancel's
+    summary) starts on a fresh line instead of being glued to an unfinished bar."""
+    while OPEN_BARS:
+        bar = OPEN_BARS.pop()
+        bar.leave = True   # a closed bar that is left ends its line; leave=False would only blank it
+        bar.close()
+
+
 def tqdm_progress(desc: str):
     """A ``progress(fraction, message)`` callback drawing a tqdm bar on stderr; it closes itself at 1.0."""
     bar = tqdm(total=1000, desc=desc, file=sys.stderr, leave=False, mininterval=0.5,
                bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}{postfix}]")
+    OPEN_BARS.append(bar)
 
     def update(fraction: float, message: str = "") -> None:
         bar.n = int(round(1000 * min(max(fraction, 0.0), 1.0)))
@@ -287,10 +328,12 @@ def tqdm_progress(desc: str):
         bar.refresh()
         if fraction >= 1.0:
             bar.close()
+            if bar in OPEN_BARS:
+                OPEN_BARS.remove(bar)
 
     return update
 
 
-__all__ = ["check_args", "check_path_options", "check_positive", "add_model_args", "add_data_args", "add_mask_arg",
-           "add_memory_arg", "add_metric_arg", "metric_choice", "load_mask", "mask_dropped_layers",
-           "load_model_and_data", "build_workspace", "summary", "tqdm_progress"]
+__all__ = ["checked", "check_args", "check_path_options", "check_positive", "add_model_args", "add_data_args",
+           "add_mask_arg", "add_memory_arg", "add_metric_arg", "metric_choice", "load_mask", "mask_dropped_layers",
+           "load_model_and_data", "build_workspace", "summary", "tqdm_progress", "end_bars"]

@@ -21,6 +21,7 @@ from ..model.layers import skip_layers
 from ..model.loading import check_head, load_model
 from ..model.mask import HeadMask
 from ..model.sizes import size_report
+from ..outdir import check_model_folder
 from ..provenance import versions
 from .common import (
     add_data_args,
@@ -136,10 +137,10 @@ def cmd_prune(args) -> dict:
 
 
 def check_prune_out(out: str, option: str, format: str, model: str) -> None:
-    """A pruned-model folder and format, refused before the model loads: ``out`` (given as ``option``) must not
-    be a file, and a ``uniform`` export needs a family a stock config can cut."""
-    if Path(out).exists() and not Path(out).is_dir():
-        raise HeadpruneError(f"{option} {out} is a file; give a folder (created if missing) for the pruned model.")
+    """A pruned-model folder and format, refused before the model loads: ``out`` (given as ``option``) must be new
+    or an empty folder (``outdir.check_model_folder``), and a ``uniform`` export needs a family a stock config can
+    cut."""
+    check_model_folder(out, option)
     if format == "uniform":
         _check_uniform_family(model)
 

@@ -29,7 +29,7 @@ from ..errors import HeadpruneError
 from ..limits import UNIT
 from ..model.mask import HeadMask
 from ..scoring import ScoreMap
-from .output import checked_out_file, write_json
+from .output import add_force_arg, check_out_arg, write_out
 
 SAP_CRITERIA = tuple(OWN_SELECTION)
 
@@ -53,7 +53,7 @@ def _checked(args) -> None:
     if args.sparsity is not None and args.inverse:
         raise MaskCommandError("--inverse applies to --ratio / --count (an order); SAP's --sparsity selection has "
                                "none.")
-    checked_out_file(args.out)
+    check_out_arg(args)
     if not Path(args.scores).is_file():
         raise MaskCommandError(f"--scores {args.scores}: no such file. Accepted: a score file written by "
                                "`python -m headprune score --out FILE`.")
@@ -131,7 +131,7 @@ def cmd_mask(args) -> dict:
     result = {**obj, "criterion": scores.criterion, "scores": str(args.scores),
               **{k: v for k, v in how.items() if v is not None and v is not False},
               "pruned_heads": n_pruned, "kept_heads": scores.scores.size - n_pruned}
-    return write_json(result, args.out)
+    return write_out(result, args)
 
 
 def add_commands(sub) -> None:
@@ -146,4 +146,5 @@ def add_commands(sub) -> None:
                         "at 1 - budget")
     p.add_argument("--inverse", action="store_true", help="prune the most important heads first")
     p.add_argument("--out", help="write the mask file here (loads with --mask in evaluate and prune)")
+    add_force_arg(p)
     p.set_defaults(handler=cmd_mask)

@@ -1,20 +1,18 @@
-"""Writing a command's JSON result to ``--out``: checked before any work, written atomically.
+"""Writing a command's JSON result to ``--out``: checked before any work, written atomically, never over a user's file.
 
 A command may run for minutes; a bad ``--out`` is refused before the model loads, and the file appears whole or
-not at all (written to a temporary file in the same folder, then renamed over the target: ``os.replace`` is
-atomic on one file system), so an interrupted run never leaves half a JSON file behind.
+not at all (``outdir.write_atomic``: a temporary file in the same folder renamed over the target), so an
+interrupted run never leaves half a JSON file behind. An existing file is replaced only when a headprune command
+wrote it (its JSON starts with ``outdir.SIGNATURE``) or ``--force`` says so (``outdir.check_file``).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
-from pathlib import Path
 
 import numpy as np
 
-from ..errors import HeadpruneError
+from ..outdir import check_file, signed, write_atomic
 
 
 def jsonable(obj):
@@ -26,36 +24,33 @@ def jsonable(obj):
     return str(obj)
 
 
-def checked_out_file(out: str | None) -> Path | None:
-    """``--out`` as a Path, after checking it names a file in an existing folder (None when not given)."""
-    if not out:
-        return None
-    path = Path(out).expanduser()
-    if path.is_dir():
-        raise HeadpruneError(f"--out {out} is a folder; give a file path for the JSON result, e.g. "
-                             f"{path / 'result.json'}.")
-    if not path.parent.is_dir():
-        problem = "is a file, not a folder" if path.parent.exists() else "does not exist"
-        raise HeadpruneError(f"--out {out}: the folder {path.parent} {problem}. Accepted: a file path inside an "
-                             "existing folder (create the folder first).")
-    return path
+def add_force_arg(p, help: str = "replace an existing --out file that headprune did not write (refused by "
+                                 "default; a file an earlier headprune command wrote is always replaced)") -> None:
+    p.add_argument("--force", action="store_true", help=help)
 
 
-def write_json(result: dict, out: str | None) -> dict:
-    """Write ``result`` to ``out`` (when given) atomically; returns ``result`` for printing."""
-    path = checked_out_file(out)
+def checked_out_file(out: str | None, force: bool = False, option: str = "--out"):
+    """``--out`` as a Path (None when not given), checked before any work (``outdir.check_file``): a file path in an
+    existing folder, new or written by headprune, or any file with ``force``."""
+    return check_file(out, option, force)
+
+
+def write_json(result: dict, out: str | None, force: bool = False, command: str = "headprune") -> dict:
+    """Write ``result`` to ``out`` (when given) atomically, signed with ``command`` (``outdir.signed``); returns
+    what was written (``result`` when no file was asked for), so what is printed is what the file holds."""
+    path = checked_out_file(out, force)
     if path is None:
         return result
-    text = json.dumps(result, indent=1, default=jsonable)   # serialised first: a failure writes nothing
-    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise HeadpruneError(f"Could not write --out {out}: {exc.strerror or exc}. Accepted: a writable file "
-                             "path.") from exc
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    result = signed(result, command)
+    write_atomic(path, json.dumps(result, indent=1, default=jsonable))   # serialised first: a failure writes nothing
     return result
+
+
+def check_out_arg(args) -> None:
+    """A command's ``--out`` file checked before any work (``checked_out_file`` with its ``--force``)."""
+    checked_out_file(args.out, args.force)
+
+
+def write_out(result: dict, args) -> dict:
+    """``result`` written to the command's ``--out`` (``write_json``, signed with the command's name)."""
+    return write_json(result, args.out, args.force, args.command)

@@ -3,22 +3,37 @@ protocol file (``headprune.protocol``), resumably, and writes the table, masks, 
 ``--plan`` prints the cells and their work without the network and without loading weights; ``--smoke`` runs the
 whole protocol on tiny random stand-ins of its models and data (``headprune.protocol.smoke``) in seconds.
 
+``--out`` is the run's own folder (``headprune.outdir``): new, empty, or one a run of the same protocol marked;
+``--force`` writes into another. Ctrl+C (SIGINT) or SIGTERM stops the run between batches: the finished cells stay,
+a line says how many and the command that resumes, and the exit status is 130 (SIGINT) or 143 (SIGTERM).
+
 Parallel runs (``headprune.protocol.executors``): ``--executor pool --workers N`` (this machine's GPUs or cores),
 ``--executor slurm`` (a submitit job array), ``--shard I/N`` (one shard, for any scheduler); ``--status DIR``
-shows which cells are done, running, failed or pending; ``--merge DIR`` builds the table from the cells."""
+shows which cells are done, running, failed or pending; ``--merge DIR`` builds the table from the cells.
+"""
 
 from __future__ import annotations
 
+import shlex
+import signal
 import sys
+import threading
 
-from ..errors import Cancelled
+from ..errors import Interrupted
 from ..limits import Interval
 from ..protocol import Protocol, plan
 from ..protocol.executors import EXECUTORS, check_slurm, run_pool, shard_count, slurm_executor, submit
-from ..protocol.run import RunError, check_out, merge, run_protocol
-from ..protocol.schedule import folder_protocol, own_folder, parse_shard, run_shard, status, status_text
+from ..protocol.plan import expand
+from ..protocol.run import RunError, check_out, kept, merge, run_protocol
+from ..protocol.schedule import folder_protocol, own_folder, parse_shard, run_shard, status_text
+from ..protocol.schedule import status as folder_status
 from ..protocol.smoke import check_labels, hub_reachable, require_labels, run_smoke
-from .common import add_memory_arg, tqdm_progress
+from .common import add_memory_arg, end_bars, tqdm_progress
+from .output import add_force_arg
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the run is, as Ctrl+C raises KeyboardInterrupt."""
 
 # limits of the parallel-run flags, each checked before any model loads
 COUNTS = {"workers": Interval(1, 4096, integer=True), "threads": Interval(1, 4096, integer=True),
@@ -66,14 +81,16 @@ def _online() -> bool:
     return hub_reachable()
 
 
+def _terminate(signum, frame):
+    raise Terminated()
+
+
 def cmd_run(args) -> dict:
     if args.status or args.merge:
         folder = args.status or args.merge
-        protocol = folder_protocol(folder)
-        if args.protocol and Protocol.read(args.protocol).hash != protocol.hash:
-            raise RunError(f"{folder} holds the results of {protocol.source}, not of {args.protocol}.")
+        protocol = folder_protocol(folder, Protocol.read(args.protocol) if args.protocol else None)
         if args.status:
-            report = status(protocol, folder)
+            report = folder_status(protocol, folder)
             _say(status_text(report))
             return {**report, "states": [vars(s) for s in report["states"]]}
         return merge(protocol, folder, plots=not args.no_plots)
@@ -108,22 +125,9 @@ def cmd_run(args) -> dict:
     if args.smoke and (args.executor != "local" or shard is not None):
         raise RunError("--smoke runs the stand-ins in this process; it does not go with --executor pool / slurm or "
                        "--shard.")
-    out = check_out(args.out)
-    own_folder(out, protocol)
+    out = check_out(args.out, protocol, args.force)   # a refused folder is left as it was, before any model loads
     if not args.smoke:   # labels, splits and columns against configs and features: before any weights load
         require_labels(protocol, _online())
-    if shard is not None:
-        result = run_shard(protocol, out, shard, memory_budget=args.memory_budget, say=_say)
-        return {"out": str(out), "shard": args.shard, **result}
-    if args.executor == "pool":
-        return run_pool(protocol, out, args.workers, threads=args.threads, memory_budget=args.memory_budget,
-                        say=_say, plots=not args.no_plots)
-    if args.executor == "slurm":
-        executor = slurm_executor(out, partition=args.slurm_partition, gpus_per_task=args.gpus_per_task,
-                                  cpus_per_task=args.cpus_per_task, mem=args.mem, minutes=args.time,
-                                  array_parallelism=args.slurm_array_parallelism, extra=extra)
-        return submit(protocol, out, executor, args.shards or shard_count(protocol), wait=args.wait,
-                      memory_budget=args.memory_budget, say=_say, plots=not args.no_plots)
     bar = []
 
     def progress(fraction: float, message: str) -> None:   # the bar starts after the estimate line
@@ -131,25 +135,49 @@ def cmd_run(args) -> dict:
             bar.append(tqdm_progress(f"protocol {protocol.name}"))
         bar[0](fraction, message)
 
+    main = threading.current_thread() is threading.main_thread()   # signal handlers belong to the main thread
+    before = signal.signal(signal.SIGTERM, _terminate) if main else None
     try:
+        if shard is not None:
+            own_folder(out, protocol, args.force)
+            return {"out": str(out), "shard": args.shard,
+                    **run_shard(protocol, out, shard, memory_budget=args.memory_budget, say=_say)}
+        if args.executor == "pool":
+            own_folder(out, protocol, args.force)
+            return run_pool(protocol, out, args.workers, threads=args.threads, memory_budget=args.memory_budget,
+                            say=_say, plots=not args.no_plots)
+        if args.executor == "slurm":
+            own_folder(out, protocol, args.force)
+            executor = slurm_executor(out, partition=args.slurm_partition, gpus_per_task=args.gpus_per_task,
+                                      cpus_per_task=args.cpus_per_task, mem=args.mem, minutes=args.time,
+                                      array_parallelism=args.slurm_array_parallelism, extra=extra)
+            return submit(protocol, out, executor, args.shards or shard_count(protocol), wait=args.wait,
+                          memory_budget=args.memory_budget, say=_say, plots=not args.no_plots)
         if args.smoke:
             online = _online()
             _say("smoke run: tiny random stand-ins of every model and data role (" + (
                 "hub configs and features where reachable" if online else "offline: families and stated labels")
                 + "); the numbers are meaningless")
             return run_smoke(protocol, args.out, online=online, say=_say, plots=not args.no_plots, progress=progress)
-        return run_protocol(protocol, args.out, memory_budget=args.memory_budget, say=_say, plots=not args.no_plots,
-                            progress=progress)
-    except KeyboardInterrupt:
-        raise Cancelled(f"Interrupted: the finished cells are kept in {args.out}/cells; run the same command again "
-                        "to resume from there.") from None
+        return run_protocol(protocol, args.out, memory_budget=args.memory_budget, say=_say,
+                            plots=not args.no_plots, progress=progress, force=args.force)
+    except KeyboardInterrupt as exc:
+        end_bars()
+        status = 128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
+        again = getattr(args, "argv", None) or ["run", args.protocol, "--out", args.out]
+        raise Interrupted(f"interrupted: {kept(args.out, protocol)} of {len(expand(protocol))} cells are kept in "
+                          f"{args.out}; to resume, run: headprune {shlex.join(again)}", status) from None
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, before)
 
 
 def add_commands(sub) -> None:
     p = sub.add_parser("run", help="run a protocol file (models, data roles, criteria, sparsities or a trajectory, "
                                    "repeats): the results table, masks, plots and run file, resumable")
     p.add_argument("protocol", nargs="?", help="the protocol file (TOML), e.g. protocols/demo.toml")
-    p.add_argument("--out", help="results folder (created); a rerun into it skips the finished cells")
+    p.add_argument("--out", help="results folder: created, or empty, or one a run of this protocol wrote (marked "
+                                 "by .headprune-run.json); a rerun into it skips the finished cells")
     p.add_argument("--plan", action="store_true",
                    help="print the cells and their estimated work, offline, without loading any weights")
     p.add_argument("--no-timing", action="store_true",
@@ -159,6 +187,8 @@ def add_commands(sub) -> None:
                         "labels, each data role a few synthetic rows with its features; writes a real, meaningless "
                         "table to --out in seconds (HF_HUB_OFFLINE=1: no network at all)")
     p.add_argument("--no-plots", action="store_true", help="write no figures")
+    add_force_arg(p, "write into an --out folder that holds other files (a user's, another protocol's results): "
+                     "only the files this run names are written, none is deleted")
     add_memory_arg(p)
     g = p.add_argument_group("parallel runs", "cells as shards: one model x repeat group each, split by criterion "
                                               "when large; a claim per cell, so workers never compute one twice")

@@ -19,11 +19,12 @@ from pathlib import Path
 import numpy as np
 
 from ..data import TextDataset, align_labels, load_data, row_hashes
-from ..errors import DataError, HeadpruneError
+from ..errors import DataError
 from ..model.export import FORMATS, round_to_uniform, type_problem
 from ..model.loading import LoadedModel, is_lm_config, load_model, peek_config
 from ..model.mask import HeadMask
 from ..model.task import REQUESTABLE, task_of
+from ..outdir import check_model_folder
 from ..recovery import (
     METHODS,
     RecoveryError,
@@ -39,7 +40,7 @@ from ..recovery import (
 from ..recovery.workdir import check_work_dir
 from ..workspace import DefaultSize, Workspace, fit_role_sizes, split_roles
 from .common import DATA_HELP, add_mask_arg, add_memory_arg, add_model_args, check_args, load_mask, tqdm_progress
-from .output import write_json
+from .output import add_force_arg, checked_out_file, write_json
 
 # the fine-tuning split of a named demo: its default training data, so recovery works offline
 DEFAULT_TRAIN = {"demo": "demo:train", "demo-lm": "demo-lm:train"}
@@ -62,6 +63,15 @@ def paths_of(out: str) -> tuple[Path, Path, Path]:
     """(output folder, work folder of checkpoints, run file) for ``--out``."""
     path = Path(out).expanduser()
     return path, path.with_name(path.name + ".work"), path.with_name(path.name + ".run.json")
+
+
+def check_out_paths(args) -> None:
+    """The paths ``--out`` names, refused before anything is created or loaded when they are not this run's
+    (``headprune.outdir``): the model folder new or empty, the run file new or written by headprune (or
+    ``--force``); the work folder's states are judged by ``recovery.workdir.check_work_dir``."""
+    out, _, run_file = paths_of(args.out)
+    check_model_folder(out, "--out")
+    checked_out_file(str(run_file), args.force, "--out (its run file)")
 
 
 def read_train_data(args, lm: bool) -> tuple[TextDataset, str]:
@@ -116,10 +126,8 @@ def check_recover_args(args) -> tuple[RecoverySpec, dict | None]:
     if args.train_size is not None and args.train_size < 1:
         raise DataError(f"--train-size {args.train_size}: recovery needs at least one training row. Accepted: an "
                         "integer >= 1, or all.")
-    out, work, _ = paths_of(args.out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise HeadpruneError(f"--out {args.out} exists and is not an empty folder; give a new or empty folder for "
-                             "the recovered model.")
+    check_out_paths(args)
+    _, work, _ = paths_of(args.out)
     # every state of OUT.work (a file, a foreign folder, a broken spec, nothing to resume, other settings, pickles)
     # refused before a model loads; the checkpoint's model is compared with the student's once it is built
     check_work_dir(work, resume=args.resume, wanted=spec.to_json(), strict=True)
@@ -197,7 +205,7 @@ def cmd_recover(args) -> dict:
                    "train_eval_overlap": {"rows": shared, "allowed": bool(args.allow_overlap)}})
     written = export_recovered(result, loaded.model, loaded.tokenizer, out, args.format,
                                extra={"source_model": loaded.source, "recovery": str(run_file)})
-    write_json(record, str(run_file))
+    write_json(record, str(run_file), args.force, args.command)
     shutil.rmtree(work, ignore_errors=True)   # the output is whole: the checkpoints are no longer needed
     return {"out": str(out), "run_file": str(run_file), "format": written["format"], "method": spec.method,
             "mode": result.mode, "steps": result.steps, "train_seconds": round(result.seconds, 1),
@@ -253,7 +261,9 @@ def add_commands(sub) -> None:
     t.add_argument("--alpha", type=float, default=0.5, help="weight of the KL term, in [0, 1] (default: 0.5)")
     t.add_argument("--resume", action="store_true", help="continue an interrupted run from OUT.work/")
     o = p.add_argument_group("output")
-    o.add_argument("--out", required=True, help="folder for the recovered model (run file: OUT.run.json)")
+    o.add_argument("--out", required=True, help="folder for the recovered model, new or empty (run file: "
+                                                "OUT.run.json, checkpoints: OUT.work/)")
+    add_force_arg(o, "replace an existing OUT.run.json that headprune did not write (refused by default)")
     o.add_argument("--format", default="headprune", choices=tuple(FORMATS),
                    help="headprune: the cut model (default; trained cut); masked: original architecture, pruned "
                         "heads zero (trained under gates with them held at zero); uniform: stock config, same head "

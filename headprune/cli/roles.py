@@ -3,12 +3,12 @@ syntactic, broad) as one JSON file, and with ``--criterion``/``--ratio`` which r
 
 from __future__ import annotations
 
-import argparse
 import time
 
 from ..data import calibration_texts
-from ..limits import UNIT, Interval
+from ..limits import UNIT
 from ..roles import RoleError, RoleSpec, head_roles, kept_by_role
+from ..roles.base import PROBE_LENGTH, PROBE_ROWS
 from ..scoring import ScoringContext, get
 from ..syntax import DEFAULT_PIPELINE
 from .common import (
@@ -16,27 +16,13 @@ from .common import (
     add_mask_arg,
     add_model_args,
     check_args,
+    checked,
     load_mask,
     load_model_and_data,
     summary,
     tqdm_progress,
 )
-from .output import checked_out_file, write_json
-
-
-def checked(limit, what: str):
-    """An argparse type: the value parsed as ``limit`` says (int or float) and inside it, else a message naming
-    the accepted range."""
-    def parse(text: str):
-        try:
-            value = int(text) if getattr(limit, "integer", False) else float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what}, got '{text}'") from None
-        problem = limit(value)
-        if problem:
-            raise argparse.ArgumentTypeError(f"{what} {value!r} {problem}")
-        return value
-    return parse
+from .output import add_force_arg, check_out_arg, write_out
 
 
 def role_params(pairs: list[str] | None) -> dict:
@@ -53,7 +39,7 @@ def role_params(pairs: list[str] | None) -> dict:
 
 def cmd_roles(args) -> dict:
     check_args(args, calib="head roles")
-    checked_out_file(args.out)
+    check_out_arg(args)
     criteria = [get(name) for name in args.criterion or []]        # unknown names fail before any loading
     spec = RoleSpec(probe_length=args.probe_length, probe_rows=args.probe_rows, seed=args.seed,
                     params=role_params(args.role_param),
@@ -74,7 +60,7 @@ def cmd_roles(args) -> dict:
         result["criteria_order"] = {c.name: "re-scored while pruning; one-shot scores used" if c.dynamic
                                     else "one-shot scores" for c in criteria}
     result["seconds"] = time.perf_counter() - start
-    return write_json(result, args.out)
+    return write_out(result, args)
 
 
 def add_commands(sub) -> None:
@@ -82,9 +68,9 @@ def add_commands(sub) -> None:
     add_model_args(p)
     add_data_args(p, eval_size=0)
     add_mask_arg(p)
-    p.add_argument("--probe-length", type=checked(Interval(2, None, integer=True), "a block length"), default=20,
+    p.add_argument("--probe-length", type=checked(PROBE_LENGTH, "a block length"), default=20,
                    help="n, the random block of the [BOS] + r + r probes (default: 20, cut to the context)")
-    p.add_argument("--probe-rows", type=checked(Interval(1, None, integer=True), "a probe count"), default=8,
+    p.add_argument("--probe-rows", type=checked(PROBE_ROWS, "a probe count"), default=8,
                    help="how many probes, each its own block (default: 8)")
     p.add_argument("--role-param", action="append", metavar="ROLE.KEY=VALUE",
                    help="a role parameter, e.g. sink.threshold=0.5 (repeatable)")
@@ -96,4 +82,5 @@ def add_commands(sub) -> None:
     p.add_argument("--ratio", action="append", type=checked(UNIT, "a pruning ratio"), metavar="R",
                    help="pruning ratio in [0, 1] for --criterion (repeatable; default 0.5)")
     p.add_argument("--out", help="also write the JSON result to this file (ROLES.json)")
+    add_force_arg(p)
     p.set_defaults(handler=cmd_roles)

@@ -17,9 +17,10 @@ from ..errors import CriterionError
 from ..estimate import estimate_harness, estimate_scoring, estimate_trajectory
 from ..evaluation.harness import harness_metrics, is_harness_metric, metric_tasks, resolve_tasks
 from ..evaluation.stability import STABILITY_METRICS
-from ..limits import POSITIVE_INT, UNIT
+from ..limits import UNIT
 from ..model.export import FORMATS
 from ..trajectory import (
+    RUNS,
     CalibrationDraw,
     TrajectoryError,
     TrajectorySpec,
@@ -44,7 +45,7 @@ from .common import (
     tqdm_progress,
 )
 from .core import add_harness_options, check_prune_out, export_pruned, harness_spec
-from .output import checked_out_file, write_json
+from .output import add_force_arg, check_out_arg, checked_out_file, write_json, write_out
 
 
 def _params(pairs: list[str] | None) -> dict:
@@ -61,7 +62,7 @@ def _params(pairs: list[str] | None) -> dict:
 def _checked(args, evaluation: str | None = None, extra_metrics: tuple[str, ...] = ()) -> tuple:
     """Criterion and parameters, sizes, mask file and the ``--out`` path, validated before any model is loaded."""
     check_args(args, calib="scoring", evaluation=evaluation, extra_metrics=extra_metrics)
-    checked_out_file(args.out)
+    check_out_arg(args)
     crit = get(args.criterion)
     params = _params(args.param)
     crit.resolve_params(params)
@@ -114,7 +115,7 @@ def cmd_score(args) -> dict:
         print(f"warning: {warning}", file=sys.stderr)
     result = {**scores.to_json(), "model": args.model, "data": summary(info),
               "seconds": time.perf_counter() - start}
-    return write_json(result, args.out)
+    return write_out(result, args)
 
 
 def save_mask_points(text: str | None, option: str = "--save-mask") -> list[float | str]:
@@ -136,22 +137,27 @@ def save_mask_points(text: str | None, option: str = "--save-mask") -> list[floa
     return points
 
 
-def _mask_files(runs: list, points: list, out: Path) -> dict:
-    """Write the mask of every run at every point next to ``out`` (``run.json`` -> ``run.mask-0.5.json``, with
-    ``.r<repeat>`` for repeats after the first); returns {point: [file, ...]}."""
+def mask_path(out: Path, point, repeat: int) -> Path:
+    """Where ``--save-mask`` writes the mask at ``point`` of run ``repeat``: next to ``out`` (``run.json`` ->
+    ``run.mask-0.5.json``, with ``.r<repeat>`` for repeats after the first)."""
+    tag = f".r{repeat}" if repeat else ""
+    return out.with_name(f"{out.stem}{tag}.mask-{point}{out.suffix or '.json'}")
+
+
+def _mask_files(runs: list, points: list, args) -> dict:
+    """Write the mask of every run at every point (``mask_path``); returns {point: [file, ...]}."""
     written: dict[str, list[str]] = {}
     for run in runs:
         for point in points:
             index = run.stop_index() if point == "stop" else run.point_at_ratio(point)
             mask, state = run.mask_at(index), (run.steps[index - 1]["metrics"] if index else run.dense)
-            tag = f".r{run.repeat}" if run.repeat else ""
-            path = out.with_name(f"{out.stem}{tag}.mask-{point}{out.suffix or '.json'}")
+            path = mask_path(Path(args.out), point, run.repeat)
             at_step = {name: row["value"] for name, rows in run.points.items() for row in rows
                        if row["step"] == index}   # lm-eval numbers measured at this step (--metric lm-eval:...)
             write_json({**mask.to_json(), "criterion": run.criterion, "step": index, "point": point,
                         "ratio": float(run.ratios()[index]), "metrics": {**{m: state[m] for m in run.metric_set
                                                                             if m in state}, **at_step},
-                        run.metric: state[run.metric], "repeat": run.repeat}, str(path))
+                        run.metric: state[run.metric], "repeat": run.repeat}, str(path), args.force, args.command)
             written.setdefault(str(point), []).append(str(path))
     return written
 
@@ -189,13 +195,17 @@ def cmd_trajectory(args) -> dict:
     lm_tasks = resolve_tasks(harness_spec(args, metric_tasks(lm_names))) if lm_names else None
     # every setting is checked here, before the model loads (a bad --step or --tolerance costs no waiting)
     for option, value in (("--seeds", args.seeds), ("--repeats", args.repeats)):
-        if POSITIVE_INT(value):
-            raise TrajectoryError(f"{option} {value!r} must be a positive integer.")
+        if RUNS(value):
+            raise TrajectoryError(f"{option} {value!r} must be a positive integer, at most {RUNS.high:,} "
+                                  f"({RUNS.why}).")
     if args.seeds > 1 and args.repeats > 1:
         raise TrajectoryError("Choose --seeds (criterion seeds on one calibration draw) or --repeats (re-drawn "
                               "calibration and criterion seeds), not both.")
     if points and not args.out:
         raise TrajectoryError("--save-mask writes its masks next to the run file: give --out FILE too.")
+    for repeat in range(max(args.seeds, args.repeats)) if points else ():   # every file it writes, checked now
+        for point in points:
+            checked_out_file(str(mask_path(Path(args.out), point, repeat)), args.force, "--save-mask")
     if args.prune_out:
         check_prune_out(args.prune_out, "--prune-out", args.format, args.model)
     spec = TrajectorySpec(criterion=crit, params=params, inverse=args.inverse, step=args.step, budget=args.budget,
@@ -245,7 +255,7 @@ def cmd_trajectory(args) -> dict:
         result["lm_eval_points"] = {"metrics": lm_names, "at": at, "steps": [point_steps(r, at) for r in runs],
                                     "settings": {k: v for k, v in vars(lm_tasks.spec).items() if k != "tasks"}}
     if points:
-        result["masks"] = _mask_files(runs, points, Path(args.out))
+        result["masks"] = _mask_files(runs, points, args)
     if args.prune_out:   # Algorithm 1's F: the first run's model at the last --save-mask point (default: stop)
         run, point = runs[0], points[-1] if points else "stop"
         index = run.stop_index() if point == "stop" else run.point_at_ratio(point)
@@ -253,7 +263,7 @@ def cmd_trajectory(args) -> dict:
                                   extra={"trajectory_step": index, "point": point})
         result["pruned_model"] = {"out": args.prune_out, "format": args.format, "step": index, "point": point,
                                   **{k: v for k, v in report.items() if k != "sizes"}}
-    return write_json(result, args.out)
+    return write_out(result, args)
 
 
 def cmd_select_alpha(args) -> dict:
@@ -263,11 +273,11 @@ def cmd_select_alpha(args) -> dict:
         raise CriterionError(f"--alphas {args.alphas!r}: expected comma-separated numbers in [0, 1].") from None
     check_args(args, calib="the α sweep (it scores heads on the calibration rows)")
     sweep_specs(alphas, args.budget, 1 if args.step is None else args.step, args.metric)  # the model picks no step
-    checked_out_file(args.out)
+    check_out_arg(args)
     loaded, calib, _, info = load_model_and_data(args)
     result = select_alpha(loaded.model, calib, alphas, args.budget, args.step, args.metric, loaded.device,
                           tqdm_progress("HIES α sweep"), select=info["select_batches"] or None)
-    return write_json({**result, "model": args.model, "data": summary(info)}, args.out)
+    return write_out({**result, "model": args.model, "data": summary(info)}, args)
 
 
 def add_commands(sub) -> None:
@@ -285,6 +295,7 @@ def add_commands(sub) -> None:
                    help="SAP: also its own selection at each of these target sparsities, with the k that performs "
                         "best there on the selection data (the paper's protocol); `mask --sparsity S` reads them")
     p.add_argument("--out", help="also write the JSON result to this file")
+    add_force_arg(p)
     p.set_defaults(handler=cmd_score)
 
     p = sub.add_parser("trajectory", help="prune heads one step at a time in a criterion's order, measuring each step")
@@ -322,6 +333,7 @@ def add_commands(sub) -> None:
                    help="pruned ratios (and/or stop) where the lm-eval metrics are measured, with the start "
                         "(default: the --save-mask points, else 0.1,0.2,...,1.0 up to where the run ends)")
     add_harness_options(g)
+    add_force_arg(p)
     p.set_defaults(handler=cmd_trajectory)
 
     p = sub.add_parser("select-alpha", help="choose HIES's α by wAUC of its pruning curve on the selection rows "
@@ -334,4 +346,5 @@ def add_commands(sub) -> None:
     p.add_argument("--step", type=int, help="heads removed per step (default: 5%% of the heads, as hies alpha=auto)")
     p.add_argument("--metric", help="metric of the curves (default: accuracy)")
     p.add_argument("--out", help="also write the JSON result to this file")
+    add_force_arg(p)
     p.set_defaults(handler=cmd_select_alpha)

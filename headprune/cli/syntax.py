@@ -19,7 +19,7 @@ from .common import (
     summary,
     tqdm_progress,
 )
-from .output import checked_out_file, write_json
+from .output import add_force_arg, check_out_arg, write_out
 
 
 def _top_k(text: str) -> int:
@@ -35,7 +35,7 @@ def _top_k(text: str) -> int:
 def cmd_syntax(args) -> dict:
     start = time.perf_counter()
     check_args(args, calib="reading dependency arcs")
-    checked_out_file(args.out)
+    check_out_arg(args)
     nlp = load_parser(args.parser)                  # fail on a missing parser before loading the model
     loaded, _, _, info = load_model_and_data(args)
     calib = info["calib_data"]
@@ -48,7 +48,7 @@ def cmd_syntax(args) -> dict:
               "attention_threshold": data.threshold, "arcs": len(data.labels),
               "profile": SyntacticProfile.from_arcs(data, args.query_reduce).to_json(),
               "seconds": time.perf_counter() - start}
-    return write_json(result, args.out)
+    return write_out(result, args)
 
 
 def add_commands(sub) -> None:
@@ -64,4 +64,5 @@ def add_commands(sub) -> None:
     p.add_argument("--query-reduce", default="mean", choices=QUERY_REDUCE,
                    help="how a split word attends: mean over its sub-tokens (Clark et al., default), first, max")
     p.add_argument("--parse-cache", help="folder caching parses between runs (default: memory only)")
+    add_force_arg(p)
     p.set_defaults(handler=cmd_syntax)

@@ -43,7 +43,7 @@ import torch
 
 from ..data.choice import split_context_continuation
 from ..errors import HeadpruneError
-from ..limits import NON_NEGATIVE_INT, POSITIVE_INT
+from ..limits import ROWS_PER_BATCH, Interval
 from ..model.arch import adapt
 from ..model.gating import gate_heads
 from ..model.hooks import structural_copy
@@ -66,6 +66,13 @@ Progress = Callable[[float, str], None]
 
 class HarnessError(HeadpruneError):
     """An lm-eval task that does not exist or cannot load, a bad harness setting, lm-eval missing."""
+
+
+# how lm-eval runs: limits declared once, each with the reason it stops there (CLI options and [lm_eval] alike)
+LIMIT = Interval(1, 10_000_000, integer=True, why="examples per task; no task has more documents")
+FEWSHOT = Interval(0, 1000, integer=True, why="examples written into every prompt")
+BOOTSTRAP = Interval(0, 1_000_000, integer=True, why="lm-eval's resamples for a standard error (its own default "
+                                                      "is 100,000)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,10 +106,10 @@ class HarnessSpec:
             raise HarnessError("--lm-eval needs at least one task name, e.g. --lm-eval hellaswag,arc_easy or "
                                "--lm-eval demo_lm_cloze (the offline demo task).")
         object.__setattr__(self, "tasks", tasks)
-        for value, option, limit in ((self.limit, "--lm-eval-limit", POSITIVE_INT),
-                                     (self.num_fewshot, "--num-fewshot", NON_NEGATIVE_INT),
-                                     (self.batch_size, "--batch-size", POSITIVE_INT),
-                                     (self.bootstrap_iters, "bootstrap_iters", NON_NEGATIVE_INT)):
+        for value, option, limit in ((self.limit, "--lm-eval-limit", LIMIT),
+                                     (self.num_fewshot, "--num-fewshot", FEWSHOT),
+                                     (self.batch_size, "--batch-size", ROWS_PER_BATCH),
+                                     (self.bootstrap_iters, "bootstrap_iters", BOOTSTRAP)):
             if value is not None and limit(value):
                 raise HarnessError(f"{option} {value}: {limit(value)}.")
         if self.apply not in APPLY:

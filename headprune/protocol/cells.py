@@ -24,7 +24,10 @@ the functions below:
     evaluate_cell         the metrics of the model under a mask (those layers skipped) on the evaluation rows,
                           with the model's lm-eval numbers ("lm-eval:TASK/METRIC") from one lm-eval run
     harness_tasks         a model's lm-eval tasks checked against lm-eval's index, with their data, before any
-                          model loads (``evaluation.harness.resolve_tasks``)
+                          model loads (``evaluation.harness.resolve_tasks``); ``check_data=False``: the names only
+                          (``run --plan``, offline)
+    check_roles           every role's source read and its size fitted as ``workspace_for`` fits it, before any
+                          model loads (``run --plan``: the sizes a run refuses, refused by the plan)
     harness_at            a trajectory's lm-eval numbers at its reported ratios (``trajectory.measure_points``)
     train_rows            recovery's training rows (``[data.train]``): a seeded draw with the protocol's seed of the
                           rows of its source that are not evaluation rows (compared by content hash)
@@ -36,13 +39,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from ..criteria.kwon import kwon_mask
 from ..criteria.sap import OWN_SELECTION
-from ..data import TextDataset, align_labels, calibration_texts, content_hash, load_data, row_hashes
+from ..data import (
+    TextDataset,
+    align_labels,
+    calibration_texts,
+    check_source,
+    content_hash,
+    load_data,
+    parse_hf_spec,
+    row_hashes,
+)
+from ..errors import DataError
 from ..evaluation.harness import Tasks, harness_metrics, is_harness_metric, resolve_tasks
 from ..evaluation.metrics import evaluate, headline, metric_set
 from ..evaluation.stability import (
@@ -60,7 +74,7 @@ from ..model.task import Task
 from ..recovery import recover_cell
 from ..scoring import ScoreMap, ScoringContext
 from ..trajectory import Trajectory, measure_points
-from ..workspace import DEFAULT_CALIB_SIZE, DEFAULT_SELECT_SIZE, DefaultSize, Workspace
+from ..workspace import DEFAULT_CALIB_SIZE, DEFAULT_SELECT_SIZE, DefaultSize, Workspace, fit_role_sizes
 from .spec import TASK_SET, ModelEntry, Protocol
 
 Progress = Callable[[float, str], None]
@@ -99,15 +113,26 @@ def workspace_for(loaded: LoadedModel, entry: ModelEntry, protocol: Protocol) ->
     (choices are then made on the calibration rows)."""
     roles = entry.data
     calib, evals, select = roles["calib"], roles["eval"], roles.get("select")
+    sizes = wanted_sizes(entry)
     return Workspace.build(
         entry.model, evals.source, calib_data=calib.source, eval_data=evals.source,
-        select_data=select.source if select else None,
-        calib_size=calib.size if calib.size is not None else DefaultSize(DEFAULT_CALIB_SIZE),
-        eval_size=evals.size,
-        select_size=(DefaultSize(DEFAULT_SELECT_SIZE) if select.size is None else select.size) if select else 0,
-        seed=protocol.seed, loaded=loaded, batch_size=protocol.batch_size, max_length=protocol.max_length,
-        **entry.columns(), label_map=entry.label_map, labels_by_position=entry.labels_by_position,
-        allow_untrained_head=entry.allow_untrained_head)
+        select_data=select.source if select else None, calib_size=sizes["calib"], eval_size=sizes["eval"],
+        select_size=sizes.get("select", 0), seed=protocol.seed, loaded=loaded, batch_size=protocol.batch_size,
+        max_length=protocol.max_length, **entry.columns(), label_map=entry.label_map,
+        labels_by_position=entry.labels_by_position, allow_untrained_head=entry.allow_untrained_head)
+
+
+def wanted_sizes(entry: ModelEntry) -> dict:
+    """The size the workspace is asked for each role of ``entry`` (module doc of ``workspace_for``): a role's
+    ``size`` exactly; none is every row left for evaluation and a default shrinking to fit for calibration and
+    selection; no selection role, no key "select"."""
+    roles = entry.data
+    wanted = {"calib": roles["calib"].size if roles["calib"].size is not None else DefaultSize(DEFAULT_CALIB_SIZE),
+              "eval": roles["eval"].size}
+    if "select" in roles:
+        wanted["select"] = roles["select"].size if roles["select"].size is not None else \
+            DefaultSize(DEFAULT_SELECT_SIZE)
+    return wanted
 
 
 def build_workspace_for(loaded: LoadedModel, entry: ModelEntry, protocol: Protocol, repeat: int,
@@ -248,11 +273,48 @@ def stability_metrics(loaded: LoadedModel, data: CellData, mask: HeadMask | None
     return out
 
 
-def harness_tasks(protocol: Protocol, entry: ModelEntry) -> tuple | None:
-    """(lm-eval metric names, resolved ``Tasks``) of ``entry``, checked with their data before any model loads (an
-    unknown task or one whose data cannot load is a HarnessError naming it); None when it reports none."""
+def harness_tasks(protocol: Protocol, entry: ModelEntry, check_data: bool = True) -> tuple | None:
+    """(lm-eval metric names, resolved ``Tasks``) of ``entry``, checked with their data (``check_data``) before any
+    model loads (an unknown task or one whose data cannot load is a HarnessError naming it); None when it reports
+    none."""
     spec = protocol.harness_spec(entry)
-    return None if spec is None else (entry.harness_metrics, resolve_tasks(spec))
+    return None if spec is None else (entry.harness_metrics, resolve_tasks(spec, check_data=check_data))
+
+
+def check_roles(entry: ModelEntry, lm: bool | None) -> list[str]:
+    """Every data role of ``entry`` checked as a run checks it before its first cell, without a model: the source
+    exists, it reads, and the sizes of the roles on it fit its rows (``workspace.fit_role_sizes``, the run's rule;
+    the train role's size against its source less nothing: the evaluation rows are taken out once the run reads
+    them). ``lm``: whether the model is a language model (None: unknown, read as its data says). A problem is a
+    ProtocolError naming the key and its line. Returns notes on what could not be checked offline (hf: sources)."""
+    notes = []
+    task = None if lm is None else ("lm" if lm else "classification")
+    sizes: dict[str, dict] = {}
+    for role, size in wanted_sizes(entry).items():   # grouped by source, as the workspace reads them
+        sizes.setdefault(entry.data[role].source, {})[role] = size
+    if "train" in entry.data:
+        sizes.setdefault(entry.data["train"].source, {})
+    for source, roles in sizes.items():
+        named = [r for r in entry.data if entry.data[r].source == source]
+        where = entry.data[(list(roles) or named)[-1]]
+        try:
+            check_source(source)
+            if source.startswith("hf:") and not Path(parse_hf_spec(source)[0]).expanduser().is_dir():
+                notes.append(f"{source}: a Hugging Face data set, read (and its rows counted) when the run starts")
+                continue
+            rows = len(load_data(source, **entry.columns(), task=task, role=named[0]))
+        except DataError as exc:
+            raise where.fail("source", f"{source}: {exc}") from None
+        try:
+            if roles:
+                fit_role_sizes(rows, roles)
+            train = entry.data.get("train")
+            if train is not None and train.source == source and train.size is not None and train.size > rows:
+                where = train
+                raise DataError(f"Train size {train.size} does not fit: its data has only {rows} rows.")
+        except DataError as exc:
+            raise where.fail("size", f"{source}: {exc}") from None
+    return notes
 
 
 def harness_at(loaded: LoadedModel, traj: Trajectory, ratios, harness: tuple[tuple, Tasks],

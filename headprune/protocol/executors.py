@@ -6,7 +6,7 @@
             between them (``torch.set_num_threads``). Worker i runs shard i/N and then takes over the cells no
             live worker holds (``run_shard(steal=True)``), so a slow or killed worker's cells are still done.
             Logs in ``OUT/jobs/pool/worker-<i>.log``; a Ctrl-C stops the workers (SIGTERM: each gives its claims
-            back; a cell file is only ever written whole) and keeps what finished.
+            back; a cell file is only ever written whole), keeps what finished and is raised again to the caller.
     slurm   a submitit job array, one task per shard, submitit's folders (pickled call, logs, result) under
             ``OUT/jobs/<job id>_<task>/``; returns the job ids, or waits for them and merges the table.
             ``submit`` takes any submitit executor: CI runs the same array through ``submitit.LocalExecutor``
@@ -26,7 +26,6 @@ from pathlib import Path
 
 import torch
 
-from ..errors import Cancelled
 from .run import RunError, merge
 from .schedule import run_shard, units, worker_name
 from .spec import Protocol
@@ -112,10 +111,9 @@ def run_pool(protocol: Protocol, out: str | Path, workers: int | None = None, *,
     try:
         for proc in procs:
             proc.join()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:   # Ctrl-C (or SIGTERM): the workers stop too, the caller says what was kept
         stop(procs)
-        raise Cancelled(f"Interrupted: the workers were stopped; finished cells are kept in {out}/cells. Run the "
-                        "same command again to compute the rest.") from None
+        raise
     codes = [proc.exitcode for proc in procs]
     for i, code in enumerate(codes):
         if code:

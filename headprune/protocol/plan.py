@@ -25,15 +25,16 @@ from pathlib import Path
 
 import torch
 from accelerate import init_empty_weights
-from transformers import AutoConfig
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from ..criteria import get
 from ..estimate import LIVE_STEP, forward_rate, human_duration
 from ..evaluation.harness import metric_tasks
 from ..model.arch import adapt
 from ..model.loading import NAMED_MODELS, auto_class, model_source_kind
+from ..model.memory import plan_for
 from ..scoring import ScoringContext
-from .cells import scored_params
+from .cells import check_roles, harness_tasks, scored_params
 from .spec import ModelEntry, Protocol
 
 DENSE = "dense"
@@ -205,16 +206,21 @@ def plan_model(protocol: Protocol, entry: ModelEntry, cells: list[Cell], time_it
     plan = ModelPlan(entry, kind, cells)
     plan.lm_eval_runs = lm_eval_runs(protocol, entry, cells)
     config = local_config(entry.model)
+    # what a run checks before its first cell, checked here too: lm-eval task names (offline), the data files and
+    # the role sizes against their sources' rows
+    harness_tasks(protocol, entry, check_data=False)
+    notes = check_roles(entry, None if config is None else auto_class(config) is AutoModelForCausalLM)
+    plan.note = "; ".join(notes)
     if config is None:
-        plan.note = (f"the estimate needs the model: {entry.model} is a hub id whose config is not on this machine "
-                     "(the run downloads it)")
+        plan.note = "; ".join([f"the estimate needs the model: {entry.model} is a hub id whose config is not on "
+                               "this machine (the run downloads it)"] + notes)
         return plan
     shell = shell_model(config)
     adapter = adapt(shell)
     plan.grid = adapter.grid_shape
     n_calib, n_eval = _rows(entry.data["calib"]), _rows(entry.data["eval"])
     if n_calib is None or n_eval is None or ("train" in entry.data and entry.data["train"].size is None):
-        plan.note = "a role of every row ('all'): its size is known once the data is read"
+        plan.note = "; ".join(["a role of every row ('all'): its size is known once the data is read"] + notes)
         return plan
     ctx = ScoringContext(shell, [], memory_budget=protocol.memory_budget)
     units = plan.grid[0] * plan.grid[1]
@@ -247,11 +253,14 @@ def plan_model(protocol: Protocol, entry: ModelEntry, cells: list[Cell], time_it
     if not time_it:
         return plan
     if n_params > TIMED_PARAMETERS:
-        plan.note = f"seconds need the model ({n_params / 1e9:.1f} B parameters are not instantiated to time a pass)"
+        plan.note = "; ".join([f"seconds need the model ({n_params / 1e9:.1f} B parameters are not instantiated to "
+                               "time a pass)"] + notes)
         return plan
     length = min(protocol.max_length, getattr(config, "max_position_embeddings", None) or protocol.max_length)
-    per_token, _ = forward_rate(_random_init(config), [_synthetic_batch(protocol.batch_size, length)],
-                                protocol.memory_budget)
+    model = _random_init(config)
+    # the rows the memory planner lets one forward hold, never batch_size x length tokens built first
+    rows = plan_for(model, protocol.memory_budget).rows("forward", length, protocol.batch_size)
+    per_token, _ = forward_rate(model, [_synthetic_batch(rows, length)], protocol.memory_budget)
     plan.seconds = per_token * length * (calib + evals + plan.train_row_passes)
     return plan
 

@@ -12,6 +12,12 @@ Layout of ``OUT``::
     plots/<model>.html|png    metric vs sparsity (or the trajectories), when plotly (and kaleido) are installed
     run.json             the protocol text and its sha256, models, data roles with the hashes of their rows,
                          parameters, versions and every cell's result
+    .headprune-run.json  the run marker (``outdir.MARKER``): the folder is this protocol's (its name and sha256)
+
+The folder is the run's own (``headprune.outdir``): ``OUT`` is created, or must be empty, or hold the marker of a
+run of the same protocol (same file or same name), unless ``force``; a refused folder is left as it was. The run
+deletes only files it names: temporary files of its own writes (``.<file>.<random>.headprune.tmp`` of a file it
+writes) and a recovered cell's checkpoint folder holding its fingerprint.
 
 Resuming: a cell whose file exists with the same fingerprint (sha256 of everything that decides its result: model,
 roles, criterion and parameters, sparsity or order, repeat, seeds, batching) is read, not recomputed; so an
@@ -28,15 +34,14 @@ import importlib
 import importlib.util
 import io
 import json
-import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from .. import outdir
 from ..criteria import get
 from ..criteria.sap import layer_rule_json
 from ..errors import HeadpruneError
@@ -51,6 +56,7 @@ from ..estimate import (
 )
 from ..model.mask import HeadMask
 from ..model.task import Task
+from ..outdir import OutError
 from ..provenance import versions
 from ..scoring import ScoreMap
 from ..trajectory import Trajectory, run_trajectory, spread
@@ -69,19 +75,11 @@ class RunError(HeadpruneError):
 # -- files -----------------------------------------------------------------------------------------------------
 
 def write_atomic(path: Path, text: str | bytes) -> None:
-    """``text`` to ``path`` whole or not at all: a temporary file in the same folder renamed over ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = text.encode("utf-8") if isinstance(text, str) else text
-    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    """``text`` to ``path`` whole or not at all (``outdir.write_atomic``); a failure is a RunError."""
     try:
-        with os.fdopen(handle, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise RunError(f"Could not write {path}: {exc.strerror or exc}. Accepted: a writable --out folder.") from exc
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        outdir.write_atomic(path, text, "--out folder")
+    except OutError as exc:
+        raise RunError(str(exc)) from exc
 
 
 def _json(obj) -> str:
@@ -95,13 +93,55 @@ def _read(path: Path) -> dict | None:
         return None
 
 
-def check_out(out: str | Path) -> Path:
-    """``--out`` as a folder (created); a file there is refused before any model loads."""
-    path = Path(out).expanduser()
-    if path.exists() and not path.is_dir():
-        raise RunError(f"--out {out} is a file; give a folder (created if missing) for the protocol's results.")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+OWN = ("cells", "scores", "masks", "recovery", "plots", "results.csv", "results.md", "run.json", outdir.MARKER)
+
+
+def identity(protocol: Protocol) -> dict:
+    """What a results folder's run marker records (``outdir.MARKER``): the command and the protocol."""
+    return {"command": "run", "name": protocol.name, "sha256": protocol.hash, "source": protocol.source}
+
+
+def same_protocol(protocol: Protocol) -> Callable[[dict], bool]:
+    """Whether a marked folder is this protocol's to continue: the same file, or one of the same name (an edited
+    protocol: its unchanged cells are read back by their fingerprints)."""
+    return lambda marker: marker.get("sha256") == protocol.hash or marker.get("name") == protocol.name
+
+
+def earlier_run(protocol: Protocol) -> Callable[[Path], bool]:
+    """A folder written before run markers existed: only names a run writes at its top, and a run file or
+    cells of a protocol of this name."""
+    def check(path: Path) -> bool:
+        if any(entry.name not in OWN for entry in path.iterdir()):
+            return False
+        run = _read(path / "run.json")
+        return ((run or {}).get("protocol") or {}).get("parameters", {}).get("name") == protocol.name or (
+            run is None and (path / "cells").is_dir())
+    return check
+
+
+def check_out(out: str | Path, protocol: Protocol, force: bool = False) -> Path:
+    """``--out`` as this protocol's results folder (``outdir.check_results_folder``), checked before any model
+    loads and without creating anything: new, empty, marked by a run of this protocol, or ``force``."""
+    try:
+        return outdir.check_results_folder(out, "--out", identity(protocol), same_protocol(protocol), force=force,
+                                           legacy=earlier_run(protocol))
+    except OutError as exc:
+        raise RunError(str(exc)) from None
+
+
+def clear_stale(out: Path, protocol: Protocol) -> None:
+    """Delete the temporary files that writes cut short by a kill left (``outdir.stale_temps``), by the names of
+    the files this protocol writes: never a file the run did not write."""
+    cells = expand(protocol)
+    keys = {f"{c.key}.json" for c in cells}
+    scored = tuple(f"{slug(c.model)}__{slug(c.criterion)}__r{c.repeat}__" for c in cells)
+    plots = {f"{slug(m.name)}{suffix}" for m in protocol.models for suffix in (".html", ".png")}
+    owners = {out: set(OWN), out / "cells": keys, out / "masks": keys, out / "plots": plots}
+    for folder, names in owners.items():
+        for stale in list(outdir.stale_temps(folder, names.__contains__)):
+            stale.unlink()
+    for stale in list(outdir.stale_temps(out / "scores", lambda name: name.startswith(scored))):
+        stale.unlink()
 
 
 def fingerprint(protocol: Protocol, entry: ModelEntry, cell: Cell) -> str:
@@ -149,6 +189,12 @@ def size_at(traj: Trajectory, index: int) -> dict:
     mb = [p * BYTES_PER_PARAMETER / 2 ** 20 for p in (before, after)]
     return {"params_before": before, "params_after": after, "mb_before": mb[0], "mb_after": mb[1],
             "reduction_pct": 100.0 * (1 - after / before)}
+
+
+def kept(out: str | Path, protocol: Protocol) -> int:
+    """How many of ``protocol``'s cells ``out`` holds finished for its current settings (what a rerun reads)."""
+    entries = {m.name: m for m in protocol.models}
+    return sum(finished(Path(out).expanduser(), protocol, entries[c.model], c) is not None for c in expand(protocol))
 
 
 # -- running ---------------------------------------------------------------------------------------------------
@@ -295,7 +341,11 @@ class Runner:
             cache["train"] = adapter.train_rows(loaded, entry, self.protocol, data)
         work = self.out / "recovery" / cell.key
         stamp = fingerprint(self.protocol, entry, cell)
-        if (_read(work / "fingerprint.json") or {}).get("fingerprint") != stamp:
+        recorded = _read(work / "fingerprint.json")
+        if work.exists() and recorded is None and any(work.iterdir()):   # not a folder a run made: never deleted
+            raise RunError(f"{work} exists but holds no fingerprint.json of a recovered cell; it is left as it is. "
+                           "Move it away to recompute the cell.")
+        if (recorded or {}).get("fingerprint") != stamp:
             shutil.rmtree(work, ignore_errors=True)
             write_atomic(work / "fingerprint.json", _json({"fingerprint": stamp}))
         result = adapter.recover(loaded, data, cache["train"], mask, self.protocol, work / "run", self.sub(cell),
@@ -643,27 +693,33 @@ def write_plots(protocol: Protocol, records: dict[str, dict], rows: list[dict], 
 # -- the entry point -------------------------------------------------------------------------------------------
 
 def run_protocol(protocol: Protocol, out: str | Path, *, memory_budget=None, progress: Progress | None = None,
-                 say: Say | None = None, plots: bool = True) -> dict:
+                 say: Say | None = None, plots: bool = True, force: bool = False) -> dict:
     """Run every cell of ``protocol`` not yet finished in ``out``, then write the table, plots and run file.
 
     Parameters
     ----------
     protocol : a validated Protocol (``Protocol.read``).
-    out : the results folder (created); cells already there with the same settings are not recomputed.
+    out : the results folder (created): new, empty, or one a run of this protocol (its name) wrote, marked by
+        ``outdir.MARKER``; cells already there with the same settings are not recomputed.
     memory_budget : overrides the protocol's (``headprune.model.memory.resolve_budget``'s forms).
     progress : ``(fraction, message)`` over the whole run; an exception it raises (``errors.Cancelled``) stops the
         run after the cells finished so far, which stay written.
     say : where lines for the user go (the estimate, before the bar).
     plots : write the figures (skipped with a note without plotly).
+    force : write into a folder that is not this protocol's (a user's, another run's): only the files this run
+        names are written, none other is deleted.
 
     Returns
     -------
     The run file's summary: paths written, cells computed and read, the table rows.
     """
-    out = check_out(out)
-    for stale in out.rglob(".*.tmp"):   # a write cut short by a kill (SIGKILL skips write_atomic's clean-up)
-        stale.unlink()
-    runner = Runner(protocol, out, memory_budget, progress, say)
+    out = check_out(out, protocol, force)
+    runner = Runner(protocol, out, memory_budget, progress, say)   # checks the lm-eval tasks: nothing written yet
+    try:
+        outdir.claim_results_folder(out, identity(protocol))
+    except OutError as exc:
+        raise RunError(str(exc)) from None
+    clear_stale(out, protocol)
     runner.run()
     return merge(protocol, out, computed=runner.computed, memory_budget=runner.budget, plots=plots)
 

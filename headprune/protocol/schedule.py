@@ -18,17 +18,18 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import Cancelled
+from .. import outdir
+from ..errors import Cancelled, HeadpruneError
+from ..outdir import OutError
 from .claims import Claims, read_claim, read_failure, write_failure
 from .plan import Cell, expand
-from .run import KEYS, Gate, RunError, Runner, finished, records_of, table_rows, write_atomic
+from .run import KEYS, Gate, RunError, Runner, check_out, finished, identity, records_of, same_protocol, table_rows
 from .spec import Protocol
 
 MAX_UNIT = 16   # cells of one model x repeat group before it is split by criterion (one shard's share stays small)
@@ -277,32 +278,37 @@ def worker_name(shard: tuple[int, int]) -> str:
 
 # -- the folder's protocol -------------------------------------------------------------------------------------
 
-PROTOCOL_FILE = "protocol.json"   # the protocol file a results folder belongs to: {"source", "sha256", "text"}
-
-
-def folder_protocol(out: str | Path) -> Protocol:
-    """The protocol ``out`` was written by (``--status D``, ``--merge D`` need no protocol argument)."""
-    path = Path(out) / PROTOCOL_FILE
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-        text, source = record["text"], record["source"]
-    except (OSError, ValueError, KeyError, TypeError):
-        raise RunError(f"{out} is not a protocol's results folder ({PROTOCOL_FILE} is missing or unreadable). "
-                       "Accepted: the --out folder of a `headprune run`.") from None
-    return Protocol.parse(text, source, default_name=Path(source).stem)
-
-
-def own_folder(out: str | Path, protocol: Protocol) -> None:
-    """Record that ``out`` holds ``protocol``'s cells, or refuse a folder written by a different protocol file
-    (another sha256), before any model loads: the workers of one run must all compute the same file's cells."""
+def folder_protocol(out: str | Path, given: Protocol | None = None) -> Protocol:
+    """The protocol ``out`` belongs to, by its run marker (``outdir.MARKER``: the protocol's name, source and
+    sha256): ``given`` when the marker is its (``run.same_protocol``), else the marker's source file when it is
+    still the file that ran. ``--status D`` and ``--merge D`` need no protocol argument while the file is unchanged."""
     out = Path(out)
-    path = out / PROTOCOL_FILE
-    if path.exists():
-        theirs = folder_protocol(out)
-        if theirs.hash != protocol.hash:
-            raise RunError(f"{out} holds the results of a different protocol file ({theirs.source}, sha256 "
-                           f"{theirs.hash[:12]}; this is {protocol.source}, {protocol.hash[:12]}). Accepted: the "
-                           "folder of this protocol, or a new --out folder.")
-        return
-    write_atomic(path, json.dumps({"source": protocol.source, "sha256": protocol.hash, "text": protocol.text},
-                                  indent=1))
+    marker = outdir.read_marker(out)
+    if marker is None or marker.get("command") != "run":
+        raise RunError(f"{out} is not a protocol's results folder (no {outdir.MARKER} of `headprune run` in it). "
+                       "Accepted: the --out folder of a `headprune run`.")
+    if given is not None:
+        if not same_protocol(given)(marker):
+            raise RunError(f"{out} holds the results of {marker.get('source')} (name {marker.get('name')}), not of "
+                           f"{given.source} (name {given.name}).")
+        return given
+    source = marker.get("source", "")
+    try:
+        protocol = Protocol.read(source)
+    except HeadpruneError:
+        protocol = None
+    if protocol is None or protocol.hash != marker.get("sha256"):
+        raise RunError(f"{out} was written by {source}, which is " + ("gone" if protocol is None else "changed since")
+                       + f". Accepted: give the protocol file too, e.g. `headprune run {source} --status {out}`.")
+    return protocol
+
+
+def own_folder(out: str | Path, protocol: Protocol, force: bool = False) -> Path:
+    """``out`` checked as ``protocol``'s results folder (``run.check_out``: new, empty, or marked by a run of this
+    protocol; another protocol's folder is refused before any model loads) and marked as its (the run marker):
+    what a pool, a job array or a shard does before its workers start."""
+    path = check_out(out, protocol, force)
+    try:
+        return outdir.claim_results_folder(path, identity(protocol))
+    except OutError as exc:
+        raise RunError(str(exc)) from None

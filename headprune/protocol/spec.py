@@ -46,7 +46,7 @@ from ..errors import HeadpruneError
 from ..evaluation.harness import HarnessError, HarnessSpec, is_harness_metric, metric_tasks, parse_metric
 from ..evaluation.metrics import Metrics
 from ..evaluation.stability import STABILITY_METRICS
-from ..limits import NON_NEGATIVE_INT, POSITIVE_INT, UNIT
+from ..limits import ROWS_PER_BATCH, TOKENS_PER_ROW, UNIT, Interval
 from ..model.device import DEVICES
 from ..model.memory import MemoryBudgetError, parse_budget
 from ..recovery.spec import RecoverySpec
@@ -58,6 +58,16 @@ NOT_METRICS = ("n", "tokens")
 # in a metrics list: the task's own set there (GLUE's for GLUE data), e.g. metrics = ["task", "agreement"]
 TASK_SET = "task"
 DTYPES = ("fp32", "bf16", "fp16")
+
+
+# limits of the protocol's own keys, declared once, each with the reason it stops where it does: a plan lists,
+# counts and times its cells by these numbers, so a number past them is refused before anything is allocated
+REPEATS = Interval(1, 1000, integer=True, why="each repeat is a full set of scored cells, listed, planned and run "
+                                               "one by one")
+RANDOM_BOXES = Interval(0, 1000, integer=True, why="each box is one random-order trajectory cell")
+SEED = Interval(0, 2**31 - 1, integer=True, why="seed + repeat seeds numpy and torch generators")
+ROLE_SIZE = Interval(1, 100_000_000, integer=True, why="rows drawn from a source, whose rows are read into memory; "
+                                                       "checked against the source's row count before the first cell")
 
 
 class ProtocolError(HeadpruneError):
@@ -190,7 +200,7 @@ class Role(Located):
             raise self.fail("source", f"expected a data spec (e.g. 'demo', 'demo:train', a file, "
                                       f"hf:NAME[:CONFIG[:SPLIT]]), got {self.source!r}.")
         if self.size is not None:
-            _check(self, "size", self.size, POSITIVE_INT, "size")
+            _check(self, "size", self.size, ROLE_SIZE, "size")
         for key in ("text_col", "pair_col", "label_col"):
             if getattr(self, key) is not None and not isinstance(getattr(self, key), str):
                 raise self.fail(key, f"expected a column name, got {getattr(self, key)!r}.")
@@ -291,7 +301,7 @@ class TrajectoryPart(Located):
             raise self.fail("inverse", f"expected true, false or a list of them (orders to run), got "
                                        f"{self.inverse!r}.")
         object.__setattr__(self, "inverse", tuple(dict.fromkeys(inverse)))
-        _check(self, "random_boxes", self.random_boxes, NON_NEGATIVE_INT, "random_boxes")
+        _check(self, "random_boxes", self.random_boxes, RANDOM_BOXES, "random_boxes")
         if not isinstance(self.report_at, (list, tuple)):
             raise self.fail("report_at", f"expected a list of ratios, got {self.report_at!r}.")
         for ratio in self.report_at:
@@ -529,10 +539,10 @@ class Protocol(Located):
             for ratio in self.sparsities:
                 if ratio > 0:
                     c.check_target(ratio)
-        _check(self, "repeats", self.repeats, POSITIVE_INT, "repeats")
-        _check(self, "seed", self.seed, NON_NEGATIVE_INT, "seed")
-        _check(self, "batch_size", self.batch_size, POSITIVE_INT, "batch_size")
-        _check(self, "max_length", self.max_length, POSITIVE_INT, "max_length")
+        _check(self, "repeats", self.repeats, REPEATS, "repeats")
+        _check(self, "seed", self.seed, SEED, "seed")
+        _check(self, "batch_size", self.batch_size, ROWS_PER_BATCH, "batch_size")
+        _check(self, "max_length", self.max_length, TOKENS_PER_ROW, "max_length")
         if self.device not in DEVICES:
             raise self.fail("device", f"unknown device {self.device!r}; accepted: {', '.join(DEVICES)}.")
         if self.dtype is not None and self.dtype not in DTYPES:

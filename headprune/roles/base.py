@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import HeadpruneError
-from ..limits import Interval
+from ..limits import ROWS_PER_BATCH, TOKENS_PER_ROW, Interval
 from ..scoring import Scorer
 from ..syntax import DEFAULT_PIPELINE
 from .stats import OFFSET_WINDOW, RoleStats
@@ -58,8 +58,11 @@ def get_role(name: str) -> Role:
         raise RoleError(f"Unknown head role '{name}'. Known roles: {', '.join(ROLES)}.") from None
 
 
-PROBE_LENGTH = Interval(2, None, integer=True)
-PROBE_ROWS = Interval(1, None, integer=True)
+PROBE_LENGTH = Interval(2, TOKENS_PER_ROW.high, integer=True, why="tokens of a probe's random block; cut to the "
+                                                                  "model's context")
+PROBE_ROWS = Interval(1, ROWS_PER_BATCH.high, integer=True, why="probes, run as one batch")
+ROLE_LENGTH = Interval(2, TOKENS_PER_ROW.high, integer=True, why=TOKENS_PER_ROW.why)
+WINDOW = Interval(1, TOKENS_PER_ROW.high, integer=True, why="offsets binned on either side; no row is longer")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,8 +90,7 @@ class RoleSpec:
 
     def __post_init__(self):
         for name, limit in (("probe_length", PROBE_LENGTH), ("probe_rows", PROBE_ROWS),
-                            ("max_length", Interval(2, None, integer=True)),
-                            ("window", Interval(1, None, integer=True))):
+                            ("max_length", ROLE_LENGTH), ("window", WINDOW)):
             problem = limit(getattr(self, name))
             if problem:
                 raise RoleError(f"{name}={getattr(self, name)!r} {problem}.")
