@@ -25,6 +25,9 @@ from headprune.evaluation.live import LiveEvaluator
 from headprune.evaluation.metrics import HIGHER_IS_BETTER, Metrics, choice_rows
 from headprune.evaluation.speed import compare_speed
 from headprune.evaluation.stability import perturb_batches, same_answers
+from headprune.kvcache import KVPlan
+from headprune.kvcache.scores import group_scores, head_scores
+from headprune.kvcache.tasks import metric_under_plan
 from headprune.model.mask import HeadMask
 from headprune.model.surgery import prune_model
 from headprune.recovery import RecoveryRun, RecoverySpec, export_recovered, stage_metrics
@@ -498,3 +501,30 @@ def recovered_zip(ws: DashboardWorkspace, done: dict) -> bytes:
                 if f.is_file():
                     zf.write(f, Path(f"headprune-recovered-{done['format']}") / f.relative_to(folder))
     return buffer.getvalue()
+
+
+# -- KV cache plans -------------------------------------------------------------------------------------------------
+
+def kv_group_scores(ws: DashboardWorkspace, rule: str, sink: int, window: int, progress: Progress | None = None):
+    """(L, H_kv) group scores of a KV plan rule (``kvcache.scores``; group = max of its query heads), stored per
+    rule, sink and window (razor and random read no window-dependent rows, but one key keeps this simple)."""
+    def compute():
+        with compute_slot():
+            if progress is not None:
+                progress(0.0, f"{rule} scores")
+            scores = head_scores(rule, ws.loaded.model, calib=ws.calib_batches, tokenizer=ws.loaded.tokenizer,
+                                 sink=sink, window=window, seed=ws.setup.seed)
+            return group_scores(scores, ws.adapter.n_heads // ws.adapter.n_kv_heads)
+
+    return store().memo(f"kv-scores|{ws.key}|{rule}|{sink}|{window}", compute)
+
+
+def kv_metrics(ws: DashboardWorkspace, plan: KVPlan, mask: HeadMask | None) -> Metrics:
+    """The evaluation metrics with ``plan``'s streaming heads restricted, under ``mask`` (stored per plan)."""
+    key = f"kv-metric|{ws.key}|{mask_key(mask)}|{plan.sink}|{plan.window}|{plan.full.int().flatten().tolist()}"
+
+    def compute():
+        with compute_slot():
+            return metric_under_plan(ws.loaded.model, ws.eval_batches, plan, mask)
+
+    return store().memo(key, compute)

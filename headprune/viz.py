@@ -615,3 +615,32 @@ def figure_png(fig: go.Figure, width: int = 1100, height: int | None = None, sca
 def figure_html(fig: go.Figure) -> str:
     """A self-contained HTML page (plotly.js inlined, so it opens offline)."""
     return fig.to_html(include_plotlyjs=True, full_html=True)
+
+
+# -- KV cache plans ------------------------------------------------------------------------------------------------
+
+FULL_MARK, STREAM_MARK = "F", "S"
+
+
+def kv_plan_grid(scores: np.ndarray, full: np.ndarray, *, selected: tuple[int, int] | None = None,
+                 title: str | None = None) -> go.Figure:
+    """(L x H_kv) key/value heads coloured by a rule's group score; full ones marked F, streaming ones S; a cell
+    click reports (layer, key/value head)."""
+    full = np.asarray(full, dtype=bool)
+    finite = np.where(np.isfinite(scores), scores, np.nan)
+    hover = np.array([[f"layer {b} · key/value head {g}<br>{'full cache' if full[b, g] else 'streaming'}"
+                       f"<br>score {finite[b, g]:.3f}" for g in range(full.shape[1])] for b in range(full.shape[0])],
+                     dtype=object)
+    marks = np.where(full, FULL_MARK, STREAM_MARK)
+    return head_grid(finite, hover, "Viridis", selected=selected, marks=marks, title=title,
+                     colorbar={"title": "score"})
+
+
+def kv_bytes_figure(counted: Mapping[str, float], length: int) -> go.Figure:
+    """Two bars: the full cache's and the plan's KV bytes (MiB) at ``length`` tokens (``kvcache.tasks.bytes_at``)."""
+    mib = [counted["full_cache"] / 2**20, counted["plan"] / 2**20]
+    fig = go.Figure(go.Bar(x=["full cache", "plan"], y=mib, marker_color=[PRUNED_COLOR, KEPT_COLOR],
+                           text=[f"{v:.2f} MiB" for v in mib], textposition="auto", name="kv bytes"))
+    fig.update_layout(title=f"KV cache at {length:,} tokens: {counted['ratio']:.0%} of the full cache",
+                      yaxis_title="MiB", height=320, margin={"t": 50, "b": 30, "l": 50, "r": 10})
+    return fig

@@ -64,12 +64,15 @@ def tiny_model_dir(tmp_path_factory, tiny_tokenizer):
     """A 3-layer x 4-head BERT sentiment classifier (labels neg/pos) saved like a user's model folder."""
     from headprune.testing import tiny_model
 
-    model = tiny_model("bert", num_labels=2)
+    return save_classifier(tiny_model("bert", num_labels=2), tiny_tokenizer, tmp_path_factory.mktemp("tiny_bert"))
+
+
+def save_classifier(model, tokenizer, out):
+    """``model`` labelled neg/pos (TINY_LABELS) saved with ``tokenizer`` in the folder ``out``; returns ``out``."""
     model.config.id2label = dict(TINY_LABELS)
     model.config.label2id = {v: k for k, v in TINY_LABELS.items()}
-    out = tmp_path_factory.mktemp("tiny_bert")
     model.save_pretrained(out)
-    tiny_tokenizer.save_pretrained(out)
+    tokenizer.save_pretrained(out)
     return out
 
 

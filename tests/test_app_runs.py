@@ -35,7 +35,7 @@ def test_the_runs_page_fills_in_as_cells_land(tmp_path, tiny_model_dir, tiny_csv
     claims = Claims(out, "worker A")
     assert claims.take(later[0])
 
-    at = AppTest.from_file(str(ROOT / "dashboard" / "pages" / "9_Runs.py"), default_timeout=120)
+    at = AppTest.from_file(str(ROOT / "dashboard" / "pages" / "10_Runs.py"), default_timeout=120)
     at.run()
     assert not problems(at) and any("--out folder" in i.value for i in at.info)
     at.text_input(key="runs-folder").input(str(out)).run()

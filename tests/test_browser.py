@@ -210,3 +210,29 @@ def test_cancel_stops_a_running_score_and_stores_nothing(server, browser):
     assert "Choose one or more criteria and press" in page.inner_text("body")
     assert page.locator(".js-plotly-plot").count() == 0
     page.close()
+
+
+def test_kv_cache_page_a_click_moves_the_bytes_bar_and_the_metric(server, browser, tmp_path):
+    """KV cache page on demo-lm from a link: click a key/value head on the plan grid; the bytes bar and the
+    perplexity under the plan both change."""
+    page = browser.new_page(viewport={"width": 1500, "height": 1100})
+    page.set_default_timeout(300_000)
+    page.goto(f"{server}/?model=demo-lm&data=demo-lm&page=kv-cache")
+    page.get_by_text("KV bytes under the plan").first.wait_for()
+    wait_idle(page)
+    bars = ("() => [...document.querySelectorAll('.js-plotly-plot')].flatMap(p => p.data)"
+            ".filter(t => t.type === 'bar').map(t => Array.from(t.y).join(','))")
+    before = (metric_value(page, "perplexity under the plan"), metric_value(page, "KV bytes under the plan"),
+              page.evaluate(bars))
+    page.wait_for_function("() => document.querySelector('.js-plotly-plot .scatterlayer .point')", timeout=60_000)
+    box = page.locator(".js-plotly-plot .scatterlayer .point").first.bounding_box()
+    start = time.perf_counter()
+    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.wait_for_function(f"() => !document.body.innerText.includes('{before[1]}')")
+    wait_idle(page)
+    after = (metric_value(page, "perplexity under the plan"), metric_value(page, "KV bytes under the plan"),
+             page.evaluate(bars))
+    page.screenshot(path=str(tmp_path / "kv-cache.png"), full_page=True)
+    print(f"KV page: {before[:2]} -> {after[:2]} in {time.perf_counter() - start:.1f} s")
+    assert after[1] != before[1] and after[2] != before[2] and float(after[0]) != float(before[0])
+    page.close()

@@ -120,8 +120,8 @@ def test_every_out_refuses_a_users_folder_and_leaves_every_byte(tmp_path, user_f
         assert main(argv) == 2, what
         err = capsys.readouterr().err
         assert err.startswith("error: ") and "Traceback" not in err, (what, err)
-        assert re.search(r"not (written by|create)|not empty|holds no|is a (folder|file)|another run", err), \
-            (what, err)
+        refused = r"not (written by|create)|not empty|holds no|is a (folder|file)|another run|holds files"
+        assert re.search(refused, err), (what, err)
         assert tree(user_folder) == before, what
 
 

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_LABELS, sentences, write_csv
+from conftest import save_classifier, sentences, write_csv
 from test_kl import spread_weights
 
 from headprune.cli import main
@@ -33,12 +33,7 @@ def sensitive_model_dir(tmp_path_factory, tiny_tokenizer):
     from headprune.testing import tiny_model
 
     model = spread_weights(tiny_model("bert", num_labels=2, vocab_size=tiny_tokenizer.vocab_size), 0.2, seed=1)
-    model.config.id2label = dict(TINY_LABELS)
-    model.config.label2id = {v: k for k, v in TINY_LABELS.items()}
-    out = tmp_path_factory.mktemp("sensitive_bert")
-    model.save_pretrained(out)
-    tiny_tokenizer.save_pretrained(out)
-    return out
+    return save_classifier(model, tiny_tokenizer, tmp_path_factory.mktemp("sensitive_bert"))
 
 
 @pytest.fixture(scope="module")

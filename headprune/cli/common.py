@@ -17,6 +17,7 @@ from tqdm import tqdm
 
 from ..data import check_source, parse_label_map
 from ..errors import DataError, HeadpruneError
+from ..evaluation.harness import user_code
 from ..evaluation.metrics import check_metric_name, headline, metric_set
 from ..limits import POSITIVE_INT, ROWS_PER_BATCH, TOKENS_PER_ROW
 from ..model.device import DEVICES, parse_device_map
@@ -212,9 +213,18 @@ def check_path_options(args) -> None:
     from whichever function first asks the file system about it. ``cli.main`` calls this for every command."""
     for dest in PATH_OPTIONS:
         value = getattr(args, dest, None)
-        if isinstance(value, str):
-            user_path(value, f"--{dest.replace('_', '-')}", f"a path of at most {PATH_MAX} bytes whose file and "
+        for text in [value] if isinstance(value, str) else value if isinstance(value, list) else []:
+            user_path(text, f"--{dest.replace('_', '-')}", f"a path of at most {PATH_MAX} bytes whose file and "
                       f"folder names hold at most {NAME_MAX} bytes each (or a named model/data set, an hf: name)")
+
+
+def warn_user_code(spec) -> None:
+    """Say on stderr which Python files of the ``--lm-eval-include`` folders lm-eval will import (``!function``
+    helpers of the requested tasks' YAML): they run as code, with this process's rights."""
+    for task, files in user_code(spec).items():
+        print(f"note: lm-eval task {task} imports Python code from your include folder: "
+              f"{', '.join(map(str, files))} (its YAML's !function helpers); lm-evaluation-harness runs it as the "
+              "task's code. Read it first if you did not write it.", file=sys.stderr)
 
 
 def add_metric_arg(p: argparse.ArgumentParser, what: str) -> None:
@@ -281,16 +291,17 @@ def build_workspace(args, calib_size: int | None = None, select_size: int | None
     return ws
 
 
-def load_model_and_data(args, calib_size: int | None = None) -> tuple[LoadedModel, list[dict], list[dict], dict]:
+def load_model_and_data(args, calib_size: int | None = None,
+                        select_size: int | None = None) -> tuple[LoadedModel, list[dict], list[dict], dict]:
     """Model, calibration batches, evaluation batches and an info dict, from the model and data arguments.
 
     ``info`` is ``Workspace.info()`` (model and data as given, the data roles under "roles") plus the TextDatasets
     under "calib_data", "select_data" and "eval_data" (raw texts, e.g. ``data.batch_texts(info["calib_data"],
     calib)``) and the selection batches under "select_batches" (where criteria make their choices:
-    ``ScoringContext(select=...)``); ``summary(info)`` drops those for printing. ``calib_size`` overrides
-    ``--calib-size``.
+    ``ScoringContext(select=...)``); ``summary(info)`` drops those for printing. ``calib_size`` /
+    ``select_size`` override ``--calib-size`` / ``--select-size`` (0: the role is not read).
     """
-    ws = build_workspace(args, calib_size)
+    ws = build_workspace(args, calib_size, select_size)
     info = {**ws.info(), "model": args.model, "data": args.data, "calib_data": ws.calib, "eval_data": ws.eval,
             "select_data": ws.select, "select_batches": ws.select_batches}
     return ws.loaded, ws.calib_batches, ws.eval_batches, info
@@ -334,6 +345,6 @@ def tqdm_progress(desc: str):
     return update
 
 
-__all__ = ["checked", "check_args", "check_path_options", "check_positive", "add_model_args", "add_data_args",
-           "add_mask_arg", "add_memory_arg", "add_metric_arg", "metric_choice", "load_mask", "mask_dropped_layers",
-           "load_model_and_data", "build_workspace", "summary", "tqdm_progress", "end_bars"]
+__all__ = ["checked", "check_args", "check_path_options", "warn_user_code", "check_positive", "add_model_args",
+           "add_data_args", "add_mask_arg", "add_memory_arg", "add_metric_arg", "metric_choice", "load_mask",
+           "mask_dropped_layers", "load_model_and_data", "build_workspace", "summary", "tqdm_progress", "end_bars"]

@@ -18,7 +18,7 @@ from ..evaluation.speed import compare_speed
 from ..kvcache.restrict import restricted
 from ..model.export import FORMATS, ExportError, export_model, round_to_uniform, type_problem
 from ..model.layers import skip_layers
-from ..model.loading import check_head, load_model
+from ..model.loading import check_head, is_lm_config, load_model, peek_config
 from ..model.mask import HeadMask
 from ..model.sizes import size_report
 from ..outdir import check_model_folder
@@ -37,6 +37,7 @@ from .common import (
     metric_choice,
     summary,
     tqdm_progress,
+    warn_user_code,
 )
 from .kvcache import read_plan_arg
 
@@ -104,6 +105,14 @@ def _evaluate_lm_eval(args) -> dict:
     Tasks, their data and the mask file are checked before the model loads."""
     spec = harness_spec(args, tuple(args.lm_eval.split(",")))
     check_args(args)
+    config = peek_config(args.model)   # a classifier is named before its weights load or any task is resolved
+    if config is not None and not is_lm_config(config):
+        raise HarnessError(f"--lm-eval runs lm-evaluation-harness tasks, which score a causal language model's "
+                           f"log-likelihoods; {args.model} is a classifier "
+                           f"({', '.join(config.get('architectures') or [str(config.get('model_type'))])}). "
+                           "Accepted: a *ForCausalLM model (e.g. --model demo-lm), or leave --lm-eval out to "
+                           "evaluate the classifier on --data.")
+    warn_user_code(spec)   # before resolve_tasks: checking a task's data already imports its helpers
     tasks = resolve_tasks(spec)
     loaded = load_model(args.model, args.device, device_map=args.device_map, dtype=args.dtype)
     mask = load_mask(args, loaded)

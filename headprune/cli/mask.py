@@ -19,6 +19,7 @@ scales (``"scales"``) it was scored to.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -63,10 +64,29 @@ def read_scores(path: str) -> tuple[ScoreMap, dict]:
     """The ScoreMap in score file ``path`` and its raw JSON (MaskCommandError naming the file otherwise)."""
     try:
         obj = json.loads(Path(path).read_text(encoding="utf-8"))
-        return ScoreMap.from_json(obj), obj
+        scores = ScoreMap.from_json(obj)
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         raise MaskCommandError(f"--scores {path} is not a headprune score file ({type(exc).__name__}: {exc}). "
                                "Accepted: the JSON of `python -m headprune score --out FILE`.") from None
+    check_finite_scores(obj, scores, path)
+    return scores, obj
+
+
+def check_finite_scores(obj: dict, scores: ScoreMap, path: str) -> None:
+    """Refuse scores that would order heads silently wrong: a NaN or infinite number in the file (a score file
+    writes ``null`` for a head already pruned, never NaN, which the order would also read as pruned), or no
+    finite score at all (every head would count as already pruned, and any ratio would prune the whole grid)."""
+    bad = [(layer, head, v) for layer, row in enumerate(obj["scores"]) for head, v in enumerate(row)
+           if isinstance(v, float) and not math.isfinite(v)]
+    if bad:
+        listed = ", ".join(f"layer {layer} head {head}: {v}" for layer, head, v in bad[:3])
+        raise MaskCommandError(f"--scores {path} holds {len(bad)} non-finite score(s) ({listed}"
+                               f"{', ...' if len(bad) > 3 else ''}): a head's place in the order would be a guess. "
+                               "Accepted: finite numbers, null for a head already pruned; score again.")
+    if np.isnan(scores.scores).all():
+        raise MaskCommandError(f"--scores {path} holds no score: every head is null (already pruned), so any "
+                               "--ratio or --count would prune the whole grid. Accepted: a score file with a finite "
+                               "score for each live head; score again.")
 
 
 def sap_level(scores: ScoreMap, sparsity: float) -> dict:

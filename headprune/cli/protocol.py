@@ -28,7 +28,7 @@ from ..protocol.run import RunError, check_out, kept, merge, run_protocol
 from ..protocol.schedule import folder_protocol, own_folder, parse_shard, run_shard, status_text
 from ..protocol.schedule import status as folder_status
 from ..protocol.smoke import check_labels, hub_reachable, require_labels, run_smoke
-from .common import add_memory_arg, end_bars, tqdm_progress
+from .common import add_memory_arg, end_bars, tqdm_progress, warn_user_code
 from .output import add_force_arg
 
 
@@ -103,6 +103,10 @@ def cmd_run(args) -> dict:
         check_slurm()
     extra = slurm_extra(args.slurm_arg)
     protocol = Protocol.read(args.protocol)   # every key and value checked here, before any model loads
+    for entry in protocol.models:   # said before anything resolves the tasks: that imports their helpers
+        spec = protocol.harness_spec(entry)
+        if spec is not None:
+            warn_user_code(spec)
     if args.plan:
         labels = check_labels(protocol, _online())
         for line in labels.unchecked:

@@ -12,6 +12,7 @@ or not at all (``model.loading.write_staged``), with the run file ``OUT.run.json
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import sys
 from pathlib import Path
@@ -26,6 +27,7 @@ from ..model.mask import HeadMask
 from ..model.task import REQUESTABLE, task_of
 from ..outdir import check_model_folder
 from ..recovery import (
+    DEFAULT_LR,
     METHODS,
     RecoveryError,
     RecoveryRun,
@@ -44,6 +46,7 @@ from .output import add_force_arg, checked_out_file, write_json
 
 # the fine-tuning split of a named demo: its default training data, so recovery works offline
 DEFAULT_TRAIN = {"demo": "demo:train", "demo-lm": "demo-lm:train"}
+DEFAULTS = RecoverySpec()   # the flags' defaults are the spec's (the measured recipe, recovery/spec.py)
 
 
 def _count_or_all(text: str) -> int | None:
@@ -56,7 +59,7 @@ def spec_of(args) -> RecoverySpec:
                         batch_size=args.batch_size, seed=args.seed, lora_rank=args.lora_rank,
                         lora_alpha=args.lora_alpha, temperature=args.temperature, alpha=args.alpha,
                         max_length=args.max_length, weight_decay=args.weight_decay, warmup=args.warmup,
-                        freeze_embeddings=args.freeze_embeddings)
+                        freeze_embeddings=args.freeze_embeddings, dropout=args.dropout)
 
 
 def paths_of(out: str) -> tuple[Path, Path, Path]:
@@ -238,27 +241,38 @@ def add_commands(sub) -> None:
     g.add_argument("--max-length", type=int, default=128, help="truncate rows to this many tokens (default: 128)")
     g.add_argument("--device", default="auto", help="where to train: auto (CUDA if present), cpu or cuda")
     t = p.add_argument_group("training")
-    t.add_argument("--method", default="finetune", choices=METHODS,
+    t.add_argument("--method", default=DEFAULTS.method, choices=METHODS,
                    help="finetune: every kept parameter (SAP's retraining, encoders); lora: peft LoRA adapters on the "
                         "kept heads' projections, merged on export (decoders, large models); distill: fine-tuning "
-                        "plus a temperature-scaled KL to the dense teacher's outputs; lora+distill (default: finetune)")
-    t.add_argument("--epochs", type=int, default=1, help="passes over the training rows (default: 1)")
+                        "plus a temperature-scaled KL to the dense teacher's outputs; lora+distill "
+                        f"(default: {DEFAULTS.method})")
+    t.add_argument("--epochs", type=int, default=DEFAULTS.epochs,
+                   help=f"passes over the training rows (default: {DEFAULTS.epochs})")
     t.add_argument("--steps", type=int, default=None, help="optimizer steps instead of epochs")
-    t.add_argument("--lr", type=float, default=None, help="peak learning rate (default: 5e-5, LoRA 5e-4)")
-    t.add_argument("--batch-size", type=int, default=16,
-                   help="rows per optimizer step (default: 16; split into accumulated micro-batches when the memory "
-                        "budget asks for it)")
-    t.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (default: 0.01)")
-    t.add_argument("--warmup", type=float, default=0.1, help="share of the steps warming up (default: 0.1)")
-    t.add_argument("--freeze-embeddings", action="store_true",
-                   help="keep the input embeddings fixed in full fine-tuning (faster on small encoders)")
+    t.add_argument("--lr", type=float, default=None,
+                   help=f"peak learning rate (default: {DEFAULT_LR['finetune']:g}, LoRA {DEFAULT_LR['lora']:g})")
+    t.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size,
+                   help=f"rows per optimizer step (default: {DEFAULTS.batch_size}; split into accumulated "
+                        "micro-batches when the memory budget asks for it)")
+    t.add_argument("--weight-decay", type=float, default=DEFAULTS.weight_decay,
+                   help=f"AdamW weight decay (default: {DEFAULTS.weight_decay})")
+    t.add_argument("--warmup", type=float, default=DEFAULTS.warmup,
+                   help=f"share of the steps warming up (default: {DEFAULTS.warmup})")
+    t.add_argument("--freeze-embeddings", action=argparse.BooleanOptionalAction, default=DEFAULTS.freeze_embeddings,
+                   help="keep the input embeddings (and a tied LM head) fixed in full training: half a small "
+                        f"encoder's parameters (default: {'on' if DEFAULTS.freeze_embeddings else 'off'})")
+    t.add_argument("--dropout", action=argparse.BooleanOptionalAction, default=DEFAULTS.dropout,
+                   help=f"keep the model's dropout while training (default: {'on' if DEFAULTS.dropout else 'off'})")
     t.add_argument("--seed", type=int, default=0, help="seed of data draws, order, dropout and LoRA (default: 0)")
-    t.add_argument("--lora-rank", type=int, default=8, help="LoRA rank r (default: 8)")
+    t.add_argument("--lora-rank", type=int, default=DEFAULTS.lora_rank,
+                   help=f"LoRA rank r (default: {DEFAULTS.lora_rank})")
     t.add_argument("--lora-alpha", type=float, default=None, help="LoRA alpha (default: 2 r)")
     t.add_argument("--teacher", default=None,
                    help="distillation teacher (default: the model before pruning, i.e. --model)")
-    t.add_argument("--temperature", type=float, default=2.0, help="distillation temperature T (default: 2)")
-    t.add_argument("--alpha", type=float, default=0.5, help="weight of the KL term, in [0, 1] (default: 0.5)")
+    t.add_argument("--temperature", type=float, default=DEFAULTS.temperature,
+                   help=f"distillation temperature T (default: {DEFAULTS.temperature:g})")
+    t.add_argument("--alpha", type=float, default=DEFAULTS.alpha,
+                   help=f"weight of the KL term, in [0, 1] (default: {DEFAULTS.alpha:g})")
     t.add_argument("--resume", action="store_true", help="continue an interrupted run from OUT.work/")
     o = p.add_argument_group("output")
     o.add_argument("--out", required=True, help="folder for the recovered model, new or empty (run file: "

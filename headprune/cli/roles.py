@@ -41,11 +41,17 @@ def cmd_roles(args) -> dict:
     check_args(args, calib="head roles")
     check_out_arg(args)
     criteria = [get(name) for name in args.criterion or []]        # unknown names fail before any loading
+    if args.ratio and not criteria:
+        raise RoleError(f"--ratio {', '.join(map(str, args.ratio))} without --criterion: a ratio says how many heads "
+                        "a criterion prunes before its kept heads are read by role, and no criterion was named. "
+                        "Accepted: --criterion NAME with --ratio R (e.g. --criterion ae --ratio 0.5), or leave "
+                        "--ratio out.")
     spec = RoleSpec(probe_length=args.probe_length, probe_rows=args.probe_rows, seed=args.seed,
                     params=role_params(args.role_param),
                     parser=None if args.no_syntax else args.parser, max_length=args.max_length)
     start = time.perf_counter()
-    loaded, calib, _, info = load_model_and_data(args)
+    # selection rows are read only where a criterion runs (it makes its choices there)
+    loaded, calib, _, info = load_model_and_data(args, select_size=None if criteria else 0)
     mask = load_mask(args, loaded)
     texts = calibration_texts(info["calib_data"], calib)
     report = head_roles(loaded.model, loaded.tokenizer, calib, spec, texts=texts, mask=mask,

@@ -188,7 +188,7 @@ def _answer_index(value, labels: list | None, n: int, row: int, column: str, sou
 
 def choice_dataset(header: list[str], columns: dict[str, list], fields: ChoiceFields, source: str) -> TextDataset:
     """The multiple-choice TextDataset of ``columns`` read through ``fields``; every row checked (a context that is
-    text, at least two choices that are non-empty text, an answer that names one of them)."""
+    text, at least two choices that are text beyond whitespace, an answer that names one of them)."""
     context_col, answer_col = _find(header, fields.context), _find(header, fields.answer)
     contexts, choices, answers = [], [], []
     for row, context in enumerate(columns[context_col]):
@@ -198,8 +198,11 @@ def choice_dataset(header: list[str], columns: dict[str, list], fields: ChoiceFi
         if len(options) < 2:
             raise DataError(f"{source}: row {row} has {len(options)} choice(s); a multiple-choice question needs "
                             "at least two.")
-        if any(not isinstance(o, str) or not o for o in options):
-            raise DataError(f"{source}: row {row}: every choice must be non-empty text; got {options!r}.")
+        # a choice of spaces only is scored as an empty continuation (its tokens are whitespace), so it is refused
+        # like an empty one
+        if any(not isinstance(o, str) or not o.strip() for o in options):
+            raise DataError(f"{source}: row {row}: every choice must be text with a visible character (not empty, "
+                            f"not whitespace only); got {options!r}.")
         answers.append(_answer_index(columns[answer_col][row], labels, len(options), row, answer_col, source))
         contexts.append(context)
         choices.append(list(options))

@@ -57,7 +57,7 @@ def parse_label_map(text: str) -> dict[str, int | str]:
     if not isinstance(obj, dict) or not obj or not all(
             isinstance(v, (int, str)) and not isinstance(v, bool) for v in obj.values()):
         raise DataError(f"The {source} must be a non-empty JSON object from the data's labels to the model's ids "
-                        f"or label names, e.g. {{\"negative\": 0, \"positive\": 1}}; got {raw.strip()[:80]}.")
+                        f"or label names; got {raw.strip()[:80]}. Accepted: {LABEL_MAP_ACCEPTED}.")
     return {str(k): v for k, v in obj.items()}
 
 

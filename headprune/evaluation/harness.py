@@ -33,6 +33,7 @@ import copy
 import dataclasses
 import difflib
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -145,6 +146,48 @@ def lm_eval_version() -> str:
     except ImportError as exc:
         raise HarnessError(INSTALL_HELP) from exc
     return versions("lm_eval")["lm_eval"] or getattr(lm_eval, "__version__", "unknown")
+
+
+FUNCTION_TAG = re.compile(r"!function\s+([A-Za-z_][\w.]*)\.[A-Za-z_]\w*")   # "!function utils.process_docs"
+TASK_KEY = re.compile(r"^(task|group):\s*['\"]?([^'\"\s#]+)", re.MULTILINE)
+INCLUDE_KEY = re.compile(r"^include:\s*['\"]?([^'\"\s#]+)", re.MULTILINE)
+
+
+def _yaml_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return ""   # lm-eval names an unreadable YAML itself when it indexes the folder
+
+
+def user_code(spec: HarnessSpec) -> dict[str, list[Path]]:
+    """The Python files lm-evaluation-harness will import for ``spec``'s tasks from the user's ``include``
+    folders: ``!function module.name`` helpers named in the YAML of a requested task or group (searched
+    recursively, as lm-eval does), and in the YAML files those ``include:``. {task or group name: [.py files]}.
+
+    lm-eval imports a helper by design, as the task's code; headprune only reads the YAML text (nothing runs here),
+    so the CLI can say which files will run before it resolves the tasks. The shipped tasks hold no helper.
+    """
+    wanted, found = set(spec.tasks), {}
+    for folder in spec.include:
+        for yaml in sorted(Path(folder).expanduser().rglob("*.y*ml")):
+            text = _yaml_text(yaml)
+            names = {name for _, name in TASK_KEY.findall(text)} & wanted
+            if not names:
+                continue
+            files, chain, seen = [], [yaml], set()
+            while chain:   # the YAML and the files it includes (relative to it), each read once
+                current = chain.pop()
+                if current in seen:
+                    continue
+                seen.add(current)
+                body = _yaml_text(current)
+                files += [current.parent / f"{module.replace('.', '/')}.py" for module in FUNCTION_TAG.findall(body)]
+                chain += [current.parent / inc for inc in INCLUDE_KEY.findall(body)]
+            for name in names:
+                found.setdefault(name, [])
+                found[name] += [f for f in dict.fromkeys(files) if f not in found[name]]
+    return {name: files for name, files in found.items() if files}
 
 
 def resolve_tasks(spec: HarnessSpec, check_data: bool = True) -> Tasks:

@@ -190,6 +190,7 @@ def check_decoder(adapter) -> None:
 def top_share(scores: torch.Tensor, share: float) -> torch.Tensor:
     """Bool grid like ``scores`` with the round(share x n) highest scores True (ties: lower flat index first)."""
     check_full_share(share)
+    scores = torch.as_tensor(scores)
     n = round(share * scores.numel())
     order = sorted(range(scores.numel()), key=lambda i: (-float(scores.flatten()[i]), i))
     full = torch.zeros(scores.numel(), dtype=torch.bool)

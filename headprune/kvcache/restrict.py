@@ -141,8 +141,9 @@ def split_attention(spec: dict, query: torch.Tensor, kv: SplitKV, attention_mask
         allowed = base_allowed(attention_mask, t_q, k_pos)
         if streams:
             allowed = allowed & window_allowed(q_pos, k_pos, spec["sink"], spec["window"])[None, None]
-        out[:, rows] = F.scaled_dot_product_attention(query[:, rows], repeat_kv(k, groups), repeat_kv(v, groups),
-                                                      attn_mask=allowed, scale=scaling)
+        # a decode step usually sees every key it holds: no mask then lets SDPA take its fastest kernel
+        out[:, rows] = F.scaled_dot_product_attention(query[:, rows], k, v, attn_mask=None if bool(allowed.all())
+                                                      else allowed, scale=scaling, enable_gqa=groups > 1)
     return out.transpose(1, 2).contiguous()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 
 import torch
 
@@ -71,7 +72,8 @@ def parse_device_map(spec: str | dict | None) -> str | dict | None:
             return "auto"
         spec, _ = json_or_file(spec, "--device-map", DEVICE_MAP_ACCEPTED, DeviceError)
     if not isinstance(spec, dict) or not spec:
-        raise DeviceError("A device map is a non-empty JSON object {\"module.name\": device}.")
+        raise DeviceError(f"A device map is a non-empty JSON object {{\"module.name\": device}}; got "
+                          f"{json.dumps(spec)[:60]}. Accepted: {DEVICE_MAP_ACCEPTED}.")
     for module, device in spec.items():
         _check_placement(module, device)
     return spec

@@ -172,10 +172,12 @@ def answering(task: Task) -> bool:
 
 def headline_of(task: Task, entry: ModelEntry, eval_source: str | None, n_classes: int | None) -> str:
     """The metric plots and trajectories read: the protocol's headline (an lm-eval number only for sparsity cells,
-    ``Protocol._check_harness``), else GLUE's or the task's (``headline``)."""
+    ``Protocol._check_harness``; a stability measure only when the protocol reports it), else GLUE's or the task's
+    (``headline``)."""
     if is_harness_metric(entry.headline or ""):
         return entry.headline
-    return headline(task, entry.headline, eval_source, n_classes=n_classes)
+    reported = tuple(m for m in entry.metrics if m in STABILITY_METRICS)
+    return headline(task, entry.headline, eval_source, n_classes=n_classes, extra=reported)
 
 
 def scoring_context(loaded: LoadedModel, data: CellData, seed: int, progress: Progress | None,

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, PreTrainedTokenizerFast
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, PreTrainedTokenizerFast
 
 from ..data import TextDataset, align_labels
 from ..data.sources import parse_hf_spec
@@ -232,8 +232,6 @@ def family_of(spec: str, config) -> str:
 def _hub_config(spec: str):
     """The hub's config.json of ``spec`` (no weights), or None (offline, gated, unknown); read once per process."""
     try:
-        from transformers import AutoConfig  # deferred: only the online path reads a hub config
-
         return AutoConfig.from_pretrained(spec)
     except Exception:   # offline or gated: the family and the stated labels stand in
         return None

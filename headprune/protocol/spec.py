@@ -348,6 +348,9 @@ def _metrics(part: Located, key: str, value) -> tuple[str, ...]:
 
 
 def _headline(part: Located, value) -> str | None:
+    if value == TASK_SET:
+        raise part.fail("headline", f"{TASK_SET!r} names a metric set; a headline is one metric. Accepted: a metric "
+                                    f"name ({', '.join(metric_names())}) or lm-eval:TASK/METRIC.")
     return None if value is None else _metric(part, "headline", value)
 
 

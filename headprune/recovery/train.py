@@ -224,6 +224,24 @@ def lora_targets(model: nn.Module, with_output: bool) -> list[str]:
     return [name for name, module in model.named_modules() if id(module) in wanted]
 
 
+def silence_dropout(model: nn.Module) -> Callable[[], None]:
+    """Set every dropout of ``model`` to 0 (``nn.Dropout`` modules, and the float ``attention_dropout`` that
+    Llama-style attention passes to sdpa); returns the function that puts the original rates back."""
+    saved = []
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            saved.append((module, "p", module.p))
+        elif isinstance(getattr(module, "attention_dropout", None), float):
+            saved.append((module, "attention_dropout", module.attention_dropout))
+    for module, name, _ in saved:
+        setattr(module, name, 0.0)
+
+    def restore() -> None:
+        for module, name, rate in saved:
+            setattr(module, name, rate)
+    return restore
+
+
 def trainable_counts(model: nn.Module) -> tuple[int, int]:
     """(trainable parameters, all parameters) of ``model``."""
     params = list(model.parameters())
@@ -273,6 +291,7 @@ class RecoveryRun:
         else:
             self.student = zero_pruned_heads(copy.deepcopy(model), mask)
         self.adapter = adapt(self.student)   # module references survive peft's wrapping (O is never replaced)
+        self.restore_dropout = (lambda: None) if spec.dropout else silence_dropout(self.student)
         self.teacher = None
         if spec.distill:
             if teacher is None and already_cut:
@@ -399,6 +418,7 @@ class RecoveryRun:
         """Merge LoRA into the weights (in place), zero the pruned heads again in gated mode, and record."""
         if self.spec.lora:
             model = model.merge_and_unload()
+        self.restore_dropout()   # the modules peft wrapped are the same objects: the recovered model gets its rates
         model.eval()
         self._keep_zero()
         return RecoveryResult(model, self.mode, self.mask, report.losses, int(trainer.state.global_step), seconds,
@@ -406,5 +426,5 @@ class RecoveryRun:
 
 
 __all__ = ["MODES", "Progress", "RecoveryResult", "RecoveryRun", "Rows", "Cancelled", "check_teacher", "collate",
-           "data_role", "distill_kl", "lora_targets", "recovery_loss", "teacher_problem",
+           "data_role", "distill_kl", "lora_targets", "recovery_loss", "silence_dropout", "teacher_problem",
            "trainable_counts"]

@@ -1,0 +1,78 @@
+"""KV cache: which key/value heads keep the whole cache; the others stream (first S keys + last W keys)."""
+
+import json
+
+import numpy as np
+import streamlit as st
+
+from dashboard.compute import kv_group_scores, kv_metrics
+from dashboard.ui import clickable_grid, guard, page, progress_bar
+from headprune import viz
+from headprune.kvcache import KVPlan
+from headprune.kvcache.plan import top_share
+from headprune.kvcache.scores import RULES
+from headprune.kvcache.tasks import bytes_at
+
+ws, sd = page("KV cache", "Which key/value heads need the whole KV cache? A full head keeps every key and value; a "
+                          "streaming head keeps the first S keys (attention sinks) and the last W (DuoAttention). "
+                          "Click a head to switch it; the metric is exact under the restriction.")
+
+if not ws.adapter.causal:
+    st.warning(f"{ws.setup.model} is an encoder ({ws.adapter.family}): it keeps no key/value cache -- every query "
+               "sees every key of the row at once, so there is nothing to stream. Load a decoder (demo-lm, "
+               "demo-circuit) on Model & data.")
+    st.stop()
+
+left, mid, right = st.columns(3)
+rule = left.selectbox("Score", RULES, key="kv-rule", help="razor: RazorAttention echo + induction on probes longer "
+                      "than W; duo: attention mass outside sink + window on the calibration rows; random: seeded")
+share = left.slider("Full heads (%)", 0, 100, 25, 5, key="kv-share")
+sink = mid.number_input("Sink S (first keys)", 0, 64, 4, key="kv-sink")
+window = mid.number_input("Window W (last keys)", 1, 4096, 16, key="kv-window")
+length = right.select_slider("Context length (bytes bar)", [2**k for k in range(8, 18)], 4096, key="kv-length")
+
+with guard("Could not score the key/value heads"):
+    bar = progress_bar(f"{rule} scores")
+    scores = kv_group_scores(ws, rule, int(sink), int(window), bar)
+    bar.done()
+
+basis = (ws.key, rule, share, int(sink), int(window))
+if st.session_state.get("kv-basis") != basis:     # a new rule, share or window: start from the rule's top share
+    st.session_state["kv-basis"] = basis
+    st.session_state["kv-full"] = top_share(np.nan_to_num(scores, nan=-np.inf), share / 100).numpy()
+full = st.session_state["kv-full"]
+
+
+def toggle(head: tuple[int, int]) -> None:
+    full[head] = not full[head]
+
+
+clickable_grid(viz.kv_plan_grid(scores, full, title=f"{rule} score per key/value head (F full · S streaming)"),
+               "kv-grid", sd, toggle)
+heads = [(b, g) for b in range(full.shape[0]) for g in range(full.shape[1])]
+pick, button = st.columns([3, 1], vertical_alignment="bottom")
+chosen = pick.selectbox("Key/value head", heads, key="kv-head",
+                        format_func=lambda h: f"layer {h[0]} · key/value head {h[1]}")
+if button.button("Switch full / streaming", key="kv-toggle"):
+    toggle(chosen)
+
+plan = KVPlan(full.copy(), ws.adapter.n_heads, int(sink), int(window), {"rule": rule, "model": ws.setup.model})
+counted = bytes_at(ws.loaded.model, plan, int(length), sd.mask)
+show_metric, show_bytes = st.columns(2)
+with show_metric, guard("Could not evaluate under the plan"):
+    dense = ws.metric_of(ws.dense())
+    under = ws.metric_of(kv_metrics(ws, plan, sd.mask))
+    st.metric(f"{ws.metric} under the plan", f"{under:.4g}", f"{under - dense:+.4g} vs the dense model",
+              delta_color="normal" if ws.higher_is_better else "inverse")
+    st.metric("KV bytes under the plan", f"{counted['plan'] / 2**20:.2f} MiB",
+              f"{counted['ratio']:.0%} of {counted['full_cache'] / 2**20:.2f} MiB", delta_color="off")
+    st.caption(f"{int(full.sum())} of {full.size} key/value heads full · S = {int(sink)}, W = {int(window)} · "
+               f"{len(ws.eval_batches)} evaluation batches")
+with show_bytes:
+    st.plotly_chart(viz.kv_bytes_figure(counted, int(length)), key="kv-bytes", width="stretch")
+
+export_json, export_tsv = st.columns(2)
+export_json.download_button("Export plan (JSON)", json.dumps(plan.to_json(), indent=1), "kv_plan.json",
+                            mime="application/json", key="kv-export")
+export_tsv.download_button("Export DuoAttention TSV", plan.to_duo_tsv(), "full_attention_heads.tsv",
+                           mime="text/tab-separated-values", key="kv-export-tsv")
