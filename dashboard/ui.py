@@ -114,6 +114,7 @@ PAGES = (  # (file in dashboard/pages, title, icon, url path); dashboard/app.py 
     ("5_Trajectories.py", "Trajectories", ":material/trending_down:", "trajectories"),
     ("6_Export.py", "Export", ":material/download:", "export"),
     ("9_KV_cache.py", "KV cache", ":material/memory:", "kv-cache"),
+    ("10_Runs.py", "Protocol runs", ":material/table_chart:", "runs"),
 )
 
 

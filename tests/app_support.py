@@ -30,7 +30,8 @@ PAGES = {"home": None, "model": "dashboard/pages/1_Model_and_data.py", "scores":
          "attention": "dashboard/pages/3_Attention.py", "prune": "dashboard/pages/4_Prune.py",
          "trajectories": "dashboard/pages/5_Trajectories.py",
          "export": "dashboard/pages/6_Export.py", "roles": "dashboard/pages/7_Roles.py",
-         "recover": "dashboard/pages/8_Recover.py", "kv": "dashboard/pages/9_KV_cache.py"}
+         "recover": "dashboard/pages/8_Recover.py", "kv": "dashboard/pages/9_KV_cache.py",
+         "runs": "dashboard/pages/10_Runs.py"}
 
 
 def open_app(page: str = "home", setup=None, timeout: float = 600):

@@ -61,8 +61,9 @@ def test_requirements_match_pyproject():
     extras = PYPROJECT["optional-dependencies"]
     runtime = _pins(PYPROJECT["dependencies"] + extras["dashboard"] + extras["syntax"])
     assert runtime == _file_pins("requirements.txt")
-    assert _pins(extras["dev"] + extras["eval"] + extras["recover"]) == _file_pins("requirements-dev.txt")
-    assert "headprune[dashboard,syntax,eval,recover]" in extras["dev"]
+    assert _pins(extras["dev"] + extras["eval"] + extras["recover"] + extras["cluster"]) == \
+        _file_pins("requirements-dev.txt")
+    assert "headprune[dashboard,syntax,eval,recover,cluster]" in extras["dev"]
     assert runtime["torch"] == "2.13.0"  # an unpinned torch pulls GBs of CUDA packages
     assert "scattertext" not in (ROOT / "requirements.txt").read_text() + (ROOT / "install.sh").read_text()
 

@@ -199,14 +199,38 @@ def kept(out: str | Path, protocol: Protocol) -> int:
 
 # -- running ---------------------------------------------------------------------------------------------------
 
+class Gate:
+    """Who computes which cell, asked by the :class:`Runner` around each cell; this one lets every cell through
+    (one process owns the folder). The scheduler's ``schedule.ClaimGate`` answers with claims, so workers sharing a
+    folder never compute one cell twice."""
+
+    def free(self, cell: Cell) -> bool:
+        """Whether ``cell`` may be computed by this process at all (before the model loads)."""
+        return True
+
+    def begin(self, entry: ModelEntry, cell: Cell) -> bool:
+        """Whether this process computes ``cell`` now (its turn starts when True)."""
+        return True
+
+    def written(self, cell: Cell) -> None:
+        """``cell``'s file was written."""
+
+    def failed(self, cell: Cell, exc: Exception) -> None:
+        """``cell`` raised ``exc`` (re-raised after this)."""
+
+    def end(self, cell: Cell) -> None:
+        """``cell``'s turn is over: written, raised or cancelled."""
+
+
 class Runner:
     """Runs the cells of one protocol into ``out`` (module doc); :func:`run_protocol` is the entry point."""
 
     def __init__(self, protocol: Protocol, out: Path, memory_budget=None, progress: Progress | None = None,
-                 say: Say | None = None):
+                 say: Say | None = None, gate: Gate | None = None):
         self.protocol, self.out = protocol, out
+        self.gate = gate or Gate()   # who computes which cell: the scheduler's (``schedule.ClaimGate``), or all
         self.budget = memory_budget if memory_budget is not None else protocol.memory_budget
-        self.progress, self.say = progress, say or (lambda text: None)
+        self.progress, self.say, self.tell = progress, say or (lambda text: None), say is not None
         self.cells = expand(protocol)
         self.done = 0
         self.computed: list[str] = []
@@ -226,11 +250,16 @@ class Runner:
 
     def run(self) -> None:
         for entry in self.protocol.models:
-            mine = [c for c in self.cells if c.model == entry.name]
-            pending = [c for c in mine if finished(self.out, self.protocol, entry, c) is None]
-            self.done += len(mine) - len(pending)
-            if pending:
-                self.run_model(entry, pending)
+            self.run_cells(entry, [c for c in self.cells if c.model == entry.name])
+
+    def run_cells(self, entry: ModelEntry, mine: list[Cell]) -> None:
+        """The cells of ``mine`` (one model's) not finished in ``out`` nor held by a live claim of another worker;
+        the model loads only when one is left."""
+        pending = [c for c in mine if finished(self.out, self.protocol, entry, c) is None]
+        self.done += len(mine) - len(pending)
+        pending = [c for c in pending if self.gate.free(c)]
+        if pending:
+            self.run_model(entry, pending)
 
     def run_model(self, entry: ModelEntry, pending: list[Cell]) -> None:
         loaded = adapter.load_model_for(entry, self.protocol)
@@ -243,27 +272,41 @@ class Runner:
         told = False
         for repeat, cells in sorted(by_repeat.items()):
             data = adapter.build_workspace_for(loaded, entry, self.protocol, repeat, data_cache)
-            if not told:   # the expected duration, on its own line before the bar starts
+            if not told and self.tell:   # the expected duration, on its own line before the bar starts
                 self.say(f"estimate: {self.estimate(loaded, entry, data, pending)}")
                 told = True
             seed = self.protocol.seed + repeat
             contexts: dict[int, object] = {}   # one per seed: criteria sharing a pass share it through its cache
             scores: dict[tuple, ScoreMap] = {}
             for cell in cells:
-                start = time.perf_counter()
-                dropped: list[int] = []
-                if cell.kind == DENSE:
-                    result = {"metrics": adapter.evaluate_cell(loaded, data, None, self.sub(cell), self.budget,
-                                                               harness=self.harness[entry.name],
-                                                               stable=entry.metrics, seed=self.protocol.seed)}
-                    mask = None
-                elif cell.kind == RECOVERED:
-                    result, mask, dropped = self.recovered_cell(loaded, entry, data, data_cache, cell)
-                elif cell.kind in ("sparsity", TOLERANCE):
-                    result, mask, dropped = self.sparsity_cell(loaded, entry, data, contexts, cell, scores, seed)
-                else:
-                    result, mask = self.trajectory_cell(loaded, entry, data, cell, seed)
-                self.write_cell(entry, cell, data, result, mask, seed, time.perf_counter() - start, dropped)
+                if not self.gate.begin(entry, cell):
+                    continue
+                try:
+                    self.compute(loaded, entry, data, data_cache, contexts, scores, cell, seed)
+                except Exception as exc:   # told to the scheduler (recorded on the cell), then raised to it
+                    self.gate.failed(cell, exc)
+                    raise
+                finally:   # a cancel (KeyboardInterrupt, Cancelled) ends the cell's turn too
+                    self.gate.end(cell)
+
+    def compute(self, loaded, entry: ModelEntry, data, data_cache: dict, contexts: dict, scores: dict, cell: Cell,
+                seed: int) -> None:
+        """One cell computed and written (its kind's method, then :meth:`write_cell`)."""
+        start = time.perf_counter()
+        dropped: list[int] = []
+        if cell.kind == DENSE:
+            result = {"metrics": adapter.evaluate_cell(loaded, data, None, self.sub(cell), self.budget,
+                                                       harness=self.harness[entry.name], stable=entry.metrics,
+                                                       seed=self.protocol.seed)}
+            mask = None
+        elif cell.kind == RECOVERED:
+            result, mask, dropped = self.recovered_cell(loaded, entry, data, data_cache, cell)
+        elif cell.kind in ("sparsity", TOLERANCE):
+            result, mask, dropped = self.sparsity_cell(loaded, entry, data, contexts, cell, scores, seed)
+        else:
+            result, mask = self.trajectory_cell(loaded, entry, data, cell, seed)
+        self.write_cell(entry, cell, data, result, mask, seed, time.perf_counter() - start, dropped)
+        self.gate.written(cell)
 
     def sparsity_cell(self, loaded, entry: ModelEntry, data, contexts: dict, cell: Cell, scores: dict,
                       seed: int) -> tuple[dict, HeadMask, list[int]]:
@@ -426,11 +469,16 @@ def eval_of(record: dict) -> tuple[str | None, int | None]:
     return record["roles"]["eval"]["source"], record.get("n_classes")
 
 
-def table_rows(protocol: Protocol, records: dict[str, dict]) -> tuple[list[dict], list[str]]:
-    """(rows, metric columns): one row per (model, criterion, sparsity or order) with (mean, sd, n) per metric."""
+def table_rows(protocol: Protocol, records: dict[str, dict | None]) -> tuple[list[dict], list[str]]:
+    """(rows, metric columns): one row per (model, criterion, sparsity or order) with (mean, sd, n) per metric.
+
+    A cell without a record (None or absent: not finished yet) is left out, so a folder being filled gives the
+    rows of the cells landed so far ("repeats" says how many); a row none of whose cells landed is not shown."""
     rows, columns = [], []
     groups: dict[tuple, list[dict]] = {}
     for cell in expand(protocol):
+        if records.get(cell.key) is None:
+            continue
         where = TOLERANCE if cell.tolerance else \
             cell.sparsity if cell.inverse is None else ("inverse" if cell.inverse else "order")
         stage = RECOVERED if cell.recovered else (DENSE if cell.kind == DENSE else "pruned")
@@ -673,12 +721,28 @@ def run_protocol(protocol: Protocol, out: str | Path, *, memory_budget=None, pro
         raise RunError(str(exc)) from None
     clear_stale(out, protocol)
     runner.run()
+    return merge(protocol, out, computed=runner.computed, memory_budget=runner.budget, plots=plots)
+
+
+def records_of(protocol: Protocol, out: Path) -> dict[str, dict | None]:
+    """Every cell's record in ``out`` by key (None: not finished for this protocol's settings)."""
+    entries = {m.name: m for m in protocol.models}
+    return {cell.key: finished(out, protocol, entries[cell.model], cell) for cell in expand(protocol)}
+
+
+def merge(protocol: Protocol, out: str | Path, *, computed: list[str] = (), memory_budget=None,
+          plots: bool = True) -> dict:
+    """The table, plots and run file of ``out`` built from its cell files (``headprune run --merge``): the end of
+    every run, and a step of its own after shards computed the cells elsewhere. A cell missing is a RunError."""
+    out = Path(out)
     if (out / "recovery").is_dir() and not any((out / "recovery").iterdir()):   # every recovered cell written
         (out / "recovery").rmdir()
-    records = {}
-    for cell in runner.cells:
-        entry = next(m for m in protocol.models if m.name == cell.model)
-        records[cell.key] = finished(out, protocol, entry, cell)
+    records = records_of(protocol, out)
+    missing = [key for key, record in records.items() if record is None]
+    if missing:
+        raise RunError(f"{out} lacks {len(missing)} of the protocol's {len(records)} cells ({', '.join(missing[:3])}"
+                       f"{', ...' if len(missing) > 3 else ''}): run the protocol (or its missing shards) to finish "
+                       f"them; `headprune run --status {out}` shows which are running, failed or pending.")
     rows, columns = table_rows(protocol, records)
     write_atomic(out / "results.csv", table_csv(rows, columns))
     averages, papers = average_rows(protocol, records, rows), paper_rows(protocol, rows)
@@ -689,13 +753,14 @@ def run_protocol(protocol: Protocol, out: str | Path, *, memory_budget=None, pro
     models = [{**m.to_json(), **first[m.name]["loaded"], "roles": first[m.name]["roles"]} for m in protocol.models]
     run = {"protocol": {"source": protocol.source, "sha256": protocol.hash, "text": protocol.text,
                         "parameters": protocol.to_json()},
-           "models": models, "versions": versions(), "memory_budget": runner.budget,
-           "computed": runner.computed, "reused": [k for k in records if k not in runner.computed],
+           "models": models, "versions": versions(),
+           "memory_budget": memory_budget if memory_budget is not None else protocol.memory_budget,
+           "computed": list(computed), "reused": [k for k in records if k not in computed],
            "table": {"columns": columns, "rows": [{k: list(v) if isinstance(v, tuple) else v for k, v in r.items()}
                                                    for r in rows], "average": averages, "paper": papers,
                      "sizes": sizes},
            "plots": plotted, "notes": notes, "cells": records}
     write_atomic(out / "run.json", _json(run))
     return {"out": str(out), "results": ["results.csv", "results.md"], "plots": plotted, "notes": notes,
-            "cells": len(records), "computed": len(runner.computed), "reused": len(run["reused"]),
+            "cells": len(records), "computed": len(computed), "reused": len(run["reused"]),
             "table": table_markdown(rows, columns) + sections_markdown(averages, papers, sizes)}

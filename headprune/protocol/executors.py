@@ -1,0 +1,207 @@
+"""Executors: who runs a protocol's shards. Each hands a shard id to one function, :func:`shard_job`.
+
+    local   today's run: one process, every cell in order (``run_protocol``), the table at the end
+    pool    N worker processes on this machine (spawned, not forked: torch and CUDA are not fork-safe): one per
+            visible GPU, each with ``CUDA_VISIBLE_DEVICES`` set to its own, or on CPU with the cores split
+            between them (``torch.set_num_threads``). Worker i runs shard i/N and then takes over the cells no
+            live worker holds (``run_shard(steal=True)``), so a slow or killed worker's cells are still done.
+            Logs in ``OUT/jobs/pool/worker-<i>.log``; a Ctrl-C stops the workers (SIGTERM: each gives its claims
+            back; a cell file is only ever written whole), keeps what finished and is raised again to the caller.
+    slurm   a submitit job array, one task per shard, submitit's folders (pickled call, logs, result) under
+            ``OUT/jobs/<job id>_<task>/``; returns the job ids, or waits for them and merges the table.
+            ``submit`` takes any submitit executor: CI runs the same array through ``submitit.LocalExecutor``
+            (real subprocesses, real job folders).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import multiprocessing
+import os
+import shutil
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from .run import RunError, merge
+from .schedule import run_shard, units, worker_name
+from .spec import Protocol
+
+Say = Callable[[str], None]
+EXECUTORS = ("local", "pool", "slurm")
+STOP_GRACE = 30.0   # seconds a worker has to give its claims back after SIGTERM before it is killed
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def shard_job(text: str, source: str, out: str, shard: tuple[int, int], *, steal: bool = False,
+              env: dict | None = None, threads: int | None = None, memory_budget=None, log: str | None = None
+              ) -> dict:
+    """One shard in this process: the function every executor calls (pickled by submitit, spawned by the pool).
+
+    ``text``/``source``: the protocol file as written (parsed here again: a job carries text, not objects);
+    ``env``: variables set before any CUDA call (``CUDA_VISIBLE_DEVICES``); ``threads``: torch's CPU threads;
+    ``log``: a file this process's stdout and stderr go to (the pool's workers)."""
+    if log is not None:
+        Path(log).parent.mkdir(parents=True, exist_ok=True)
+        handle = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+            os.dup2(handle, stream.fileno())
+    os.environ.update(env or {})
+    if log is not None:   # a pool's worker: the pool's stop (SIGTERM) gives the claims back (run_shard's finally);
+        signal.signal(signal.SIGTERM, _raise_interrupt)   # submitit keeps its own SIGTERM handling (requeue)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    protocol = Protocol.parse(text, source, default_name=Path(source).stem)
+    result = run_shard(protocol, out, shard, steal=steal, memory_budget=memory_budget, worker=worker_name(shard),
+                       say=lambda line: print(line, flush=True))
+    print(f"shard {shard[0]}/{shard[1]}: {len(result['computed'])} cells computed, {len(result['failed'])} units "
+          "failed", flush=True)
+    return result
+
+
+# -- pool ------------------------------------------------------------------------------------------------------
+
+def visible_gpus() -> list[str]:
+    """The GPU ids a pool spreads its workers over: ``CUDA_VISIBLE_DEVICES`` when set, else every CUDA device."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [g.strip() for g in listed.split(",") if g.strip() and g.strip() != "-1"]
+    return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+
+
+def pool_plan(workers: int | None, gpus: list[str], cores: int) -> list[dict]:
+    """Each worker's environment and threads: worker i on GPU ``gpus[i % len(gpus)]``, else the ``cores`` split
+    (at least one thread each). ``workers`` None: one per GPU, else one per core."""
+    n = workers if workers is not None else (len(gpus) or cores)
+    if gpus:
+        return [{"env": {"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]}, "threads": max(1, cores // n)}
+                for i in range(n)]
+    return [{"env": {"CUDA_VISIBLE_DEVICES": ""}, "threads": max(1, cores // n)} for _ in range(n)]
+
+
+def run_pool(protocol: Protocol, out: str | Path, workers: int | None = None, *, threads: int | None = None,
+             memory_budget=None, say: Say | None = None, plots: bool = True) -> dict:
+    """The protocol by a pool of worker processes (module doc), then the table (``merge``).
+
+    Returns the merge summary plus "workers": each worker's exit code (0: finished; -9: killed by SIGKILL)."""
+    say = say or (lambda text: None)
+    out = Path(out)
+    plan = pool_plan(workers, visible_gpus(), os.cpu_count() or 1)
+    n = len(plan)
+    context = multiprocessing.get_context("spawn")
+    procs = []
+    for i, job in enumerate(plan):
+        log = out / "jobs" / "pool" / f"worker-{i}.log"
+        proc = context.Process(target=shard_job, name=f"headprune-worker-{i}",
+                               args=(protocol.text, protocol.source, str(out), (i, n)),
+                               kwargs={"steal": True, "env": job["env"], "threads": threads or job["threads"],
+                                       "memory_budget": memory_budget, "log": str(log)})
+        proc.start()
+        procs.append(proc)
+        where = f"GPU {job['env']['CUDA_VISIBLE_DEVICES']}" if job["env"]["CUDA_VISIBLE_DEVICES"] else \
+            f"CPU, {threads or job['threads']} thread(s)"
+        say(f"worker {i}: pid {proc.pid}, {where}, shard {i}/{n} then any cell left; log {log}")
+    try:
+        for proc in procs:
+            proc.join()
+    except KeyboardInterrupt:   # Ctrl-C (or SIGTERM): the workers stop too, the caller says what was kept
+        stop(procs)
+        raise
+    codes = [proc.exitcode for proc in procs]
+    for i, code in enumerate(codes):
+        if code:
+            say(f"worker {i} exited with code {code} (see {out}/jobs/pool/worker-{i}.log); its cells are left to "
+                "a rerun")
+    return {**merge(protocol, out, memory_budget=memory_budget, plots=plots), "workers": codes}
+
+
+def stop(procs) -> None:
+    """SIGTERM to every live worker (each gives its claims back), SIGKILL to those still alive after the grace."""
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    for proc in procs:
+        proc.join(STOP_GRACE)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+
+
+# -- slurm (submitit) ------------------------------------------------------------------------------------------
+
+SUBMITIT_MISSING = "--executor slurm needs submitit (pip install 'headprune[cluster]')"
+NO_SBATCH = "--executor slurm needs SLURM's sbatch and srun on PATH, and {} is not found on this machine"
+INSTEAD = ("Instead: `--executor pool --workers N` runs the shards on this machine's GPUs or cores, or run "
+           "`headprune run P.toml --out D --shard I/N` for I = 0..N-1 on each machine (then `headprune run --merge "
+           "D`).")
+
+
+def check_slurm() -> None:
+    """submitit installed and ``sbatch`` on PATH, before any model loads (a RunError saying what to use instead)."""
+    if importlib.util.find_spec("submitit") is None:
+        raise RunError(f"{SUBMITIT_MISSING}. {INSTEAD}")
+    for tool in ("sbatch", "srun"):   # submit, and run the array's tasks (submitit's SlurmExecutor needs both)
+        if shutil.which(tool) is None:
+            raise RunError(f"{NO_SBATCH.format(tool)}. {INSTEAD}")
+
+
+def slurm_executor(out: Path, *, partition: str | None = None, gpus_per_task: int | None = None,
+                   cpus_per_task: int | None = None, mem: str | None = None, minutes: int | None = None,
+                   array_parallelism: int | None = None, extra: dict | None = None):
+    """A ``submitit.SlurmExecutor`` writing its job folders under ``out/jobs``, with the given sbatch options
+    (``extra``: any other ``#SBATCH --KEY=VALUE``)."""
+    import submitit  # the cluster extra: optional (check_slurm said so before any model loads)
+
+    executor = submitit.SlurmExecutor(folder=out / "jobs" / "%A_%a")
+    given = {"partition": partition, "gpus_per_task": gpus_per_task, "cpus_per_task": cpus_per_task, "mem": mem,
+             "time": minutes, "array_parallelism": array_parallelism}
+    executor.update_parameters(job_name="headprune", additional_parameters=dict(extra or {}),
+                               **{k: v for k, v in given.items() if v is not None})
+    return executor
+
+
+def submit(protocol: Protocol, out: str | Path, executor, shards: int, *, wait: bool = False, memory_budget=None,
+           say: Say | None = None, plots: bool = True, threads: int | None = None) -> dict:
+    """One array job of ``shards`` tasks through a submitit ``executor``: task I runs shard I/N (:func:`shard_job`).
+
+    Returns {"jobs": job ids}; with ``wait``, each task's end too ("failed": tasks that raised or died, their
+    cells left to a rerun) and, when every cell is done, the merged table."""
+    say = say or (lambda text: None)
+    out = Path(out)
+    n = shards
+    jobs = executor.map_array(_array_task, [protocol.text] * n, [protocol.source] * n, [str(out)] * n,
+                              [(i, n) for i in range(n)], [memory_budget] * n, [threads] * n)
+    ids = [job.job_id for job in jobs]
+    say(f"submitted {n} shard(s): {', '.join(ids)}; logs under {out}/jobs; `headprune run --status {out}` follows "
+        "them")
+    if not wait:
+        return {"jobs": ids}
+    failed = {}
+    for job in jobs:
+        try:
+            job.result()
+        except Exception as exc:   # submitit's FailedJobState / UncompletedJobError: a task that raised or died
+            failed[job.job_id] = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+            say(f"task {job.job_id} failed: {failed[job.job_id]}")
+    try:
+        summary = merge(protocol, out, memory_budget=memory_budget, plots=plots)
+    except RunError as exc:
+        return {"jobs": ids, "failed": failed, "merged": False, "note": str(exc)}
+    return {**summary, "jobs": ids, "failed": failed, "merged": True}
+
+
+def _array_task(text: str, source: str, out: str, shard: tuple[int, int], memory_budget, threads) -> dict:
+    """An array task's call (positional arguments: ``map_array`` zips its lists)."""
+    return shard_job(text, source, out, shard, memory_budget=memory_budget, threads=threads)
+
+
+def shard_count(protocol: Protocol) -> int:
+    """How many shards an array gets by default: one per unit (one model load each)."""
+    return len(units(protocol))
