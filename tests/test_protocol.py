@@ -634,9 +634,14 @@ def test_recovered_cells_evaluate_the_recovered_model_and_resume(tmp_path, tiny_
 
 def test_the_recovery_demo_protocol_runs_from_the_command_line(tmp_path, capsys, demo_model_path):
     """protocols/demo_recover.toml end to end: HIS, SAP and random at 50 % and 75 %, each recovered with the
-    default recipe (64 steps a cell: several minutes on 2 idle cores, much more on a loaded box)."""
+    default recipe; on 256 training and 200 evaluation rows (8 steps a cell) so the suite stays short: the shipped
+    sizes (2,048 and 1,000: 64 steps a cell) take several minutes a cell on 2 cores, and `--smoke` runs the file."""
+    text = (PROTOCOLS / "demo_recover.toml").read_text(encoding="utf-8")
+    assert "size = 2048" in text and "size = 1000" in text
+    path = tmp_path / "demo_recover.toml"
+    path.write_text(text.replace("size = 2048", "size = 256").replace("size = 1000", "size = 200"), encoding="utf-8")
     out = tmp_path / "demo_recover"
-    assert main(["run", str(PROTOCOLS / "demo_recover.toml"), "--out", str(out), "--no-plots"]) == 0
+    assert main(["run", str(path), "--out", str(out), "--no-plots"]) == 0
     captured = capsys.readouterr()
     assert "estimate: protocol demo_recover" in captured.err
     result = json.loads(captured.out)
@@ -649,5 +654,5 @@ def test_the_recovery_demo_protocol_runs_from_the_command_line(tmp_path, capsys,
     run = json.loads((out / "run.json").read_text())
     for cell in run["cells"].values():
         if cell["kind"] == "recovered":
-            assert cell["recovery"]["train"]["size"] == 2048 and cell["recovery"]["train"]["source"] == "demo:train"
-            assert cell["roles"]["eval"]["size"] == 1000
+            assert cell["recovery"]["train"]["size"] == 256 and cell["recovery"]["train"]["source"] == "demo:train"
+            assert cell["roles"]["eval"]["size"] == 200

@@ -5,7 +5,7 @@ Layout under ``OUT``::
     claims/<key>.json    a cell being computed: {"host", "pid", "worker", "since"}; created with O_CREAT | O_EXCL
                          (atomic on a local or NFS-v3+ file system: exactly one creator wins), its modification
                          time is the holder's heartbeat (touched every ``HEARTBEAT`` seconds while it computes)
-    claims/taken.log     one line per claim taken: "<time> <key> <host> <pid> <worker>" (appended with O_APPEND in one
+    claims/taken.log     one line per cell a claim holder computes: "<time> <key> <host> <pid> <worker>" (O_APPEND, one
                          write: who computed what, and which cells were taken over from a dead holder)
     failed/<key>.json    the last failure of a cell: holder, time, the error and the last lines of its traceback
 
@@ -133,13 +133,18 @@ class Claims:
                 return False
         with self.lock:
             self.held.add(key)
+        return True
+
+    def started(self, key: str) -> None:
+        """Log that this process computes the claimed ``key`` (``claims/taken.log``). Apart from :meth:`take`: a
+        claim taken on a cell another worker has just written is given back unlogged, so the log counts the cells
+        computed, which is what "never computed twice" is checked on."""
         line = f"{time.time():.3f} {key} {host()} {os.getpid()} {self.worker}\n".encode()
         handle = os.open(self.out / "claims" / "taken.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
             os.write(handle, line)
         finally:
             os.close(handle)
-        return True
 
     def release(self, key: str) -> None:
         with self.lock:

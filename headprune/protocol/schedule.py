@@ -142,6 +142,7 @@ class ClaimGate(Gate):
         if finished(self.out, self.protocol, entry, cell) is not None:   # finished while it was unclaimed
             self.claims.release(cell.key)
             return False
+        self.claims.started(cell.key)
         return True
 
     def written(self, cell: Cell) -> None:
