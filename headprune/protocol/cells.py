@@ -1,7 +1,7 @@
 """The one place a protocol run calls the data, metric and scoring APIs.
 
-Every call the runner (``headprune.protocol.run``) makes into data roles, metric sets and criteria goes through
-the functions below:
+Every call a protocol run (``headprune.protocol.run``'s runner and ``compute``'s cell computer) makes into data
+roles, metric sets and criteria goes through the functions below:
 
     build_workspace_for   the calibration, selection and evaluation rows of one model and repeat: one
                           ``Workspace.build`` per model with the protocol's seed (roles sharing a source are

@@ -1,5 +1,10 @@
 """Running a protocol: every cell computed once, written atomically, then the table, masks, plots and run file.
 
+The :class:`Runner` schedules within one process: it picks the cells not finished, loads each model once and its
+rows per repeat, asks its :class:`Gate` (the scheduler's claims) before each cell, hands the cell to that repeat's
+``compute.CellComputer`` (which turns a cell into its result, mask and dropped layers), writes the cell's files and
+reports progress; :func:`merge` builds the table. Shards, claims and executors are ``schedule``'s.
+
 Layout of ``OUT``::
 
     cells/<key>.json     one finished cell: its metrics (or trajectory), mask, seeds, role hashes, fingerprint
@@ -29,11 +34,9 @@ written. The standard deviation is the sample one (n − 1) over repeats.
 from __future__ import annotations
 
 import csv
-import hashlib
 import importlib
 import importlib.util
 import io
-import json
 import shutil
 import time
 from collections.abc import Callable
@@ -42,56 +45,23 @@ from pathlib import Path
 import numpy as np
 
 from .. import outdir
-from ..criteria import get
 from ..criteria.sap import layer_rule_json
-from ..errors import HeadpruneError
-from ..estimate import (
-    TimeEstimate,
-    device_name,
-    estimate_harness,
-    estimate_trajectory,
-    forward_rate,
-    scoring_work,
-    tokens,
-)
+from ..estimate import TimeEstimate
 from ..model.mask import HeadMask
 from ..model.task import Task
 from ..outdir import OutError
 from ..provenance import versions
-from ..scoring import ScoreMap
-from ..trajectory import Trajectory, run_trajectory, spread
+from ..trajectory import Trajectory, spread
 from . import cells as adapter
-from .plan import DENSE, RECOVERED, TOLERANCE, TRAIN_PASS, Cell, expand, lm_eval_runs, recovery_rows, slug
-from .spec import CriterionEntry, ModelEntry, Protocol
+from .compute import CellComputer, RunError, as_json, fingerprint, read_json, write_atomic
+from .plan import DENSE, RECOVERED, TOLERANCE, Cell, expand, slug
+from .spec import ModelEntry, Protocol
 
 Progress = Callable[[float, str], None]
 Say = Callable[[str], None]
 
 
-class RunError(HeadpruneError):
-    pass
-
-
 # -- files -----------------------------------------------------------------------------------------------------
-
-def write_atomic(path: Path, text: str | bytes) -> None:
-    """``text`` to ``path`` whole or not at all (``outdir.write_atomic``); a failure is a RunError."""
-    try:
-        outdir.write_atomic(path, text, "--out folder")
-    except OutError as exc:
-        raise RunError(str(exc)) from exc
-
-
-def _json(obj) -> str:
-    return json.dumps(obj, indent=1, default=lambda o: o.item() if isinstance(o, np.generic) else str(o))
-
-
-def _read(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
 
 OWN = ("cells", "scores", "masks", "recovery", "plots", "results.csv", "results.md", "run.json", outdir.MARKER)
 
@@ -113,7 +83,7 @@ def earlier_run(protocol: Protocol) -> Callable[[Path], bool]:
     def check(path: Path) -> bool:
         if any(entry.name not in OWN for entry in path.iterdir()):
             return False
-        run = _read(path / "run.json")
+        run = read_json(path / "run.json")
         return ((run or {}).get("protocol") or {}).get("parameters", {}).get("name") == protocol.name or (
             run is None and (path / "cells").is_dir())
     return check
@@ -144,51 +114,10 @@ def clear_stale(out: Path, protocol: Protocol) -> None:
         stale.unlink()
 
 
-def fingerprint(protocol: Protocol, entry: ModelEntry, cell: Cell) -> str:
-    """sha256 of everything that decides ``cell``'s result (module doc); not the other cells' settings."""
-    crit = next((c.to_json() for c in protocol.criteria if c.label == cell.criterion), {"name": cell.criterion})
-    model = entry.to_json()
-    if cell.recovered:   # what recovery trains on and how: only a recovered cell's result depends on them
-        model["recovery"] = protocol.recovery.to_json()
-    else:
-        model["data"].pop("train", None)
-    what = {"cell": cell.to_json(), "model": model, "criterion": crit, "seed": protocol.seed,
-            "batch_size": protocol.batch_size, "max_length": protocol.max_length, "dtype": protocol.dtype,
-            "trajectory": protocol.trajectory.to_json() if protocol.trajectory and cell.kind == "trajectory"
-            else None}
-    if entry.harness_metrics:   # how lm-eval ran decides those numbers (absent otherwise: older runs still resume)
-        what["lm_eval"] = {k: list(v) if isinstance(v, tuple) else v for k, v in protocol.lm_eval.items()}
-    return hashlib.sha256(json.dumps(what, sort_keys=True).encode("utf-8")).hexdigest()
-
-
 def finished(out: Path, protocol: Protocol, entry: ModelEntry, cell: Cell) -> dict | None:
     """The cell's record when ``out`` holds it for this protocol's settings, else None."""
-    record = _read(out / "cells" / f"{cell.key}.json")
+    record = read_json(out / "cells" / f"{cell.key}.json")
     return record if record and record.get("fingerprint") == fingerprint(protocol, entry, cell) else None
-
-
-BYTES_PER_PARAMETER = 4   # the papers' sizes are fp32 checkpoints: Greedy-Gnorm Table 2, 102,269,955 -> 390.13 MB
-
-
-def saved_step(traj: Trajectory, mask_tolerance: float | None) -> tuple[int, str]:
-    """(step, rule) of the mask a trajectory cell saves: without ``mask_tolerance`` the stopping point
-    (``stop_index``); with it the last step before the metric first falls below τ x dense, read on the selection
-    rows when the run recorded them (``Trajectory.stop_values``), else on the evaluation rows."""
-    if mask_tolerance is None:
-        return traj.stop_index(), "stop"
-    rows = "selection" if traj.select_dense and all("select_metrics" in s for s in traj.steps) else "evaluation"
-    index = traj.point_at_ratio(traj.tolerance_ratio(mask_tolerance))
-    return index, f"last step within {mask_tolerance:g} x dense {traj.metric} on the {rows} rows"
-
-
-def size_at(traj: Trajectory, index: int) -> dict:
-    """Parameters and MB (fp32, 2^20 bytes) of the model as loaded and cut to the mask of step ``index``
-    (``parameters_left`` as each step recorded it), as Greedy-Gnorm's Tables 1-5 report them."""
-    before = int(traj.dense["params"])
-    after = int(traj.steps[index - 1]["params"]) if index else before
-    mb = [p * BYTES_PER_PARAMETER / 2 ** 20 for p in (before, after)]
-    return {"params_before": before, "params_after": after, "mb_before": mb[0], "mb_after": mb[1],
-            "reduction_pct": 100.0 * (1 - after / before)}
 
 
 def kept(out: str | Path, protocol: Protocol) -> int:
@@ -245,9 +174,6 @@ class Runner:
     def sub(self, cell: Cell) -> Progress:
         return lambda f, m: self.report(f, f"{cell.key}: {m}")
 
-    def entry_of(self, cell: Cell) -> CriterionEntry | None:
-        return next((c for c in self.protocol.criteria if c.label == cell.criterion), None)
-
     def run(self) -> None:
         for entry in self.protocol.models:
             self.run_cells(entry, [c for c in self.cells if c.model == entry.name])
@@ -262,8 +188,10 @@ class Runner:
             self.run_model(entry, pending)
 
     def run_model(self, entry: ModelEntry, pending: list[Cell]) -> None:
+        """Load ``entry``'s model once, its rows per repeat, and compute each pending cell its Gate lets through
+        (``compute.CellComputer``: one per repeat, holding that repeat's caches)."""
         loaded = adapter.load_model_for(entry, self.protocol)
-        data_cache: dict = {}
+        model_cache: dict = {}   # the model's workspace and recovery's train rows, shared by its repeats
         by_repeat: dict[int, list[Cell]] = {}
         for cell in pending:
             by_repeat.setdefault(cell.repeat, []).append(cell)
@@ -271,146 +199,40 @@ class Runner:
                                    "grid": list(loaded.adapter.grid_shape), "device": str(loaded.device)}
         told = False
         for repeat, cells in sorted(by_repeat.items()):
-            data = adapter.build_workspace_for(loaded, entry, self.protocol, repeat, data_cache)
+            data = adapter.build_workspace_for(loaded, entry, self.protocol, repeat, model_cache)
+            computer = CellComputer(self.protocol, self.out, entry, loaded, data, repeat, model_cache,
+                                    self.harness[entry.name], self.budget)
             if not told and self.tell:   # the expected duration, on its own line before the bar starts
-                self.say(f"estimate: {self.estimate(loaded, entry, data, pending)}")
+                self.say(f"estimate: {computer.estimate(pending)}")
                 told = True
-            seed = self.protocol.seed + repeat
-            contexts: dict[int, object] = {}   # one per seed: criteria sharing a pass share it through its cache
-            scores: dict[tuple, ScoreMap] = {}
             for cell in cells:
                 if not self.gate.begin(entry, cell):
                     continue
                 try:
-                    self.compute(loaded, entry, data, data_cache, contexts, scores, cell, seed)
+                    start = time.perf_counter()
+                    result, mask, dropped = computer.compute(cell, self.sub(cell))
+                    self.write_cell(entry, cell, data, result, mask, computer.seed, time.perf_counter() - start,
+                                    dropped)
+                    self.gate.written(cell)
                 except Exception as exc:   # told to the scheduler (recorded on the cell), then raised to it
                     self.gate.failed(cell, exc)
                     raise
                 finally:   # a cancel (KeyboardInterrupt, Cancelled) ends the cell's turn too
                     self.gate.end(cell)
 
-    def compute(self, loaded, entry: ModelEntry, data, data_cache: dict, contexts: dict, scores: dict, cell: Cell,
-                seed: int) -> None:
-        """One cell computed and written (its kind's method, then :meth:`write_cell`)."""
-        start = time.perf_counter()
-        dropped: list[int] = []
-        if cell.kind == DENSE:
-            result = {"metrics": adapter.evaluate_cell(loaded, data, None, self.sub(cell), self.budget,
-                                                       harness=self.harness[entry.name], stable=entry.metrics,
-                                                       seed=self.protocol.seed)}
-            mask = None
-        elif cell.kind == RECOVERED:
-            result, mask, dropped = self.recovered_cell(loaded, entry, data, data_cache, cell)
-        elif cell.kind in ("sparsity", TOLERANCE):
-            result, mask, dropped = self.sparsity_cell(loaded, entry, data, contexts, cell, scores, seed)
-        else:
-            result, mask = self.trajectory_cell(loaded, entry, data, cell, seed)
-        self.write_cell(entry, cell, data, result, mask, seed, time.perf_counter() - start, dropped)
-        self.gate.written(cell)
-
-    def sparsity_cell(self, loaded, entry: ModelEntry, data, contexts: dict, cell: Cell, scores: dict,
-                      seed: int) -> tuple[dict, HeadMask, list[int]]:
-        c = self.entry_of(cell)
-        params = adapter.scored_params(c.criterion, dict(c.params), cell.sparsity)
-        seed = adapter.cell_seed(c.criterion, seed, cell.sparsity)
-        key = (cell.criterion, json.dumps(params, sort_keys=True, default=str), seed)
-        if key not in scores:
-            if seed not in contexts:
-                contexts[seed] = adapter.scoring_context(loaded, data, seed, None, self.budget)
-            scores[key] = self.scores_of(contexts[seed], entry, data, c, params, cell)
-        mask, dropped = adapter.mask_at(scores[key], cell.sparsity)
-        metrics = adapter.evaluate_cell(loaded, data, mask, self.sub(cell), self.budget, dropped,
-                                        harness=self.harness[entry.name], stable=entry.metrics,
-                                        seed=self.protocol.seed)
-        reached = {"sparsity_reached": mask.n_pruned / mask.values.numel()} if cell.kind == TOLERANCE else {}
-        return {"metrics": metrics, "scores": str(self.score_file(cell, params, seed).relative_to(self.out)),
-                "score_params": scores[key].params, "score_seed": seed, **reached}, mask, dropped
-
-    def recovered_cell(self, loaded, entry: ModelEntry, data, cache: dict, cell: Cell
-                       ) -> tuple[dict, HeadMask, list[int]]:
-        """The pruned cell's mask (its mask file: written before, or by an earlier run) recovered on the train rows
-        (``adapter.recover``); checkpoints in ``recovery/<key>/`` until the cell is written, kept only for a run
-        with the same fingerprint (a changed setting starts the training over)."""
-        pruned = self.out / "masks" / f"{cell.pruned.key}.json"
-        saved = _read(pruned)
-        if saved is None:
-            raise RunError(f"{pruned} is missing or unreadable: the recovered cell {cell.key} starts from its pruned "
-                           "cell's mask. Delete cells/ entries of that cell to recompute it.")
-        mask = HeadMask.from_json(saved, loaded.adapter.grid_shape)
-        if "train" not in cache:   # one draw per model: the evaluation rows do not change between repeats
-            cache["train"] = adapter.train_rows(loaded, entry, self.protocol, data)
-        work = self.out / "recovery" / cell.key
-        stamp = fingerprint(self.protocol, entry, cell)
-        recorded = _read(work / "fingerprint.json")
-        if work.exists() and recorded is None and any(work.iterdir()):   # not a folder a run made: never deleted
-            raise RunError(f"{work} exists but holds no fingerprint.json of a recovered cell; it is left as it is. "
-                           "Move it away to recompute the cell.")
-        if (recorded or {}).get("fingerprint") != stamp:
-            shutil.rmtree(work, ignore_errors=True)
-            write_atomic(work / "fingerprint.json", _json({"fingerprint": stamp}))
-        result = adapter.recover(loaded, data, cache["train"], mask, self.protocol, work / "run", self.sub(cell),
-                                 self.budget)
-        dropped = [int(layer) for layer in saved.get("dropped_layers", [])]
-        if cell.tolerance:
-            result["sparsity_reached"] = mask.n_pruned / mask.values.numel()
-        if dropped:   # SAP's layer rule skips whole layers; recovery trains the heads' mask only
-            result["note"] = (f"the pruned cell also skips layers {dropped} (SAP's layer rule); recovery trained "
-                              "and evaluated the head mask with those layers kept")
-        return result, mask, []
-
-    def score_file(self, cell: Cell, params: dict, seed: int) -> Path:
-        tag = hashlib.sha256(json.dumps([params, seed], sort_keys=True, default=str).encode()).hexdigest()[:10]
-        return self.out / "scores" / f"{slug(cell.model)}__{slug(cell.criterion)}__r{cell.repeat}__{tag}.json"
-
-    def scores_of(self, ctx, entry: ModelEntry, data, c: CriterionEntry, params: dict, cell: Cell) -> ScoreMap:
-        """The criterion's ScoreMap for this repeat: read from ``scores/`` when an earlier run wrote it for the
-        same model, criterion, parameters, rows, seed and batching, else scored and written."""
-        path = self.score_file(cell, params, ctx.seed)
-        stamp = {"model": entry.model, "criterion": c.name, "params": json.loads(json.dumps(params, default=str)),
-                 "calib_hash": data.roles["calib"]["hash"], "select_hash": data.roles["select"]["hash"],
-                 "seed": ctx.seed, "batch_size": self.protocol.batch_size,
-                 "max_length": self.protocol.max_length, "dtype": self.protocol.dtype}
-        saved = _read(path)
-        if saved and saved.get("stamp") == stamp:
-            return ScoreMap.from_json(saved)
-        ctx.progress = self.sub(cell)
-        scores = adapter.score_cell(ctx, c.criterion, params, None)
-        ctx.progress = None
-        write_atomic(path, _json({**scores.to_json(), "stamp": stamp}))
-        return scores
-
-    def trajectory_cell(self, loaded, entry: ModelEntry, data, cell: Cell, seed: int) -> tuple[dict, HeadMask]:
-        c = self.entry_of(cell)
-        crit, params = (c.criterion, dict(c.params)) if c else (get("random"), {})
-        spec = self.protocol.trajectory.spec(crit, params, bool(cell.inverse), seed,
-                                             adapter.headline_of(data.task, entry, data.eval_source, data.n_classes))
-        traj = run_trajectory(spec, loaded.model, data.calib_batches, data.eval_batches, tokenizer=loaded.tokenizer,
-                              texts=data.calib_texts(), device=loaded.device, progress=self.sub(cell),
-                              memory_budget=self.budget, select=data.select_batches or None)
-        if self.harness[entry.name]:   # lm-eval numbers at the reported ratios only (one lm-eval run each)
-            adapter.harness_at(loaded, traj, self.protocol.trajectory.report_at, self.harness[entry.name],
-                               self.sub(cell))
-        # Algorithm 1's M: the heads left at the stopping point (after a tolerance stop, the last step within it,
-        # read on the selection rows when there are some), as `trajectory --save-mask stop` writes it; with
-        # mask_tolerance the run goes on to the end and the rule picks the step afterwards (saved_step)
-        index, rule = saved_step(traj, self.protocol.trajectory.mask_tolerance)
-        return {"trajectory": traj.to_json(), "saved_mask": {"step": index, "ratio": float(traj.ratios()[index]),
-                                                             "rule": rule, "size": size_at(traj, index)}}, \
-            traj.mask_at(index)
-
     def write_cell(self, entry: ModelEntry, cell: Cell, data, result: dict, mask: HeadMask | None, seed: int,
                    seconds: float, dropped: list[int]) -> None:
         mask_path = None
         if mask is not None:   # SAP's layer rule travels in the mask file (``headprune evaluate --mask`` reads it)
             mask_path = self.out / "masks" / f"{cell.key}.json"
-            write_atomic(mask_path, _json(layer_rule_json(mask, dropped) if dropped else mask.to_json()))
+            write_atomic(mask_path, as_json(layer_rule_json(mask, dropped) if dropped else mask.to_json()))
         record = {**cell.to_json(), "fingerprint": fingerprint(self.protocol, entry, cell), "seed": seed,
                   "loaded": self.models[entry.name], "task": data.task.kind,
                   "roles": {**data.roles, **({"train": result["recovery"]["train"]} if cell.recovered else {})},
                   "n_classes": data.n_classes, **result,
                   "mask": str(mask_path.relative_to(self.out)) if mask_path else None, "dropped_layers": dropped,
                   "seconds": seconds}
-        write_atomic(self.out / "cells" / f"{cell.key}.json", _json(record))   # last: the cell's commit point
+        write_atomic(self.out / "cells" / f"{cell.key}.json", as_json(record))   # last: the cell's commit point
         if cell.recovered:   # the cell is whole: its checkpoints are no longer needed
             shutil.rmtree(self.out / "recovery" / cell.key, ignore_errors=True)
         self.computed.append(cell.key)
@@ -418,35 +240,9 @@ class Runner:
         self.report(0.0, f"{cell.key} done")
 
     def estimate(self, loaded, entry: ModelEntry, data, pending: list[Cell]) -> TimeEstimate:
-        """Expected duration of ``pending`` (``headprune.estimate``: one timed forward x counted passes)."""
-        rate = forward_rate(loaded.model, data.eval_batches, self.budget)
-        per_token = rate[0]
-        ctx = adapter.scoring_context(loaded, data, self.protocol.seed, None, self.budget)
-        seconds, scored = 0.0, set()
-        for cell in pending:
-            if cell.kind == "trajectory":
-                c = self.entry_of(cell)
-                crit, params = (c.criterion, dict(c.params)) if c else (get("random"), {})
-                spec = self.protocol.trajectory.spec(crit, params, bool(cell.inverse), 0, None)
-                seconds += estimate_trajectory(spec, loaded.model, data.calib_batches, data.eval_batches,
-                                               rate=rate, memory_budget=self.budget).seconds
-                continue
-            if cell.kind == RECOVERED:   # training (forward + backward) and three evaluations (recover_cell)
-                per_row = tokens(data.eval_batches) / max(len(data.eval), 1)
-                seconds += per_token * (2 * tokens(data.eval_batches)
-                                        + TRAIN_PASS * per_row * recovery_rows(self.protocol, entry))
-            seconds += per_token * tokens(data.eval_batches)
-            if cell.kind in ("sparsity", TOLERANCE) and (cell.criterion, cell.repeat) not in scored:
-                scored.add((cell.criterion, cell.repeat))
-                c = self.entry_of(cell)
-                params = adapter.scored_params(c.criterion, dict(c.params), cell.sparsity)
-                seconds += per_token * tokens(data.calib_batches) * scoring_work(ctx, [c.name], {c.name: params})
-        if self.harness[entry.name]:
-            once = estimate_harness(loaded.model, loaded.tokenizer, self.harness[entry.name][1], data.eval_batches,
-                                    rate=rate, memory_budget=self.budget)
-            seconds += lm_eval_runs(self.protocol, entry, pending) * once.seconds
-        return TimeEstimate(seconds, f"protocol {self.protocol.name}, {len(pending)} cells of {entry.name}",
-                            device_name(loaded.model), rate[1])
+        """Expected duration of ``pending`` on ``data`` (``CellComputer.estimate``)."""
+        return CellComputer(self.protocol, self.out, entry, loaded, data, 0, {}, self.harness[entry.name],
+                            self.budget).estimate(pending)
 
 
 # -- the table -------------------------------------------------------------------------------------------------
@@ -760,7 +556,7 @@ def merge(protocol: Protocol, out: str | Path, *, computed: list[str] = (), memo
                                                    for r in rows], "average": averages, "paper": papers,
                      "sizes": sizes},
            "plots": plotted, "notes": notes, "cells": records}
-    write_atomic(out / "run.json", _json(run))
+    write_atomic(out / "run.json", as_json(run))
     return {"out": str(out), "results": ["results.csv", "results.md"], "plots": plotted, "notes": notes,
             "cells": len(records), "computed": len(computed), "reused": len(run["reused"]),
             "table": table_markdown(rows, columns) + sections_markdown(averages, papers, sizes)}
