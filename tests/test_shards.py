@@ -106,8 +106,11 @@ def test_pool_and_a_submitit_array_give_the_sequential_table(tmp_path, tiny_mode
     summary = run_pool(protocol, pool, 2, threads=1, plots=False)
     assert summary["workers"] == [0, 0] and (pool / "results.csv").read_text() == expected
     assert sorted(k for k, _ in taken(pool)) == sorted(keys)   # every cell claimed (and computed) exactly once
-    assert len({pid for _, pid in taken(pool)}) == 2           # by both workers
-    assert not list((pool / "claims").glob("*.json")) and (pool / "jobs" / "pool" / "worker-1.log").is_file()
+    # both workers ran to the end (exit 0 above, a log each); which of them computes which cell is timing: a worker
+    # whose imports finish first takes the other shard's cells once its own are done
+    logs = pool / "jobs" / "pool"
+    assert not list((pool / "claims").glob("*.json")) and (logs / "worker-0.log").is_file() and \
+        (logs / "worker-1.log").is_file()
 
     array = tmp_path / "array"
     executor = submitit.LocalExecutor(folder=array / "jobs" / "%j")

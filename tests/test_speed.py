@@ -159,7 +159,7 @@ def test_prune_benchmark_adds_measured_and_ideal_speedup(tiny_model_dir, tmp_pat
     assert entry["ideal_speedup"] > 1 and entry["latency_ms_pruned"] > 0 and entry["throughput_pruned"] > 0
     assert main(argv("b")) == 0 and "speed" not in json.loads(capsys.readouterr().out)  # opt-in
     assert main(argv("c") + ["--benchmark", "--benchmark-repeats", "0"]) == 2
-    assert "repeats must be >= 1" in capsys.readouterr().err
+    assert "repeats must be in [1, 1000]" in capsys.readouterr().err
 
 
 def test_head_count_timings_cover_every_count(one_thread):
