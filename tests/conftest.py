@@ -53,6 +53,18 @@ def sentences(n: int, seed: int = 0, min_words: int = 1, max_words: int = 12) ->
     return [" ".join(rng.choices(WORDS, k=rng.randint(min_words, max_words))) for _ in range(n)]
 
 
+def tiny_protocol(path, model, csv, *, name: str, sparsities: str = "[0.25, 0.5]", repeats: int = 1,
+                  criteria: tuple[str, ...] = ("random",), batch_size: int | None = None) -> str:
+    """A protocol file at ``path`` on ``model`` and ``csv``: 12 calibration and 20 evaluation rows of the same file,
+    the ``criteria`` at ``sparsities`` (a TOML array) for ``repeats`` repeats."""
+    head = f'name = "{name}"\nmodels = ["{model}"]\nsparsities = {sparsities}\nrepeats = {repeats}\n'
+    if batch_size is not None:
+        head += f"batch_size = {batch_size}\n"
+    roles = f'\n[data.calib]\nsource = "{csv}"\nsize = 12\n\n[data.eval]\nsource = "{csv}"\nsize = 20\n'
+    path.write_text(head + roles + "".join(f'\n[[criteria]]\nname = "{c}"\n' for c in criteria), encoding="utf-8")
+    return str(path)
+
+
 def write_csv(path, header: list[str], rows: list[list], delimiter: str = ",") -> str:
     with open(path, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f, delimiter=delimiter)

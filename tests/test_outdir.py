@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import tiny_protocol
 
 from headprune import outdir
 from headprune.cli import main
@@ -60,21 +61,7 @@ def no_loading(monkeypatch):
 
 
 def protocol_file(tmp_path: Path, model: Path, csv: str, name: str = "t", repeats: int = 1) -> Path:
-    path = tmp_path / f"{name}.toml"
-    path.write_text(f"""name = "{name}"
-models = ["{model}"]
-sparsities = [0.25, 0.5]
-repeats = {repeats}
-[data.calib]
-source = "{csv}"
-size = 12
-[data.eval]
-source = "{csv}"
-size = 20
-[[criteria]]
-name = "random"
-""", encoding="utf-8")
-    return path
+    return Path(tiny_protocol(tmp_path / f"{name}.toml", model, csv, name=name, repeats=repeats))
 
 
 def mask_file(tmp_path: Path) -> Path:

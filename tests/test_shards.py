@@ -16,6 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from conftest import tiny_protocol
 
 from headprune.cli import main
 from headprune.protocol import Protocol, expand
@@ -27,33 +28,9 @@ from headprune.protocol.schedule import MAX_UNIT, deal, own_folder, run_shard, s
 
 ROOT = Path(__file__).resolve().parent.parent
 
-TINY = """\
-name = "tiny"
-models = ["{model}"]
-sparsities = {sparsities}
-repeats = 2
-batch_size = 8
-
-[data.calib]
-source = "{csv}"
-size = 12
-
-[data.eval]
-source = "{csv}"
-size = 20
-
-[[criteria]]
-name = "ae"
-
-[[criteria]]
-name = "random"
-"""
-
-
 def tiny(tmp_path, model_dir, csv, sparsities="[0.25, 0.5]", name="tiny.toml") -> Protocol:
-    path = tmp_path / name
-    path.write_text(TINY.format(model=model_dir, csv=csv, sparsities=sparsities), encoding="utf-8")
-    return Protocol.read(path)
+    return Protocol.read(tiny_protocol(tmp_path / name, model_dir, csv, name="tiny", sparsities=sparsities,
+                                       repeats=2, criteria=("ae", "random"), batch_size=8))
 
 
 # -- units and shards: pure functions of the protocol ----------------------------------------------------------
