@@ -10,6 +10,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from sklearn.metrics import accuracy_score
 from test_kl import spread_weights
 
 from headprune.evaluation.stability import (
@@ -58,6 +59,7 @@ def test_agreement_equals_the_share_of_rows_a_cut_model_answers_as_the_dense_one
     cut = _argmax(prune_model(copy.deepcopy(classifier), MASK), batches)      # heads physically removed
     by_hand = 100.0 * sum(int(a == b) for a, b in zip(dense, cut)) / len(dense)
     assert 0 < by_hand < 100                                                  # the case tells the rows apart
+    assert by_hand == pytest.approx(100.0 * accuracy_score(dense, cut))         # scikit-learn on the same answers
     assert dense_agreement(classifier, batches, MASK) == pytest.approx(by_hand)
     assert dense_agreement(classifier, batches, MASK, dense=dense) == pytest.approx(by_hand)
     assert dense_agreement(classifier, batches, None) == 100.0
@@ -76,6 +78,7 @@ def test_stability_equals_the_share_of_answers_kept_under_the_seeded_word_drop(c
     cut = prune_model(copy.deepcopy(classifier), MASK)
     clean, noisy = _argmax(cut, batches), _argmax(cut, perturbed)
     by_hand = 100.0 * float(np.mean(clean == noisy))
+    assert by_hand == pytest.approx(100.0 * accuracy_score(clean, noisy))      # scikit-learn on the same answers
     assert stability(classifier, batches, perturbed, MASK) == pytest.approx(by_hand)
     assert stability(classifier, batches, batches, MASK) == 100.0
 
