@@ -177,12 +177,18 @@ def test_stale_temps_are_only_the_named_files_own():
         assert target is None or target not in names, other
 
 
+def _default_sigint() -> None:
+    # A shell starts a background job (CI's `pytest &`, nohup) with SIGINT ignored, and a child inherits that:
+    # Python then installs no KeyboardInterrupt handler and the run never hears the Ctrl-C this test sends.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _run_until_a_cell(tmp_path: Path, protocol: Path, out: Path, sig: int) -> tuple[int, str]:
     """The CLI in a real process, sent ``sig`` once its first cell file is written: (status, stderr)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "headprune", "run", str(protocol), "--out", str(out),
                              "--no-plots"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=_default_sigint)
     deadline = time.monotonic() + 240
     while not list((out / "cells").glob("*.json")) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)

@@ -22,7 +22,7 @@ from headprune.cli import main
 from headprune.protocol import Protocol, expand
 from headprune.protocol import cells as adapter
 from headprune.protocol.claims import Claims, claim_path, taken
-from headprune.protocol.executors import run_pool, submit
+from headprune.protocol.executors import log_tail, run_pool, submit
 from headprune.protocol.run import merge, run_protocol
 from headprune.protocol.schedule import MAX_UNIT, deal, own_folder, run_shard, status, units
 
@@ -80,8 +80,9 @@ def test_pool_and_a_submitit_array_give_the_sequential_table(tmp_path, tiny_mode
 
     pool = tmp_path / "pool"
     own_folder(pool, protocol)
-    summary = run_pool(protocol, pool, 2, threads=1, plots=False)
-    assert summary["workers"] == [0, 0] and (pool / "results.csv").read_text() == expected
+    summary = run_pool(protocol, pool, 2, threads=1, plots=False)   # a RunError names failed workers and cells
+    assert summary["workers"] == [0, 0], [log_tail(p) for p in sorted((pool / "jobs" / "pool").glob("*.log"))]
+    assert (pool / "results.csv").read_text() == expected
     assert sorted(k for k, _ in taken(pool)) == sorted(keys)   # every cell claimed (and computed) exactly once
     # both workers ran to the end (exit 0 above, a log each); which of them computes which cell is timing: a worker
     # whose imports finish first takes the other shard's cells once its own are done

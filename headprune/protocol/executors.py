@@ -115,11 +115,27 @@ def run_pool(protocol: Protocol, out: str | Path, workers: int | None = None, *,
         stop(procs)
         raise
     codes = [proc.exitcode for proc in procs]
+    ended = []   # each worker that did not finish, with the end of its log: what a user (or CI) reads first
     for i, code in enumerate(codes):
         if code:
-            say(f"worker {i} exited with code {code} (see {out}/jobs/pool/worker-{i}.log); its cells are left to "
-                "a rerun")
-    return {**merge(protocol, out, memory_budget=memory_budget, plots=plots), "workers": codes}
+            log = out / "jobs" / "pool" / f"worker-{i}.log"
+            say(f"worker {i} exited with code {code} (see {log}); its cells are left to a rerun")
+            ended.append(f"worker {i} exited with code {code}; the end of {log}:\n{log_tail(log)}")
+    try:
+        summary = merge(protocol, out, memory_budget=memory_budget, plots=plots)
+    except RunError as exc:
+        raise RunError("\n".join([str(exc), *ended])) from None
+    return {**summary, "workers": codes}
+
+
+def log_tail(path: Path, lines: int = 8) -> str:
+    """The last ``lines`` lines of a worker's log (progress bars' carriage returns split too), indented."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        return f"    (unreadable: {exc})"
+    tail = [line for line in text.replace("\r", "\n").splitlines() if line.strip()][-lines:]
+    return "\n".join(f"    {line}" for line in tail) or "    (empty)"
 
 
 def stop(procs) -> None:

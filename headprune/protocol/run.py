@@ -53,6 +53,7 @@ from ..outdir import OutError
 from ..provenance import versions
 from ..trajectory import Trajectory, spread
 from . import cells as adapter
+from .claims import read_failure
 from .compute import CellComputer, RunError, as_json, fingerprint, read_json, write_atomic
 from .plan import DENSE, RECOVERED, TOLERANCE, Cell, expand, slug
 from .spec import ModelEntry, Protocol
@@ -536,9 +537,11 @@ def merge(protocol: Protocol, out: str | Path, *, computed: list[str] = (), memo
     records = records_of(protocol, out)
     missing = [key for key, record in records.items() if record is None]
     if missing:
+        failures = [f for f in (read_failure(out, key) for key in missing) if f is not None]
+        why = f" {len(failures)} of them failed, the first with: {failures[0].get('error', '?')}." if failures else ""
         raise RunError(f"{out} lacks {len(missing)} of the protocol's {len(records)} cells ({', '.join(missing[:3])}"
-                       f"{', ...' if len(missing) > 3 else ''}): run the protocol (or its missing shards) to finish "
-                       f"them; `headprune run --status {out}` shows which are running, failed or pending.")
+                       f"{', ...' if len(missing) > 3 else ''}).{why} Run the protocol (or its missing shards) to "
+                       f"finish them; `headprune run --status {out}` shows which are running, failed or pending.")
     rows, columns = table_rows(protocol, records)
     write_atomic(out / "results.csv", table_csv(rows, columns))
     averages, papers = average_rows(protocol, records, rows), paper_rows(protocol, rows)
