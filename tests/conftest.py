@@ -65,6 +65,19 @@ def tiny_protocol(path, model, csv, *, name: str, sparsities: str = "[0.25, 0.5]
     return str(path)
 
 
+def save_tiny_lm(out, n: int = 40, seed: int = 3) -> tuple[str, str]:
+    """A tiny random Llama LM (4 blocks x 8 query heads, 2 key/value groups) with a byte-level BPE tokenizer fitted
+    to ``n`` seeded sentences, saved to the folder ``out``; returns (model folder, CSV of those sentences)."""
+    from headprune.testing import offline_tokenizer, tiny_decoder
+
+    texts = sentences(n, seed=seed, min_words=8, max_words=14)
+    tokenizer = offline_tokenizer("byte-level-bpe", texts)
+    model = tiny_decoder("llama", vocab_size=len(tokenizer), max_positions=128)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out), write_csv(out / "rows.csv", ["text"], [[t] for t in texts])
+
+
 def write_csv(path, header: list[str], rows: list[list], delimiter: str = ",") -> str:
     with open(path, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f, delimiter=delimiter)

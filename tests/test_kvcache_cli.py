@@ -8,26 +8,18 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import sentences, write_csv
+from conftest import save_tiny_lm, sentences
 
 from headprune.cli import main
 from headprune.kvcache.plan import KVPlan
 from headprune.kvcache.stream import StreamTrajectory
-from headprune.testing import offline_tokenizer, tiny_decoder
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def lm_dir(tmp_path_factory):
-    texts = sentences(40, seed=3, min_words=8, max_words=14)
-    tokenizer = offline_tokenizer("byte-level-bpe", texts)
-    model = tiny_decoder("llama", vocab_size=len(tokenizer), max_positions=128)
-    out = tmp_path_factory.mktemp("tiny_llama")
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    data = write_csv(out / "rows.csv", ["text"], [[t] for t in texts])
-    return str(out), data
+    return save_tiny_lm(tmp_path_factory.mktemp("tiny_llama"))
 
 
 def run(capsys, *argv) -> tuple[int, dict | str]:

@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from conftest import sentences, write_csv
+from conftest import save_tiny_lm
 
 from headprune.kvcache.plan import KVPlan
 from headprune.kvcache.scores import head_scores, plan_from_scores
@@ -19,20 +19,13 @@ from headprune.protocol.cells import build_workspace_for
 from headprune.protocol.plan import Cell, plan, slug
 from headprune.protocol.run import run_protocol
 from headprune.protocol.spec import ProtocolError
-from headprune.testing import offline_tokenizer, tiny_decoder
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def lm(tmp_path_factory):
-    texts = sentences(48, seed=5, min_words=8, max_words=14)
-    tokenizer = offline_tokenizer("byte-level-bpe", texts)
-    model = tiny_decoder("llama", vocab_size=len(tokenizer), max_positions=128)
-    out = tmp_path_factory.mktemp("kv_llama")
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return str(out), write_csv(out / "rows.csv", ["text"], [[t] for t in texts])
+    return save_tiny_lm(tmp_path_factory.mktemp("kv_llama"), n=48, seed=5)
 
 
 def kv_text(model: str, data: str, kv: str = "", top: str = "") -> str:
