@@ -2,6 +2,7 @@
 
     nice -n 10 python benchmarks/bench_kv.py circuit [--seeds 10] [--window 4] [--sink 1] [--json OUT]
     nice -n 10 python benchmarks/bench_kv.py decode [--lengths 4096,16384] [--new-tokens 6] [--json OUT]
+    nice -n 10 python benchmarks/bench_kv.py longctx [--seeds 3] [--rows 100] [--json OUT]
 
 circuit   demo-circuit's repeated-half next-token accuracy (its evaluation rows, ``load_data("demo-circuit")``):
           dense; the plan keeping the induction + previous-token heads full (labels of ``roles.head_roles`` on the
@@ -13,6 +14,12 @@ decode    a random decoder of Qwen2.5-0.5B's shape (24 layers, 14 query / 2 key-
           what a decode step costs), then --new-tokens real decode steps with the full cache (stock SDPA) and with
           a random plan keeping 25% of the key/value heads full (mixed cache, S=4, W=64). KV bytes are measured
           from the cache tensors; the ideal ratio is counted from the plan.
+longctx   per context length (``kvcache.longctx``): the passkey task on demo-circuit (filler: demo-lm's held-out
+          reviews; --rows rows per length, depths 0..1) dense, keeping the induction + previous-token heads full
+          (S=1, W=4), streaming the induction heads instead, random plans with as many full heads (--seeds); and
+          long-row perplexity on demo-lm (its evaluation rows, 64 calibration rows apart; --tokens tokens per
+          length) dense, the duo plan keeping 25% of the key/value heads full (S=4, W=16), every head streaming,
+          random 25% plans (--seeds).
 """
 
 from __future__ import annotations
@@ -104,6 +111,45 @@ def decode(args) -> dict:
             "window": 64, "new_tokens": args.new_tokens, "threads": torch.get_num_threads(), "rows": rows}
 
 
+def longctx(args) -> dict:
+    from headprune.kvcache.longctx import measure
+    from headprune.kvcache.plan import KVPlan
+    from headprune.kvcache.scores import head_scores, plan_from_scores
+    from headprune.roles import head_roles
+    from headprune.workspace import Workspace
+
+    seeds = range(args.seeds)
+    ws = Workspace.build("demo-circuit", "demo-circuit", calib_size=64, eval_size=None)
+    model, tok, n_kv = ws.loaded.model, ws.loaded.tokenizer, ws.loaded.adapter.n_kv_heads
+    report = head_roles(model, tok, ws.calib_batches)
+    induction, previous = report.heads_with("induction"), report.heads_with("previous-token")
+    keep = role_plan(induction | previous, n_kv, 1, 4)
+    plans = {"dense": None, "keep induction+previous": keep,
+             "stream induction": invert(role_plan(induction, n_kv, 1, 4))}
+    plans.update({f"random {p.meta['seed']}": p for p in random_plans(keep.shape, keep.n_heads, int(keep.full.sum()),
+                                                                        seeds, 1, 4)})
+    filler = Workspace.build("demo-lm", "demo-lm", calib_size=0, eval_size=None).eval.texts
+    passkey = measure(model, tok, "passkey", [16, 24, 32, 48, 64], plans, filler, rows=args.rows, seed=0,
+                      progress=lambda row: print(json.dumps(row), file=sys.stderr, flush=True))
+
+    ws = Workspace.build("demo-lm", "demo-lm", calib_size=64, eval_size=None)
+    model, tok, adapter = ws.loaded.model, ws.loaded.tokenizer, ws.loaded.adapter
+    duo = plan_from_scores(head_scores("duo", model, calib=ws.calib_batches, sink=4, window=16), adapter.n_kv_heads,
+                           0.25, 4, 16)
+    n_full = int(duo.full.sum())
+    plans = {"dense": None, "duo 25% full": duo,
+             "all streaming": KVPlan(torch.zeros(duo.shape, dtype=torch.bool), duo.n_heads, 4, 16)}
+    plans.update({f"random {p.meta['seed']}": p for p in random_plans(duo.shape, duo.n_heads, n_full, seeds, 4, 16)})
+    perplexity = measure(model, tok, "perplexity", [16, 32, 64, 128], plans, ws.eval.texts, tokens=args.tokens,
+                         progress=lambda row: print(json.dumps(row), file=sys.stderr, flush=True))
+    return {"passkey": {"model": "demo-circuit", "filler": "demo-lm held-out reviews", "rows_per_length": args.rows,
+                        "sink": 1, "window": 4, "induction_heads": np.argwhere(induction).tolist(),
+                        "previous_token_heads": np.argwhere(previous).tolist(), "table": passkey},
+            "perplexity": {"model": "demo-lm", "data": "demo-lm evaluation rows", "tokens": args.tokens, "sink": 4,
+                           "window": 16, "duo_full_kv_heads": duo.head_ids()["full_kv_heads"], "table": perplexity},
+            "threads": torch.get_num_threads()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="part", required=True)
@@ -117,8 +163,13 @@ def main() -> None:
     p.add_argument("--lengths", default="4096,16384")
     p.add_argument("--new-tokens", type=int, default=6)
     p.add_argument("--json")
+    p = sub.add_parser("longctx")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--rows", type=int, default=100)
+    p.add_argument("--tokens", type=int, default=4096)
+    p.add_argument("--json")
     args = parser.parse_args()
-    result = circuit(args) if args.part == "circuit" else decode(args)
+    result = {"circuit": circuit, "decode": decode, "longctx": longctx}[args.part](args)
     text = json.dumps(result, indent=1)
     print(text)
     if args.json:
