@@ -12,8 +12,10 @@ decode    a random decoder of Qwen2.5-0.5B's shape (24 layers, 14 query / 2 key-
           896, MLP 4864, vocabulary 151936, fp32) at each context length: the cache filled with random keys/values
           of that many tokens (``cache.fill_random``: a 16k prefill on a shared CPU takes minutes and does not change
           what a decode step costs), then --new-tokens real decode steps with the full cache (stock SDPA) and with
-          a random plan keeping 25% of the key/value heads full (mixed cache, S=4, W=64). KV bytes are measured
-          from the cache tensors; the ideal ratio is counted from the plan.
+          a random plan keeping 25% of the key/value heads full (mixed cache, S=4, W=64), and with a plan keeping
+          every head full in the mixed cache (its preallocated buffers alone). KV bytes are measured from the
+          cache tensors (held; the mixed cache's allocated buffers beside); the ideal ratio is counted from the
+          plan. --layers N: N layers of the same shape (a shorter run).
 longctx   per context length (``kvcache.longctx``): the passkey task on demo-circuit (filler: demo-lm's held-out
           reviews; --rows rows per length, depths 0..1) dense, keeping the induction + previous-token heads full
           (S=1, W=4), streaming the induction heads instead, random plans with as many full heads (--seeds); and
@@ -38,6 +40,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from headprune.kvcache.cache import cache_bytes, fill_random, generate, new_cache  # noqa: E402
+from headprune.kvcache.plan import KVPlan  # noqa: E402
 from headprune.kvcache.restrict import restricted  # noqa: E402
 from headprune.kvcache.tasks import invert, metric_under_plan, random_plans, role_plan  # noqa: E402
 
@@ -71,11 +74,11 @@ def circuit(args) -> dict:
                                   "min": min(randoms), "max": max(randoms)}}
 
 
-def qwen_shape_model(seed: int = 0):
+def qwen_shape_model(seed: int = 0, layers: int = 24):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    config = Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+    config = Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=layers, num_attention_heads=14,
                          num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
                          tie_word_embeddings=True, use_sliding_window=False)
     return Qwen2ForCausalLM(config).eval()
@@ -84,21 +87,27 @@ def qwen_shape_model(seed: int = 0):
 def decode(args) -> dict:
     from headprune.model.arch import adapt
 
-    model = qwen_shape_model()
+    layers = args.layers
+    model = qwen_shape_model(layers=layers)
     adapter = adapt(model)
-    plan = random_plans((24, 2), 14, 12, [0], 4, 64)[0]    # 12 of 48 key/value heads full: 25%
-    shape = (24, 2, 64)
+    plan = random_plans((layers, 2), 14, layers // 2, [0], 4, 64)[0]    # a quarter of the key/value heads full
+    every = KVPlan.all_full((layers, 2), 14, 4, 64)
+    shape = (layers, 2, 64)
     rows = []
     for length in [int(x) for x in args.lengths.split(",")]:
         row = {"context": length}
         token = torch.tensor([[11]])
-        for name, mode in (("full_cache", "full"), ("plan", "mixed")):
-            with restricted(model, plan, adapter) if mode == "mixed" else nullcontext(model) as runner:
+        # the stock cache; the plan's mixed cache; a mixed cache with every head full (the preallocated buffers
+        # alone, no streaming: what the cache's layout gives without the plan)
+        for name, mode, runs in (("full_cache", "full", None), ("plan", "mixed", plan),
+                                 ("mixed_all_full", "mixed", every)):
+            with restricted(model, runs, adapter) if runs is not None else nullcontext(model) as runner:
                 cache = new_cache(runner, mode)
                 fill_random(cache, shape, length, seed=1)
                 start = time.perf_counter()
                 out = generate(runner, token, args.new_tokens, mode=mode, cache=cache)
                 row[name] = {"kv_bytes": cache_bytes(cache), "time_per_output_token_s": out.per_token_s,
+                             "kv_bytes_allocated": cache_bytes(cache, allocated=True) if mode == "mixed" else None,
                              "first_step_s": out.first_token_s, "wall_s": time.perf_counter() - start}
                 del cache
         ideal = plan.ideal_bytes(length + args.new_tokens, 64, 4)
@@ -107,7 +116,8 @@ def decode(args) -> dict:
         row["per_token_speedup"] = row["full_cache"]["time_per_output_token_s"] / row["plan"]["time_per_output_token_s"]
         rows.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
-    return {"model": "random Qwen2.5-0.5B shape (fp32, CPU)", "full_kv_heads": 12, "kv_heads": 48, "sink": 4,
+    return {"model": "random Qwen2.5-0.5B shape (fp32, CPU)", "layers": layers, "full_kv_heads": int(plan.full.sum()),
+            "kv_heads": plan.full.numel(), "sink": 4,
             "window": 64, "new_tokens": args.new_tokens, "threads": torch.get_num_threads(), "rows": rows}
 
 
@@ -162,6 +172,7 @@ def main() -> None:
     p = sub.add_parser("decode")
     p.add_argument("--lengths", default="4096,16384")
     p.add_argument("--new-tokens", type=int, default=6)
+    p.add_argument("--layers", type=int, default=24, help="fewer layers of the same shape: a shorter run")
     p.add_argument("--json")
     p = sub.add_parser("longctx")
     p.add_argument("--seeds", type=int, default=3)

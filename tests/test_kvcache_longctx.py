@@ -84,6 +84,28 @@ def test_accuracy_is_greedy_decoding_writing_the_key(lm):
                                                      for row in rows.input_ids.tolist()]
 
 
+def test_passkey_under_a_mask_is_the_model_with_those_heads_zeroed(lm):
+    """A mask gates a private copy: the hits equal those of a copy whose gated heads' O-projection columns are
+    zeroed by hand (the head's output removed), and the caller's model answers as before."""
+    import copy as copying
+
+    from headprune.model.mask import HeadMask
+
+    model, tok, texts = lm
+    rows = passkey_rows(tok, texts, 30, 8, seed=1)
+    a = rows.answer
+    for r in range(0, 8, 2):   # half the rows answer what the masked model writes, so both outcomes occur
+        zeroed = copying.deepcopy(model)
+        zeroed.model.layers[1].self_attn.o_proj.weight.data[:, :4 * 8] = 0.0   # heads 0-3 of block 1 (head size 8)
+        rows.input_ids[r, -a:] = torch.tensor(greedy(zeroed, rows.input_ids[r, :-a].tolist(), a))
+    mask = HeadMask.ones((4, 8))
+    mask.values[1, :4] = 0.0
+    before = passkey_hits(model, rows)
+    hits = passkey_hits(model, rows, mask)
+    assert hits.tolist() == [greedy(zeroed, row[:-a], a) == row[-a:] for row in rows.input_ids.tolist()]
+    assert hits[::2].all() and not torch.equal(hits, before)
+    assert torch.equal(passkey_hits(model, rows), before)
+
 def test_perplexity_per_length_is_exp_of_the_mean_nll_by_hand(lm):
     model, tok, texts = lm
     stream = token_stream(tok, texts)

@@ -32,6 +32,7 @@ import torch
 from ..evaluation.metrics import evaluate
 from ..limits import Interval
 from ..model.gating import gate_heads
+from ..model.hooks import structural_copy
 from ..model.task import Task
 from .plan import KVPlan, KVPlanError
 from .restrict import restricted
@@ -133,6 +134,8 @@ def passkey_hits(model, rows: PasskeyRows, mask=None, batch_size: int = 32) -> t
     device = next(model.parameters()).device
     a = rows.answer
     hits = []
+    if mask is not None:   # gate a private copy: the caller's model may be shared (as ``evaluate`` does)
+        model = structural_copy(model)
     with gate_heads(model, mask):
         for begin in range(0, len(rows.input_ids), batch_size):
             ids = rows.input_ids[begin:begin + batch_size].to(device)
