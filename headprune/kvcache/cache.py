@@ -1,10 +1,10 @@
 """A mixed KV cache for generation: full heads keep every key/value, streaming heads keep S + W.
 
 :class:`MixedLayer` stores, per layer, the key/value heads of full groups in a (B, n_full, capacity, d) buffer
-that grows by a quarter when full, and those of streaming groups in S + W slots (B, n_stream, S + W, d), a ring with each
-slot's token position; ``update`` writes the new keys in place and hands both parts to the attention function as
-a ``restrict.SplitKV``, so a decode step copies only its own key/value (``torch.cat`` copied the whole cache every
-step). :func:`generate` runs a greedy or seeded sampling loop over a model with the full cache, the full cache
+that grows by a quarter when full, and those of streaming groups in S + W slots (B, n_stream, S + W, d), a ring
+with each slot's token position; ``update`` writes the new keys in place and hands both parts to the attention
+function as a ``restrict.SplitKV``, so a decode step copies only its own key/value (``torch.cat`` copied the whole
+cache every step). :func:`generate` runs a greedy or seeded sampling loop over a model with the full cache, the full cache
 under the plan's restriction, or the mixed cache, timing the first token and each later one, and measuring the
 cache's bytes from its tensors.
 """
@@ -26,13 +26,13 @@ GROWTH, MIN_GROWTH = 0.25, 256   # a full buffer grows by a quarter of itself, a
 class MixedLayer(CacheLayerMixin):
     """One layer of a :class:`MixedCache`. ``kv_stream``: per physical key/value head, does it stream?
 
-    Preallocated, so a decode step copies only its own key/value: full heads write into a buffer (B, n_full, cap,
-    d) that grows geometrically when it runs out, by GROWTH of itself (amortised O(1) copies per token instead of
-    ``torch.cat`` copying the whole cache every step; a quarter, not a doubling, so the spare capacity stays
-    within 25 % of what the plan saves); streaming heads hold S + W slots (B, n_stream, S + W, d), position p < S in slot p
-    (the sinks), a later one in slot S + (p - S) mod W (a ring: the new key overwrites position p - W, which no
-    query from p on can see), with each slot's position in ``slot_positions``. The attention function masks by
-    position, so the ring's order does not matter.
+    Preallocated, so a decode step copies only its own key/value. Full heads write into a buffer (B, n_full,
+    capacity, d) that grows geometrically when it runs out, by GROWTH of itself (amortised O(1) copies per token
+    instead of ``torch.cat`` copying the whole cache every step; a quarter, not a doubling, so the spare capacity
+    stays within 25 % of what the plan saves). Streaming heads hold S + W slots (B, n_stream, S + W, d): position
+    p < S in slot p (the sinks), a later one in slot S + (p - S) mod W (a ring: the new key overwrites position
+    p - W, which no query from p on can see), each slot's position in ``slot_positions``. The attention function
+    masks by position, so the ring's order does not matter.
     """
 
     is_sliding = False
