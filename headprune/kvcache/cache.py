@@ -4,9 +4,9 @@
 that grows by a quarter when full, and those of streaming groups in S + W slots (B, n_stream, S + W, d), a ring
 with each slot's token position; ``update`` writes the new keys in place and hands both parts to the attention
 function as a ``restrict.SplitKV``, so a decode step copies only its own key/value (``torch.cat`` copied the whole
-cache every step). :func:`generate` runs a greedy or seeded sampling loop over a model with the full cache, the full cache
-under the plan's restriction, or the mixed cache, timing the first token and each later one, and measuring the
-cache's bytes from its tensors.
+cache every step). :func:`generate` runs a greedy or seeded sampling loop over a model with the full cache, the
+full cache under the plan's restriction, or the mixed cache, timing the first token and each later one, and
+measuring the cache's bytes from its tensors.
 """
 
 from __future__ import annotations
