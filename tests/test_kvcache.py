@@ -104,6 +104,10 @@ def test_mixed_cache_generates_the_tokens_of_the_restricted_full_cache(arch):
     t, d, per = 30 + 11, 8, 2 * 4          # the last token is never fed back
     expected = sum(int(row.sum()) * t * d * per + int((~row).sum()) * (2 + 5) * d * per for row in GRID)
     assert mixed.kv_bytes == expected
+    # allocated: the full heads' buffers hold 256 tokens (the first allocation), the ring exactly S + W
+    assert mixed.kv_bytes_allocated == sum(int(row.sum()) * 256 * d * per + int((~row).sum()) * (2 + 5) * d * per
+                                           for row in GRID)
+    assert ref.kv_bytes_allocated == ref.kv_bytes
     assert mixed.kv_bytes == plan.ideal_bytes(t, d, 4)["plan"]
     assert ref.kv_bytes == plan.ideal_bytes(t, d, 4)["full_cache"]
 

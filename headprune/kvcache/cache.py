@@ -192,9 +192,11 @@ class Generation:
     first_token_s: float            # prompt forward + first token
     per_token_s: float              # mean of the later steps
     mode: str
+    kv_bytes_allocated: int = 0     # the buffers behind them (a mixed cache's full heads keep spare capacity)
 
     def to_dict(self) -> dict:
-        return {"tokens": self.tokens, "kv_bytes": self.kv_bytes, "time_to_first_token_s": self.first_token_s,
+        return {"tokens": self.tokens, "kv_bytes": self.kv_bytes, "kv_bytes_allocated": self.kv_bytes_allocated,
+                "time_to_first_token_s": self.first_token_s,
                 "time_per_output_token_s": self.per_token_s, "cache": self.mode}
 
 
@@ -230,4 +232,4 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, mode: str =
         logits = model(input_ids=token, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
     later = times[1:]
     return Generation(tokens, cache_bytes(cache), times[0] if times else 0.0,
-                      sum(later) / len(later) if later else 0.0, mode)
+                      sum(later) / len(later) if later else 0.0, mode, cache_bytes(cache, allocated=True))
