@@ -3,6 +3,7 @@
     nice -n 10 python benchmarks/bench_kv.py circuit [--seeds 10] [--window 4] [--sink 1] [--json OUT]
     nice -n 10 python benchmarks/bench_kv.py decode [--lengths 4096,16384] [--new-tokens 6] [--json OUT]
     nice -n 10 python benchmarks/bench_kv.py longctx [--seeds 3] [--rows 100] [--json OUT]
+    nice -n 10 python benchmarks/bench_kv.py update [--lengths 4096,16384] [--steps 60] [--json OUT]
 
 circuit   demo-circuit's repeated-half next-token accuracy (its evaluation rows, ``load_data("demo-circuit")``):
           dense; the plan keeping the induction + previous-token heads full (labels of ``roles.head_roles`` on the
@@ -16,6 +17,9 @@ decode    a random decoder of Qwen2.5-0.5B's shape (24 layers, 14 query / 2 key-
           every head full in the mixed cache (its preallocated buffers alone). KV bytes are measured from the
           cache tensors (held; the mixed cache's allocated buffers beside); the ideal ratio is counted from the
           plan. --layers N: N layers of the same shape (a shorter run).
+update    one layer's cache update alone (Qwen2.5-0.5B's 2 key/value heads of size 64, fp32): filled with that
+          many random keys/values, then --steps single-token updates timed, median per update, for transformers'
+          DynamicLayer, a mixed layer with 1 full + 1 streaming head (S=4, W=64) and one with both heads full.
 longctx   per context length (``kvcache.longctx``): the passkey task on demo-circuit (filler: demo-lm's held-out
           reviews; --rows rows per length, depths 0..1) dense, keeping the induction + previous-token heads full
           (S=1, W=4), streaming the induction heads instead, random plans with as many full heads (--seeds); and
@@ -121,6 +125,32 @@ def decode(args) -> dict:
             "window": 64, "new_tokens": args.new_tokens, "threads": torch.get_num_threads(), "rows": rows}
 
 
+def update(args) -> dict:
+    from transformers.cache_utils import DynamicLayer
+
+    from headprune.kvcache.cache import MixedLayer
+
+    layers = {"stock DynamicLayer": DynamicLayer,
+              "mixed, 1 full + 1 streaming": lambda: MixedLayer([False, True], 4, 64),
+              "mixed, 2 full": lambda: MixedLayer([False, False], 4, 64)}
+    rows = []
+    for length in [int(x) for x in args.lengths.split(",")]:
+        for name, make in layers.items():
+            layer, gen = make(), torch.Generator().manual_seed(0)
+            for start in range(0, length, 1024):
+                t = min(1024, length - start)
+                layer.update(torch.randn(1, 2, t, 64, generator=gen), torch.randn(1, 2, t, 64, generator=gen))
+            times = []
+            for _ in range(args.steps):
+                k, v = torch.randn(1, 2, 1, 64, generator=gen), torch.randn(1, 2, 1, 64, generator=gen)
+                start = time.perf_counter()
+                layer.update(k, v)
+                times.append(time.perf_counter() - start)
+            rows.append({"context": length, "layer": name, "median_update_ms": 1000 * statistics.median(times)})
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    return {"threads": torch.get_num_threads(), "steps": args.steps, "rows": rows}
+
+
 def longctx(args) -> dict:
     from headprune.kvcache.longctx import measure
     from headprune.kvcache.plan import KVPlan
@@ -179,8 +209,12 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=100)
     p.add_argument("--tokens", type=int, default=4096)
     p.add_argument("--json")
+    p = sub.add_parser("update")
+    p.add_argument("--lengths", default="4096,16384")
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--json")
     args = parser.parse_args()
-    result = {"circuit": circuit, "decode": decode, "longctx": longctx}[args.part](args)
+    result = {"circuit": circuit, "decode": decode, "longctx": longctx, "update": update}[args.part](args)
     text = json.dumps(result, indent=1)
     print(text)
     if args.json:
