@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import random
 import re
+import sys
 import time
 
 import pytest
@@ -25,6 +26,16 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def callers_main():
+    """Each test leaves ``__main__`` as it found it: streamlit's AppTest runs app.py as ``__main__`` and keeps it
+    there, and whatever reads ``__main__`` later (multiprocessing's spawn re-runs it) would run the dashboard."""
+    before = sys.modules.get("__main__")
+    yield
+    if before is not None:
+        sys.modules["__main__"] = before
 
 
 @pytest.fixture(scope="session")
