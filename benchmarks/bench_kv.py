@@ -22,7 +22,8 @@ update    one layer's cache update alone (Qwen2.5-0.5B's 2 key/value heads of si
           DynamicLayer, a mixed layer with 1 full + 1 streaming head (S=4, W=64) and one with both heads full.
 longctx   per context length (``kvcache.longctx``): the passkey task on demo-circuit (filler: demo-lm's held-out
           reviews; --rows rows per length, depths 0..1) dense, keeping the induction + previous-token heads full
-          (S=1, W=4), streaming the induction heads instead, random plans with as many full heads (--seeds); and
+          (S=1, W=4), the razor rule's plan with as many full heads, streaming the induction heads instead, random
+          plans with as many full heads (--seeds); and
           long-row perplexity on demo-lm (its evaluation rows, 64 calibration rows apart; --tokens tokens per
           length) dense, the duo plan keeping 25% of the key/value heads full (S=4, W=16), every head streaming,
           random 25% plans (--seeds).
@@ -164,7 +165,10 @@ def longctx(args) -> dict:
     report = head_roles(model, tok, ws.calib_batches)
     induction, previous = report.heads_with("induction"), report.heads_with("previous-token")
     keep = role_plan(induction | previous, n_kv, 1, 4)
-    plans = {"dense": None, "keep induction+previous": keep,
+    n_full = int(keep.full.sum())
+    razor = plan_from_scores(head_scores("razor", model, calib=[], tokenizer=tok, sink=1, window=4), n_kv,
+                             n_full / keep.full.numel(), 1, 4)
+    plans = {"dense": None, "keep induction+previous": keep, f"razor, {n_full} full": razor,
              "stream induction": invert(role_plan(induction, n_kv, 1, 4))}
     plans.update({f"random {p.meta['seed']}": p for p in random_plans(keep.shape, keep.n_heads, int(keep.full.sum()),
                                                                         seeds, 1, 4)})
@@ -184,7 +188,8 @@ def longctx(args) -> dict:
                          progress=lambda row: print(json.dumps(row), file=sys.stderr, flush=True))
     return {"passkey": {"model": "demo-circuit", "filler": "demo-lm held-out reviews", "rows_per_length": args.rows,
                         "sink": 1, "window": 4, "induction_heads": np.argwhere(induction).tolist(),
-                        "previous_token_heads": np.argwhere(previous).tolist(), "table": passkey},
+                        "previous_token_heads": np.argwhere(previous).tolist(),
+                        "razor_full_kv_heads": razor.head_ids()["full_kv_heads"], "table": passkey},
             "perplexity": {"model": "demo-lm", "data": "demo-lm evaluation rows", "tokens": args.tokens, "sink": 4,
                            "window": 16, "duo_full_kv_heads": duo.head_ids()["full_kv_heads"], "table": perplexity},
             "threads": torch.get_num_threads()}
