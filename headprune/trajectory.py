@@ -75,6 +75,18 @@ def degraded(value: float, dense: float, tau: float, higher_is_better: bool) -> 
     return value < tau * dense if higher_is_better else value > dense / tau
 
 
+def curve_auc(ratios: np.ndarray, values: np.ndarray) -> float:
+    """The module doc's auc: (1/r_end) ∫ m(r) dr by trapezoids over the points (the mean metric over the range)."""
+    r, v = np.asarray(ratios, dtype=float), np.asarray(values, dtype=float)
+    return float(np.trapezoid(v, r) / (r[-1] - r[0])) if r[-1] > r[0] else float(v[0])
+
+
+def tolerance_reach(ratios: np.ndarray, values: np.ndarray, tau: float, higher_is_better: bool) -> float:
+    """The module doc's tolerance_ratio: the largest ratio before ``values`` first falls below τ × values[0]."""
+    below = np.flatnonzero([degraded(x, values[0], tau, higher_is_better) for x in values])
+    return float(ratios[below[0] - 1] if below.size else ratios[-1])
+
+
 class TrajectoryError(HeadpruneError):
     pass
 
@@ -155,16 +167,13 @@ class Trajectory:
         return len(self.steps)
 
     def auc(self, metric: str | None = None) -> float:
-        r, v = self.ratios(), self.values(metric)
-        return float(np.trapezoid(v, r) / (r[-1] - r[0])) if r[-1] > r[0] else float(v[0])
+        return curve_auc(self.ratios(), self.values(metric))
 
     def tolerance_ratio(self, tau: float | None = None) -> float | None:
         tau = self.tolerance if tau is None else tau
         if tau is None:
             return None
-        r, v = self.ratios(), self.stop_values()
-        below = np.flatnonzero([degraded(x, v[0], tau, self.higher_is_better) for x in v])
-        return float(r[below[0] - 1] if below.size else r[-1])
+        return tolerance_reach(self.ratios(), self.stop_values(), tau, self.higher_is_better)
 
     @property
     def higher_is_better(self) -> bool:

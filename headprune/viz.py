@@ -568,10 +568,12 @@ def trajectory_table(trajectories: Sequence, tolerance: float | None = None) -> 
     return pd.DataFrame(rows)
 
 
-def sparsity_figure(points: Sequence[Mapping], metric: str, dense: float | None = None) -> go.Figure:
+def sparsity_figure(points: Sequence[Mapping], metric: str, dense: float | None = None,
+                    x_title: str = "heads pruned (%)") -> go.Figure:
     """A metric vs sparsity, one line per criterion with ± sd bars over repeats (a protocol's results table).
 
-    ``points``: dicts with "criterion", "sparsity" (ratio), "mean" and "sd" (None or 0 with one repeat)."""
+    ``points``: dicts with "criterion", "sparsity" (ratio), "mean" and "sd" (None or 0 with one repeat);
+    ``x_title``: what the ratio is (a [kv] protocol's: the share of key/value heads kept full)."""
     fig = go.Figure()
     for name in dict.fromkeys(p["criterion"] for p in points):
         mine = sorted((p for p in points if p["criterion"] == name), key=lambda p: p["sparsity"])
@@ -583,7 +585,7 @@ def sparsity_figure(points: Sequence[Mapping], metric: str, dense: float | None 
         fig.add_hline(y=dense, line=dict(color=DENSE_COLOR, dash="dot"), annotation_text=f"dense {dense:.4f}",
                       annotation_position="bottom left")
     higher = HIGHER_IS_BETTER.get(metric, True)
-    fig.update_xaxes(title_text="heads pruned (%)", ticksuffix="%")
+    fig.update_xaxes(title_text=x_title, ticksuffix="%")
     fig.update_yaxes(title_text=f"{metric} ({'higher' if higher else 'lower'} is better), mean ± sd")
     fig.update_layout(height=460, margin=dict(l=10, r=10, t=10, b=10), font=FONT,
                       legend=dict(orientation="h", y=1.02, yanchor="bottom"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import random
 import re
+import sys
 import time
 
 import pytest
@@ -25,6 +26,16 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def callers_main():
+    """Each test leaves ``__main__`` as it found it: streamlit's AppTest runs app.py as ``__main__`` and keeps it
+    there, and whatever reads ``__main__`` later (multiprocessing's spawn re-runs it) would run the dashboard."""
+    before = sys.modules.get("__main__")
+    yield
+    if before is not None:
+        sys.modules["__main__"] = before
 
 
 @pytest.fixture(scope="session")
@@ -63,6 +74,19 @@ def tiny_protocol(path, model, csv, *, name: str, sparsities: str = "[0.25, 0.5]
     roles = f'\n[data.calib]\nsource = "{csv}"\nsize = 12\n\n[data.eval]\nsource = "{csv}"\nsize = 20\n'
     path.write_text(head + roles + "".join(f'\n[[criteria]]\nname = "{c}"\n' for c in criteria), encoding="utf-8")
     return str(path)
+
+
+def save_tiny_lm(out, n: int = 40, seed: int = 3) -> tuple[str, str]:
+    """A tiny random Llama LM (4 blocks x 8 query heads, 2 key/value groups) with a byte-level BPE tokenizer fitted
+    to ``n`` seeded sentences, saved to the folder ``out``; returns (model folder, CSV of those sentences)."""
+    from headprune.testing import offline_tokenizer, tiny_decoder
+
+    texts = sentences(n, seed=seed, min_words=8, max_words=14)
+    tokenizer = offline_tokenizer("byte-level-bpe", texts)
+    model = tiny_decoder("llama", vocab_size=len(tokenizer), max_positions=128)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out), write_csv(out / "rows.csv", ["text"], [[t] for t in texts])
 
 
 def write_csv(path, header: list[str], rows: list[list], delimiter: str = ",") -> str:

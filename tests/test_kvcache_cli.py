@@ -8,25 +8,18 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import sentences, write_csv
+from conftest import save_tiny_lm, sentences
 
 from headprune.cli import main
 from headprune.kvcache.plan import KVPlan
-from headprune.testing import offline_tokenizer, tiny_decoder
+from headprune.kvcache.stream import StreamTrajectory
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def lm_dir(tmp_path_factory):
-    texts = sentences(40, seed=3, min_words=8, max_words=14)
-    tokenizer = offline_tokenizer("byte-level-bpe", texts)
-    model = tiny_decoder("llama", vocab_size=len(tokenizer), max_positions=128)
-    out = tmp_path_factory.mktemp("tiny_llama")
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    data = write_csv(out / "rows.csv", ["text"], [[t] for t in texts])
-    return str(out), data
+    return save_tiny_lm(tmp_path_factory.mktemp("tiny_llama"))
 
 
 def run(capsys, *argv) -> tuple[int, dict | str]:
@@ -79,6 +72,15 @@ def test_kvplan_evaluate_and_generate(lm_dir, tmp_path, capsys):
     (["kvplan", "--model", "demo"], "--model demo is an encoder"),
     (["evaluate", "--model", "demo", "--kv-plan", "plan.json"], "--model demo is an encoder"),
     (["generate", "--model", "demo", "--prompt", "hi"], "--model demo is an encoder"),
+    (["kvplan", "--trajectory", "--window", "0"], "window 0 must be an integer >= 1"),
+    (["kvplan", "--trajectory", "--step", "0"], "Step 0 must be a positive integer"),
+    (["kvplan", "--trajectory", "--full-share", "-0.5"], "--full-share -0.5 must lie in [0, 1]"),
+    (["kvplan", "--trajectory", "--rule", "nope"], "Unknown KV plan rule 'nope'"),
+    (["kvplan", "--trajectory", "--random-orders", "-1"], "--random-orders -1"),
+    (["kvplan", "--trajectory", "--tsv", "x.tsv"], "--tsv and --head-ids export one plan"),
+    (["kvplan", "--trajectory", "--model", "demo"], "--model demo is an encoder"),
+    (["kvplan", "--step", "2"], "--step belong to a streaming trajectory: add --trajectory"),
+    (["kvplan", "--trajectory", "--metric", "bleu"], "bleu"),
 ])
 def test_bad_input_is_refused_before_loading(argv, words, tmp_path, capsys, monkeypatch, lm_dir):
     import headprune.cli.kvcache
@@ -105,3 +107,27 @@ def test_plan_for_another_grid_is_refused(lm_dir, tmp_path, capsys):
     bad.write_text(json.dumps({**KVPlan(torch.ones(4, 2, dtype=torch.bool), 8).to_json(), "window": 0}))
     code, err = run(capsys, "evaluate", "--model", model, "--data", data, "--kv-plan", str(bad))
     assert code == 2 and "window 0 must be an integer >= 1" in err
+
+
+def test_kvplan_trajectory_streams_each_group_and_records_every_plan(lm_dir, tmp_path, capsys):
+    """``kvplan --trajectory``: each step's metric is what ``evaluate --kv-plan`` gives for that step's plan written
+    to a file (a second, independent path through the CLI), and the random orders come with their band."""
+    model, data = lm_dir
+    out = tmp_path / "stream.json"
+    code, result = run(capsys, "kvplan", "--trajectory", "--model", model, "--data", data, "--rule", "duo",
+                       "--sink", "1", "--window", "3", "--step", "3", "--random-orders", "2", "--calib-size", "8",
+                       "--eval-size", "12", "--out", str(out))
+    assert code == 0, result
+    assert json.loads(out.read_text())["rule"] == result["rule"]
+    traj = StreamTrajectory.from_json(result["rule"])
+    assert traj.rule == "duo" and [s["n_streamed"] for s in traj.steps] == [3, 6, 8] and traj.metric == "perplexity"
+    assert result["rule"]["model"] == model and result["rule"]["data"]["roles"]["eval"]["size"] == 12
+    assert [r["seed"] for r in result["random"]["runs"]] == [0, 1] and result["random"]["spread"]["band"]
+    evaluate = ("evaluate", "--model", model, "--data", data, "--eval-size", "12", "--calib-size", "8")
+    code, dense = run(capsys, *evaluate)
+    assert dense["perplexity"] == traj.values()[0]
+    plan_file = tmp_path / "step1.json"
+    traj.plan_at(1).write(plan_file)
+    code, streamed = run(capsys, *evaluate, "--kv-plan", str(plan_file))
+    assert code == 0 and streamed["kv_plan_full_kv_heads"] == 5
+    assert streamed["perplexity"] == traj.steps[0]["metrics"]["perplexity"]

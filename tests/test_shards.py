@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from collections import Counter
 from pathlib import Path
 
@@ -71,13 +72,21 @@ def test_units_and_shards_partition_the_cells_and_keep_a_criterion_together(tmp_
 
 # -- same numbers --------------------------------------------------------------------------------------------
 
-def test_pool_and_a_submitit_array_give_the_sequential_table(tmp_path, tiny_model_dir, tiny_csv, one_thread):
+def test_pool_and_a_submitit_array_give_the_sequential_table(tmp_path, tiny_model_dir, tiny_csv, one_thread,
+                                                              monkeypatch):
     submitit = pytest.importorskip("submitit")
     protocol = tiny(tmp_path, tiny_model_dir, tiny_csv)
     keys = [c.key for c in expand(protocol)]
     run_protocol(protocol, tmp_path / "seq", plots=False)
     expected = (tmp_path / "seq" / "results.csv").read_text()
 
+    # the caller's __main__ is a script that must not run again in a worker (CI: an AppTest had left the dashboard's
+    # app.py as __main__, and multiprocessing's spawn re-ran it in both workers, which died before any cell)
+    script = tmp_path / "callers_main.py"
+    script.write_text("raise SystemExit('the caller\'s __main__ ran in a worker')\n")
+    caller = types.ModuleType("__main__")
+    caller.__file__ = str(script)
+    monkeypatch.setitem(sys.modules, "__main__", caller)
     pool = tmp_path / "pool"
     own_folder(pool, protocol)
     summary = run_pool(protocol, pool, 2, threads=1, plots=False)   # a RunError names failed workers and cells

@@ -1,23 +1,48 @@
-"""KV cache commands: ``kvplan`` (choose which key/value heads keep the whole cache, write a plan file) and
+"""KV cache commands: ``kvplan`` (choose which key/value heads keep the whole cache, write a plan file; with
+``--trajectory`` stream the groups one step at a time in the rule's order, measuring each plan: ``kvcache.stream``) and
 ``generate`` (generate under a plan with the mixed cache, beside the full cache: measured bytes and speed).
-``evaluate --kv-plan`` (in ``core``) evaluates under a plan. Every argument and the plan file are checked before
-a model loads; an encoder is refused by what its name or config.json says, before its weights load."""
+``evaluate --kv-plan`` (in ``core``) evaluates under a plan; ``evaluate --long-context passkey|perplexity
+--lengths 16,32,64`` (here) measures a long-context task per context length, dense and under the plan. Every
+argument and the plan file are checked before a model loads; an encoder is refused by what its name or config.json
+says, before its weights load."""
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
+
+import numpy as np
 
 from ..kvcache.cache import generate
+from ..kvcache.longctx import DEPTH, DEPTHS, ROWS, TASKS, TOKENS, check_lengths, check_task, measure, parse_numbers
 from ..kvcache.plan import KVPlan, KVPlanError, check_decoder, check_full_share, check_window
 from ..kvcache.restrict import restricted
 from ..kvcache.scores import REDUCE, RULES, check_rule, head_scores, plan_from_scores
-from ..limits import POSITIVE, POSITIVE_INT
+from ..kvcache.stream import FORMAT, StreamSpec, run_stream, run_stream_seeds
+from ..limits import POSITIVE, POSITIVE_INT, Interval
 from ..model.device import DEVICES
-from ..model.loading import declared_causal, load_model
+from ..model.loading import declared_causal, load_model, peek_config
 from ..provenance import versions
-from .common import add_data_args, add_mask_arg, add_model_args, check_args, load_mask, load_model_and_data, summary
-from .output import checked_out_file
+from ..trajectory import spread
+from ..workspace import DefaultSize
+from .common import (
+    add_data_args,
+    add_mask_arg,
+    add_metric_arg,
+    add_model_args,
+    build_workspace,
+    check_args,
+    load_mask,
+    load_model_and_data,
+    metric_choice,
+    summary,
+    tqdm_progress,
+)
+from .output import checked_out_file, write_json
+
+RANDOM_ORDERS = Interval(0, 1000, integer=True, why="each random order is a whole trajectory, run one after another")
+RANDOM_ORDERS_DEFAULT = 3
 
 
 def refuse_encoder(model: str) -> None:
@@ -37,6 +62,14 @@ def read_plan_arg(path: str | None, model: str) -> KVPlan | None:
 
 
 def cmd_kvplan(args) -> dict:
+    if args.trajectory:
+        return cmd_kv_trajectory(args)
+    given = [o for o, v in (("--step", args.step), ("--random-orders", args.random_orders),
+                            ("--tolerance", args.tolerance), ("--metric", args.metric)) if v is not None]
+    if given:
+        raise KVPlanError(f"{', '.join(given)} belong to a streaming trajectory: add --trajectory, or leave them out "
+                          "to write one plan.")
+    args.full_share = PLAN_SHARE if args.full_share is None else args.full_share
     check_window(args.sink, args.window)
     check_full_share(args.full_share)
     check_rule(args.rule)
@@ -65,6 +98,53 @@ def cmd_kvplan(args) -> dict:
             "kv_heads": plan.full.numel(), "sink": args.sink, "window": args.window,
             "head_ids": plan.head_ids()["full_kv_heads"], "seconds": time.perf_counter() - start,
             "tsv": args.tsv, "head_ids_file": args.head_ids}
+
+
+PLAN_SHARE = 0.25   # kvplan's --full-share when not given; a trajectory streams down to 0 unless told
+TRAJECTORY_EVAL = 500   # evaluation rows of a trajectory when --eval-size is not given (a plan reads none)
+
+
+def cmd_kv_trajectory(args) -> dict:
+    """``kvplan --trajectory``: stream the key/value groups one ``--step`` at a time in the rule's order (lowest need
+    first), the metric under the exact plan after each step, beside ``--random-orders`` seeded random orders (the
+    band); the run file records the order (every step's plan follows from it), the rule, data, mask and versions."""
+    if args.tsv or args.head_ids:
+        raise KVPlanError("--tsv and --head-ids export one plan; a trajectory's run file records the plan at every "
+                          "step (its order). Accepted: --trajectory without them, or one plan without --trajectory.")
+    spec = StreamSpec(rule=args.rule, sink=args.sink, window=args.window, step=1 if args.step is None else args.step,
+                      full_share=0.0 if args.full_share is None else args.full_share, tolerance=args.tolerance,
+                      group=args.group, probe_rows=args.probe_rows, seed=args.seed, model_name=args.model)
+    orders = RANDOM_ORDERS_DEFAULT if args.random_orders is None else args.random_orders
+    problem = RANDOM_ORDERS(orders)
+    if problem:
+        raise KVPlanError(f"--random-orders {orders!r} {problem} (seeded random streaming orders: the band).")
+    refuse_encoder(args.model)
+    checked_out_file(args.out)
+    needs_rows = args.rule not in ("razor", "random")
+    if isinstance(args.eval_size, DefaultSize) and int(args.eval_size) == 0:
+        args.eval_size = DefaultSize(TRAJECTORY_EVAL)
+    check_args(args, calib="this rule" if needs_rows else None, evaluation="a trajectory")
+    # the calibration rows are drawn for every rule, so the evaluation rows (what calibration leaves) are the same
+    # whichever rule orders the run: trajectories of razor, duo and random compare on one set of rows
+    ws = build_workspace(args, select_size=0)
+    loaded = ws.loaded
+    check_decoder(loaded.adapter)
+    _, head = metric_choice(args, ws)
+    info = {**ws.info(), "model": args.model, "data": args.data}
+    spec = replace(spec, metric=head, data_info=summary(info))
+    mask = load_mask(args, loaded)
+    common = dict(tokenizer=loaded.tokenizer, mask=mask)
+    run = run_stream(spec, loaded.model, ws.calib_batches, ws.eval_batches,
+                     progress=tqdm_progress(f"streaming {args.rule}"), **common)
+    result = {"format": FORMAT, "rule": run.to_json(), "mask_file": args.mask}
+    if orders:
+        randoms = run_stream_seeds(replace(spec, rule="random"), loaded.model, ws.calib_batches, ws.eval_batches,
+                                   range(args.seed, args.seed + orders), **common)
+        result["random"] = {"seeds": [r.seed for r in randoms], "runs": [r.to_json() for r in randoms],
+                            "spread": spread(randoms, band=True)}
+        result["random_auc_mean"] = float(np.mean([r.auc() for r in randoms]))
+    result["software"] = versions()
+    return write_json(result, args.out, command="kvplan")
 
 
 def cmd_generate(args) -> dict:
@@ -104,6 +184,88 @@ def cmd_generate(args) -> dict:
     return result
 
 
+LONG_DEFAULTS = {"passkey": "16,24,32,48", "perplexity": "16,32,64,128"}
+LONG_OPTIONS = (("--lengths", "lengths"), ("--long-rows", "long_rows"), ("--depths", "depths"),
+                ("--long-tokens", "long_tokens"))
+
+
+def check_long_context(args) -> tuple[list[int], list[float]] | None:
+    """The long-context options checked before anything loads; None when ``--long-context`` is not set (then none
+    of its options may be)."""
+    if not args.long_context:
+        given = [flag for flag, name in LONG_OPTIONS if getattr(args, name) is not None]
+        if given:
+            raise KVPlanError(f"{', '.join(given)} set without --long-context: name the task (passkey or "
+                              "perplexity), or leave these options out.")
+        return None
+    check_task(args.long_context)
+    if args.lm_eval:
+        raise KVPlanError("--long-context and --lm-eval are two different evaluations; run them separately.")
+    refuse_encoder(args.model)
+    config = peek_config(args.model) or {}
+    lengths = check_lengths(args.long_context, args.lengths or LONG_DEFAULTS[args.long_context],
+                            config.get("max_position_embeddings"))
+    for flag, value, limit in (("--long-rows", args.long_rows, ROWS), ("--long-tokens", args.long_tokens, TOKENS)):
+        problem = value is not None and limit(value)
+        if problem:
+            raise KVPlanError(f"{flag} {value!r} {problem}.")
+    depths = parse_numbers(args.depths or ",".join(f"{d:g}" for d in DEPTHS), "--depths", DEPTH, float)
+    return lengths, depths
+
+
+def evaluate_long_context(args) -> dict:
+    """``evaluate --long-context TASK``: the task at each of ``--lengths``, dense and (with ``--kv-plan``) under
+    the plan, on the texts of the evaluation rows (passkey: its filler; perplexity: the stream cut into rows)."""
+    lengths, depths = check_long_context(args)
+    check_args(args, evaluation="evaluation")
+    plan = read_plan_arg(args.kv_plan, args.model)
+    ws = build_workspace(args, calib_size=0, select_size=0)
+    loaded = ws.loaded
+    check_decoder(loaded.adapter)
+    if plan is not None:
+        plan.check_fits(loaded.adapter)
+    plans = {"dense": None, **({"plan": plan} if plan is not None else {})}
+    bar, done = tqdm_progress(f"{args.long_context} per length"), []
+
+    def progress(row):
+        done.append(row)
+        bar(len(done) / (len(plans) * len(lengths)), f"{row['plan']} at {row['length']}")
+
+    table = measure(loaded.model, loaded.tokenizer, args.long_context, lengths, plans, ws.eval.texts,
+                    rows=args.long_rows or 64, seed=args.seed, depths=depths, tokens=args.long_tokens or 4096,
+                    mask=load_mask(args, loaded), batch_size=args.batch_size,
+                    progress=progress)
+    metric = "accuracy" if args.long_context == "passkey" else "perplexity"
+    result = {"long_context": args.long_context, "metric": metric, "lengths": lengths, "model": args.model,
+              "data": args.data, "text_rows": len(ws.eval), "seed": args.seed, "mask": args.mask,
+              "dense": [r for r in table if r["plan"] == "dense"]}
+    if args.long_context == "passkey":
+        result.update(rows_per_length=args.long_rows or 64, depths=depths)
+    else:
+        result["tokens"] = args.long_tokens or 4096
+    if plan is not None:
+        result["kv_plan"] = {"file": args.kv_plan, "full_kv_heads": int(plan.full.sum()), "kv_heads":
+                             plan.full.numel(), "sink": plan.sink, "window": plan.window,
+                             "table": [r for r in table if r["plan"] == "plan"]}
+    result["software"] = versions()
+    return result
+
+
+def add_long_context_args(p) -> None:
+    g = p.add_argument_group("long context (KV cache plans)")
+    g.add_argument("--long-context", choices=TASKS,
+                   help="instead of the task's metrics: passkey (exact retrieval of a needle placed in the "
+                        "evaluation rows' text at --depths) or perplexity (the evaluation rows' text concatenated "
+                        "and cut into rows of each length), at each of --lengths, dense and under --kv-plan")
+    g.add_argument("--lengths", help="context lengths in tokens, comma-separated, up to the model's positions "
+                   f"(default: {LONG_DEFAULTS['passkey']} for passkey, {LONG_DEFAULTS['perplexity']} for perplexity)")
+    g.add_argument("--long-rows", type=int, help="passkey rows per length (default: 64)")
+    g.add_argument("--depths", help="passkey needle depths in [0, 1], comma-separated; 0 = right after BOS "
+                   "(farthest), 1 = right before the question (default: 0,0.25,0.5,0.75,1)")
+    g.add_argument("--long-tokens", type=int, help="perplexity: tokens of text cut into rows at each length "
+                   "(default: 4096)")
+
+
 def add_commands(sub) -> None:
     p = sub.add_parser("kvplan", help="choose which key/value heads keep the whole KV cache (the rest stream: "
                                       "sink + recent window) and write the plan file")
@@ -114,15 +276,29 @@ def add_commands(sub) -> None:
                    help=f"what decides: {', '.join(RULES)} (razor: RazorAttention's echo + induction scores on "
                         "probes longer than the window; duo: attention mass outside sink + window on calibration "
                         "rows, DuoAttention's question; random: seeded) or any criterion name (default: duo)")
-    p.add_argument("--full-share", type=float, default=0.25,
-                   help="share of key/value heads keeping the whole cache, in [0, 1] (default: 0.25)")
+    p.add_argument("--full-share", type=float, default=None,
+                   help="share of key/value heads keeping the whole cache, in [0, 1] (default: 0.25; with "
+                        "--trajectory, where streaming stops: default 0, every group streams)")
     p.add_argument("--sink", type=int, default=4, help="first keys a streaming head keeps (default: 4)")
     p.add_argument("--window", type=int, default=64, help="last keys a streaming head keeps (default: 64)")
     p.add_argument("--group", default="max", choices=REDUCE,
                    help="GQA: a group's score from its query heads' (default: max, the group streams only if no "
                         "query head of it needs far keys)")
     p.add_argument("--probe-rows", type=int, default=8, help="razor: repeated-token probes (default: 8)")
-    p.add_argument("--out", required=True, help="plan file to write (JSON)")
+    p.add_argument("--out", required=True, help="plan file to write (JSON); with --trajectory the run file")
+    g = p.add_argument_group("streaming trajectory (--trajectory: stream the next head, measure, repeat)")
+    g.add_argument("--trajectory", action="store_true",
+                   help="instead of one plan: stream the key/value groups --step at a time in the rule's order "
+                        "(lowest need first), measuring the metric on the evaluation rows under the exact plan "
+                        "after each step, beside --random-orders seeded random orders (default --eval-size: "
+                        f"{TRAJECTORY_EVAL})")
+    g.add_argument("--step", type=int, help="groups streamed per step (default: 1)")
+    g.add_argument("--random-orders", type=int,
+                   help=f"seeded random streaming orders, seeds --seed.. (the band; default: "
+                        f"{RANDOM_ORDERS_DEFAULT}, 0 = none)")
+    g.add_argument("--tolerance", type=float,
+                   help="report the streamed share reached before the metric falls below T x dense")
+    add_metric_arg(g, "the trajectory's summaries read")
     p.add_argument("--tsv", help="also write DuoAttention's full_attention_heads.tsv layout here")
     p.add_argument("--head-ids", help="also write a JSON of full / streaming head ids here")
     p.set_defaults(handler=cmd_kvplan)

@@ -33,6 +33,12 @@ roles, metric sets and criteria goes through the functions below:
                           rows of its source that are not evaluation rows (compared by content hash)
     recover               ``recovery.recover_cell`` on a cell's mask: the pruned model trained on the train rows,
                           evaluated dense / pruned / recovered on the cell's evaluation rows
+    kv_scores             a [kv] rule's query-head scores for one repeat (``kvcache.scores.head_scores``: duo and
+                          criteria on the repeat's calibration rows, razor on probes and random by the repeat's seed)
+    kv_plan               the cache plan keeping a share of the key/value groups full (``plan_from_scores``)
+    evaluate_under_plan   the task's metrics on the evaluation rows with the plan's streaming heads restricted to
+                          sink + window (a private copy: ``kvcache.restricted``), and the plan's KV bytes counted
+                          at the protocol's ``max_length`` against the full cache's (``kvcache.tasks.bytes_at``)
 """
 
 from __future__ import annotations
@@ -67,6 +73,10 @@ from ..evaluation.stability import (
     perturb_batches,
     stability,
 )
+from ..kvcache.plan import KVPlan, check_decoder
+from ..kvcache.restrict import restricted
+from ..kvcache.scores import head_scores, plan_from_scores
+from ..kvcache.tasks import bytes_at
 from ..model.layers import skip_layers
 from ..model.loading import LoadedModel, load_model
 from ..model.mask import HeadMask
@@ -360,3 +370,26 @@ def recover(loaded: LoadedModel, data: CellData, train: TextDataset, mask: HeadM
     return {"metrics": record["metrics"]["recovered"], "stages": record["metrics"],
             "recovery": {k: record[k] for k in ("method", "spec", "mode", "steps", "train_seconds", "losses")}
             | {"train": role}}
+
+
+def kv_scores(loaded: LoadedModel, data: CellData, kv, rule: str, seed: int) -> np.ndarray:
+    """(L, H) query-head scores of the [kv] table ``kv``'s ``rule`` for one repeat (``seed``: seed + repeat)."""
+    check_decoder(loaded.adapter)   # a hub id's family is known only once loaded (a named one was refused before)
+    return head_scores(rule, loaded.model, calib=data.calib_batches, tokenizer=loaded.tokenizer, sink=kv.sink,
+                       window=kv.window, seed=seed, probe_rows=kv.probe_rows)
+
+
+def kv_plan(loaded: LoadedModel, kv, scores: np.ndarray, share: float, meta: dict) -> KVPlan:
+    """The plan keeping ``share`` of the key/value groups full, the highest group scores (``kv.group``: max or mean
+    of a group's query heads), the rest streaming at ``kv.sink`` / ``kv.window``."""
+    return plan_from_scores(scores, loaded.adapter.n_kv_heads, share, kv.sink, kv.window, kv.group, meta)
+
+
+def evaluate_under_plan(loaded: LoadedModel, data: CellData, plan: KVPlan, progress: Progress | None,
+                        memory_budget, length: int) -> tuple[dict, dict]:
+    """(the task's metrics under ``plan`` on the evaluation rows, KV bytes at ``length`` tokens: full cache, plan,
+    ratio). The loaded model is never changed (the plan runs on a private copy)."""
+    with restricted(loaded.model, plan, loaded.adapter) as model:
+        metrics = evaluate(model, data.eval_batches, None, progress=progress, task=data.task,
+                           memory_budget=memory_budget).to_dict()
+    return metrics, bytes_at(loaded.model, plan, length)

@@ -11,6 +11,9 @@ repeat's caches, and :meth:`CellComputer.compute` turns one cell into ``(result,
     recovered    the pruned cell's mask file trained back on the train rows (checkpoints in ``recovery/<key>/``
                  under the cell's fingerprint)
     trajectory   the pruning trajectory and the mask it saves (``saved_step``) with its size (``size_at``)
+    kv           a [kv] rule's scores of the repeat (once per rule), the cache plan at the cell's full share
+                 (written to ``plans/<key>.json``, the ``headprune kvplan`` format), the metrics under it and its
+                 KV bytes at ``max_length`` tokens; no mask
 
 Every call into data roles, metrics and criteria goes through ``cells`` (the adapter); writing the cell's file is
 the runner's (``Runner.write_cell``). :func:`fingerprint` is the hash of everything that decides a cell's result,
@@ -45,7 +48,7 @@ from ..scoring import ScoreMap
 from ..trajectory import Trajectory, run_trajectory
 from . import cells as adapter
 from .cells import Progress
-from .plan import DENSE, RECOVERED, TOLERANCE, TRAIN_PASS, Cell, lm_eval_runs, recovery_rows, slug
+from .plan import DENSE, KV, RECOVERED, TOLERANCE, TRAIN_PASS, Cell, kv_work, lm_eval_runs, recovery_rows, slug
 from .spec import CriterionEntry, ModelEntry, Protocol
 
 
@@ -86,6 +89,8 @@ def fingerprint(protocol: Protocol, entry: ModelEntry, cell: Cell) -> str:
             "batch_size": protocol.batch_size, "max_length": protocol.max_length, "dtype": protocol.dtype,
             "trajectory": protocol.trajectory.to_json() if protocol.trajectory and cell.kind == "trajectory"
             else None}
+    if cell.kind == KV:   # what a plan is made of (absent for other cells: their fingerprints stay as they were)
+        what["kv"] = protocol.kv.to_json()
     if entry.harness_metrics:   # how lm-eval ran decides those numbers (absent otherwise: older runs still resume)
         what["lm_eval"] = {k: list(v) if isinstance(v, tuple) else v for k, v in protocol.lm_eval.items()}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode("utf-8")).hexdigest()
@@ -129,6 +134,7 @@ class CellComputer:
         self.seed = protocol.seed + repeat
         self.contexts: dict[int, object] = {}   # one per seed: criteria sharing a pass share it through its cache
         self.scores: dict[tuple, ScoreMap] = {}
+        self.kv_scores: dict[str, np.ndarray] = {}   # a [kv] rule's query-head scores of this repeat
 
     def criterion_of(self, cell: Cell) -> CriterionEntry | None:
         return next((c for c in self.protocol.criteria if c.label == cell.criterion), None)
@@ -141,7 +147,27 @@ class CellComputer:
             return self.recovered(cell, progress)
         if cell.kind in ("sparsity", TOLERANCE):
             return self.sparsity(cell, progress)
+        if cell.kind == KV:
+            return self.kv(cell, progress)
         return self.trajectory(cell, progress)
+
+    def kv(self, cell: Cell, progress: Progress) -> tuple[dict, None, list[int]]:
+        """The rule's plan at the cell's full share (module doc): one scoring per rule and repeat, the plan file
+        written under ``plans/``, the metrics under the plan and its bytes."""
+        kv = self.protocol.kv
+        if cell.criterion not in self.kv_scores:
+            self.kv_scores[cell.criterion] = adapter.kv_scores(self.loaded, self.data, kv, cell.criterion, self.seed)
+        meta = {"rule": cell.criterion, "full_share": cell.full_share, "model": self.entry.model,
+                "repeat": cell.repeat, "seed": self.seed, "calib_hash": self.data.roles["calib"]["hash"]}
+        plan = adapter.kv_plan(self.loaded, kv, self.kv_scores[cell.criterion], cell.full_share, meta)
+        path = self.out / "plans" / f"{cell.key}.json"
+        write_atomic(path, as_json(plan.to_json()))
+        metrics, counted = adapter.evaluate_under_plan(self.loaded, self.data, plan, progress, self.budget,
+                                                       self.protocol.max_length)
+        return {"metrics": metrics, "kv_plan": str(path.relative_to(self.out)), "full_kv_heads": int(plan.full.sum()),
+                "kv_heads": plan.full.numel(), "full_kv_head_ids": plan.head_ids()["full_kv_heads"],
+                "sink": plan.sink, "window": plan.window, "kv_bytes": {"length": self.protocol.max_length,
+                                                                       **counted}}, None, []
 
     def evaluate(self, mask: HeadMask | None, progress: Progress, dropped: list[int] | tuple = ()) -> dict:
         return adapter.evaluate_cell(self.loaded, self.data, mask, progress, self.budget, dropped,
@@ -250,6 +276,9 @@ class CellComputer:
                                                rate=rate, memory_budget=self.budget,
                                                select=data.select_batches or None).seconds
                 continue
+            if cell.kind == KV and (cell.criterion, cell.repeat) not in scored:   # a rule scores once per repeat
+                scored.add((cell.criterion, cell.repeat))
+                seconds += per_token * tokens(data.calib_batches) * kv_work(ctx, cell.criterion)
             if cell.kind == RECOVERED:   # training (forward + backward) and three evaluations (recover_cell)
                 per_row = tokens(data.eval_batches) / max(len(data.eval), 1)
                 seconds += per_token * (2 * tokens(data.eval_batches)

@@ -1,12 +1,16 @@
 """Executors: who runs a protocol's shards. Each hands a shard id to one function, :func:`shard_job`.
 
     local   today's run: one process, every cell in order (``run_protocol``), the table at the end
-    pool    N worker processes on this machine (spawned, not forked: torch and CUDA are not fork-safe): one per
-            visible GPU, each with ``CUDA_VISIBLE_DEVICES`` set to its own, or on CPU with the cores split
-            between them (``torch.set_num_threads``). Worker i runs shard i/N and then takes over the cells no
-            live worker holds (``run_shard(steal=True)``), so a slow or killed worker's cells are still done.
-            Logs in ``OUT/jobs/pool/worker-<i>.log``; a Ctrl-C stops the workers (SIGTERM: each gives its claims
-            back; a cell file is only ever written whole), keeps what finished and is raised again to the caller.
+    pool    N worker processes on this machine: one per visible GPU, each with ``CUDA_VISIBLE_DEVICES`` set
+            to its own, or on CPU with the cores split between them (``torch.set_num_threads``). Each is a fresh
+            ``python -m headprune.protocol.executors OUT/jobs/pool/worker-<i>.json`` (the job file: the
+            protocol's text and the call's arguments, as submitit pickles a call) -- not a multiprocessing
+            spawn, which re-runs the parent's ``__main__`` (a Streamlit script, a notebook, a test runner's)
+            in every worker, and not a fork (torch and CUDA are not fork-safe). Worker i runs shard i/N and
+            then takes over the cells no live worker holds (``run_shard(steal=True)``), so a slow or killed
+            worker's cells are still done. Logs in ``OUT/jobs/pool/worker-<i>.log``; a Ctrl-C stops the
+            workers (SIGTERM: each gives its claims back; a cell file is only ever written whole), keeps what
+            finished and is raised again to the caller.
     slurm   a submitit job array, one task per shard, submitit's folders (pickled call, logs, result) under
             ``OUT/jobs/<job id>_<task>/``; returns the job ids, or waits for them and merges the table.
             ``submit`` takes any submitit executor: CI runs the same array through ``submitit.LocalExecutor``
@@ -16,16 +20,18 @@
 from __future__ import annotations
 
 import importlib.util
-import multiprocessing
+import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from .compute import write_atomic
 from .run import RunError, merge
 from .schedule import run_shard, units, worker_name
 from .spec import Protocol
@@ -40,22 +46,11 @@ def _raise_interrupt(signum, frame):
 
 
 def shard_job(text: str, source: str, out: str, shard: tuple[int, int], *, steal: bool = False,
-              env: dict | None = None, threads: int | None = None, memory_budget=None, log: str | None = None
-              ) -> dict:
-    """One shard in this process: the function every executor calls (pickled by submitit, spawned by the pool).
+              threads: int | None = None, memory_budget=None) -> dict:
+    """One shard in this process: the function every executor calls (pickled by submitit, run by a pool's worker).
 
     ``text``/``source``: the protocol file as written (parsed here again: a job carries text, not objects);
-    ``env``: variables set before any CUDA call (``CUDA_VISIBLE_DEVICES``); ``threads``: torch's CPU threads;
-    ``log``: a file this process's stdout and stderr go to (the pool's workers)."""
-    if log is not None:
-        Path(log).parent.mkdir(parents=True, exist_ok=True)
-        handle = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
-            os.dup2(handle, stream.fileno())
-    os.environ.update(env or {})
-    if log is not None:   # a pool's worker: the pool's stop (SIGTERM) gives the claims back (run_shard's finally);
-        signal.signal(signal.SIGTERM, _raise_interrupt)   # submitit keeps its own SIGTERM handling (requeue)
+    ``threads``: torch's CPU threads."""
     if threads is not None:
         torch.set_num_threads(threads)
     protocol = Protocol.parse(text, source, default_name=Path(source).stem)
@@ -64,6 +59,17 @@ def shard_job(text: str, source: str, out: str, shard: tuple[int, int], *, steal
     print(f"shard {shard[0]}/{shard[1]}: {len(result['computed'])} cells computed, {len(result['failed'])} units "
           "failed", flush=True)
     return result
+
+
+def pool_worker(call: str) -> int:
+    """A pool's worker process (``python -m headprune.protocol.executors JOB.json``): its shard, then any cell
+    left. The pool's stop (SIGTERM) is a KeyboardInterrupt here, so ``run_shard``'s finally gives the claims back
+    (submitit keeps its own SIGTERM handling: requeue)."""
+    job = json.loads(Path(call).read_text(encoding="utf-8"))
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    shard_job(job["text"], job["source"], job["out"], tuple(job["shard"]), steal=True, threads=job["threads"],
+              memory_budget=job["memory_budget"])
+    return 0
 
 
 # -- pool ------------------------------------------------------------------------------------------------------
@@ -95,26 +101,28 @@ def run_pool(protocol: Protocol, out: str | Path, workers: int | None = None, *,
     out = Path(out)
     plan = pool_plan(workers, visible_gpus(), os.cpu_count() or 1)
     n = len(plan)
-    context = multiprocessing.get_context("spawn")
     procs = []
+    folder = out / "jobs" / "pool"
+    folder.mkdir(parents=True, exist_ok=True)
     for i, job in enumerate(plan):
-        log = out / "jobs" / "pool" / f"worker-{i}.log"
-        proc = context.Process(target=shard_job, name=f"headprune-worker-{i}",
-                               args=(protocol.text, protocol.source, str(out), (i, n)),
-                               kwargs={"steal": True, "env": job["env"], "threads": threads or job["threads"],
-                                       "memory_budget": memory_budget, "log": str(log)})
-        proc.start()
+        log, call = folder / f"worker-{i}.log", folder / f"worker-{i}.json"
+        write_atomic(call, json.dumps({"text": protocol.text, "source": protocol.source, "out": str(out),
+                                       "shard": [i, n], "threads": threads or job["threads"],
+                                       "memory_budget": memory_budget}, indent=1))
+        with open(log, "ab") as sink:   # the child holds its own copy of the descriptor
+            proc = subprocess.Popen([sys.executable, "-m", __name__, str(call)], env={**os.environ, **job["env"]},
+                                    stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT)
         procs.append(proc)
         where = f"GPU {job['env']['CUDA_VISIBLE_DEVICES']}" if job["env"]["CUDA_VISIBLE_DEVICES"] else \
             f"CPU, {threads or job['threads']} thread(s)"
         say(f"worker {i}: pid {proc.pid}, {where}, shard {i}/{n} then any cell left; log {log}")
     try:
         for proc in procs:
-            proc.join()
+            proc.wait()
     except KeyboardInterrupt:   # Ctrl-C (or SIGTERM): the workers stop too, the caller says what was kept
         stop(procs)
         raise
-    codes = [proc.exitcode for proc in procs]
+    codes = [proc.returncode for proc in procs]
     ended = []   # each worker that did not finish, with the end of its log: what a user (or CI) reads first
     for i, code in enumerate(codes):
         if code:
@@ -141,13 +149,14 @@ def log_tail(path: Path, lines: int = 8) -> str:
 def stop(procs) -> None:
     """SIGTERM to every live worker (each gives its claims back), SIGKILL to those still alive after the grace."""
     for proc in procs:
-        if proc.is_alive():
+        if proc.poll() is None:
             proc.terminate()
     for proc in procs:
-        proc.join(STOP_GRACE)
-        if proc.is_alive():
+        try:
+            proc.wait(STOP_GRACE)
+        except subprocess.TimeoutExpired:
             proc.kill()
-            proc.join()
+            proc.wait()
 
 
 # -- slurm (submitit) ------------------------------------------------------------------------------------------
@@ -221,3 +230,7 @@ def _array_task(text: str, source: str, out: str, shard: tuple[int, int], memory
 def shard_count(protocol: Protocol) -> int:
     """How many shards an array gets by default: one per unit (one model load each)."""
     return len(units(protocol))
+
+
+if __name__ == "__main__":   # a pool's worker (run_pool starts it with -m)
+    sys.exit(pool_worker(sys.argv[1]))

@@ -6,6 +6,8 @@ Cells (one result each, resumable one by one):
                   ``sparsity = 0``: ``CriterionEntry.tolerance_cells``) one ``tolerance`` cell per repeat instead
     trajectory    per model: criterion x order (inverse or not) x repeat; the random criterion runs one order
                   ``max(repeats, random_boxes)`` times (independent random orders: the boxes per ratio)
+    kv            per model: one ``dense`` cell (every head keeps its whole cache), then rule x full share x repeat
+                  ([kv]: the task's metrics under the rule's cache plan at that share)
 
 Work is counted in row-passes: one forward pass over one row (``Criterion.work`` passes over the calibration rows
 for scoring, ``Criterion.selection_work`` over the selection rows -- the calibration rows without a ``select`` role
@@ -42,6 +44,7 @@ from .spec import ModelEntry, Protocol
 DENSE = "dense"
 RECOVERED = "recovered"
 TOLERANCE = "tolerance"   # a criterion's own stop (sap-cf's tolerance mode): the sparsity is its result
+KV = "kv"          # a cache plan's cell ([kv]): a rule at a share of key/value heads kept full
 TRAIN_PASS = 3   # a training step's row-pass: forward + backward, about three forwards
 TEACHER_PASS = 1   # distillation adds the frozen teacher's forward to every training row
 TIMED_PARAMETERS = 600_000_000   # larger local models are not instantiated to time a pass (memory)
@@ -63,11 +66,14 @@ class Cell:
     inverse: bool | None = None      # trajectory cells
     recovered: bool = False          # the sparsity cell's model trained back ([recovery]): its own cell
     tolerance: bool = False          # a criterion's tolerance mode (sap-cf, sparsity = 0): its own sparsity
+    full_share: float | None = None  # kv cells: the share of key/value heads keeping the whole cache
 
     @property
     def kind(self) -> str:
         if self.recovered:
             return RECOVERED
+        if self.full_share is not None:
+            return KV
         if self.tolerance:
             return TOLERANCE
         return DENSE if self.criterion == DENSE else ("trajectory" if self.inverse is not None else "sparsity")
@@ -81,14 +87,15 @@ class Cell:
     def key(self) -> str:
         """A stable file name: ``demo__his__s0.25__r1`` (a tolerance cell: ``demo__sap-cf__tol__r0``)."""
         what = f"s{self.sparsity:g}" if self.sparsity is not None else "tol" if self.tolerance else \
+            f"f{self.full_share:g}" if self.full_share is not None else \
             ("inverse" if self.inverse else "order") if self.inverse is not None else ""
         parts = [self.model, self.criterion] + ([what] if what else []) + [f"r{self.repeat}"]
         return "__".join(slug(p) for p in parts + (["recovered"] if self.recovered else []))
 
     def to_json(self) -> dict:
         out = {**asdict(self), "kind": self.kind, "key": self.key}
-        for flag in ("recovered", "tolerance"):   # a cell's record (and fingerprint) as before the flag existed
-            if not out[flag]:
+        for flag in ("recovered", "tolerance", "full_share"):   # a cell's record (and fingerprint) as before the
+            if out[flag] is None or out[flag] is False:             # field existed (full share 0 is kept)
                 del out[flag]
         return out
 
@@ -97,6 +104,11 @@ def expand(protocol: Protocol) -> list[Cell]:
     """Every cell of ``protocol`` in run order (model by model; repeats outer, so a repeat's scoring is shared)."""
     cells = []
     for entry in protocol.models:
+        if protocol.kv is not None:
+            cells.append(Cell(entry.name, DENSE))
+            cells += [Cell(entry.name, rule, r, full_share=share) for r in range(protocol.repeats)
+                      for rule in protocol.kv.rules for share in protocol.kv.full_shares]
+            continue
         if protocol.trajectory is None:
             cells.append(Cell(entry.name, DENSE))
             stages = (False, True) if protocol.recovery is not None else (False,)
@@ -238,6 +250,11 @@ def plan_model(protocol: Protocol, entry: ModelEntry, cells: list[Cell], time_it
         if cell.kind == DENSE:
             evals += n_eval
             continue
+        if cell.kind == KV:   # the rule scored once per repeat (``kv_work``), one evaluation under each plan
+            calib += 0 if (cell.criterion, cell.repeat) in scored else n_calib * kv_work(ctx, cell.criterion)
+            scored.add((cell.criterion, cell.repeat))
+            evals += n_eval
+            continue
         if cell.kind == RECOVERED:   # train, then dense / pruned / recovered evaluated (recover_cell)
             per_row = TRAIN_PASS + (TEACHER_PASS if protocol.recovery.distill else 0)
             plan.train_row_passes += per_row * recovery_rows(protocol, entry)
@@ -277,6 +294,17 @@ def plan_model(protocol: Protocol, entry: ModelEntry, cells: list[Cell], time_it
     per_token, _ = forward_rate(model, [_synthetic_batch(rows, length)], protocol.memory_budget)
     plan.seconds = per_token * length * (calib + select + evals + plan.train_row_passes)
     return plan
+
+
+def kv_work(ctx: ScoringContext, rule: str) -> float:
+    """Passes over the calibration rows a KV rule's scores cost: duo one (attention captured layer by layer), razor
+    about one (its probes, counted as calibration rows), random none, a criterion its own ``work``."""
+    if rule in ("duo", "razor"):
+        return 1.0
+    if rule == "random":
+        return 0.0
+    crit = get(rule)
+    return crit.work(ctx, crit.resolve_params({}))
 
 
 def _random_init(config):

@@ -11,7 +11,9 @@ Layout of ``OUT``::
     scores/<key>.json    a criterion's ScoreMap of one repeat (shared by the sparsities of that repeat)
     recovery/<key>/      a recovered cell's training checkpoints while it runs ([recovery]; deleted once written)
     masks/<key>.json     the mask of a cell (``HeadMask`` file format: {"pruned": {...}, "shape": [L, H]})
-    results.csv, results.md   the table: mean ± sd over repeats per (model, criterion, sparsity or order), metric;
+    plans/<key>.json     a [kv] cell's cache plan (``kvcache.KVPlan`` file format, as ``headprune kvplan`` writes)
+    results.csv, results.md   the table: mean ± sd over repeats per (model, criterion, sparsity, order or full
+                         share of a [kv] rule), metric;
                          with [recovery] a "stage" column: dense, pruned, or recovered (the pruned cell's mask
                          trained back on data.train, evaluated on the same evaluation rows)
     plots/<model>.html|png    metric vs sparsity (or the trajectories), when plotly (and kaleido) are installed
@@ -55,7 +57,7 @@ from ..trajectory import Trajectory, spread
 from . import cells as adapter
 from .claims import read_failure
 from .compute import CellComputer, RunError, as_json, fingerprint, read_json, write_atomic
-from .plan import DENSE, RECOVERED, TOLERANCE, Cell, expand, slug
+from .plan import DENSE, KV, RECOVERED, TOLERANCE, Cell, expand, slug
 from .spec import ModelEntry, Protocol
 
 Progress = Callable[[float, str], None]
@@ -64,7 +66,8 @@ Say = Callable[[str], None]
 
 # -- files -----------------------------------------------------------------------------------------------------
 
-OWN = ("cells", "scores", "masks", "recovery", "plots", "results.csv", "results.md", "run.json", outdir.MARKER)
+OWN = ("cells", "scores", "masks", "plans", "recovery", "plots", "results.csv", "results.md", "run.json",
+       outdir.MARKER)
 
 
 def identity(protocol: Protocol) -> dict:
@@ -107,7 +110,7 @@ def clear_stale(out: Path, protocol: Protocol) -> None:
     keys = {f"{c.key}.json" for c in cells}
     scored = tuple(f"{slug(c.model)}__{slug(c.criterion)}__r{c.repeat}__" for c in cells)
     plots = {f"{slug(m.name)}{suffix}" for m in protocol.models for suffix in (".html", ".png")}
-    owners = {out: set(OWN), out / "cells": keys, out / "masks": keys, out / "plots": plots}
+    owners = {out: set(OWN), out / "cells": keys, out / "masks": keys, out / "plans": keys, out / "plots": plots}
     for folder, names in owners.items():
         for stale in list(outdir.stale_temps(folder, names.__contains__)):
             stale.unlink()
@@ -276,14 +279,19 @@ def table_rows(protocol: Protocol, records: dict[str, dict | None]) -> tuple[lis
     for cell in expand(protocol):
         if records.get(cell.key) is None:
             continue
-        where = TOLERANCE if cell.tolerance else \
+        where = TOLERANCE if cell.tolerance else cell.full_share if cell.kind == KV else \
             cell.sparsity if cell.inverse is None else ("inverse" if cell.inverse else "order")
         stage = RECOVERED if cell.recovered else (DENSE if cell.kind == DENSE else "pruned")
         groups.setdefault((cell.model, cell.criterion, where, stage), []).append(records[cell.key])
     entries = {m.name: m for m in protocol.models}
     for (model, criterion, where, stage), recs in groups.items():
         task = Task(recs[0]["task"])
-        if protocol.trajectory is None:
+        if protocol.kv is not None:   # a cache plan's row: its share of full key/value heads (dense: all of them)
+            names = list(adapter.task_metrics(task, entries[model], *eval_of(recs[0])))
+            values = {m: [r["metrics"][m] for r in recs] for m in names}
+            values[KV_BYTES] = [r["kv_bytes"]["ratio"] if where is not None else 1.0 for r in recs]
+            row = {"model": model, "criterion": criterion, "full_share": 1.0 if where is None else where}
+        elif protocol.trajectory is None:
             names = list(adapter.task_metrics(task, entries[model], *eval_of(recs[0])))
             values = {m: [r["metrics"][m] for r in recs] for m in names}
             if where == TOLERANCE:   # the sparsity is the criterion's result (sap-cf's tolerance mode)
@@ -308,8 +316,9 @@ def table_rows(protocol: Protocol, records: dict[str, dict | None]) -> tuple[lis
     return rows, columns
 
 
-KEYS = ("model", "criterion", "sparsity", "order", "stage", "repeats")   # a row's identifying columns
+KEYS = ("model", "criterion", "sparsity", "full_share", "order", "stage", "repeats")   # a row's identifying columns
 REACHED = "sparsity reached"   # the column of tolerance rows: the pruned share CF's tolerance stopped at
+KV_BYTES = "kv bytes / full"   # a [kv] row's KV bytes at max_length tokens over the full cache's (counted)
 
 
 def _fmt(value: tuple | None) -> str:
@@ -337,7 +346,8 @@ def table_markdown(rows: list[dict], columns: list[str]) -> str:
     keys = [k for k in KEYS if k in rows[0]]
     lines = ["| " + " | ".join(keys + columns) + " |", "|" + "---|" * (len(keys) + len(columns))]
     for row in rows:
-        shown = [f"{row[k]:g}" if k == "sparsity" and not isinstance(row[k], str) else str(row[k]) for k in keys]
+        shown = [f"{row[k]:g}" if k in ("sparsity", "full_share") and not isinstance(row[k], str) else str(row[k])
+                 for k in keys]
         lines.append("| " + " | ".join(shown + [_fmt(row.get(c)) for c in columns]) + " |")
     return "\n".join(lines) + "\n"
 
@@ -356,7 +366,8 @@ def average_rows(protocol: Protocol, records: dict[str, dict], rows: list[dict])
     metric (HIES Table 1: SST-2 accuracy, CoLA MCC, ... averaged), and with ``[table] baseline`` the "% vs" column,
     100 x (average / the baseline's average at the same sparsity and stage - 1). Sparsity protocols of several
     models, or with a baseline, only (one model's average is its own table)."""
-    if protocol.trajectory is not None or (len(protocol.models) < 2 and not protocol.table.get("baseline")):
+    if protocol.trajectory is not None or protocol.kv is not None or \
+            (len(protocol.models) < 2 and not protocol.table.get("baseline")):
         return []
     headline = headline_by_model(protocol, records)
     groups: dict[tuple, list[float]] = {}
@@ -462,7 +473,14 @@ def write_plots(protocol: Protocol, records: dict[str, dict], rows: list[dict], 
     written, notes = [], []
     for entry in protocol.models:
         mine = [c for c in expand(protocol) if c.model == entry.name]
-        if protocol.trajectory is None:
+        if protocol.kv is not None:   # metric vs share of full key/value heads, a curve per rule (random: the band)
+            dense = records[mine[0].key]
+            metric = adapter.headline_of(Task(dense["task"]), entry, *eval_of(dense))
+            points = [{"criterion": r["criterion"], "sparsity": r["full_share"], "mean": r[metric][0],
+                       "sd": r[metric][1]} for r in rows if r["model"] == entry.name and r["criterion"] != DENSE]
+            fig = viz.sparsity_figure(points, metric, dense["metrics"].get(metric),
+                                      x_title="key/value heads keeping the whole cache (%)")
+        elif protocol.trajectory is None:
             dense = records[mine[0].key]
             metric = adapter.headline_of(Task(dense["task"]), entry, *eval_of(dense))
             points = [{"criterion": r["criterion"] + (" (recovered)" if r.get("stage") == RECOVERED else ""),

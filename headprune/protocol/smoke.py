@@ -45,7 +45,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, PreTrainedTokenizerFast
 
 from ..data import TextDataset, align_labels
-from ..data.sources import parse_hf_spec
+from ..data.sources import NAMED_DATA, parse_hf_spec
 from ..errors import HeadpruneError
 from ..evaluation.harness import is_harness_metric, parse_metric
 from ..model.loading import NAMED_MODELS, model_source_kind
@@ -165,7 +165,11 @@ def _stated(role: Role, entry: ModelEntry) -> Features:
 
 
 def source_features(role: Role, entry: ModelEntry, online: bool) -> Features:
-    """The features of ``role``'s source (module doc: hub, known table, protocol statements, in that order)."""
+    """The features of ``role``'s source (module doc: hub, known table, protocol statements, in that order); a
+    named data set registered unlabelled (demo-lm, demo-circuit: a language model's text) has no label column."""
+    named = NAMED_DATA.get(role.source)
+    if named is not None and not named.labelled and named.task is None:
+        return Features(("text",), None, None, origin=f"{role.source}: unlabelled text (a language model's rows)")
     if role.source.startswith("hf:"):
         name, config, _ = parse_hf_spec(role.source)
         found = (_hub_features(name, config) if online else None) or _known(name, config)

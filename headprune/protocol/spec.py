@@ -26,10 +26,13 @@ or, instead of ``sparsities``, a ``[trajectory]`` table (step, budget, count, to
 random_boxes = N independent random orders, report_at = ratios, mask_tolerance = τ: each cell saves the mask of
 the last step within τ x dense on the selection rows, with its size, instead of the last step). ``[[paper]]``
 tables carry a paper's values per cell (``PaperValues``), ``[table] baseline`` names the criterion of the "% vs"
-column. Roles are drawn with the protocol's ``seed`` (roles on one source are disjoint; each repeat re-draws the
-calibration rows outside the evaluation rows). A key this module does not know, or a bad value, is a
-:class:`ProtocolError` naming the key and its line in the file: TOML parsers give no line numbers for keys, so
-:class:`KeyLines` finds them by scanning the text for the table headers and keys.
+column. Or a ``[kv]`` table alone (no sparsities, trajectory or criteria): KV cache plans of decoders, ``rules``
+(razor, duo, random or criterion names) x ``full_shares`` (shares of key/value heads kept full) at ``sink`` and
+``window`` (``KVPart``), each cell the task's metrics under its plan. Roles are drawn with the protocol's
+``seed`` (roles on one source are disjoint; each repeat re-draws the calibration rows outside the evaluation rows).
+A key this module does not know, or a bad value, is a :class:`ProtocolError` naming the key and its line in the
+file: TOML parsers give no line numbers for keys, so :class:`KeyLines` finds them by scanning the text for the
+table headers and keys.
 """
 
 from __future__ import annotations
@@ -46,8 +49,11 @@ from ..errors import HeadpruneError
 from ..evaluation.harness import HarnessError, HarnessSpec, is_harness_metric, metric_tasks, parse_metric
 from ..evaluation.metrics import Metrics
 from ..evaluation.stability import STABILITY_METRICS
+from ..kvcache.plan import FULL_SHARE, SINK, WINDOW
+from ..kvcache.scores import REDUCE, check_rule
 from ..limits import ROWS_PER_BATCH, TOKENS_PER_ROW, UNIT, Interval
 from ..model.device import DEVICES
+from ..model.loading import declared_causal
 from ..model.memory import MemoryBudgetError, parse_budget
 from ..recovery.spec import RecoverySpec
 from ..trajectory import TrajectoryError, TrajectorySpec
@@ -325,6 +331,53 @@ class TrajectoryPart(Located):
             ({"mask_tolerance": self.mask_tolerance} if self.mask_tolerance is not None else {})
 
 
+PROBE_ROWS = Interval(1, 10_000, integer=True, why="razor's repeated-token probes, one forward pass over them")
+
+
+@dataclass(frozen=True, kw_only=True)
+class KVPart(Located):
+    """A ``[kv]`` table instead of sparsities: KV cache plans (``headprune.kvcache``). Each rule (razor, duo, random
+    or a criterion name: ``kvcache.scores``) scores the heads once per repeat; a cell per rule x full share x repeat
+    keeps that share of the key/value groups full (the highest group scores, ``plan_from_scores``) and streams the
+    rest (the first ``sink`` and last ``window`` keys, exactly), and reports the task's metrics under that plan.
+    random draws one plan per repeat (seed + repeat): its repeats are the band."""
+
+    rules: tuple = ()
+    full_shares: tuple = ()
+    sink: int = 4
+    window: int = 64
+    group: str = "max"                   # a group's score from its query heads' (kvcache.scores.REDUCE)
+    probe_rows: int = 8                  # razor's probes
+
+    def __post_init__(self):
+        rules = self.rules if isinstance(self.rules, (list, tuple)) else None
+        if not rules or any(not isinstance(r, str) for r in rules) or len(set(rules)) < len(rules):
+            raise self.fail("rules", f"expected a list of distinct rule names (razor, duo, random or a criterion), "
+                                     f"got {self.rules!r}.")
+        for rule in rules:
+            try:
+                check_rule(rule)
+            except HeadpruneError as exc:
+                raise self.fail("rules", str(exc)) from None
+        object.__setattr__(self, "rules", tuple(rules))
+        if not isinstance(self.full_shares, (list, tuple)) or not self.full_shares:
+            raise self.fail("full_shares", f"expected a list of shares of key/value heads kept full, each in [0, 1], "
+                                           f"got {self.full_shares!r}.")
+        for share in self.full_shares:
+            _check(self, "full_shares", share, FULL_SHARE, "full share")
+        object.__setattr__(self, "full_shares", tuple(sorted({float(x) for x in self.full_shares})))
+        _check(self, "sink", self.sink, SINK, "sink (first keys a streaming head keeps)")
+        _check(self, "window", self.window, WINDOW, "window (last keys a streaming head keeps, the key itself "
+                                                    "included)")
+        if self.group not in REDUCE:
+            raise self.fail("group", f"unknown group reduction {self.group!r}; accepted: {', '.join(REDUCE)}.")
+        _check(self, "probe_rows", self.probe_rows, PROBE_ROWS, "probe_rows")
+
+    def to_json(self) -> dict:
+        return {"rules": list(self.rules), "full_shares": list(self.full_shares), "sink": self.sink,
+                "window": self.window, "group": self.group, "probe_rows": self.probe_rows}
+
+
 def _metric(part: Located, key: str, name: str) -> str:
     """One metric name: headprune's (``metric_names``) or an lm-eval number "lm-eval:TASK/METRIC" (the task is
     checked against lm-eval's index when the run starts, before any model loads: ``cells.harness_tasks``)."""
@@ -501,6 +554,7 @@ class Protocol(Located):
     criteria: tuple = ()                 # CriterionEntry
     sparsities: tuple = ()               # ratios; empty with a trajectory
     trajectory: TrajectoryPart | None = None
+    kv: KVPart | None = None                     # [kv]: cache plans per rule and full share instead of masks
     repeats: int = 1
     seed: int = 0
     memory_budget: str | int | None = None
@@ -521,7 +575,7 @@ class Protocol(Located):
                 raise self.fail(key, f"expected text, got {getattr(self, key)!r}.")
         if not self.models:
             raise self.fail("models", "no model: list at least one model spec (models = [\"demo\"]).")
-        if not self.criteria:
+        if not self.criteria and self.kv is None:
             raise self.fail("criteria", "no criterion: add at least one [[criteria]] table with a name.")
         names = [m.name for m in self.models]
         if len(set(names)) < len(names):
@@ -531,7 +585,9 @@ class Protocol(Located):
         if len(set(labels)) < len(labels):
             raise self.fail("criteria", f"two criteria share a label ({', '.join(labels)}); give each a distinct "
                                         "label.")
-        if (self.trajectory is None) == (not self.sparsities):
+        if self.kv is not None:
+            self._check_kv()
+        elif (self.trajectory is None) == (not self.sparsities):
             raise self.fail("sparsities", "give either sparsities = [...] or a [trajectory] table (not both).")
         if not isinstance(self.sparsities, (list, tuple)):
             raise self.fail("sparsities", f"expected a list of ratios, got {self.sparsities!r}.")
@@ -565,6 +621,28 @@ class Protocol(Located):
                 parse_budget(str(self.memory_budget))
             except MemoryBudgetError as exc:
                 raise self.fail("memory_budget", str(exc)) from None
+
+    def _check_kv(self) -> None:
+        """A [kv] protocol's cells are its rules x full shares: no sparsities, trajectory, criteria, recovery or
+        paper values beside them; task metrics only (no lm-eval or stability numbers under a plan yet); decoders
+        only (an encoder keeps no cache: refused by what its name or config.json says, before weights load)."""
+        kv = self.kv
+        for key, given in (("sparsities", self.sparsities), ("trajectory", self.trajectory),
+                           ("criteria", self.criteria), ("recovery", self.recovery), ("paper", self.paper)):
+            if given:
+                raise self.fail(key, f"a [kv] protocol's cells are kv.rules x kv.full_shares; '{key}' has no place "
+                                     "beside them (a criterion's name works as a kv rule). Accepted: [kv] alone, or "
+                                     "that key without [kv].")
+        for entry in self.models:
+            if declared_causal(entry.model) is False:
+                raise kv.fail(None, f"model {entry.model!r} ({entry.name}) is an encoder: a KV cache plan needs a "
+                                    "decoder (an encoder keeps no key/value cache; every query sees every key at "
+                                    "once). Accepted: causal LMs such as demo-lm or demo-circuit.")
+            other = [m for m in entry.metrics if is_harness_metric(m) or m in STABILITY_METRICS]
+            if other:
+                raise entry.fail("metrics", f"{', '.join(other)}: a [kv] cell reports the task's metrics under its "
+                                            "plan. Accepted: the task's metrics (loss, perplexity, "
+                                            "next_token_accuracy, ...).")
 
     def _check_paper(self) -> None:
         """Paper values name cells the protocol has (model, criterion, sparsity); [table]'s baseline a criterion."""
@@ -704,16 +782,22 @@ class Protocol(Located):
             criteria.append(CriterionEntry(**item, path=("criteria", i), where=where))
         recovery = _read_recovery(obj, top, where) if "recovery" in obj else None
         lm_eval = _read_lm_eval(obj, top, where, Path(source).parent) if "lm_eval" in obj else {}
+        kv = None
+        if "kv" in obj:
+            part = _table(top, "kv", obj["kv"], "a table: rules, full_shares, sink, window, group, probe_rows")
+            _unknown(Located(path=("kv",), where=where), part, KVPart)
+            kv = KVPart(**part, path=("kv",), where=where)
         trajectory = None
         if "trajectory" in obj:
             part = _table(top, "trajectory", obj["trajectory"])
             _unknown(Located(path=("trajectory",), where=where), part, TrajectoryPart)
             trajectory = TrajectoryPart(**part, path=("trajectory",), where=where)
-        rest = {k: v for k, v in obj.items() if k not in ("data", "models", "criteria", "trajectory", "metrics",
-                                                         "headline", "recovery", "lm_eval", "paper", "table")
-                + GUARDS}
+        rest = {k: v for k, v in obj.items() if k not in ("data", "models", "criteria", "trajectory", "kv",
+                                                         "metrics", "headline", "recovery", "lm_eval", "paper",
+                                                         "table") + GUARDS}
         rest.setdefault("name", default_name)
-        return cls(**rest, models=tuple(entries), criteria=tuple(criteria), trajectory=trajectory, recovery=recovery,
+        return cls(**rest, models=tuple(entries), criteria=tuple(criteria), trajectory=trajectory, kv=kv,
+                   recovery=recovery,
                    lm_eval=lm_eval, paper=paper, table=table, text=text,
                    source=source, where=where)
 
@@ -721,7 +805,8 @@ class Protocol(Located):
         """Parameters as resolved (what the run file records next to the text and its hash)."""
         return {"name": self.name, "description": self.description, "models": [m.to_json() for m in self.models],
                 "criteria": [c.to_json() for c in self.criteria], "sparsities": list(self.sparsities),
-                "trajectory": self.trajectory.to_json() if self.trajectory else None, "repeats": self.repeats,
+                "trajectory": self.trajectory.to_json() if self.trajectory else None,
+                **({"kv": self.kv.to_json()} if self.kv else {}), "repeats": self.repeats,
                 "seed": self.seed, "memory_budget": self.memory_budget, "device": self.device, "dtype": self.dtype,
                 "batch_size": self.batch_size, "max_length": self.max_length,
                 "recovery": self.recovery.to_json() if self.recovery else None, "lm_eval": dict(self.lm_eval),
