@@ -41,12 +41,15 @@ def bert_config(id2label: dict[int, str]) -> dict:
 
 @dataclass
 class DataConfig:
-    """One config of a hub data set: its string columns, its label column and ClassLabel names, its splits."""
+    """One config of a hub data set: its string columns, its label column and ClassLabel names (or, without names,
+    the label's dtype: string, int64, float32), its splits, and columns of string lists (a choice's endings)."""
 
     texts: tuple
     label: str
-    names: list
+    names: list | None
     splits: tuple
+    label_dtype: str = "string"
+    sequences: tuple = ()
 
 
 def dataset_card(configs: dict[str, DataConfig]) -> str:
@@ -62,8 +65,13 @@ def dataset_card(configs: dict[str, DataConfig]) -> str:
         lines += [f"- config_name: {name}", "  features:"]
         for col in c.texts:
             lines += [f"  - name: {col}", "    dtype: string"]
-        lines += [f"  - name: {c.label}", "    dtype:", "      class_label:", "        names:"]
-        lines += [f"          '{i}': {n}" for i, n in enumerate(c.names)]
+        for col in c.sequences:
+            lines += [f"  - name: {col}", "    sequence: string"]
+        if c.names is None:
+            lines += [f"  - name: {c.label}", f"    dtype: {c.label_dtype}"]
+        else:
+            lines += [f"  - name: {c.label}", "    dtype:", "      class_label:", "        names:"]
+            lines += [f"          '{i}': {n}" for i, n in enumerate(c.names)]
         lines += ["  - name: idx", "    dtype: int32", "  splits:"]
         for split in c.splits:
             lines += [f"  - name: {split}", "    num_bytes: 1000", "    num_examples: 100"]

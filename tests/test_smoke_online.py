@@ -34,9 +34,16 @@ MODELS = {SST2_MODEL: bert_config({0: "LABEL_0", 1: "LABEL_1"}),
 DATASETS = {"nyu-mll/glue": {"sst2": DataConfig(("sentence",), "label", ["negative", "positive"],
                                                 ("train", "validation", "test"))},
             "acme/reviews": {"plain": DataConfig(("title", "review"), "rating", ["bad", "okay", "good"],
-                                                 ("train", "test"))}}
+                                                 ("train", "test"))},
+            # labels the features do not name: text, integer ids, a float target; and a multiple-choice layout
+            "acme/langid": {"plain": DataConfig(("text",), "labels", None, ("train", "test"), "string")},
+            "acme/votes": {"plain": DataConfig(("text",), "label", None, ("train", "test"), "int64")},
+            "acme/scores": {"plain": DataConfig(("sentence1", "sentence2"), "score", None, ("train",), "float32")},
+            "Rowan/hellaswag": {"default": DataConfig(("ctx", "activity_label"), "label", None,
+                                                      ("train", "validation"), "string", ("endings",))}}
 # what a config or a data set's features may cost: these files, never a weight or a data file
-METADATA = {"config.json", "README.md", ".huggingface.yaml", "dataset_infos.json", "glue.py", "reviews.py"}
+# (datasets also asks whether a legacy loading script NAME.py exists, which it would refuse to run)
+METADATA = {"config.json", "README.md", ".huggingface.yaml", "dataset_infos.json"}
 HEAVY = re.compile(r"\.(safetensors|bin|pt|pth|h5|msgpack|ckpt|gguf|onnx|parquet|arrow|csv|jsonl|zip|gz)(\?|$)")
 
 
@@ -66,7 +73,9 @@ def files_read(hub: FakeHub) -> set[str]:
 
 def assert_metadata_only(hub: FakeHub) -> None:
     assert hub.requests, "the hub was never asked"
-    assert files_read(hub) <= METADATA, files_read(hub)
+    scripts = {p.rsplit("/", 1)[1] for m, p in hub.requests if m == "HEAD" and p.endswith(".py")}
+    assert files_read(hub) <= METADATA | scripts, files_read(hub)
+    assert not [p for m, p in hub.requests if m == "GET" and p.endswith(".py")]
     assert not [p for p in hub.paths() if HEAVY.search(p)]
 
 
@@ -238,3 +247,43 @@ def test_smoke_online_stops_where_the_real_run_would_before_building(hub, no_wei
     assert "error:" in err and "m, data.eval:" in err and "line 7" in err and "labels_by_position = true" in err
     assert not (out / "smoke").exists()
     assert_metadata_only(hub)
+
+
+def test_features_the_card_does_not_name_are_read_as_what_they_are(hub, tmp_path):
+    """Online features of label columns without ClassLabel: text labels and integer ids are classes whose names
+    only the rows hold (the label check says so, the stand-in takes the stated names and keeps the storage), a
+    float column is a regression target; a multiple-choice data set keeps its layout (which features alone do not
+    say) with the served splits."""
+    import datasets
+
+    from headprune.protocol import Protocol
+    from headprune.protocol.smoke import check_labels, hf_features, source_features, write_source
+
+    def entry(source: str, extra: str = ""):
+        return Protocol.parse(protocol(NAMED_MODEL, source, extra, calib=source), "t.toml").models[0]
+
+    langid, why = hf_features("acme/langid", "plain", online=True)
+    assert (langid.label, langid.string_labels, langid.names, langid.splits, why) == \
+        ("labels", True, None, ("train", "test"), "")
+    votes, _ = hf_features("acme/votes", "plain", online=True)
+    assert votes.id_labels and not votes.string_labels and votes.names is None
+    scores, _ = hf_features("acme/scores", "plain", online=True)
+    assert (scores.texts, scores.label, scores.names, scores.id_labels, scores.string_labels) == \
+        (("sentence1", "sentence2"), "score", None, False, False)
+    choice, _ = hf_features("Rowan/hellaswag", None, online=True)
+    assert choice.choice == "hellaswag" and choice.splits == ("train", "validation")   # the known table: + test
+    found = check_labels(Protocol.parse(protocol(NAMED_MODEL, "hf:acme/votes:plain:test"), "t.toml"), True)
+    assert found.problems == [] and "m, data.eval (hf:acme/votes:plain:test): labels (stored as integer ids: the " \
+        "classes are in the rows only)" in found.unchecked
+    assert "m, data.eval (hf:acme/votes:plain:test): split and columns (hub features)" in found.checked
+    # the stand-in: the stated classes, stored as the data stores them (ints without names, text)
+    mapped = entry("hf:acme/votes:plain:test", 'label_map = { 0 = "NEGATIVE", 1 = "POSITIVE", 2 = "POSITIVE" }\n')
+    features = source_features(mapped.data["eval"], mapped, online=True)
+    assert features.id_labels and features.names == ["0", "1", "2"]
+    saved = datasets.load_from_disk(str(write_source(features, ["test"], tmp_path / "votes", 0)))
+    assert saved["test"].features["label"] == datasets.Value("int64")
+    assert sorted(set(saved["test"]["label"])) == [0, 1, 2]
+    text = entry("hf:acme/langid:plain:test", 'label_map = { en = "NEGATIVE", fr = "POSITIVE" }\n')
+    assert source_features(text.data["eval"], text, online=True).names == ["en", "fr"]
+    assert_metadata_only(hub)
+

@@ -16,7 +16,11 @@ Where the stand-ins come from, per model and per data source (each recorded in t
              features of a known source (``KNOWN_SOURCES``: GLUE, the Greedy-Gnorm and HIES data sets), else
              the role's columns and the protocol's label statements; rows are seeded word strings, labels cycle
              over the classes (every class present), written with ``save_to_disk`` as a DatasetDict of the same
-             splits so ClassLabel names survive and the split rule acts as on the real data set
+             splits so ClassLabel names survive and the split rule acts as on the real data set (a multiple-choice
+             data set keeps the known table's layout; labels stored as text or bare ids take the stated classes)
+    network  the hub the Hugging Face clients read: ``HF_ENDPOINT`` when set (a mirror), else huggingface.co;
+             ``hub_reachable`` probes that host once, HF_HUB_OFFLINE=1 is offline without a probe. Each config and
+             each data set's features is read once per process (``forget_hub_reads`` clears that memo)
     sizes    calibration and selection 8 rows, evaluation and training 16 ("all" included); at most 2 repeats,
              2 random orders and 2 sparsities besides 0 (the smallest and largest: the code paths of more, without
              repeating the same work)
@@ -95,6 +99,7 @@ class Features:
     label: str | None = "label"
     names: list | None = None          # ClassLabel names; None with ``label``: a float target (regression)
     string_labels: bool = False        # labels stored as text (no ClassLabel)
+    id_labels: bool = False            # labels stored as integer ids without names (no ClassLabel)
     splits: tuple = ("train", "validation", "test")
     choice: str | None = None          # "hellaswag" | "arc": multiple-choice rows in that layout
     origin: str = "known source"
@@ -172,9 +177,12 @@ def _hub_features(name: str, config: str | None) -> tuple[Features | None, str]:
     if not texts:
         return None, f"no string column among {', '.join(feats)}"
     splits = tuple(info.splits or ()) or tuple(getattr(builder.config, "data_files", None) or ())
-    string_labels = bool(label) and not labels and getattr(feats[label], "dtype", None) == "string"
-    return Features(texts, label, list(feats[label].names) if labels else None, string_labels=string_labels,
-                    splits=splits or ("train", "validation", "test"), origin="hub features"), ""
+    # a label column without ClassLabel: text names or integer ids (their classes are in the rows only), or a
+    # float target (regression)
+    dtype = str(getattr(feats[label], "dtype", "")) if label and not labels else ""
+    return Features(texts, label, list(feats[label].names) if labels else None, string_labels=dtype == "string",
+                    id_labels=dtype.startswith(("int", "uint")), splits=splits or ("train", "validation", "test"),
+                    origin="hub features"), ""
 
 
 def hf_features(name: str, config: str | None, online: bool) -> tuple[Features | None, str]:
@@ -185,7 +193,9 @@ def hf_features(name: str, config: str | None, online: bool) -> tuple[Features |
     known = _known(name, config)
     if hub is None:
         return known, ("" if known else why)
-    if hub.string_labels and hub.names is None and known is not None and known.names:
+    if known is not None and known.choice:   # a multiple-choice layout, which features alone do not say
+        return dataclasses.replace(known, splits=hub.splits, origin="hub features (splits), known source (layout)"), ""
+    if (hub.string_labels or hub.id_labels) and known is not None and known.names:
         hub = dataclasses.replace(hub, names=list(known.names))
     return hub, ""
 
@@ -214,8 +224,8 @@ def source_features(role: Role, entry: ModelEntry, online: bool) -> Features:
         name, config, _ = parse_hf_spec(role.source)
         found, _ = hf_features(name, config, online)
         if found is not None:
-            if found.string_labels and found.names is None:   # text labels of unknown names: the stated ones
-                found = dataclasses.replace(found, names=_stated(role, entry).names)
+            if (found.string_labels or found.id_labels) and found.names is None:   # classes in the rows only:
+                found = dataclasses.replace(found, names=_stated(role, entry).names)   # the stated ones stand in
             return found
     return _stated(role, entry)
 
@@ -256,7 +266,8 @@ def write_source(features: Features, splits: list[str], folder: Path, seed: int)
     parts = {}
     for k, split in enumerate(splits):
         ds = datasets.Dataset.from_list(stand_in_rows(features, ROWS_PER_SPLIT, seed + k))
-        if features.label and features.names is not None and not features.string_labels and not features.choice:
+        if features.label and features.names is not None and not (features.string_labels or features.id_labels
+                                                                   or features.choice):
             ds = ds.cast_column(features.label, datasets.ClassLabel(names=features.names))
         parts[split] = ds
     datasets.DatasetDict(parts).save_to_disk(str(folder))
@@ -409,6 +420,8 @@ def _feature_rows(features: Features, source: str) -> TextDataset:
         return TextDataset(texts=["x"], labels=[2.5], source=source)
     if features.string_labels:
         return TextDataset(texts=["x"] * len(features.names), labels=list(features.names), source=source)
+    if features.id_labels:
+        return TextDataset(texts=["x"] * len(features.names), labels=list(range(len(features.names))), source=source)
     return TextDataset(texts=["x"] * len(features.names), labels=list(range(len(features.names))),
                        label_names=list(features.names), source=source)
 
@@ -453,8 +466,11 @@ def check_labels(protocol: Protocol, online: bool) -> LabelCheck:
                                                              f"the data set has {', '.join(columns)} "
                                                              f"({features.origin}).")))
             made = "split and columns"
-            if features.string_labels and features.names is None and config is not None and not language_model:
-                found.unchecked.append(f"{where}: labels (stored as text: their names are in the rows only)")
+            if (features.string_labels or features.id_labels) and features.names is None and config is not None \
+                    and not language_model:
+                found.unchecked.append(f"{where}: labels (stored as " + ("text" if features.string_labels else
+                                                                         "integer ids") + ": the classes are in the "
+                                       "rows only)")
             elif config is not None and features.label and not features.choice and not language_model:
                 id2label = {int(k): v for k, v in config.id2label.items()}
                 source = f"{hub}" + (f":{config_name}" if config_name else "") + f" ({features.origin})"
