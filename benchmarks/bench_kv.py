@@ -2,6 +2,8 @@
 
     nice -n 10 python benchmarks/bench_kv.py circuit [--seeds 10] [--window 4] [--sink 1] [--json OUT]
     nice -n 10 python benchmarks/bench_kv.py decode [--lengths 4096,16384] [--new-tokens 6] [--json OUT]
+    nice -n 10 python benchmarks/bench_kv.py longctx [--seeds 3] [--rows 100] [--json OUT]
+    nice -n 10 python benchmarks/bench_kv.py update [--lengths 4096,16384] [--steps 60] [--json OUT]
 
 circuit   demo-circuit's repeated-half next-token accuracy (its evaluation rows, ``load_data("demo-circuit")``):
           dense; the plan keeping the induction + previous-token heads full (labels of ``roles.head_roles`` on the
@@ -11,8 +13,20 @@ decode    a random decoder of Qwen2.5-0.5B's shape (24 layers, 14 query / 2 key-
           896, MLP 4864, vocabulary 151936, fp32) at each context length: the cache filled with random keys/values
           of that many tokens (``cache.fill_random``: a 16k prefill on a shared CPU takes minutes and does not change
           what a decode step costs), then --new-tokens real decode steps with the full cache (stock SDPA) and with
-          a random plan keeping 25% of the key/value heads full (mixed cache, S=4, W=64). KV bytes are measured
-          from the cache tensors; the ideal ratio is counted from the plan.
+          a random plan keeping 25% of the key/value heads full (mixed cache, S=4, W=64), and with a plan keeping
+          every head full in the mixed cache (its preallocated buffers alone). KV bytes are measured from the
+          cache tensors (held; the mixed cache's allocated buffers beside); the ideal ratio is counted from the
+          plan. --layers N: N layers of the same shape (a shorter run).
+update    one layer's cache update alone (Qwen2.5-0.5B's 2 key/value heads of size 64, fp32): filled with that
+          many random keys/values, then --steps single-token updates timed, median per update, for transformers'
+          DynamicLayer, a mixed layer with 1 full + 1 streaming head (S=4, W=64) and one with both heads full.
+longctx   per context length (``kvcache.longctx``): the passkey task on demo-circuit (filler: demo-lm's held-out
+          reviews; --rows rows per length, depths 0..1) dense, keeping the induction + previous-token heads full
+          (S=1, W=4), the razor rule's plan with as many full heads, streaming the induction heads instead, random
+          plans with as many full heads (--seeds); and
+          long-row perplexity on demo-lm (its evaluation rows, 64 calibration rows apart; --tokens tokens per
+          length) dense, the duo plan keeping 25% of the key/value heads full (S=4, W=16), every head streaming,
+          random 25% plans (--seeds).
 """
 
 from __future__ import annotations
@@ -31,6 +45,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from headprune.kvcache.cache import cache_bytes, fill_random, generate, new_cache  # noqa: E402
+from headprune.kvcache.plan import KVPlan  # noqa: E402
 from headprune.kvcache.restrict import restricted  # noqa: E402
 from headprune.kvcache.tasks import invert, metric_under_plan, random_plans, role_plan  # noqa: E402
 
@@ -64,11 +79,11 @@ def circuit(args) -> dict:
                                   "min": min(randoms), "max": max(randoms)}}
 
 
-def qwen_shape_model(seed: int = 0):
+def qwen_shape_model(seed: int = 0, layers: int = 24):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    config = Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+    config = Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=layers, num_attention_heads=14,
                          num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
                          tie_word_embeddings=True, use_sliding_window=False)
     return Qwen2ForCausalLM(config).eval()
@@ -77,21 +92,27 @@ def qwen_shape_model(seed: int = 0):
 def decode(args) -> dict:
     from headprune.model.arch import adapt
 
-    model = qwen_shape_model()
+    layers = args.layers
+    model = qwen_shape_model(layers=layers)
     adapter = adapt(model)
-    plan = random_plans((24, 2), 14, 12, [0], 4, 64)[0]    # 12 of 48 key/value heads full: 25%
-    shape = (24, 2, 64)
+    plan = random_plans((layers, 2), 14, layers // 2, [0], 4, 64)[0]    # a quarter of the key/value heads full
+    every = KVPlan.all_full((layers, 2), 14, 4, 64)
+    shape = (layers, 2, 64)
     rows = []
     for length in [int(x) for x in args.lengths.split(",")]:
         row = {"context": length}
         token = torch.tensor([[11]])
-        for name, mode in (("full_cache", "full"), ("plan", "mixed")):
-            with restricted(model, plan, adapter) if mode == "mixed" else nullcontext(model) as runner:
+        # the stock cache; the plan's mixed cache; a mixed cache with every head full (the preallocated buffers
+        # alone, no streaming: what the cache's layout gives without the plan)
+        for name, mode, runs in (("full_cache", "full", None), ("plan", "mixed", plan),
+                                 ("mixed_all_full", "mixed", every)):
+            with restricted(model, runs, adapter) if runs is not None else nullcontext(model) as runner:
                 cache = new_cache(runner, mode)
                 fill_random(cache, shape, length, seed=1)
                 start = time.perf_counter()
                 out = generate(runner, token, args.new_tokens, mode=mode, cache=cache)
                 row[name] = {"kv_bytes": cache_bytes(cache), "time_per_output_token_s": out.per_token_s,
+                             "kv_bytes_allocated": cache_bytes(cache, allocated=True) if mode == "mixed" else None,
                              "first_step_s": out.first_token_s, "wall_s": time.perf_counter() - start}
                 del cache
         ideal = plan.ideal_bytes(length + args.new_tokens, 64, 4)
@@ -100,8 +121,78 @@ def decode(args) -> dict:
         row["per_token_speedup"] = row["full_cache"]["time_per_output_token_s"] / row["plan"]["time_per_output_token_s"]
         rows.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
-    return {"model": "random Qwen2.5-0.5B shape (fp32, CPU)", "full_kv_heads": 12, "kv_heads": 48, "sink": 4,
+    return {"model": "random Qwen2.5-0.5B shape (fp32, CPU)", "layers": layers, "full_kv_heads": int(plan.full.sum()),
+            "kv_heads": plan.full.numel(), "sink": 4,
             "window": 64, "new_tokens": args.new_tokens, "threads": torch.get_num_threads(), "rows": rows}
+
+
+def update(args) -> dict:
+    from transformers.cache_utils import DynamicLayer
+
+    from headprune.kvcache.cache import MixedLayer
+
+    layers = {"stock DynamicLayer": DynamicLayer,
+              "mixed, 1 full + 1 streaming": lambda: MixedLayer([False, True], 4, 64),
+              "mixed, 2 full": lambda: MixedLayer([False, False], 4, 64)}
+    rows = []
+    for length in [int(x) for x in args.lengths.split(",")]:
+        for name, make in layers.items():
+            layer, gen = make(), torch.Generator().manual_seed(0)
+            for start in range(0, length, 1024):
+                t = min(1024, length - start)
+                layer.update(torch.randn(1, 2, t, 64, generator=gen), torch.randn(1, 2, t, 64, generator=gen))
+            times = []
+            for _ in range(args.steps):
+                k, v = torch.randn(1, 2, 1, 64, generator=gen), torch.randn(1, 2, 1, 64, generator=gen)
+                start = time.perf_counter()
+                layer.update(k, v)
+                times.append(time.perf_counter() - start)
+            rows.append({"context": length, "layer": name, "median_update_ms": 1000 * statistics.median(times)})
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    return {"threads": torch.get_num_threads(), "steps": args.steps, "rows": rows}
+
+
+def longctx(args) -> dict:
+    from headprune.kvcache.longctx import measure
+    from headprune.kvcache.plan import KVPlan
+    from headprune.kvcache.scores import head_scores, plan_from_scores
+    from headprune.roles import head_roles
+    from headprune.workspace import Workspace
+
+    seeds = range(args.seeds)
+    ws = Workspace.build("demo-circuit", "demo-circuit", calib_size=64, eval_size=None)
+    model, tok, n_kv = ws.loaded.model, ws.loaded.tokenizer, ws.loaded.adapter.n_kv_heads
+    report = head_roles(model, tok, ws.calib_batches)
+    induction, previous = report.heads_with("induction"), report.heads_with("previous-token")
+    keep = role_plan(induction | previous, n_kv, 1, 4)
+    n_full = int(keep.full.sum())
+    razor = plan_from_scores(head_scores("razor", model, calib=[], tokenizer=tok, sink=1, window=4), n_kv,
+                             n_full / keep.full.numel(), 1, 4)
+    plans = {"dense": None, "keep induction+previous": keep, f"razor, {n_full} full": razor,
+             "stream induction": invert(role_plan(induction, n_kv, 1, 4))}
+    plans.update({f"random {p.meta['seed']}": p for p in random_plans(keep.shape, keep.n_heads, int(keep.full.sum()),
+                                                                        seeds, 1, 4)})
+    filler = Workspace.build("demo-lm", "demo-lm", calib_size=0, eval_size=None).eval.texts
+    passkey = measure(model, tok, "passkey", [16, 24, 32, 48, 64], plans, filler, rows=args.rows, seed=0,
+                      progress=lambda row: print(json.dumps(row), file=sys.stderr, flush=True))
+
+    ws = Workspace.build("demo-lm", "demo-lm", calib_size=64, eval_size=None)
+    model, tok, adapter = ws.loaded.model, ws.loaded.tokenizer, ws.loaded.adapter
+    duo = plan_from_scores(head_scores("duo", model, calib=ws.calib_batches, sink=4, window=16), adapter.n_kv_heads,
+                           0.25, 4, 16)
+    n_full = int(duo.full.sum())
+    plans = {"dense": None, "duo 25% full": duo,
+             "all streaming": KVPlan(torch.zeros(duo.shape, dtype=torch.bool), duo.n_heads, 4, 16)}
+    plans.update({f"random {p.meta['seed']}": p for p in random_plans(duo.shape, duo.n_heads, n_full, seeds, 4, 16)})
+    perplexity = measure(model, tok, "perplexity", [16, 32, 64, 128], plans, ws.eval.texts, tokens=args.tokens,
+                         progress=lambda row: print(json.dumps(row), file=sys.stderr, flush=True))
+    return {"passkey": {"model": "demo-circuit", "filler": "demo-lm held-out reviews", "rows_per_length": args.rows,
+                        "sink": 1, "window": 4, "induction_heads": np.argwhere(induction).tolist(),
+                        "previous_token_heads": np.argwhere(previous).tolist(),
+                        "razor_full_kv_heads": razor.head_ids()["full_kv_heads"], "table": passkey},
+            "perplexity": {"model": "demo-lm", "data": "demo-lm evaluation rows", "tokens": args.tokens, "sink": 4,
+                           "window": 16, "duo_full_kv_heads": duo.head_ids()["full_kv_heads"], "table": perplexity},
+            "threads": torch.get_num_threads()}
 
 
 def main() -> None:
@@ -116,9 +207,19 @@ def main() -> None:
     p = sub.add_parser("decode")
     p.add_argument("--lengths", default="4096,16384")
     p.add_argument("--new-tokens", type=int, default=6)
+    p.add_argument("--layers", type=int, default=24, help="fewer layers of the same shape: a shorter run")
+    p.add_argument("--json")
+    p = sub.add_parser("longctx")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--rows", type=int, default=100)
+    p.add_argument("--tokens", type=int, default=4096)
+    p.add_argument("--json")
+    p = sub.add_parser("update")
+    p.add_argument("--lengths", default="4096,16384")
+    p.add_argument("--steps", type=int, default=60)
     p.add_argument("--json")
     args = parser.parse_args()
-    result = circuit(args) if args.part == "circuit" else decode(args)
+    result = {"circuit": circuit, "decode": decode, "longctx": longctx, "update": update}[args.part](args)
     text = json.dumps(result, indent=1)
     print(text)
     if args.json:

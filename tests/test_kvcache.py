@@ -104,6 +104,10 @@ def test_mixed_cache_generates_the_tokens_of_the_restricted_full_cache(arch):
     t, d, per = 30 + 11, 8, 2 * 4          # the last token is never fed back
     expected = sum(int(row.sum()) * t * d * per + int((~row).sum()) * (2 + 5) * d * per for row in GRID)
     assert mixed.kv_bytes == expected
+    # allocated: the full heads' buffers hold 256 tokens (the first allocation), the ring exactly S + W
+    assert mixed.kv_bytes_allocated == sum(int(row.sum()) * 256 * d * per + int((~row).sum()) * (2 + 5) * d * per
+                                           for row in GRID)
+    assert ref.kv_bytes_allocated == ref.kv_bytes
     assert mixed.kv_bytes == plan.ideal_bytes(t, d, 4)["plan"]
     assert ref.kv_bytes == plan.ideal_bytes(t, d, 4)["full_cache"]
 
@@ -118,6 +122,55 @@ def test_mixed_cache_is_a_transformers_cache():
         assert held and all(h == 3 for h in held)
         assert cache_bytes(cache) < 4 * 2 * 9 * 8 * 2 * 4
 
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 30])
+def test_preallocated_mixed_cache_matches_the_restricted_forward_at_every_step(chunk):
+    """The ring of S + W slots and the growing full-head buffers: at every step, the logits of the mixed cache equal
+    those of a forward of the whole prefix through the restricted copy (no cache; the restriction by mask), and the
+    ring holds exactly the sinks and the last W positions."""
+    model = tiny_decoder("llama")
+    ids = torch.randint(3, 100, (1, 40), generator=torch.Generator().manual_seed(2))
+    sink, window = 2, 5
+    with restricted(model, KVPlan(GRID, 8, sink=sink, window=window)) as copy, torch.no_grad():
+        cache = MixedCache(copy)
+        for begin in range(0, 40, chunk):
+            got = copy(input_ids=ids[:, begin:begin + chunk], past_key_values=cache, use_cache=True).logits
+            end = min(begin + chunk, 40)
+            want = copy(input_ids=ids[:, :end]).logits[:, begin:end]
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+            for layer in cache.layers:
+                held = sorted(layer.positions.tolist())
+                assert held == sorted({*range(min(sink, end)), *range(max(0, end - window), end)})
+                assert layer.full_k.shape[2] == end and end <= layer.full_k_buf.shape[2] <= max(256, 1.25 * end)
+        # the buffers' spare capacity is counted apart from what the cache holds
+        assert cache_bytes(cache, allocated=True) >= cache_bytes(cache) > 0
+
+
+def test_mixed_layer_buffers_hold_every_full_key_and_the_streaming_window():
+    """Fed in chunks past several growths: the full head's view is exactly the concatenation of its keys/values,
+    the buffer grows by a quarter (at least 256), the streaming head's slots hold the keys of the sinks and the
+    last W positions, each at its position."""
+    from headprune.kvcache.cache import MixedLayer
+
+    layer = MixedLayer([False, True], sink=2, window=3)
+    gen = torch.Generator().manual_seed(0)
+    keys, values, capacities = [], [], []
+    for t in (100, 200, 1, 1, 300, 1, 7, 1, 600, 1):
+        k, v = torch.randn(1, 2, t, 4, generator=gen), torch.randn(1, 2, t, 4, generator=gen)
+        layer.update(k, v)
+        keys.append(k)
+        values.append(v)
+        capacities.append(layer.full_k_buf.shape[2])
+    k, v = torch.cat(keys, dim=2), torch.cat(values, dim=2)
+    n = k.shape[2]
+    assert torch.equal(layer.full_k, k[:, :1]) and torch.equal(layer.full_v, v[:, :1]) and layer.length == n
+    # by hand: max(end, capacity + max(capacity // 4, 256)) whenever a chunk does not fit
+    assert capacities == [256, 512, 512, 512, 768, 768, 768, 768, 1211, 1211 + 302]
+    pos = layer.positions
+    assert sorted(pos.tolist()) == [0, 1, n - 3, n - 2, n - 1]
+    assert torch.equal(layer.stream_k[0, 0], k[0, 1, pos]) and torch.equal(layer.stream_v[0, 0], v[0, 1, pos])
+    assert sum(t.numel() for t in layer.tensors()) == 4 * (n + n + 5 + 5)
 
 def test_plan_file_round_trip_and_exports(tmp_path):
     plan = KVPlan(GRID, 8, sink=4, window=16, meta={"rule": "random"})

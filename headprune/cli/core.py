@@ -39,7 +39,7 @@ from .common import (
     tqdm_progress,
     warn_user_code,
 )
-from .kvcache import read_plan_arg
+from .kvcache import add_long_context_args, check_long_context, evaluate_long_context, read_plan_arg
 
 
 def cmd_demo(args) -> dict:
@@ -64,6 +64,9 @@ def cmd_demo(args) -> dict:
 
 
 def cmd_evaluate(args) -> dict:
+    if args.long_context:
+        return evaluate_long_context(args)
+    check_long_context(args)   # its options without it are refused
     if args.lm_eval:
         return _evaluate_lm_eval(args)
     given = [option for option, value in (("--lm-eval-limit", args.lm_eval_limit), ("--num-fewshot", args.num_fewshot),
@@ -241,6 +244,7 @@ def add_commands(sub) -> None:
     add_lm_eval_args(p)
     p.add_argument("--kv-plan", help="KV cache plan file (headprune kvplan): its streaming heads attend to their "
                                      "sink + window keys only, exactly as with the plan's cache")
+    add_long_context_args(p)
     p.set_defaults(handler=cmd_evaluate)
 
     p = sub.add_parser("prune", help="remove the heads of a mask from the weights and save the smaller model")

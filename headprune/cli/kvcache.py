@@ -1,8 +1,10 @@
 """KV cache commands: ``kvplan`` (choose which key/value heads keep the whole cache, write a plan file; with
 ``--trajectory`` stream the groups one step at a time in the rule's order, measuring each plan: ``kvcache.stream``) and
 ``generate`` (generate under a plan with the mixed cache, beside the full cache: measured bytes and speed).
-``evaluate --kv-plan`` (in ``core``) evaluates under a plan. Every argument and the plan file are checked before
-a model loads; an encoder is refused by what its name or config.json says, before its weights load."""
+``evaluate --kv-plan`` (in ``core``) evaluates under a plan; ``evaluate --long-context passkey|perplexity
+--lengths 16,32,64`` (here) measures a long-context task per context length, dense and under the plan. Every
+argument and the plan file are checked before a model loads; an encoder is refused by what its name or config.json
+says, before its weights load."""
 
 from __future__ import annotations
 
@@ -13,13 +15,14 @@ from dataclasses import replace
 import numpy as np
 
 from ..kvcache.cache import generate
+from ..kvcache.longctx import DEPTH, DEPTHS, ROWS, TASKS, TOKENS, check_lengths, check_task, measure, parse_numbers
 from ..kvcache.plan import KVPlan, KVPlanError, check_decoder, check_full_share, check_window
 from ..kvcache.restrict import restricted
 from ..kvcache.scores import REDUCE, RULES, check_rule, head_scores, plan_from_scores
 from ..kvcache.stream import FORMAT, StreamSpec, run_stream, run_stream_seeds
 from ..limits import POSITIVE, POSITIVE_INT, Interval
 from ..model.device import DEVICES
-from ..model.loading import declared_causal, load_model
+from ..model.loading import declared_causal, load_model, peek_config
 from ..provenance import versions
 from ..trajectory import spread
 from ..workspace import DefaultSize
@@ -179,6 +182,88 @@ def cmd_generate(args) -> dict:
                              else None}
     result["software"] = versions()
     return result
+
+
+LONG_DEFAULTS = {"passkey": "16,24,32,48", "perplexity": "16,32,64,128"}
+LONG_OPTIONS = (("--lengths", "lengths"), ("--long-rows", "long_rows"), ("--depths", "depths"),
+                ("--long-tokens", "long_tokens"))
+
+
+def check_long_context(args) -> tuple[list[int], list[float]] | None:
+    """The long-context options checked before anything loads; None when ``--long-context`` is not set (then none
+    of its options may be)."""
+    if not args.long_context:
+        given = [flag for flag, name in LONG_OPTIONS if getattr(args, name) is not None]
+        if given:
+            raise KVPlanError(f"{', '.join(given)} set without --long-context: name the task (passkey or "
+                              "perplexity), or leave these options out.")
+        return None
+    check_task(args.long_context)
+    if args.lm_eval:
+        raise KVPlanError("--long-context and --lm-eval are two different evaluations; run them separately.")
+    refuse_encoder(args.model)
+    config = peek_config(args.model) or {}
+    lengths = check_lengths(args.long_context, args.lengths or LONG_DEFAULTS[args.long_context],
+                            config.get("max_position_embeddings"))
+    for flag, value, limit in (("--long-rows", args.long_rows, ROWS), ("--long-tokens", args.long_tokens, TOKENS)):
+        problem = value is not None and limit(value)
+        if problem:
+            raise KVPlanError(f"{flag} {value!r} {problem}.")
+    depths = parse_numbers(args.depths or ",".join(f"{d:g}" for d in DEPTHS), "--depths", DEPTH, float)
+    return lengths, depths
+
+
+def evaluate_long_context(args) -> dict:
+    """``evaluate --long-context TASK``: the task at each of ``--lengths``, dense and (with ``--kv-plan``) under
+    the plan, on the texts of the evaluation rows (passkey: its filler; perplexity: the stream cut into rows)."""
+    lengths, depths = check_long_context(args)
+    check_args(args, evaluation="evaluation")
+    plan = read_plan_arg(args.kv_plan, args.model)
+    ws = build_workspace(args, calib_size=0, select_size=0)
+    loaded = ws.loaded
+    check_decoder(loaded.adapter)
+    if plan is not None:
+        plan.check_fits(loaded.adapter)
+    plans = {"dense": None, **({"plan": plan} if plan is not None else {})}
+    bar, done = tqdm_progress(f"{args.long_context} per length"), []
+
+    def progress(row):
+        done.append(row)
+        bar(len(done) / (len(plans) * len(lengths)), f"{row['plan']} at {row['length']}")
+
+    table = measure(loaded.model, loaded.tokenizer, args.long_context, lengths, plans, ws.eval.texts,
+                    rows=args.long_rows or 64, seed=args.seed, depths=depths, tokens=args.long_tokens or 4096,
+                    mask=load_mask(args, loaded), batch_size=args.batch_size,
+                    progress=progress)
+    metric = "accuracy" if args.long_context == "passkey" else "perplexity"
+    result = {"long_context": args.long_context, "metric": metric, "lengths": lengths, "model": args.model,
+              "data": args.data, "text_rows": len(ws.eval), "seed": args.seed, "mask": args.mask,
+              "dense": [r for r in table if r["plan"] == "dense"]}
+    if args.long_context == "passkey":
+        result.update(rows_per_length=args.long_rows or 64, depths=depths)
+    else:
+        result["tokens"] = args.long_tokens or 4096
+    if plan is not None:
+        result["kv_plan"] = {"file": args.kv_plan, "full_kv_heads": int(plan.full.sum()), "kv_heads":
+                             plan.full.numel(), "sink": plan.sink, "window": plan.window,
+                             "table": [r for r in table if r["plan"] == "plan"]}
+    result["software"] = versions()
+    return result
+
+
+def add_long_context_args(p) -> None:
+    g = p.add_argument_group("long context (KV cache plans)")
+    g.add_argument("--long-context", choices=TASKS,
+                   help="instead of the task's metrics: passkey (exact retrieval of a needle placed in the "
+                        "evaluation rows' text at --depths) or perplexity (the evaluation rows' text concatenated "
+                        "and cut into rows of each length), at each of --lengths, dense and under --kv-plan")
+    g.add_argument("--lengths", help="context lengths in tokens, comma-separated, up to the model's positions "
+                   f"(default: {LONG_DEFAULTS['passkey']} for passkey, {LONG_DEFAULTS['perplexity']} for perplexity)")
+    g.add_argument("--long-rows", type=int, help="passkey rows per length (default: 64)")
+    g.add_argument("--depths", help="passkey needle depths in [0, 1], comma-separated; 0 = right after BOS "
+                   "(farthest), 1 = right before the question (default: 0,0.25,0.5,0.75,1)")
+    g.add_argument("--long-tokens", type=int, help="perplexity: tokens of text cut into rows at each length "
+                   "(default: 4096)")
 
 
 def add_commands(sub) -> None:

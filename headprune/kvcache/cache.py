@@ -1,11 +1,12 @@
 """A mixed KV cache for generation: full heads keep every key/value, streaming heads keep S + W.
 
-:class:`MixedLayer` stores, per layer, the key/value heads of full groups as (B, n_full, T, d) tensors that grow
-like transformers' ``DynamicLayer``, and those of streaming groups as (B, n_stream, <= S + W, d) tensors with
-their token positions; ``update`` hands both to the attention function as a ``restrict.SplitKV`` and then drops
-the streaming keys no later query can see. :func:`generate` runs a greedy or seeded sampling loop over a model
-with the full cache, the full cache under the plan's restriction, or the mixed cache, timing the first token and
-each later one, and measuring the cache's bytes from its tensors.
+:class:`MixedLayer` stores, per layer, the key/value heads of full groups in a (B, n_full, capacity, d) buffer
+that grows by a quarter when full, and those of streaming groups in S + W slots (B, n_stream, S + W, d), a ring
+with each slot's token position; ``update`` writes the new keys in place and hands both parts to the attention
+function as a ``restrict.SplitKV``, so a decode step copies only its own key/value (``torch.cat`` copied the whole
+cache every step). :func:`generate` runs a greedy or seeded sampling loop over a model with the full cache, the
+full cache under the plan's restriction, or the mixed cache, timing the first token and each later one, and
+measuring the cache's bytes from its tensors.
 """
 
 from __future__ import annotations
@@ -19,10 +20,20 @@ from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
 from .restrict import CONFIG_KEY, SplitKV
 
 MODES = ("full", "restricted", "mixed")
+GROWTH, MIN_GROWTH = 0.25, 256   # a full buffer grows by a quarter of itself, at least 256 tokens
 
 
 class MixedLayer(CacheLayerMixin):
-    """One layer of a :class:`MixedCache`. ``kv_stream``: per physical key/value head, does it stream?"""
+    """One layer of a :class:`MixedCache`. ``kv_stream``: per physical key/value head, does it stream?
+
+    Preallocated, so a decode step copies only its own key/value. Full heads write into a buffer (B, n_full,
+    capacity, d) that grows geometrically when it runs out, by GROWTH of itself (amortised O(1) copies per token
+    instead of ``torch.cat`` copying the whole cache every step; a quarter, not a doubling, so the spare capacity
+    stays within 25 % of what the plan saves). Streaming heads hold S + W slots (B, n_stream, S + W, d): position
+    p < S in slot p (the sinks), a later one in slot S + (p - S) mod W (a ring: the new key overwrites position
+    p - W, which no query from p on can see), each slot's position in ``slot_positions``. The attention function
+    masks by position, so the ring's order does not matter.
+    """
 
     is_sliding = False
 
@@ -31,15 +42,59 @@ class MixedLayer(CacheLayerMixin):
         self.full_heads = [j for j, s in enumerate(kv_stream) if not s]
         self.stream_heads = [j for j, s in enumerate(kv_stream) if s]
         self.sink, self.window, self.length = sink, window, 0
-        self.full_k = self.full_v = self.stream_k = self.stream_v = self.positions = None
+        self.full_k_buf = self.full_v_buf = self.stream_k_buf = self.stream_v_buf = self.slot_positions = None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         b, _, _, d = key_states.shape
-        empty = lambda n: key_states.new_zeros(b, n, 0, d)  # noqa: E731
-        self.full_k, self.full_v = empty(len(self.full_heads)), empty(len(self.full_heads))
-        self.stream_k, self.stream_v = empty(len(self.stream_heads)), empty(len(self.stream_heads))
-        self.positions = torch.zeros(0, dtype=torch.long, device=key_states.device)
+        empty = lambda n, t: key_states.new_zeros(b, n, t, d)  # noqa: E731
+        self.full_k_buf, self.full_v_buf = empty(len(self.full_heads), 0), empty(len(self.full_heads), 0)
+        slots = self.sink + self.window
+        self.stream_k_buf, self.stream_v_buf = empty(len(self.stream_heads), slots), empty(len(self.stream_heads),
+                                                                                           slots)
+        self.slot_positions = torch.full((slots,), -1, dtype=torch.long, device=key_states.device)
         self.is_initialized = True
+
+    # -- what the layer holds (views of the buffers) ---------------------------------------------------------------
+    @property
+    def full_k(self) -> torch.Tensor:
+        return self.full_k_buf[:, :, :self.length]
+
+    @property
+    def full_v(self) -> torch.Tensor:
+        return self.full_v_buf[:, :, :self.length]
+
+    @property
+    def held(self) -> int:
+        """Streaming slots in use: they fill in order until all S + W are."""
+        return min(self.length, self.sink + self.window)
+
+    @property
+    def stream_k(self) -> torch.Tensor:
+        return self.stream_k_buf[:, :, :self.held]
+
+    @property
+    def stream_v(self) -> torch.Tensor:
+        return self.stream_v_buf[:, :, :self.held]
+
+    @property
+    def positions(self) -> torch.Tensor:
+        return self.slot_positions[:self.held]
+
+    def slot(self, positions: torch.Tensor) -> torch.Tensor:
+        return torch.where(positions < self.sink, positions, self.sink + (positions - self.sink) % self.window)
+
+    def append_full(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        end = self.length + keys.shape[-2]
+        if end > self.full_k_buf.shape[-2]:
+            held = self.full_k_buf.shape[-2]
+            capacity = max(end, held + max(int(GROWTH * held), MIN_GROWTH))
+            for name in ("full_k_buf", "full_v_buf"):
+                old = getattr(self, name)
+                grown = old.new_empty(*old.shape[:2], capacity, old.shape[-1])
+                grown[:, :, :self.length] = old[:, :, :self.length]
+                setattr(self, name, grown)
+        self.full_k_buf[:, :, self.length:end] = keys
+        self.full_v_buf[:, :, self.length:end] = values
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Append (B, H_kv, T_new, d) keys/values; returns (split, split), both the :class:`SplitKV` of this layer
@@ -47,22 +102,27 @@ class MixedLayer(CacheLayerMixin):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         t_new = key_states.shape[-2]
-        self.full_k = torch.cat([self.full_k, key_states[:, self.full_heads]], dim=-2)
-        self.full_v = torch.cat([self.full_v, value_states[:, self.full_heads]], dim=-2)
-        stream_k = torch.cat([self.stream_k, key_states[:, self.stream_heads]], dim=-2)
-        stream_v = torch.cat([self.stream_v, value_states[:, self.stream_heads]], dim=-2)
-        positions = torch.cat([self.positions, torch.arange(self.length, self.length + t_new,
-                                                            device=self.positions.device)])
-        self.length += t_new
+        new_k, new_v = key_states[:, self.stream_heads], value_states[:, self.stream_heads]
+        new_pos = torch.arange(self.length, self.length + t_new, device=self.slot_positions.device)
+        self.append_full(key_states[:, self.full_heads], value_states[:, self.full_heads])
+        if t_new > 1:
+            # queries of a chunk may need keys its own later tokens push out of the ring: this step reads the
+            # held keys and the whole chunk (a copy, once per chunk), the ring keeps what later queries can see
+            stream_k = torch.cat([self.stream_k, new_k], dim=-2)
+            stream_v = torch.cat([self.stream_v, new_v], dim=-2)
+            positions = torch.cat([self.positions, new_pos])
+        end = self.length + t_new
+        # a later query q >= end sees p < S or p > q - W >= end - W: the sinks and the last W keys suffice
+        keep = (new_pos < self.sink) | (new_pos >= end - self.window)
+        slots = self.slot(new_pos[keep])
+        self.stream_k_buf[:, :, slots] = new_k[:, :, keep]
+        self.stream_v_buf[:, :, slots] = new_v[:, :, keep]
+        self.slot_positions[slots] = new_pos[keep]
+        self.length = end
+        if t_new == 1:   # the one new query sees every slot held: the ring after the write is what it reads
+            stream_k, stream_v, positions = self.stream_k, self.stream_v, self.positions
         split = SplitKV(self.full_k, self.full_v, stream_k, stream_v, positions, self.full_heads,
                         self.stream_heads, self.length)
-        # a later query q >= length sees p < S or p > q - W >= length - W: the last W keys suffice
-        keep = (positions < self.sink) | (positions >= self.length - self.window)
-        if bool(keep.all()):
-            self.stream_k, self.stream_v, self.positions = stream_k, stream_v, positions
-        else:
-            self.stream_k, self.stream_v = stream_k[:, :, keep].contiguous(), stream_v[:, :, keep].contiguous()
-            self.positions = positions[keep]
         return split, split
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -74,8 +134,13 @@ class MixedLayer(CacheLayerMixin):
     def get_max_length(self) -> int:
         return -1
 
-    def tensors(self) -> list[torch.Tensor]:
-        return [t for t in (self.full_k, self.full_v, self.stream_k, self.stream_v) if t is not None]
+    def tensors(self, allocated: bool = False) -> list[torch.Tensor]:
+        """The keys/values held (views), or with ``allocated`` the buffers behind them (spare capacity included)."""
+        if not self.is_initialized:
+            return []
+        if allocated:
+            return [self.full_k_buf, self.full_v_buf, self.stream_k_buf, self.stream_v_buf]
+        return [self.full_k, self.full_v, self.stream_k, self.stream_v]
 
 
 class MixedCache(Cache):
@@ -87,11 +152,12 @@ class MixedCache(Cache):
                                  for i in range(len(specs))])
 
 
-def cache_bytes(cache: Cache) -> int:
-    """Bytes held by a cache's key/value tensors (measured from the tensors, not counted from a plan)."""
+def cache_bytes(cache: Cache, allocated: bool = False) -> int:
+    """Bytes held by a cache's key/value tensors (measured from the tensors, not counted from a plan); with
+    ``allocated``, a mixed cache's buffers whole (the full heads' spare capacity included)."""
     total = 0
     for layer in cache.layers:
-        tensors = layer.tensors() if isinstance(layer, MixedLayer) else [layer.keys, layer.values]
+        tensors = layer.tensors(allocated) if isinstance(layer, MixedLayer) else [layer.keys, layer.values]
         total += sum(t.numel() * t.element_size() for t in tensors if t is not None)
     return total
 
@@ -126,9 +192,11 @@ class Generation:
     first_token_s: float            # prompt forward + first token
     per_token_s: float              # mean of the later steps
     mode: str
+    kv_bytes_allocated: int = 0     # the buffers behind them (a mixed cache's full heads keep spare capacity)
 
     def to_dict(self) -> dict:
-        return {"tokens": self.tokens, "kv_bytes": self.kv_bytes, "time_to_first_token_s": self.first_token_s,
+        return {"tokens": self.tokens, "kv_bytes": self.kv_bytes, "kv_bytes_allocated": self.kv_bytes_allocated,
+                "time_to_first_token_s": self.first_token_s,
                 "time_per_output_token_s": self.per_token_s, "cache": self.mode}
 
 
@@ -164,4 +232,4 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, mode: str =
         logits = model(input_ids=token, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
     later = times[1:]
     return Generation(tokens, cache_bytes(cache), times[0] if times else 0.0,
-                      sum(later) / len(later) if later else 0.0, mode)
+                      sum(later) / len(later) if later else 0.0, mode, cache_bytes(cache, allocated=True))
