@@ -5,9 +5,13 @@ memory planner allows, after a one-row warm-up), giving r seconds per token. A r
 passes over its data (``Criterion.work``: 1 for a forward-only criterion, ``GRADIENT_PASS`` = 3 with a backward,
 KL's intact pass plus its partial ablated passes, HIES's α sweep), so
 
-    scoring       t ≈ r · N_calib · W                      N: tokens of the batches (padding included), W: work
+    scoring       t ≈ r · (N_calib · W + N_select · W_sel)  N: tokens of the batches (padding included), W: work,
+                                                           W_sel: passes over the selection batches
+                                                           (``Criterion.selection_work``: SAP's k sweep,
+                                                           candidate filtering's evaluations; 0 for most)
     live warm-up  t ≈ r · N_eval                           one full pass over the evaluation batches
-    trajectory    t ≈ seeds · (r · N_calib · W · S_score + r · N_eval · (1 + LIVE_STEP · n_steps))
+    trajectory    t ≈ seeds · (r · (N_calib · W + N_select · W_sel) · S_score
+                           + r · N_eval · (1 + LIVE_STEP · n_steps))
     lm-eval       t ≈ r · N_requests          N_requests: tokens of every request lm-eval will score (context +
                                               continuation of each choice, ``harness.count_requests``)
 
@@ -118,11 +122,24 @@ def scoring_work(ctx: ScoringContext, names: list[str], params_by_name: dict | N
     return shared + alone
 
 
+def selection_work(ctx: ScoringContext, names: list[str], params_by_name: dict | None = None) -> float:
+    """Forward passes over the selection batches (``ctx.selection``) that scoring ``names`` costs beyond
+    ``scoring_work``: each criterion's ``selection_work`` (SAP's k sweep, candidate filtering)."""
+    params_by_name = params_by_name or {}
+    return sum(get(name).selection_work(ctx, get(name).resolve_params(params_by_name.get(name))) for name in names)
+
+
+def scoring_tokens(ctx: ScoringContext, names: list[str], params_by_name: dict | None = None) -> float:
+    """Token-passes of scoring ``names`` on ``ctx``: N_calib · W plus N_select · W_select (module doc)."""
+    return tokens(ctx.calib) * scoring_work(ctx, names, params_by_name) + \
+        tokens(ctx.selection) * selection_work(ctx, names, params_by_name)
+
+
 def estimate_scoring(ctx: ScoringContext, names: list[str], params_by_name: dict | None = None,
                      rate: tuple[float, str] | None = None) -> TimeEstimate:
     """Expected duration of scoring ``names`` on ``ctx`` (module doc); ``rate`` reuses a ``forward_rate``."""
     per_token, basis = _rate(ctx.model, ctx.calib, rate, ctx.memory_budget)
-    seconds = per_token * tokens(ctx.calib) * scoring_work(ctx, names, params_by_name)
+    seconds = per_token * scoring_tokens(ctx, names, params_by_name)
     return TimeEstimate(seconds, f"{', '.join(names)} on this model", device_name(ctx.model), basis)
 
 
@@ -140,16 +157,16 @@ def trajectory_steps(spec: TrajectorySpec, n_units: int, already: int = 0) -> in
 
 def estimate_trajectory(spec: TrajectorySpec, model, calib: list[dict], eval_batches: list[dict], seeds: int = 1,
                         evaluator: bool = False, rate: tuple[float, str] | None = None,
-                        memory_budget: int | str | None = None) -> TimeEstimate:
+                        memory_budget: int | str | None = None, select: list[dict] | None = None) -> TimeEstimate:
     """Expected duration of ``seeds`` trajectories of ``spec`` (module doc); ``evaluator``: a first pass over the
-    evaluation batches exists already (shared), so it is not counted."""
+    evaluation batches exists already (shared), so it is not counted; ``select``: the selection batches the
+    criterion's choices are made on (None: the calibration batches, as ``run_trajectory``)."""
     per_token, basis = _rate(model, calib or eval_batches, rate, memory_budget)
-    ctx = ScoringContext(model, calib, memory_budget=memory_budget)
+    ctx = ScoringContext(model, calib, memory_budget=memory_budget, select=select)
     rows, heads = adapt(model).grid_shape
     steps = trajectory_steps(spec, rows * heads, int((~adapt(model).live_grid()).sum()))
-    score_passes = scoring_work(ctx, [spec.criterion.name], {spec.criterion.name: dict(spec.params)}) \
+    scoring = per_token * scoring_tokens(ctx, [spec.criterion.name], {spec.criterion.name: dict(spec.params)}) \
         * (max(steps, 1) / 2 if spec.criterion.dynamic else 1)
-    scoring = per_token * tokens(calib) * score_passes
     evaluation = per_token * tokens(eval_batches) * (LIVE_STEP * steps * (2 if spec.stability else 1))
     first = 0.0 if evaluator else per_token * tokens(eval_batches)
     seconds = first + seeds * (scoring + evaluation)

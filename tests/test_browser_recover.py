@@ -14,13 +14,13 @@ def test_recover_one_step_in_the_browser(server, browser, tmp_path):  # noqa: F8
     page.get_by_text("heads left").first.wait_for()
     wait_idle(page)
     page.get_by_role("link", name="Recover").first.click()
-    page.get_by_text("finetune recovery", exact=False).first.wait_for()   # the estimate, before anything runs
+    page.get_by_text("distill recovery", exact=False).first.wait_for()   # the estimate, before anything runs
     for label, value in (("Steps (0: whole epochs)", "1"), ("Training rows", "16")):
         field = page.get_by_label(label)
         field.fill(value)
         field.press("Enter")
         wait_idle(page)
-    page.get_by_text("finetune recovery (1 steps)", exact=False).first.wait_for()
+    page.get_by_text("distill recovery (1 steps)", exact=False).first.wait_for()
     page.get_by_role("button", name="Recover", exact=True).click()
     page.get_by_text("Dense, pruned and recovered").wait_for()
     wait_idle(page)

@@ -1,5 +1,7 @@
 """Recover: train the pruned model back (fine-tuning, LoRA or distillation), pruned heads kept pruned."""
 
+from dataclasses import replace
+
 import streamlit as st
 
 from dashboard.compute import (
@@ -12,7 +14,9 @@ from dashboard.compute import (
 )
 from dashboard.export import export_formats
 from dashboard.ui import cancel_button, cancelled_note, estimate_line, guard, page, progress_bar
-from headprune.recovery import METHODS, RecoverySpec
+from headprune.recovery import DEFAULT_LR, METHODS, RecoverySpec
+
+DEFAULTS = RecoverySpec()   # the widgets open on the library's measured recipe (recovery/spec.py), set nowhere else
 
 ws, sd = page("Recover", "Pruning costs accuracy; a little training on what is left wins much of it back. The pruned "
                          "heads stay pruned: the cut model is trained, or, for the masked export, the original one "
@@ -21,13 +25,15 @@ st.caption(f"The current mask prunes {sd.n_gated} heads (change it on the Prune 
            + (f", on top of the {ws.n_cut} cut out of the loaded model." if ws.n_cut else "."))
 
 c1, c2, c3, c4 = st.columns(4)
-method = c1.selectbox("Method", METHODS, key="recover-method",
+method = c1.selectbox("Method", METHODS, index=METHODS.index(DEFAULTS.method), key="recover-method",
                       help="finetune: every kept parameter; lora: low-rank adapters (peft), merged on export; "
                            "distill: fine-tuning plus a KL to the dense model's outputs (Hinton et al.)")
-epochs = c2.number_input("Epochs", min_value=1, max_value=20, value=1, key="recover-epochs")
-steps = c3.number_input("Steps (0: whole epochs)", min_value=0, value=0, key="recover-steps")
-lr = c4.number_input("Learning rate", min_value=1e-6, max_value=1e-1, value=5e-4 if "lora" in method else 5e-5,
-                     format="%.6f", key="recover-lr")
+epochs = c2.number_input("Epochs", min_value=1, max_value=20, value=DEFAULTS.epochs, key="recover-epochs")
+steps = c3.number_input("Steps (0: whole epochs)", min_value=0, value=DEFAULTS.steps or 0, key="recover-steps")
+# one widget per method: a keyed widget keeps its value when its default changes, so one shared key would keep
+# full training's rate after a switch to LoRA (whose default is 5x higher)
+lr = c4.number_input("Learning rate", min_value=1e-6, max_value=1e-1, value=DEFAULT_LR[method], format="%.6f",
+                     key=f"recover-lr-{method}", help="peak rate after the warm-up; the default is the method's")
 c1, c2, c3 = st.columns(3)
 train = c1.text_input("Training data", recovery_train_source(ws), key="recover-train",
                       help="any data spec; the demos' fine-tuning split by default (offline)")
@@ -38,8 +44,8 @@ fmt = c3.radio("Export as", list(formats), format_func=lambda name: formats[name
 
 spec = None
 with guard("These settings cannot be used"):
-    spec = RecoverySpec(method=method, epochs=int(epochs), steps=int(steps) or None, lr=float(lr), batch_size=16,
-                        max_length=ws.setup.max_length, freeze_embeddings=not ws.task.is_lm)
+    spec = replace(DEFAULTS, method=method, epochs=int(epochs), steps=int(steps) or None, lr=float(lr),
+                   max_length=ws.setup.max_length)
 if spec is None:
     st.stop()
 done = stored_recovery(sd, spec, train, int(train_size), fmt)

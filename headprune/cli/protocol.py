@@ -1,6 +1,8 @@
 """``run``: one command per results table. ``headprune run PROTOCOL.toml --out DIR`` computes every cell of a
 protocol file (``headprune.protocol``), resumably, and writes the table, masks, plots and run file;
-``--plan`` prints the cells and their work without the network and without loading weights; ``--smoke`` runs the
+``--plan`` prints the cells and their work without loading weights, and checks every role's labels, split and
+columns against the model's config.json and the data set's features (read from the hub, or from ``HF_ENDPOINT``'s
+mirror, when reachable: no weights, no rows; offline it lists the checks it could not make); ``--smoke`` runs the
 whole protocol on tiny random stand-ins of its models and data (``headprune.protocol.smoke``) in seconds.
 
 ``--out`` is the run's own folder (``headprune.outdir``): new, empty, or one a run of the same protocol marked;
@@ -27,7 +29,7 @@ from ..protocol.plan import expand
 from ..protocol.run import RunError, check_out, kept, merge, run_protocol
 from ..protocol.schedule import folder_protocol, own_folder, parse_shard, run_shard, status_text
 from ..protocol.schedule import status as folder_status
-from ..protocol.smoke import check_labels, hub_reachable, require_labels, run_smoke
+from ..protocol.smoke import check_labels, hub_address, hub_reachable, require_labels, run_smoke
 from .common import add_memory_arg, end_bars, tqdm_progress, warn_user_code
 from .output import add_force_arg
 
@@ -108,7 +110,14 @@ def cmd_run(args) -> dict:
         if spec is not None:
             warn_user_code(spec)
     if args.plan:
-        labels = check_labels(protocol, _online())
+        online = _online()
+        labels = check_labels(protocol, online)
+        host, port = hub_address()
+        _say(f"labels, splits and columns: {len(labels.checked)} role(s) checked, {len(labels.problems)} problem(s), "
+             f"{len(labels.unchecked)} check(s) not made (" + (f"hub configs and features read from {host}:{port}"
+             if online else f"offline: HF_HUB_OFFLINE is set or {host}:{port} is out of reach") + ")")
+        for line in labels.checked:
+            _say(f"checked: {line}")
         for line in labels.unchecked:
             _say(f"not checked: {line}")
         for line in labels.problems:
@@ -130,8 +139,10 @@ def cmd_run(args) -> dict:
         raise RunError("--smoke runs the stand-ins in this process; it does not go with --executor pool / slurm or "
                        "--shard.")
     out = check_out(args.out, protocol, args.force)   # a refused folder is left as it was, before any model loads
-    if not args.smoke:   # labels, splits and columns against configs and features: before any weights load
-        require_labels(protocol, _online())
+    # labels, splits and columns against configs and features, before any weights load; a smoke run too, so it
+    # stops where the real run would, with the protocol's lines named, before building its stand-ins
+    online = _online()
+    require_labels(protocol, online)
     bar = []
 
     def progress(fraction: float, message: str) -> None:   # the bar starts after the estimate line
@@ -158,7 +169,6 @@ def cmd_run(args) -> dict:
             return submit(protocol, out, executor, args.shards or shard_count(protocol), wait=args.wait,
                           memory_budget=args.memory_budget, say=_say, plots=not args.no_plots)
         if args.smoke:
-            online = _online()
             _say("smoke run: tiny random stand-ins of every model and data role (" + (
                 "hub configs and features where reachable" if online else "offline: families and stated labels")
                 + "); the numbers are meaningless")
@@ -184,7 +194,10 @@ def add_commands(sub) -> None:
     p.add_argument("--out", help="results folder: created, or empty, or one a run of this protocol wrote (marked "
                                  "by .headprune-run.json); a rerun into it skips the finished cells")
     p.add_argument("--plan", action="store_true",
-                   help="print the cells and their estimated work, offline, without loading any weights")
+                   help="print the cells and their estimated work without loading any weights, and check labels, "
+                        "splits and columns against each model's config.json and each data set's features (from "
+                        "the hub or HF_ENDPOINT when reachable: no weights, no rows; offline: the checks not made "
+                        "are listed)")
     p.add_argument("--no-timing", action="store_true",
                    help="with --plan: count the work only (no random-initialised forward is timed)")
     p.add_argument("--smoke", action="store_true",

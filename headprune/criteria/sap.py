@@ -372,6 +372,11 @@ class _SapBase(Criterion):
     def requires_labels(self, params: dict) -> bool:
         return params["k"] == 0
 
+    def selection_work(self, ctx: ScoringContext, params: dict) -> float:
+        """The k sweep (k = 0): one evaluation of the selection rows per k of 1..k_max (at most: fewer when the
+        parses hold fewer labels, or two k give one mask)."""
+        return float(params["k_max"]) if params["k"] == 0 and params["k_max"] > 1 else 0.0
+
     def _texts(self, ctx: ScoringContext) -> list:
         """The raw calibration texts; without them, the batches decoded by the tokenizer (lossy, warned)."""
         if ctx.tokenizer is None:
@@ -460,6 +465,20 @@ class SAPCandidateFiltering(_SapBase):
 
     def requires_labels(self, params: dict) -> bool:
         return True
+
+    def selection_work(self, ctx: ScoringContext, params: dict) -> float:
+        """SAP's k sweep, then candidate filtering on the selection rows: the model as given, each pool head alone,
+        then the target's mask (one evaluation) or each cumulative step (tolerance mode: at most the pool). The
+        pool is ``candidates``' count, capped at the live heads; the S·R pool (``pool`` = 0, tolerance mode) is
+        known only once SAP has counted, so every live head stands in for it (an upper bound)."""
+        live = adapt(ctx.model).live_grid()
+        if ctx.mask is not None:
+            live &= ctx.mask.keep_bool()
+        fraction = pool_fraction(params["sparsity"], params["pool"])
+        already = ctx.mask.n_pruned if ctx.mask is not None else 0
+        n_pool = int(live.sum()) if fraction <= 0 else min(max(round(fraction * live.numel()) - already, 0),
+                                                            int(live.sum()))
+        return super().selection_work(ctx, params) + 1 + n_pool + (1 if params["sparsity"] > 0 else n_pool)
 
     def resolve_params(self, given: dict | None) -> dict:
         """Each parameter checked alone, then the pool against the target (``check_pool``)."""

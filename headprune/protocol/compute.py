@@ -39,7 +39,7 @@ from ..estimate import (
     estimate_harness,
     estimate_trajectory,
     forward_rate,
-    scoring_work,
+    scoring_tokens,
     tokens,
 )
 from ..model.mask import HeadMask
@@ -273,7 +273,8 @@ class CellComputer:
                 crit, params = (c.criterion, dict(c.params)) if c else (get("random"), {})
                 spec = protocol.trajectory.spec(crit, params, bool(cell.inverse), 0, None)
                 seconds += estimate_trajectory(spec, loaded.model, data.calib_batches, data.eval_batches,
-                                               rate=rate, memory_budget=self.budget).seconds
+                                               rate=rate, memory_budget=self.budget,
+                                               select=data.select_batches or None).seconds
                 continue
             if cell.kind == KV and (cell.criterion, cell.repeat) not in scored:   # a rule scores once per repeat
                 scored.add((cell.criterion, cell.repeat))
@@ -283,11 +284,16 @@ class CellComputer:
                 seconds += per_token * (2 * tokens(data.eval_batches)
                                         + TRAIN_PASS * per_row * recovery_rows(protocol, entry))
             seconds += per_token * tokens(data.eval_batches)
-            if cell.kind in ("sparsity", TOLERANCE) and (cell.criterion, cell.repeat) not in scored:
-                scored.add((cell.criterion, cell.repeat))
-                c = self.criterion_of(cell)
+            if cell.kind not in ("sparsity", TOLERANCE):
+                continue
+            c = self.criterion_of(cell)
+            # scored once per repeat, or once per sparsity where the criterion takes it (SAP's per-level choices),
+            # as plan.plan_model counts it
+            key = (cell.criterion, cell.repeat, cell.sparsity if "sparsity" in c.criterion.params else None)
+            if key not in scored:
+                scored.add(key)
                 params = adapter.scored_params(c.criterion, dict(c.params), cell.sparsity)
-                seconds += per_token * tokens(data.calib_batches) * scoring_work(ctx, [c.name], {c.name: params})
+                seconds += per_token * scoring_tokens(ctx, [c.name], {c.name: params})
         if self.harness:
             once = estimate_harness(loaded.model, loaded.tokenizer, self.harness[1], data.eval_batches,
                                     rate=rate, memory_budget=self.budget)

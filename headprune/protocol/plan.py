@@ -10,7 +10,9 @@ Cells (one result each, resumable one by one):
                   ([kv]: the task's metrics under the rule's cache plan at that share)
 
 Work is counted in row-passes: one forward pass over one row (``Criterion.work`` passes over the calibration rows
-for scoring; one pass over the evaluation rows per evaluation; a trajectory step re-evaluates about half the model,
+for scoring, ``Criterion.selection_work`` over the selection rows -- the calibration rows without a ``select`` role
+-- for the choices made there: SAP's k sweep, candidate filtering's evaluations; one pass over the evaluation rows
+per evaluation; a trajectory step re-evaluates about half the model,
 ``estimate.LIVE_STEP``). A cell scored once for several sparsities counts its scoring in the first of them. Where
 a model's config is on this machine (a folder, a built demo, a hub id in the local cache) the grid is known and
 a random-initialised copy of the model (no weights read) times one forward pass (``estimate.forward_rate``),
@@ -163,6 +165,7 @@ class ModelPlan:
     cells: list[Cell]
     grid: tuple[int, int] | None = None
     calib_row_passes: float | None = None
+    select_row_passes: float = 0.0   # choices on the selection rows (Criterion.selection_work: SAP's k, CF)
     eval_row_passes: float | None = None
     train_row_passes: float = 0.0    # recovery: rows x epochs x (TRAIN_PASS + TEACHER_PASS if distilled)
     seconds: float | None = None
@@ -172,7 +175,8 @@ class ModelPlan:
     def to_json(self) -> dict:
         return {"name": self.entry.name, "model": self.entry.model, "source": self.kind,
                 "grid": list(self.grid) if self.grid else None, "cells": len(self.cells),
-                "calib_row_passes": self.calib_row_passes, "eval_row_passes": self.eval_row_passes,
+                "calib_row_passes": self.calib_row_passes, "select_row_passes": self.select_row_passes,
+                "eval_row_passes": self.eval_row_passes,
                 "train_row_passes": self.train_row_passes, "lm_eval_runs": self.lm_eval_runs,
                 "seconds": self.seconds, "estimate": self.text(), "note": self.note}
 
@@ -185,7 +189,9 @@ class ModelPlan:
     def _work(self) -> str:
         if self.calib_row_passes is None:
             return self.note
-        passes = f"{self.calib_row_passes:,.0f} calibration + {self.eval_row_passes:,.0f} evaluation" + \
+        passes = f"{self.calib_row_passes:,.0f} calibration + " + \
+            (f"{self.select_row_passes:,.0f} selection + " if self.select_row_passes else "") + \
+            f"{self.eval_row_passes:,.0f} evaluation" + \
             (f" + {self.train_row_passes:,.0f} training" if self.train_row_passes else "") + " row-passes"
         if self.seconds is None:
             return f"{passes}{'; ' + self.note if self.note else ''}"
@@ -232,12 +238,13 @@ def plan_model(protocol: Protocol, entry: ModelEntry, cells: list[Cell], time_it
     adapter = adapt(shell)
     plan.grid = adapter.grid_shape
     n_calib, n_eval = _rows(entry.data["calib"]), _rows(entry.data["eval"])
-    if n_calib is None or n_eval is None or ("train" in entry.data and entry.data["train"].size is None):
+    n_select = _rows(entry.data["select"]) if "select" in entry.data else n_calib   # ScoringContext.selection
+    if None in (n_calib, n_eval, n_select) or ("train" in entry.data and entry.data["train"].size is None):
         plan.note = "; ".join(["a role of every row ('all'): its size is known once the data is read"] + notes)
         return plan
     ctx = ScoringContext(shell, [], memory_budget=protocol.memory_budget)
     units = plan.grid[0] * plan.grid[1]
-    calib = evals = 0.0
+    calib = select = evals = 0.0
     scored = set()
     for cell in cells:
         if cell.kind == DENSE:
@@ -256,18 +263,23 @@ def plan_model(protocol: Protocol, entry: ModelEntry, cells: list[Cell], time_it
         entry_c = next((c for c in protocol.criteria if c.label == cell.criterion), None)
         crit = entry_c.criterion if entry_c is not None else get("random")   # random boxes
         params = scored_params(crit, dict(entry_c.params) if entry_c else {}, cell.sparsity)
-        work = crit.work(ctx, crit.resolve_params(params))
+        resolved = crit.resolve_params(params)
+        work, select_work = crit.work(ctx, resolved), crit.selection_work(ctx, resolved)
         if cell.kind in ("sparsity", TOLERANCE):
             key = (cell.criterion, cell.repeat, params.get("sparsity") if "sparsity" in crit.params else None)
-            calib += 0 if key in scored else n_calib * work
+            if key not in scored:
+                calib += n_calib * work
+                select += n_select * select_work
             scored.add(key)
             evals += n_eval
             continue
         traj = protocol.trajectory
         steps = math.ceil(traj.spec(crit, params, False, 0, None).target(units, 0) / traj.step)
-        calib += n_calib * work * (max(steps, 1) / 2 if crit.dynamic else 1)
+        rescored = max(steps, 1) / 2 if crit.dynamic else 1
+        calib += n_calib * work * rescored
+        select += n_select * select_work * rescored
         evals += n_eval * (1 + LIVE_STEP * steps)
-    plan.calib_row_passes, plan.eval_row_passes = calib, evals
+    plan.calib_row_passes, plan.select_row_passes, plan.eval_row_passes = calib, select, evals
     n_params = sum(p.numel() for p in shell.parameters())
     if not time_it:
         return plan
@@ -280,7 +292,7 @@ def plan_model(protocol: Protocol, entry: ModelEntry, cells: list[Cell], time_it
     # the rows the memory planner lets one forward hold, never batch_size x length tokens built first
     rows = plan_for(model, protocol.memory_budget).rows("forward", length, protocol.batch_size)
     per_token, _ = forward_rate(model, [_synthetic_batch(rows, length)], protocol.memory_budget)
-    plan.seconds = per_token * length * (calib + evals + plan.train_row_passes)
+    plan.seconds = per_token * length * (calib + select + evals + plan.train_row_passes)
     return plan
 
 

@@ -16,7 +16,11 @@ Where the stand-ins come from, per model and per data source (each recorded in t
              features of a known source (``KNOWN_SOURCES``: GLUE, the Greedy-Gnorm and HIES data sets), else
              the role's columns and the protocol's label statements; rows are seeded word strings, labels cycle
              over the classes (every class present), written with ``save_to_disk`` as a DatasetDict of the same
-             splits so ClassLabel names survive and the split rule acts as on the real data set
+             splits so ClassLabel names survive and the split rule acts as on the real data set (a multiple-choice
+             data set keeps the known table's layout; labels stored as text or bare ids take the stated classes)
+    network  the hub the Hugging Face clients read: ``HF_ENDPOINT`` when set (a mirror), else huggingface.co;
+             ``hub_reachable`` probes that host once, HF_HUB_OFFLINE=1 is offline without a probe. Each config and
+             each data set's features is read once per process (``forget_hub_reads`` clears that memo)
     sizes    calibration and selection 8 rows, evaluation and training 16 ("all" included); at most 2 repeats,
              2 random orders and 2 sparsities besides 0 (the smallest and largest: the code paths of more, without
              repeating the same work)
@@ -39,8 +43,10 @@ import shutil
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import torch
+from huggingface_hub import constants as hub_constants
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, PreTrainedTokenizerFast
 
@@ -48,7 +54,7 @@ from ..data import TextDataset, align_labels
 from ..data.sources import NAMED_DATA, parse_hf_spec
 from ..errors import HeadpruneError
 from ..evaluation.harness import is_harness_metric, parse_metric
-from ..model.loading import NAMED_MODELS, model_source_kind
+from ..model.loading import NAMED_MODELS, is_lm_config, model_source_kind
 from ..testing import ARCHS, DECODER_ARCHS, tiny_config, tiny_decoder_config, write_choice_task
 from .plan import local_config, slug
 from .run import RunError, check_out, run_protocol, write_atomic
@@ -93,6 +99,7 @@ class Features:
     label: str | None = "label"
     names: list | None = None          # ClassLabel names; None with ``label``: a float target (regression)
     string_labels: bool = False        # labels stored as text (no ClassLabel)
+    id_labels: bool = False            # labels stored as integer ids without names (no ClassLabel)
     splits: tuple = ("train", "validation", "test")
     choice: str | None = None          # "hellaswag" | "arc": multiple-choice rows in that layout
     origin: str = "known source"
@@ -122,39 +129,82 @@ KNOWN_SOURCES = ("nyu-mll/glue:" + "|".join(_GLUE), "takala/financial_phrasebank
                  "papluca/language-identification", "Rowan/hellaswag", "allenai/ai2_arc")
 
 
-HUB = ("huggingface.co", 443)
+def hub_address() -> tuple[str, int]:
+    """(host, port) of the hub the clients will read: ``HF_ENDPOINT`` (a mirror, or a local hub) as huggingface_hub
+    read it at import, else huggingface.co:443."""
+    url = urlsplit(hub_constants.ENDPOINT)
+    return url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
-    """Whether configs and features may be read from the hub: not with HF_HUB_OFFLINE set, and not when one
-    connection to it fails (a single probe: the hub clients would retry every read for half a minute)."""
-    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
+    """Whether configs and features may be read from the hub: not with HF_HUB_OFFLINE set (in the environment now,
+    or when huggingface_hub was imported: its clients then refuse every read), and not when one connection to the
+    hub's host (``hub_address``: HF_ENDPOINT's when set) fails; a single probe, as the hub clients would retry every
+    read for half a minute."""
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on") or hub_constants.HF_HUB_OFFLINE:
         return False
     try:
-        socket.create_connection(HUB, timeout=timeout).close()
+        socket.create_connection(hub_address(), timeout=timeout).close()
     except OSError:
         return False
     return True
 
 
-@functools.cache
-def _hub_features(name: str, config: str | None) -> Features | None:
-    """The data set's features from the hub (no rows: the builder's info), or None offline / on any failure."""
-    try:
-        import datasets  # deferred: a 1.5 s import that only hf: stand-ins need
+def _failure(exc: Exception) -> str:
+    """One line of why a hub read failed (the clients' messages run to several lines of advice)."""
+    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    return f"{type(exc).__name__}: {first[:160]}" if first else type(exc).__name__
 
-        info = datasets.load_dataset_builder(name, config).info
-    except Exception:   # offline, gated, or a script data set: the known table and the statements stand in
-        return None
-    feats = info.features or {}
+
+@functools.cache
+def _hub_features(name: str, config: str | None) -> tuple[Features | None, str]:
+    """(the data set's features from the hub, why not): the builder's info (the card's ``dataset_info`` and the
+    repo's file listing: no rows are read). Every string column is a text column (a role may read any of them);
+    the splits are the info's, else the data files' split names."""
+    import datasets  # deferred: a 1.5 s import that only hf: stand-ins need
+
+    try:
+        builder = datasets.load_dataset_builder(name, config)
+    except Exception as exc:   # gated, missing, a script data set, the hub out of reach: said as unchecked
+        return None, _failure(exc)
+    info = builder.info
+    feats = info.features
+    if not feats:
+        return None, "its card states no features (they are read from the data files, i.e. from rows)"
     labels = [c for c, f in feats.items() if isinstance(f, datasets.ClassLabel)]
     label = labels[0] if labels else next((c for c in ("label", "labels", "score") if c in feats), None)
-    texts = tuple(c for c, f in feats.items() if c != label and getattr(f, "dtype", None) == "string")[:2]
+    texts = tuple(c for c, f in feats.items() if c != label and getattr(f, "dtype", None) == "string")
     if not texts:
-        return None
-    names = list(feats[label].names) if labels else None
-    return Features(texts, label, names, splits=tuple(info.splits or ("train", "validation", "test")),
-                    origin="hub features")
+        return None, f"no string column among {', '.join(feats)}"
+    splits = tuple(info.splits or ()) or tuple(getattr(builder.config, "data_files", None) or ())
+    # a label column without ClassLabel: text names or integer ids (their classes are in the rows only), or a
+    # float target (regression)
+    dtype = str(getattr(feats[label], "dtype", "")) if label and not labels else ""
+    return Features(texts, label, list(feats[label].names) if labels else None, string_labels=dtype == "string",
+                    id_labels=dtype.startswith(("int", "uint")), splits=splits or ("train", "validation", "test"),
+                    origin="hub features"), ""
+
+
+def hf_features(name: str, config: str | None, online: bool) -> tuple[Features | None, str]:
+    """(features of the hub data set ``name``/``config``, why none): the hub's when ``online`` (``_hub_features``),
+    else or failing that the known table's (``KNOWN_SOURCES``). Label names stored as text are not in the features
+    (only the rows hold them): the known table's names complete them where it has the data set."""
+    hub, why = _hub_features(name, config) if online else (None, "offline")
+    known = _known(name, config)
+    if hub is None:
+        return known, ("" if known else why)
+    if known is not None and known.choice:   # a multiple-choice layout, which features alone do not say
+        return dataclasses.replace(known, splits=hub.splits, origin="hub features (splits), known source (layout)"), ""
+    if (hub.string_labels or hub.id_labels) and known is not None and known.names:
+        hub = dataclasses.replace(hub, names=list(known.names))
+    return hub, ""
+
+
+def forget_hub_reads() -> None:
+    """Forget the configs and features read from the hub in this process (each is read once per process): for a
+    long-lived process whose network, endpoint or hub changed."""
+    _hub_features.cache_clear()
+    _hub_config.cache_clear()
 
 
 def _stated(role: Role, entry: ModelEntry) -> Features:
@@ -172,8 +222,10 @@ def source_features(role: Role, entry: ModelEntry, online: bool) -> Features:
         return Features(("text",), None, None, origin=f"{role.source}: unlabelled text (a language model's rows)")
     if role.source.startswith("hf:"):
         name, config, _ = parse_hf_spec(role.source)
-        found = (_hub_features(name, config) if online else None) or _known(name, config)
+        found, _ = hf_features(name, config, online)
         if found is not None:
+            if (found.string_labels or found.id_labels) and found.names is None:   # classes in the rows only:
+                found = dataclasses.replace(found, names=_stated(role, entry).names)   # the stated ones stand in
             return found
     return _stated(role, entry)
 
@@ -214,7 +266,8 @@ def write_source(features: Features, splits: list[str], folder: Path, seed: int)
     parts = {}
     for k, split in enumerate(splits):
         ds = datasets.Dataset.from_list(stand_in_rows(features, ROWS_PER_SPLIT, seed + k))
-        if features.label and features.names is not None and not features.string_labels and not features.choice:
+        if features.label and features.names is not None and not (features.string_labels or features.id_labels
+                                                                   or features.choice):
             ds = ds.cast_column(features.label, datasets.ClassLabel(names=features.names))
         parts[split] = ds
     datasets.DatasetDict(parts).save_to_disk(str(folder))
@@ -236,19 +289,26 @@ def family_of(spec: str, config) -> str:
 
 @functools.cache
 def _hub_config(spec: str):
-    """The hub's config.json of ``spec`` (no weights), or None (offline, gated, unknown); read once per process."""
+    """(the hub's config.json of ``spec``, why not): the config alone, never weights; read once per process."""
     try:
-        return AutoConfig.from_pretrained(spec)
-    except Exception:   # offline or gated: the family and the stated labels stand in
-        return None
+        return AutoConfig.from_pretrained(spec), ""
+    except Exception as exc:   # gated, missing, an unknown model type: the family and the stated labels stand in
+        return None, _failure(exc)
 
 
-def _online_config(spec: str, online: bool):
-    """The model's config without weights: this machine's copy, else the hub's config.json when online."""
+def model_config(spec: str, online: bool):
+    """(the model's config without weights, why none): this machine's copy (a folder, the local Hugging Face
+    cache), else the hub's config.json when ``online``; a named model (a demo) has none here (its config needs
+    its build, minutes: the family table stands in)."""
     if model_source_kind(spec) == "named" or spec in NAMED_MODELS:
-        return None   # a demo's config needs its build (minutes): the family table stands in
+        return None, "a named model: its config comes with its build"
     config = local_config(spec)
-    return _hub_config(spec) if config is None and online else config
+    if config is not None:
+        return config, ""
+    if not online:
+        return None, "its config.json is not on this machine; offline"
+    config, why = _hub_config(spec)
+    return config, ("" if config is not None else f"the hub did not give its config.json: {why}")
 
 
 def stated_labels(entry: ModelEntry, features: Features) -> tuple[dict[int, str], str]:
@@ -307,7 +367,7 @@ class ModelStandIn:
 
 def stand_in_model(entry: ModelEntry, features: Features, folder: Path, online: bool, seed: int) -> ModelStandIn:
     """A tiny random model of ``entry``'s family and label configuration, saved to ``folder`` (module doc)."""
-    config = _online_config(entry.model, online)
+    config, _ = model_config(entry.model, online)
     family = family_of(entry.model, config)
     decoder = family in DECODER_ARCHS
     head = "lm" if features.choice or features.label is None else "cls"
@@ -354,37 +414,48 @@ class LabelCheck:
         return {"problems": self.problems, "checked": self.checked, "unchecked": self.unchecked}
 
 
-def _feature_rows(features: Features) -> TextDataset:
+def _feature_rows(features: Features, source: str) -> TextDataset:
     """One row per class of ``features`` as ``load_data`` would hold them (ClassLabel ints with their names)."""
     if features.names is None:
-        return TextDataset(texts=["x"], labels=[2.5], source="features")
+        return TextDataset(texts=["x"], labels=[2.5], source=source)
     if features.string_labels:
-        return TextDataset(texts=["x"] * len(features.names), labels=list(features.names), source="features")
+        return TextDataset(texts=["x"] * len(features.names), labels=list(features.names), source=source)
+    if features.id_labels:
+        return TextDataset(texts=["x"] * len(features.names), labels=list(range(len(features.names))), source=source)
     return TextDataset(texts=["x"] * len(features.names), labels=list(range(len(features.names))),
-                       label_names=list(features.names), source="features")
+                       label_names=list(features.names), source=source)
+
+
+def _protocol_hint(entry: ModelEntry, features: Features) -> str:
+    """How a protocol states the mapping the label guard asks for (the guard's own text names the CLI's flags)."""
+    first = (features.names or ["negative"])[0]
+    return (f" In the protocol, under [[models]] name = \"{entry.name}\": labels_by_position = true (when the "
+            f"model card confirms that order), or label_map = {{ {first} = \"LABEL_0\", ... }}.")
 
 
 def check_labels(protocol: Protocol, online: bool) -> LabelCheck:
     """Every model's label alignment, and every role's split and columns, against the model's config and the data
     set's features (no weights, no rows): ``align_labels`` on one row per class, with the entry's ``label_map`` /
-    ``labels_by_position``, exactly as the run will call it. Sources read from hub features (online) or the table
-    of known sources (offline); what neither reaches is listed as unchecked."""
+    ``labels_by_position``, exactly as the run will call it. Configs are this machine's or, ``online``, the hub's
+    config.json (``model_config``); features the hub's (online) or the known table's (``hf_features``); what
+    neither reaches is listed as unchecked, with the reason."""
     found = LabelCheck()
     for entry in protocol.models:
-        config = _online_config(entry.model, online)
+        config, why = model_config(entry.model, online)
+        language_model = config is not None and is_lm_config(config.to_dict())
         if config is None:
-            found.unchecked.append(f"{entry.name}: labels of {entry.model} (its config.json is not on this machine"
-                                   + (")" if online else "; offline)"))
+            found.unchecked.append(f"{entry.name}: labels of {entry.model} ({why})")
         for name, role in entry.data.items():
             where = f"{entry.name}, data.{name} ({role.source})"
             if not role.source.startswith("hf:"):
                 found.unchecked.append(f"{where}: read when the run starts (not a hub data set)")
                 continue
             hub, config_name, split = parse_hf_spec(role.source)
-            features = (_hub_features(hub, config_name) if online else None) or _known(hub, config_name)
+            features, why = hf_features(hub, config_name, online)
             if features is None:
-                found.unchecked.append(f"{where}: its features (unknown offline)")
+                found.unchecked.append(f"{where}: its splits, columns and labels ({why})")
                 continue
+            before = len(found.problems)
             if split and split not in features.splits:
                 found.problems.append(str(role.fail("source", f"{entry.name}: split {split!r} is not one of "
                                                               f"{', '.join(features.splits)} ({features.origin}).")))
@@ -392,18 +463,28 @@ def check_labels(protocol: Protocol, online: bool) -> LabelCheck:
             for key in ("text_col", "pair_col", "label_col"):
                 if getattr(role, key) and getattr(role, key) not in columns:
                     found.problems.append(str(role.fail(key, f"{entry.name}: no column {getattr(role, key)!r}; "
-                                                             f"the data set has {', '.join(columns)}.")))
-            if config is None or features.choice or not getattr(config, "id2label", None):
-                continue
-            id2label = {int(k): v for k, v in config.id2label.items()}
-            try:
-                align_labels(_feature_rows(features), id2label, label_map=entry.label_map,
-                             by_position=entry.labels_by_position)
-            except HeadpruneError as exc:
-                key = "label_map" if entry.label_map else "labels_by_position" if entry.labels_by_position else "model"
-                found.problems.append(str(entry.fail(key, f"{entry.name}, data.{name}: {exc}")))
-                continue
-            found.checked.append(f"{where}: labels, split and columns ({features.origin})")
+                                                             f"the data set has {', '.join(columns)} "
+                                                             f"({features.origin}).")))
+            made = "split and columns"
+            if (features.string_labels or features.id_labels) and features.names is None and config is not None \
+                    and not language_model:
+                found.unchecked.append(f"{where}: labels (stored as " + ("text" if features.string_labels else
+                                                                         "integer ids") + ": the classes are in the "
+                                       "rows only)")
+            elif config is not None and features.label and not features.choice and not language_model:
+                id2label = {int(k): v for k, v in config.id2label.items()}
+                source = f"{hub}" + (f":{config_name}" if config_name else "") + f" ({features.origin})"
+                try:
+                    align_labels(_feature_rows(features, source), id2label, label_map=entry.label_map,
+                                 by_position=entry.labels_by_position)
+                    made = "labels, split and columns"
+                except HeadpruneError as exc:
+                    key = "label_map" if entry.label_map else \
+                        "labels_by_position" if entry.labels_by_position else "model"
+                    hint = "" if entry.label_map or entry.labels_by_position else _protocol_hint(entry, features)
+                    found.problems.append(str(entry.fail(key, f"{entry.name}, data.{name}: {exc}{hint}")))
+            if len(found.problems) == before:
+                found.checked.append(f"{where}: {made} ({features.origin})")
     return found
 
 

@@ -147,6 +147,12 @@ class Criterion(Scorer):
         into seconds): 1 without gradients, ``GRADIENT_PASS`` with a backward. Criteria that run more override."""
         return GRADIENT_PASS if self.needs_gradients else 1.0
 
+    def selection_work(self, ctx: ScoringContext, params: dict) -> float:
+        """What scoring costs beyond ``work``, in forward passes over the selection batches (``ctx.selection``: the
+        selection role, else the calibration set): choices measured there (SAP's k sweep, candidate filtering's
+        evaluations). 0 for criteria that make none; an upper bound where the count is only known while scoring."""
+        return 0.0
+
     def prepare(self, ctx: ScoringContext, params: dict | None = None) -> dict:
         """Resolved parameters, after checking that ``ctx`` has what they need (labels)."""
         resolved = self.resolve_params(params)
