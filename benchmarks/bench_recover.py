@@ -104,7 +104,8 @@ def main() -> None:
     p.add_argument("--cells", default=None,
                    help="criterion:ratio pairs, comma-separated (default: every --criteria at 0.75, then at 0.5)")
     p.add_argument("--criteria", default=",".join(c for c in CRITERIA if c in available()))
-    p.add_argument("--train-size", type=int, default=2048, help="rows of demo:train (one pass: train-size / 32 steps)")
+    # 4,096 rows (128 steps): at 2,048 SAP+CF's 75% mask won back 0.38 of its loss, at 4,096 every criterion >= 0.75
+    p.add_argument("--train-size", type=int, default=4096, help="rows of demo:train (one pass: train-size / 32 steps)")
     p.add_argument("--eval-size", type=int, default=2000)
     p.add_argument("--spec", default="{}", help="RecoverySpec fields to override, as JSON (an ablation)")
     p.add_argument("--log", default="/tmp/bench_recover.jsonl")
