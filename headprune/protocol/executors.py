@@ -5,7 +5,7 @@
             to its own, or on CPU with the cores split between them (``torch.set_num_threads``). Each is a fresh
             ``python -m headprune.protocol.executors OUT/jobs/pool/worker-<i>.json`` (the job file: the
             protocol's text and the call's arguments, as submitit pickles a call) -- not a multiprocessing
-            spawn, which re-runs the parent's ``__main__`` (a Streamlit script, a notebook, a test runner's)
+            spawn, which re-runs the parent's ``__main__`` file (a Streamlit script, a test runner's)
             in every worker, and not a fork (torch and CUDA are not fork-safe). Worker i runs shard i/N and
             then takes over the cells no live worker holds (``run_shard(steal=True)``), so a slow or killed
             worker's cells are still done. Logs in ``OUT/jobs/pool/worker-<i>.log``; a Ctrl-C stops the
