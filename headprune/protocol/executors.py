@@ -104,17 +104,17 @@ def run_pool(protocol: Protocol, out: str | Path, workers: int | None = None, *,
     procs = []
     folder = out / "jobs" / "pool"
     folder.mkdir(parents=True, exist_ok=True)
-    for i, job in enumerate(plan):
-        log, call = folder / f"worker-{i}.log", folder / f"worker-{i}.json"
+    logs = [folder / f"worker-{i}.log" for i in range(n)]
+    for i, (job, log) in enumerate(zip(plan, logs)):
+        call, cores = folder / f"worker-{i}.json", threads or job["threads"]
         write_atomic(call, json.dumps({"text": protocol.text, "source": protocol.source, "out": str(out),
-                                       "shard": [i, n], "threads": threads or job["threads"],
-                                       "memory_budget": memory_budget}, indent=1))
+                                       "shard": [i, n], "threads": cores, "memory_budget": memory_budget}, indent=1))
         with open(log, "ab") as sink:   # the child holds its own copy of the descriptor
             proc = subprocess.Popen([sys.executable, "-m", __name__, str(call)], env={**os.environ, **job["env"]},
                                     stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT)
         procs.append(proc)
         where = f"GPU {job['env']['CUDA_VISIBLE_DEVICES']}" if job["env"]["CUDA_VISIBLE_DEVICES"] else \
-            f"CPU, {threads or job['threads']} thread(s)"
+            f"CPU, {cores} thread(s)"
         say(f"worker {i}: pid {proc.pid}, {where}, shard {i}/{n} then any cell left; log {log}")
     try:
         for proc in procs:
@@ -124,9 +124,8 @@ def run_pool(protocol: Protocol, out: str | Path, workers: int | None = None, *,
         raise
     codes = [proc.returncode for proc in procs]
     ended = []   # each worker that did not finish, with the end of its log: what a user (or CI) reads first
-    for i, code in enumerate(codes):
+    for i, (code, log) in enumerate(zip(codes, logs)):
         if code:
-            log = out / "jobs" / "pool" / f"worker-{i}.log"
             say(f"worker {i} exited with code {code} (see {log}); its cells are left to a rerun")
             ended.append(f"worker {i} exited with code {code}; the end of {log}:\n{log_tail(log)}")
     try:
