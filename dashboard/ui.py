@@ -20,7 +20,7 @@ from headprune.model.mask import HeadMask
 from headprune.model.sizes import cut_summary
 
 from .compute import measure_speed, measured_speed, stored_roles
-from .config import LINK_KEYS, Link, current_setup, demo_setup, link_data, link_models, parse_link, use_setup
+from .config import LINK_KEYS, Link, current_setup, demo_setup, help_url, link_data, link_models, parse_link, use_setup
 from .session import SessionData, session
 from .store import DashboardWorkspace as Workspace
 from .store import build_workspace, workspace_of
@@ -124,6 +124,12 @@ def page_path(file: str) -> str:
     return str(PAGES_DIR / file)
 
 
+def manual_help(title: str) -> str:
+    """The "?" beside a page's title: a link to that page's part of the manual (``headprune docs``)."""
+    return (f"[This page in the manual]({help_url(title)}) — `python -m headprune docs` serves the manual offline "
+            "(HEADPRUNE_DOCS_URL points the link elsewhere).")
+
+
 def page(title: str, caption: str | None = None, live_counts: bool = False) -> tuple[Workspace, SessionData]:
     """Title the page, make sure a workspace is loaded (the demo by default), draw the sidebar.
 
@@ -131,7 +137,7 @@ def page(title: str, caption: str | None = None, live_counts: bool = False) -> t
     (``sidebar_counts``) so they follow a click that reruns only the fragment. Stops the script with an
     explanation when nothing can be loaded.
     """
-    st.title(title)
+    st.title(title, help=manual_help(title))
     if caption:
         st.caption(caption)
     ws = ensure_workspace()

@@ -243,7 +243,10 @@ def protocol_tables() -> list[tuple[str, str, str, tuple, list]]:
         extra=[("data", "tables", dataclasses.MISSING, "the data roles: [data.calib], [data.select], [data.eval], "
                                                        "[data.train]"),
                ("metrics", "list", (), "metric names, `task` (the task's own set) or lm-eval:TASK/METRIC"),
-               ("headline", "str | None", None, "the metric plots and trajectories follow")] + guards)
+               ("headline", "str | None", None, "the metric plots and trajectories follow")] + guards
+        + [(name, "table", None, f"the [{name}] table below") for name in ("trajectory", "kv", "recovery", "lm_eval",
+                                                                            "table")]
+        + [("paper", "array of tables", None, "the [[paper]] tables below")])
     add("[data.ROLE]", f"One data role ({', '.join(spec.ROLES)}): rows drawn with the protocol's seed from a data "
         "spec. `size = \"all\"` takes every row.", spec.Role, "sparsities", ("data", "calib"))
     add("[[models]]", "A model with its own data roles (`[models.data.ROLE]`, overriding the protocol's key by "
