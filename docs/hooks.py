@@ -228,13 +228,15 @@ def protocol_tables() -> list[tuple[str, str, str, tuple, list]]:
 
     tables = []
 
-    def add(heading, text, cls, kind, path, skip=(), extra=()):
-        notes = declared_notes(cls)
+    def add(heading, text, cls, kind, path, skip=(), extra=(), more_notes=None):
+        notes = declared_notes(cls) | (more_notes or {})
         rows = [(k, t, d, notes.get(k, "")) for k, t, d in _fields(cls, skip)] + list(extra)
         tables.append((heading, text, kind, path, rows))
 
     guards = [(g, "bool" if g != "label_map" else "Mapping | None", False if g != "label_map" else None,
                declared_notes(spec.ModelEntry).get(g, "")) for g in spec.GUARDS]
+    # the spec's module docstring shows a commented file: `key = value   # note` lines say what top-level keys are
+    example = dict(re.findall(r"^\s{4}(\w+) = [^#\n]*#\s*([^\n]*)$", spec.__doc__ or "", re.M))
     add("top level", "The protocol itself. `models` is a list of model specs or `[[models]]` tables; `criteria` a "
         "list of names or `[[criteria]]` tables. `metrics`, `headline` and the label guards set every model's "
         "(a `[[models]]` table may override them).", spec.Protocol, "sparsities", (),
@@ -246,7 +248,7 @@ def protocol_tables() -> list[tuple[str, str, str, tuple, list]]:
                ("headline", "str | None", None, "the metric plots and trajectories follow")] + guards
         + [(name, "table", None, f"the [{name}] table below") for name in ("trajectory", "kv", "recovery", "lm_eval",
                                                                             "table")]
-        + [("paper", "array of tables", None, "the [[paper]] tables below")])
+        + [("paper", "array of tables", None, "the [[paper]] tables below")], more_notes=example)
     add("[data.ROLE]", f"One data role ({', '.join(spec.ROLES)}): rows drawn with the protocol's seed from a data "
         "spec. `size = \"all\"` takes every row.", spec.Role, "sparsities", ("data", "calib"))
     add("[[models]]", "A model with its own data roles (`[models.data.ROLE]`, overriding the protocol's key by "
