@@ -11,8 +11,8 @@ Each reads the plan of its layer from the model's config (``config.headprune_kv`
 :func:`restricted`): per physical query position whether it streams, plus S and W. The keys it receives are
 either one tensor (B, H_kv, T_k, d) at positions 0..T_k-1 -- the ordinary cache or none: the restriction is a mask
 -- or a :class:`SplitKV` from ``cache.MixedCache``, where streaming heads hold only their S + W keys with their
-positions. Queries are the last T_q positions. Rows are right-padded (headprune's batches), so a position is a
-token index.
+positions. A budget plan's groups each stream at their own window W_g; the restriction is per query head. Queries
+are the last T_q positions. Rows are right-padded (headprune's batches), so a position is a token index.
 """
 
 from __future__ import annotations
@@ -34,20 +34,23 @@ CONFIG_KEY = "headprune_kv"
 
 
 @dataclass
-class SplitKV:
-    """Keys and values of one layer of a mixed cache, returned by ``MixedLayer.update`` to the attention function.
+class KVPart:
+    """Keys and values of some physical key/value heads of one layer: (B, n, K, d) at ``positions`` (K,);
+    ``window``: None for full heads (every position 0..T-1), else their streaming window W."""
 
-    full_k/full_v: (B, n_full, T, d), positions 0..T-1; stream_k/stream_v: (B, n_stream, K, d) at ``positions``
-    (K,); ``full_heads``/``stream_heads``: the physical key/value heads each part holds, in order; ``length``: T.
-    """
-
-    full_k: torch.Tensor
-    full_v: torch.Tensor
-    stream_k: torch.Tensor
-    stream_v: torch.Tensor
+    heads: list[int]
+    k: torch.Tensor
+    v: torch.Tensor
     positions: torch.Tensor
-    full_heads: list[int]
-    stream_heads: list[int]
+    window: int | None
+
+
+@dataclass
+class SplitKV:
+    """Keys and values of one layer of a mixed cache, returned by ``MixedLayer.update`` to the attention function:
+    one :class:`KVPart` for the full heads and one per distinct streaming window; ``length``: T (tokens seen)."""
+
+    parts: list[KVPart]
     length: int
 
 
@@ -85,12 +88,14 @@ def repeat_kv(states: torch.Tensor, groups: int) -> torch.Tensor:
 
 
 def dense_allowed(spec: dict, query: torch.Tensor, t_k: int, attention_mask) -> torch.Tensor:
-    """Bool (B, H, T_q, T_k): the model's mask, and for streaming query heads the sink + window restriction."""
+    """Bool (B, H, T_q, T_k): the model's mask, and for streaming query heads the sink + window restriction (each
+    query head at its group's window: a budget plan's windows differ per group)."""
     t_q = query.shape[2]
     k_pos = torch.arange(t_k, device=query.device)
     q_pos = k_pos[t_k - t_q:]
     stream = torch.tensor(spec["stream"], dtype=torch.bool, device=query.device)[None, :, None, None]
-    near = window_allowed(q_pos, k_pos, spec["sink"], spec["window"])[None, None]
+    windows = torch.tensor(spec["windows"], dtype=torch.long, device=query.device)[:, None, None]
+    near = window_allowed(q_pos, k_pos, spec["sink"], windows)[None]
     return base_allowed(attention_mask, t_q, k_pos) & (~stream | near)
 
 
@@ -129,21 +134,21 @@ def split_attention(spec: dict, query: torch.Tensor, kv: SplitKV, attention_mask
     """Attention over a mixed cache: query heads of full groups over every key, those of streaming groups over
     their S + W keys (masked to the exact window of each query position). -> (B, T_q, H, d)."""
     t_q = query.shape[2]
-    groups = query.shape[1] // (len(kv.full_heads) + len(kv.stream_heads))
+    groups = query.shape[1] // sum(len(part.heads) for part in kv.parts)
     out = torch.empty_like(query)
     q_pos = torch.arange(kv.length - t_q, kv.length, device=query.device)
-    parts = ((kv.full_heads, kv.full_k, kv.full_v, torch.arange(kv.length, device=query.device), False),
-             (kv.stream_heads, kv.stream_k, kv.stream_v, kv.positions.to(query.device), True))
-    for heads, k, v, k_pos, streams in parts:
-        if not heads:
+    for part in kv.parts:
+        if not part.heads:
             continue
-        rows = torch.tensor([h * groups + i for h in heads for i in range(groups)], device=query.device)
+        k_pos = part.positions.to(query.device)
+        rows = torch.tensor([h * groups + i for h in part.heads for i in range(groups)], device=query.device)
         allowed = base_allowed(attention_mask, t_q, k_pos)
-        if streams:
-            allowed = allowed & window_allowed(q_pos, k_pos, spec["sink"], spec["window"])[None, None]
+        if part.window is not None:
+            allowed = allowed & window_allowed(q_pos, k_pos, spec["sink"], part.window)[None, None]
         # a decode step usually sees every key it holds: no mask then lets SDPA take its fastest kernel
-        out[:, rows] = F.scaled_dot_product_attention(query[:, rows], k, v, attn_mask=None if bool(allowed.all())
-                                                      else allowed, scale=scaling, enable_gqa=groups > 1)
+        out[:, rows] = F.scaled_dot_product_attention(query[:, rows], part.k, part.v,
+                                                      attn_mask=None if bool(allowed.all()) else allowed,
+                                                      scale=scaling, enable_gqa=groups > 1)
     return out.transpose(1, 2).contiguous()
 
 
@@ -157,14 +162,17 @@ ALL_MASK_ATTENTION_FUNCTIONS.register(EAGER, eager_mask)
 
 
 def layer_specs(adapter, plan: KVPlan) -> dict[int, dict]:
-    """Per forward layer: ``stream`` (per physical query position: does it stream?), ``kv_stream`` (per physical
-    key/value head), ``sink``, ``window``. Surgery's kept heads and key/value sources map physical to original."""
-    specs = {}
+    """Per forward layer: ``stream`` and ``windows`` (per physical query position: does it stream, at which
+    window?), ``kv_stream`` and ``kv_windows`` (per physical key/value head), ``sink``. Surgery's kept heads and
+    key/value sources map physical to original."""
+    specs, windows = {}, plan.group_windows()
     for layer, block_index in enumerate(adapter.layer_to_block):
         block = adapter.blocks[block_index]
         kv_stream = [not bool(plan.full[block.index, g]) for g in block.kv_sources]
-        stream = [kv_stream[j] for j in block.kv_of_position()]
-        specs[layer] = {"stream": stream, "kv_stream": kv_stream, "sink": plan.sink, "window": plan.window}
+        kv_windows = [int(windows[block.index, g]) for g in block.kv_sources]
+        positions = block.kv_of_position()
+        specs[layer] = {"stream": [kv_stream[j] for j in positions], "windows": [kv_windows[j] for j in positions],
+                        "kv_stream": kv_stream, "kv_windows": kv_windows, "sink": plan.sink}
     return specs
 
 
