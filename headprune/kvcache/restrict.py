@@ -71,6 +71,17 @@ def base_allowed(attention_mask: torch.Tensor | None, t_q: int, k_pos: torch.Ten
     return attention_mask[..., k_pos] > torch.finfo(attention_mask.dtype).min / 2
 
 
+def refuse_left_padding(allowed: torch.Tensor, t_q: int) -> None:
+    """``allowed`` (B, 1, T_q, T_k) from the model's mask, keys at positions 0..T_k-1. A real token's query sees its
+    own key; a pad's does not. A pad before a real token (left padding) would put the sinks on pads and shift every
+    window: positions are token indices here, so such a row is refused, not attended wrongly."""
+    real = torch.diagonal(allowed[:, 0, :, allowed.shape[-1] - t_q:], dim1=-2, dim2=-1)   # (B, T_q)
+    if t_q > 1 and bool((~real[:, :-1] & real[:, 1:]).any()):
+        raise KVPlanError("A KV plan reads key positions as token indices, so rows must be right-padded (real "
+                          "tokens first); this batch has padding before real tokens (left padding). Pad on the right "
+                          "(tokenizer.padding_side = 'right'), or run each row on its own.")
+
+
 def layer_spec(module) -> dict:
     specs = getattr(module.config, CONFIG_KEY, None)
     if specs is None:
@@ -96,35 +107,80 @@ def dense_allowed(spec: dict, query: torch.Tensor, t_k: int, attention_mask) -> 
     stream = torch.tensor(spec["stream"], dtype=torch.bool, device=query.device)[None, :, None, None]
     windows = torch.tensor(spec["windows"], dtype=torch.long, device=query.device)[:, None, None]
     near = window_allowed(q_pos, k_pos, spec["sink"], windows)[None]
-    return base_allowed(attention_mask, t_q, k_pos) & (~stream | near)
+    base = base_allowed(attention_mask, t_q, k_pos)
+    if attention_mask is not None:
+        refuse_left_padding(base, t_q)
+    return base & (~stream | near)
 
 
-def eager_kv_attention(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0, **_kwargs):
-    """transformers' eager attention (repeat_kv, QK^T x scaling + mask, float32 softmax, x V) with the plan's
-    restriction in the mask. query (B, H, T_q, d), key/value (B, H_kv, T_k, d) -> ((B, T_q, H, d), (B, H, T_q, T_k))."""
-    if isinstance(key, SplitKV):
-        raise KVPlanError("Attention probabilities are recorded on the ordinary cache, not a mixed one.")
-    spec = layer_spec(module)
+# arguments the model's attention passes that these functions apply (softcap, s_aux) or that the model's mask already
+# carries (sliding_window: the model builds its sliding causal mask, read through ``attention_mask``); others that
+# only describe the call (and flags: True / False switches such as output_router_logits); any other value is refused
+# by name instead of being swallowed (e.g. packed-sequence offsets, ALiBi slopes)
+APPLIED = ("softcap", "s_aux", "sliding_window")
+DESCRIPTIVE = ("position_ids", "cache_position", "use_cache", "output_attentions", "is_causal", "past_key_values",
+               "position_embeddings", "layer_idx")
+
+
+def check_arguments(kwargs: dict) -> None:
+    unknown = sorted(k for k, v in kwargs.items()
+                     if v is not None and not isinstance(v, bool) and k not in APPLIED + DESCRIPTIVE)
+    if unknown:
+        raise KVPlanError(f"This model's attention passes {', '.join(unknown)}, which a KV plan's restricted "
+                          f"attention does not implement (implemented: {', '.join(APPLIED)}); refused rather than "
+                          "ignored. Use a model without them, or no --kv-plan.")
+
+
+def eager_core(module, query, key, value, allowed, scaling: float, dropout: float, softcap=None, s_aux=None):
+    """transformers' eager arithmetic op for op (Gemma 2's logit soft-capping before the mask; gpt-oss's learned
+    sink logit as one extra column of the softmax, dropped after it), ``allowed`` as the mask."""
     groups = query.shape[1] // key.shape[1]
-    allowed = dense_allowed(spec, query, key.shape[2], attention_mask)
     mask = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device)
     mask.masked_fill_(~allowed, torch.finfo(query.dtype).min)
-    weights = torch.matmul(query, repeat_kv(key, groups).transpose(2, 3)) * scaling + mask
-    weights = F.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    weights = torch.matmul(query, repeat_kv(key, groups).transpose(2, 3)) * scaling
+    if softcap is not None:
+        weights = torch.tanh(weights / softcap) * softcap
+    weights = weights + mask
+    if s_aux is not None:
+        sinks = s_aux.reshape(1, -1, 1, 1).expand(query.shape[0], -1, query.shape[-2], -1)
+        combined = torch.cat([weights, sinks], dim=-1)
+        combined = combined - combined.max(dim=-1, keepdim=True).values
+        weights = F.softmax(combined, dim=-1, dtype=combined.dtype)[..., :-1].to(value.dtype)
+    else:
+        weights = F.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
     weights = F.dropout(weights, p=dropout, training=module.training)
     out = torch.matmul(weights, repeat_kv(value, groups))
     return out.transpose(1, 2).contiguous(), weights
 
 
-def sdpa_kv_attention(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0, **_kwargs):
+def eager_kv_attention(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0,
+                       softcap=None, s_aux=None, **kwargs):
+    """transformers' eager attention (repeat_kv, QK^T x scaling + mask, float32 softmax, x V) with the plan's
+    restriction in the mask. query (B, H, T_q, d), key/value (B, H_kv, T_k, d) -> ((B, T_q, H, d), (B, H, T_q, T_k))."""
+    check_arguments(kwargs)
+    if isinstance(key, SplitKV):
+        raise KVPlanError("Attention probabilities are recorded on the ordinary cache, not a mixed one.")
+    allowed = dense_allowed(layer_spec(module), query, key.shape[2], attention_mask)
+    return eager_core(module, query, key, value, allowed, scaling, dropout, softcap, s_aux)
+
+
+def sdpa_kv_attention(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0,
+                      softcap=None, s_aux=None, **kwargs):
     """The same restriction on torch's scaled-dot-product attention (no probabilities returned); on a
-    :class:`SplitKV` the full and the streaming heads attend over their own keys, each part a GQA call.
-    query (B, H, T_q, d) -> ((B, T_q, H, d), None)."""
+    :class:`SplitKV` the full and the streaming heads attend over their own keys, each part a GQA call. SDPA has no
+    soft-capping or sink logit: with them, the eager arithmetic. query (B, H, T_q, d) -> ((B, T_q, H, d), None)."""
+    check_arguments(kwargs)
     spec = layer_spec(module)
     if isinstance(key, SplitKV):
+        if softcap is not None or s_aux is not None:
+            raise KVPlanError("The mixed KV cache attends with SDPA, which has no logit soft-capping or learned "
+                              "sink logit; generate with mode='restricted' for this model.")
         return split_attention(spec, query, key, attention_mask, scaling), None
-    groups = query.shape[1] // key.shape[1]
     allowed = dense_allowed(spec, query, key.shape[2], attention_mask)
+    if softcap is not None or s_aux is not None:
+        return eager_core(module, query, key, value, allowed, scaling, dropout if module.training else 0.0, softcap,
+                          s_aux)[0], None
+    groups = query.shape[1] // key.shape[1]
     out = F.scaled_dot_product_attention(query, repeat_kv(key, groups), repeat_kv(value, groups), attn_mask=allowed,
                                          dropout_p=dropout if module.training else 0.0, scale=scaling)
     return out.transpose(1, 2).contiguous(), None
@@ -137,6 +193,8 @@ def split_attention(spec: dict, query: torch.Tensor, kv: SplitKV, attention_mask
     groups = query.shape[1] // sum(len(part.heads) for part in kv.parts)
     out = torch.empty_like(query)
     q_pos = torch.arange(kv.length - t_q, kv.length, device=query.device)
+    if attention_mask is not None:
+        refuse_left_padding(base_allowed(attention_mask, t_q, torch.arange(kv.length, device=query.device)), t_q)
     for part in kv.parts:
         if not part.heads:
             continue

@@ -67,6 +67,12 @@ def duo_scores(model, calib: list[dict], sink: int, window: int, mask=None) -> n
         _, alive = stream_attention(model, model_inputs(batch), on_layer, mask)
         for layer, block in enumerate(adapter.layer_to_block):
             live[block] &= alive[layer]
+    if not bool(counts.any()):
+        # no query row has a key outside sink + window: every score would be 0 and the plan an arbitrary tie-break
+        longest = max((int(b["attention_mask"].sum(-1).max()) for b in calib), default=0)
+        raise KVPlanError(f"The attention mass outside sink + window needs rows longer than S + W = {sink + window} "
+                          f"tokens; the longest calibration row has {longest}. Use a smaller --sink / --window, or "
+                          "longer rows.")
     scores = (sums / counts.clamp(min=1)[:, None]).numpy()
     return np.where(live.numpy(), scores, np.nan)
 
