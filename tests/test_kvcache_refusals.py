@@ -153,3 +153,34 @@ def test_bad_budget_input_is_refused_before_loading(argv, words, tmp_path, capsy
         argv += ["--data", lm_dir[1]]
     code, err = run(capsys, *argv)
     assert code == 2 and err.startswith("error: ") and words in err, err
+
+
+def test_lm_eval_scores_under_the_kv_plan(tmp_path, capsys):
+    """``evaluate --lm-eval TASK --kv-plan`` scores the restricted model: the CLI's numbers are lm-eval's on the
+    restricted copy (the API), which moves the log-likelihoods; ``--lm-eval-apply cut`` with a mask is refused."""
+    pytest.importorskip("lm_eval")
+    from harness_support import model_folder, word_tokenizer, write_task
+
+    from headprune.evaluation.harness import HarnessSpec, resolve_tasks, run_lm_eval
+
+    folder, task_dir = model_folder(tmp_path / "model"), write_task(tmp_path / "tasks")
+    plan_file = tmp_path / "plan.json"
+    plan = KVPlan(STREAM, 8, sink=0, window=1)
+    plan.write(plan_file)
+    tasks = resolve_tasks(HarnessSpec(tasks=("tiny_mc",), include=(str(task_dir),), batch_size=8,
+                                      loglikelihoods=True))
+    model = tiny_decoder("llama")
+    dense = run_lm_eval(model, word_tokenizer(), tasks)
+    with restricted(model, plan) as copy:
+        under = run_lm_eval(copy, word_tokenizer(), tasks)
+    assert under["loglikelihoods"] != dense["loglikelihoods"]
+    assert under["results"]["tiny_mc"]["acc_norm,none"] != dense["results"]["tiny_mc"]["acc_norm,none"]
+    argv = ["evaluate", "--model", str(folder), "--lm-eval", "tiny_mc", "--lm-eval-include", str(task_dir),
+            "--batch-size", "8", "--device", "cpu"]
+    code, out = run(capsys, *argv, "--kv-plan", str(plan_file))
+    assert code == 0, out
+    assert out["kv_plan"] == str(plan_file) and out["lm_eval"]["results"] == under["results"]
+    mask = tmp_path / "mask.json"
+    mask.write_text("{}")
+    code, err = run(capsys, *argv, "--kv-plan", str(plan_file), "--mask", str(mask), "--lm-eval-apply", "cut")
+    assert code == 2 and "--kv-plan with --lm-eval-apply cut" in err
