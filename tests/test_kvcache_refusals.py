@@ -57,6 +57,10 @@ def test_soft_capping_and_learned_sinks_are_applied(arch):
             narrow = copy(**batch).logits
     assert torch.equal(whole, dense)            # a window covering the row changes nothing (was 0.48 off)
     assert not torch.allclose(narrow, dense, atol=1e-4)
+    # the mixed cache (eager arithmetic per part) generates what the restricted full cache does
+    prompt = torch.randint(3, 100, (1, 20), generator=torch.Generator().manual_seed(2))
+    with restricted(model, KVPlan(torch.tensor([[1, 0], [0, 0], [0, 1], [0, 0]]), 8, sink=1, window=3)) as copy:
+        assert generate(copy, prompt, 6, mode="mixed").tokens == generate(copy, prompt, 6, mode="restricted").tokens
 
 
 def test_an_attention_argument_the_restriction_does_not_implement_is_refused_by_name():

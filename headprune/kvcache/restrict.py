@@ -158,8 +158,8 @@ def eager_kv_attention(module, query, key, value, attention_mask, scaling: float
     """transformers' eager attention (repeat_kv, QK^T x scaling + mask, float32 softmax, x V) with the plan's
     restriction in the mask. query (B, H, T_q, d), key/value (B, H_kv, T_k, d) -> ((B, T_q, H, d), (B, H, T_q, T_k))."""
     check_arguments(kwargs)
-    if isinstance(key, SplitKV):
-        raise KVPlanError("Attention probabilities are recorded on the ordinary cache, not a mixed one.")
+    if isinstance(key, SplitKV):   # generation over a mixed cache: outputs only (probabilities need the full cache)
+        return split_attention(module, query, key, attention_mask, scaling, softcap, s_aux), None
     allowed = dense_allowed(layer_spec(module), query, key.shape[2], attention_mask)
     return eager_core(module, query, key, value, allowed, scaling, dropout, softcap, s_aux)
 
@@ -170,13 +170,9 @@ def sdpa_kv_attention(module, query, key, value, attention_mask, scaling: float,
     :class:`SplitKV` the full and the streaming heads attend over their own keys, each part a GQA call. SDPA has no
     soft-capping or sink logit: with them, the eager arithmetic. query (B, H, T_q, d) -> ((B, T_q, H, d), None)."""
     check_arguments(kwargs)
-    spec = layer_spec(module)
     if isinstance(key, SplitKV):
-        if softcap is not None or s_aux is not None:
-            raise KVPlanError("The mixed KV cache attends with SDPA, which has no logit soft-capping or learned "
-                              "sink logit; generate with mode='restricted' for this model.")
-        return split_attention(spec, query, key, attention_mask, scaling), None
-    allowed = dense_allowed(spec, query, key.shape[2], attention_mask)
+        return split_attention(module, query, key, attention_mask, scaling, softcap, s_aux), None
+    allowed = dense_allowed(layer_spec(module), query, key.shape[2], attention_mask)
     if softcap is not None or s_aux is not None:
         return eager_core(module, query, key, value, allowed, scaling, dropout if module.training else 0.0, softcap,
                           s_aux)[0], None
@@ -186,9 +182,12 @@ def sdpa_kv_attention(module, query, key, value, attention_mask, scaling: float,
     return out.transpose(1, 2).contiguous(), None
 
 
-def split_attention(spec: dict, query: torch.Tensor, kv: SplitKV, attention_mask, scaling: float) -> torch.Tensor:
+def split_attention(module, query: torch.Tensor, kv: SplitKV, attention_mask, scaling: float, softcap=None,
+                    s_aux=None) -> torch.Tensor:
     """Attention over a mixed cache: query heads of full groups over every key, those of streaming groups over
-    their S + W keys (masked to the exact window of each query position). -> (B, T_q, H, d)."""
+    their S + W keys (masked to the exact window of each query position); SDPA per part, or the eager arithmetic
+    where the model soft-caps logits or adds a sink logit (SDPA has neither). -> (B, T_q, H, d)."""
+    spec = layer_spec(module)
     t_q = query.shape[2]
     groups = query.shape[1] // sum(len(part.heads) for part in kv.parts)
     out = torch.empty_like(query)
@@ -203,6 +202,11 @@ def split_attention(spec: dict, query: torch.Tensor, kv: SplitKV, attention_mask
         allowed = base_allowed(attention_mask, t_q, k_pos)
         if part.window is not None:
             allowed = allowed & window_allowed(q_pos, k_pos, spec["sink"], part.window)[None, None]
+        if softcap is not None or s_aux is not None:
+            sinks = None if s_aux is None else s_aux[rows]
+            out[:, rows] = eager_core(module, query[:, rows], part.k, part.v, allowed, scaling, 0.0, softcap,
+                                      sinks)[0].transpose(1, 2)
+            continue
         # a decode step usually sees every key it holds: no mask then lets SDPA take its fastest kernel
         out[:, rows] = F.scaled_dot_product_attention(query[:, rows], part.k, part.v,
                                                       attn_mask=None if bool(allowed.all()) else allowed,
