@@ -122,6 +122,9 @@ def test_kvplan_budget_evaluate_and_generate(lm_dir, tmp_path, capsys):
                     "--max-new-tokens", "4", "--kv-plan", str(out))
     assert code == 0, gen
     assert gen["kv_plan"]["measured_byte_ratio"] == pytest.approx(gen["kv_plan"]["ideal_byte_ratio"])
+    assert gen["kv_plan"]["budget_tokens"] == 96
+    with pytest.raises(KVPlanError, match="one window for every streaming head"):
+        plan.to_duo_tsv()
     code, ev = run(capsys, "evaluate", "--model", model, "--data", data, "--eval-size", "6", "--kv-plan", str(out))
     assert code == 0 and ev["kv_plan_window"] == plan.window
 

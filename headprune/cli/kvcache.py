@@ -211,6 +211,8 @@ def cmd_generate(args) -> dict:
         result["kv_plan"] = {**mixed.to_dict(), "text": decode(mixed.tokens), "file": args.kv_plan,
                              "full_kv_heads": int(plan.full.sum()), "kv_heads": plan.full.numel(),
                              "sink": plan.sink, "window": plan.window,
+                             **({"budget": plan.budget, "budget_tokens": plan.budget_tokens()} if plan.is_budget
+                                else {}),
                              "measured_byte_ratio": mixed.kv_bytes / full.kv_bytes if full.kv_bytes else None,
                              "ideal_byte_ratio": ideal["ratio"],
                              "per_token_speedup": full.per_token_s / mixed.per_token_s if mixed.per_token_s

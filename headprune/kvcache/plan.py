@@ -260,6 +260,9 @@ class KVPlan:
         """DuoAttention's ``full_attention_heads.tsv``: one line per layer, one tab-separated value per key/value
         head, 1.0 = retrieval (full) head, 0.0 = streaming head (their ``load_attn_pattern`` reads it with
         ``np.loadtxt(..., delimiter="\\t")``)."""
+        if self.is_budget:
+            raise KVPlanError("DuoAttention's full_attention_heads.tsv holds one window for every streaming head; "
+                              "a budget plan's groups each have their own. Export its JSON (the budgets) instead.")
         return "".join("\t".join("1.0" if v else "0.0" for v in row.tolist()) + "\n" for row in self.full)
 
     def head_ids(self) -> dict:
@@ -268,7 +271,8 @@ class KVPlan:
         pairs = lambda grid: [[int(i), int(j)] for i, j in torch.nonzero(grid).tolist()]  # noqa: E731
         return {"full_kv_heads": pairs(self.full), "streaming_kv_heads": pairs(~self.full),
                 "full_query_heads": pairs(self.query_full()), "streaming_query_heads": pairs(~self.query_full()),
-                "sink": self.sink, "window": self.window, "shape": list(self.shape), "n_heads": self.n_heads}
+                "sink": self.sink, "window": self.window, "shape": list(self.shape), "n_heads": self.n_heads,
+                **({"budgets": self.to_json()["budgets"], "budget": self.budget} if self.is_budget else {})}
 
     # -- memory ----------------------------------------------------------------------------------------------------
     def ideal_bytes(self, length: int, head_dim: int, bytes_per_value: int, live: torch.Tensor | None = None) -> dict:
