@@ -39,7 +39,7 @@ from .plan import KVPlan, KVPlanError, check_window
 
 BETA = Interval(1, 1e6, why="HeadKV's pool parameter: the pool is floor(b / beta) tokens per group")
 TEMPERATURE = Interval(0, 100, closed="right", why="HeadKV's temperature on the normalised scores")
-BETA_DEFAULT = 1.2     # within HeadKV's searched grid (1.005 ... 10); their README's runs sweep it
+BETA_DEFAULT = 2.0     # in HeadKV's searched grid (1.005 ... 10): half of each budget shared, the base left for S + 1
 TEMPERATURE_DEFAULT = 1.0
 
 
