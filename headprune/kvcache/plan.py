@@ -223,6 +223,10 @@ class KVPlan:
         if missing:
             raise KVPlanError(f"Budget plan misses {', '.join(missing)}: it names its shape [L, H_kv], n_heads and "
                               "budgets (one per group: S + W_g tokens, or null for a full group).")
+        stray = [k for k in ("full", "window") if k in obj]
+        if stray:   # a version-1 key in a budget plan would be ignored: refused instead
+            raise KVPlanError(f"A budget plan names budgets per group (null = full), not {' or '.join(stray)}; "
+                              "remove them, or write a version-1 plan.")
         shape, sink, rows = check_shape(obj["shape"]), obj.get("sink", 4), obj["budgets"]
         check_window(sink, 1)
         if not (isinstance(rows, list) and len(rows) == shape[0]
@@ -236,7 +240,7 @@ class KVPlan:
         full = torch.tensor([[v is None for v in row] for row in rows], dtype=torch.bool)
         windows = torch.tensor([[0 if v is None else v - sink for v in row] for row in rows], dtype=torch.long)
         meta = {k: v for k, v in obj.items() if k not in ("format", "version", "kind", "shape", "n_heads", "sink",
-                                                          "budget", "budgets", "window", "full")}
+                                                          "budget", "budgets")}
         return cls(full, obj["n_heads"], sink, 1, meta, windows=windows, budget=obj.get("budget"))
 
     def write(self, path: str | Path) -> None:
