@@ -51,6 +51,10 @@ def test_kv_page_budgets_and_rule_cards(tiny_setup):
     # a total too small for S + 1 per group: the reason, not a traceback
     at.number_input(key="kv-budget").set_value(8).run()
     assert any("each needs at least S + 1 = 2" in e.value for e in at.error) and not at.exception
+    # the outside-window mass on rows no longer than S + W: the reason, and the page stops there
+    at.selectbox(key="kv-rule").set_value("duo").run()
+    at.number_input(key="kv-window").set_value(4000).run()
+    assert any("needs rows longer than S + W = 4001" in e.value for e in at.error) and not at.exception
 
 
 def test_rule_cards_say_published_or_proxy():

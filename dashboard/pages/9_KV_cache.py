@@ -48,10 +48,13 @@ card = rule_card(rule, RULES)
 st.caption(f"**{card.title}** · *{card.status}* — {card.text}."
            + (f"  \n**{BUDGETS.title}** · *{BUDGETS.status}* — {BUDGETS.text}." if budgets else ""))
 
+scores = None
 with guard("Could not score the key/value heads"):
     bar = progress_bar(f"{rule} scores")
     scores = kv_group_scores(ws, rule, int(sink), int(window), bar)
     bar.done()
+if scores is None:   # the error above says why (e.g. rows no longer than S + W for the outside-window mass)
+    st.stop()
 
 if budgets:
     plan = None
