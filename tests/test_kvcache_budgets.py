@@ -122,6 +122,8 @@ def test_budget_plan_file_round_trip_and_refusals(tmp_path):
         KVPlan.from_json({**obj, "budget": 35})
     with pytest.raises(KVPlanError, match="budget -3 must be a whole number of tokens"):
         KVPlan.from_json({**obj, "budgets": [[-3, 3]] + obj["budgets"][1:]})
+    with pytest.raises(KVPlanError, match="belong to a version-2 plan; this file says version 1"):
+        KVPlan.from_json({**one, "budgets": obj["budgets"]})
     with pytest.raises(KVPlanError, match="not full or window"):
         KVPlan.from_json({**obj, "full": {}, "window": 4})
     with pytest.raises(KVPlanError, match="at least S \\+ 1 = 3"):
