@@ -195,7 +195,7 @@ class KVPlan:
                               f"{', '.join(map(str, VERSIONS))}); write the plan again with this headprune's kvplan.")
         if version == 2:
             return cls.budgets_from_json(obj)
-        if "budgets" in obj or "kind" in obj:   # would be kept as metadata and never applied
+        if "budgets" in obj or obj.get("kind") == "budgets":   # would be kept as metadata and never applied
             raise KVPlanError('Per-group "budgets" (and "kind") belong to a version-2 plan; this file says version '
                               f"{version}. Set \"version\": 2, \"kind\": \"budgets\", or remove them.")
         missing = [k for k in ("shape", "n_heads", "full") if k not in obj]
