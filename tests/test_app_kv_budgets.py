@@ -10,9 +10,8 @@ from conftest import save_tiny_lm
 
 from dashboard.config import Setup
 from headprune.kvcache.budgets import allocate
-from headprune.kvcache.cards import PROXY, rule_card
 from headprune.kvcache.plan import KVPlan
-from headprune.kvcache.scores import RULES
+from headprune.kvcache.scores import RULE_KINDS, RULES
 from headprune.kvcache.tasks import metric_under_plan
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -30,11 +29,11 @@ def test_kv_page_budgets_and_rule_cards(tiny_setup):
     at.selectbox(key="kv-rule").set_value("random").run()
     at.number_input(key="kv-sink").set_value(1).run()
     at.number_input(key="kv-window").set_value(3).run()
-    assert any("Random (seeded)" in c.value and "baseline" in c.value for c in at.caption)
+    assert any("**random**: baseline (seeded)" in c.value for c in at.caption)
     at.radio(key="kv-kind").set_value("budgets (HeadKV)").run()
     at.number_input(key="kv-budget").set_value(48).run()
     assert not problems(at), problems(at)
-    assert any("HeadKV's budget allocation" in c.value for c in at.caption)
+    assert any("**budgets**: published (HeadKV" in c.value for c in at.caption)
     grid = next(f for f in figures(at) if f["layout"]["title"]["text"].startswith("KV budget per key/value head"))
     shown = next(t for t in grid["data"] if t.get("name") == "heads")["text"]
     # the page's budgets are HeadKV's allocation of the same group scores (the library, called independently)
@@ -57,10 +56,8 @@ def test_kv_page_budgets_and_rule_cards(tiny_setup):
     assert any("needs rows longer than S + W = 4001" in e.value for e in at.error) and not at.exception
 
 
-def test_rule_cards_say_published_or_proxy():
+def test_every_rule_says_published_proxy_or_baseline():
+    assert set(RULE_KINDS) == set(RULES)
+    assert all(kind.split(" (")[0] in ("published", "proxy", "baseline") for kind in RULE_KINDS.values())
     if "far-mass" not in RULES:   # today's duo is the attention-mass measure: its card says proxy
-        assert rule_card("duo", RULES).status == PROXY and "not DuoAttention's" in rule_card("duo", RULES).text
-    assert rule_card("duo", ("duo", "far-mass")).status == "published method"
-    assert rule_card("far-mass", ("duo", "far-mass")).status == PROXY
-    assert rule_card("razor").status == "published scores, simplified"
-    assert rule_card("taylor").status == PROXY and "criterion" in rule_card("taylor").text
+        assert RULE_KINDS["duo"].startswith("proxy") and "not DuoAttention's gates" in RULE_KINDS["duo"]

@@ -10,9 +10,9 @@ from dashboard.ui import clickable_grid, guard, page, progress_bar
 from headprune import viz
 from headprune.kvcache import KVPlan
 from headprune.kvcache.budgets import BETA_DEFAULT, budget_plan
-from headprune.kvcache.cards import BUDGETS, rule_card
+from headprune.kvcache.budgets import KIND as BUDGET_KIND
 from headprune.kvcache.plan import top_share
-from headprune.kvcache.scores import RULES
+from headprune.kvcache.scores import CRITERION_KIND, RULE_KINDS, RULES
 from headprune.kvcache.tasks import bytes_at
 
 ws, sd = page("KV cache", "Which key/value heads need the whole KV cache? A full head keeps every key and value; a "
@@ -44,9 +44,8 @@ if budgets:
     beta = right.number_input("β (HeadKV's pool: floor(b / β) per group)", 1.0, 1e6, BETA_DEFAULT, key="kv-beta")
 else:
     share = left.slider("Full heads (%)", 0, 100, 25, 5, key="kv-share")
-card = rule_card(rule, RULES)
-st.caption(f"**{card.title}** · *{card.status}* — {card.text}."
-           + (f"  \n**{BUDGETS.title}** · *{BUDGETS.status}* — {BUDGETS.text}." if budgets else ""))
+st.caption(f"**{rule}**: {RULE_KINDS.get(rule, CRITERION_KIND)}."
+           + (f"  \n**budgets**: {BUDGET_KIND}." if budgets else ""))
 
 scores = None
 with guard("Could not score the key/value heads"):

@@ -39,6 +39,8 @@ from .plan import KVPlan, KVPlanError, check_window
 
 BETA = Interval(1, 1e6, why="HeadKV's pool parameter: the pool is floor(b / beta) tokens per group")
 TEMPERATURE = Interval(0, 100, closed="right", why="HeadKV's temperature on the normalised scores")
+KIND = ("published (HeadKV, Fu et al. 2024, §3.3: a base budget per group plus a pool shared in proportion to "
+        "the score, on whichever rule's score is chosen; HeadKV's own retrieval-reasoning score is not offered)")
 BETA_DEFAULT = 2.0     # in HeadKV's searched grid (1.005 ... 10): half of each budget shared, the base left for S + 1
 TEMPERATURE_DEFAULT = 1.0
 

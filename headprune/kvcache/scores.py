@@ -35,6 +35,13 @@ from ..roles.stats import repeat_stripes
 from .plan import KVPlan, KVPlanError, check_full_share, check_window, top_share
 
 RULES = ("razor", "duo", "random")
+# what each rule is: the published method, or a proxy of it (the dashboard's cards say which); a criterion is a proxy
+RULE_KINDS = {"razor": "published (RazorAttention, Tang et al. 2024, §3.2: echo and induction scores; here one share "
+                       "for both kinds and no compensation token)",
+              "duo": "proxy (attention mass outside sink + window: DuoAttention's question asked directly, kvpress's "
+                     "on-the-fly approximation, not DuoAttention's gates learned by distillation)",
+              "random": "baseline (seeded)"}
+CRITERION_KIND = "proxy (a head-pruning criterion's importance read as the group's need for far keys)"
 REDUCE = ("max", "mean")
 
 
