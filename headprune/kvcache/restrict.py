@@ -75,8 +75,10 @@ def refuse_left_padding(allowed: torch.Tensor, t_q: int) -> None:
     """``allowed`` (B, 1, T_q, T_k) from the model's mask, keys at positions 0..T_k-1. A real token's query sees its
     own key; a pad's does not. A pad before a real token (left padding) would put the sinks on pads and shift every
     window: positions are token indices here, so such a row is refused, not attended wrongly."""
+    if t_q < 2:   # a decode step: its prompt's forward already checked the row
+        return
     real = torch.diagonal(allowed[:, 0, :, allowed.shape[-1] - t_q:], dim1=-2, dim2=-1)   # (B, T_q)
-    if t_q > 1 and bool((~real[:, :-1] & real[:, 1:]).any()):
+    if bool((~real[:, :-1] & real[:, 1:]).any()):
         raise KVPlanError("A KV plan reads key positions as token indices, so rows must be right-padded (real "
                           "tokens first); this batch has padding before real tokens (left padding). Pad on the right "
                           "(tokenizer.padding_side = 'right'), or run each row on its own.")
@@ -192,7 +194,7 @@ def split_attention(module, query: torch.Tensor, kv: SplitKV, attention_mask, sc
     groups = query.shape[1] // sum(len(part.heads) for part in kv.parts)
     out = torch.empty_like(query)
     q_pos = torch.arange(kv.length - t_q, kv.length, device=query.device)
-    if attention_mask is not None:
+    if attention_mask is not None and t_q > 1:
         refuse_left_padding(base_allowed(attention_mask, t_q, torch.arange(kv.length, device=query.device)), t_q)
     for part in kv.parts:
         if not part.heads:
