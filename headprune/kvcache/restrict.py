@@ -74,7 +74,8 @@ def base_allowed(attention_mask: torch.Tensor | None, t_q: int, k_pos: torch.Ten
 def refuse_left_padding(allowed: torch.Tensor, t_q: int) -> None:
     """``allowed`` (B, 1, T_q, T_k) from the model's mask, keys at positions 0..T_k-1. A real token's query sees its
     own key; a pad's does not. A pad before a real token (left padding) would put the sinks on pads and shift every
-    window: positions are token indices here, so such a row is refused, not attended wrongly."""
+    window: positions are token indices here, so such a row is refused, not attended wrongly. Checked within the
+    queries of each forward (a whole prompt, or each chunk of one fed in chunks)."""
     if t_q < 2:   # a decode step: its prompt's forward already checked the row
         return
     real = torch.diagonal(allowed[:, 0, :, allowed.shape[-1] - t_q:], dim1=-2, dim2=-1)   # (B, T_q)
