@@ -128,7 +128,7 @@ def test_kvplan_budget_evaluate_and_generate(lm_dir, tmp_path, capsys):
     with pytest.raises(KVPlanError, match="one window for every streaming head"):
         plan.to_duo_tsv()
     code, ev = run(capsys, "evaluate", "--model", model, "--data", data, "--eval-size", "6", "--kv-plan", str(out))
-    assert code == 0 and ev["kv_plan_window"] == plan.window
+    assert code == 0 and ev["kv_plan_window"] == plan.window and ev["kv_plan_budget_tokens"] == 96
 
 
 @pytest.mark.parametrize("argv, words", [

@@ -101,6 +101,7 @@ def cmd_evaluate(args) -> dict:
             **summary(info), "mask": args.mask, "pruned_heads": int(gone.sum()),
             **({"kv_plan": args.kv_plan, "kv_plan_full_kv_heads": int(plan.full.sum()), "kv_plan_sink": plan.sink,
                 "kv_plan_window": plan.window} if plan is not None else {}),
+            **({"kv_plan_budget_tokens": plan.budget_tokens()} if plan is not None and plan.is_budget else {}),
             **({"dropped_layers": dropped} if dropped else {})}
 
 
