@@ -99,10 +99,16 @@ def cmd_evaluate(args) -> dict:
     # every metric that applies at the top level (as before); the task's set and its headline said explicitly
     return {**values, "metric_set": list(names), "headline": head, "metrics": {m: values[m] for m in names},
             **summary(info), "mask": args.mask, "pruned_heads": int(gone.sum()),
-            **({"kv_plan": args.kv_plan, "kv_plan_full_kv_heads": int(plan.full.sum()), "kv_plan_sink": plan.sink,
-                "kv_plan_window": plan.window} if plan is not None else {}),
-            **({"kv_plan_budget_tokens": plan.budget_tokens()} if plan is not None and plan.is_budget else {}),
-            **({"dropped_layers": dropped} if dropped else {})}
+            **kv_plan_report(args.kv_plan, plan), **({"dropped_layers": dropped} if dropped else {})}
+
+
+def kv_plan_report(path: str | None, plan) -> dict:
+    """What an evaluation says about the KV plan it ran under ({} without one)."""
+    if plan is None:
+        return {}
+    return {"kv_plan": path, "kv_plan_full_kv_heads": int(plan.full.sum()), "kv_plan_sink": plan.sink,
+            "kv_plan_window": plan.window, **({"kv_plan_budget_tokens": plan.budget_tokens()} if plan.is_budget
+                                              else {})}
 
 
 def _evaluate_lm_eval(args) -> dict:
@@ -135,8 +141,7 @@ def _evaluate_lm_eval(args) -> dict:
                              dropped_layers=mask_dropped_layers(args, loaded))
     return {"model": args.model, "mask": args.mask, "device": str(loaded.device), "dtype": args.dtype,
             "device_map": args.device_map, "lm_eval": result, "software": versions("lm_eval"),
-            **({"kv_plan": args.kv_plan, "kv_plan_full_kv_heads": int(plan.full.sum()), "kv_plan_sink": plan.sink,
-                "kv_plan_window": plan.window} if plan is not None else {})}
+            **kv_plan_report(args.kv_plan, plan)}
 
 
 def cmd_prune(args) -> dict:
