@@ -521,7 +521,9 @@ def kv_group_scores(ws: DashboardWorkspace, rule: str, sink: int, window: int, p
 
 def kv_metrics(ws: DashboardWorkspace, plan: KVPlan, mask: HeadMask | None) -> Metrics:
     """The evaluation metrics with ``plan``'s streaming heads restricted, under ``mask`` (stored per plan)."""
-    key = f"kv-metric|{ws.key}|{mask_key(mask)}|{plan.sink}|{plan.window}|{plan.full.int().flatten().tolist()}"
+    # a budget plan's per-group windows are part of what the metric depends on
+    windows = plan.group_windows().flatten().tolist() if plan.is_budget else plan.window
+    key = f"kv-metric|{ws.key}|{mask_key(mask)}|{plan.sink}|{windows}|{plan.full.int().flatten().tolist()}"
 
     def compute():
         with compute_slot():

@@ -638,6 +638,20 @@ def kv_plan_grid(scores: np.ndarray, full: np.ndarray, *, selected: tuple[int, i
                      colorbar={"title": "score"})
 
 
+def kv_budget_grid(budgets: np.ndarray, scores: np.ndarray, *, title: str | None = None) -> go.Figure:
+    """(L x H_kv) key/value groups coloured by their KV budget in tokens (S + W_g; inf = full), each cell's budget
+    written in it, the rule's group score in the hover (``kvcache.budgets``)."""
+    budgets = np.asarray(budgets, dtype=float)
+    finite = np.where(np.isfinite(scores), scores, np.nan)
+    shown = np.where(np.isfinite(budgets), budgets, np.nan)
+    hover = np.array([[f"layer {b} · key/value head {g}<br>budget "
+                       f"{'every key (full)' if not np.isfinite(budgets[b, g]) else f'{int(budgets[b, g])} tokens'}"
+                       f"<br>score {finite[b, g]:.3f}" for g in range(budgets.shape[1])]
+                      for b in range(budgets.shape[0])], dtype=object)
+    marks = np.where(np.isfinite(budgets), np.nan_to_num(budgets, posinf=0).astype(int).astype(str), FULL_MARK)
+    return head_grid(shown, hover, "Viridis", marks=marks, title=title, colorbar={"title": "tokens"})
+
+
 def kv_bytes_figure(counted: Mapping[str, float], length: int) -> go.Figure:
     """Two bars: the full cache's and the plan's KV bytes (MiB) at ``length`` tokens (``kvcache.tasks.bytes_at``)."""
     mib = [counted["full_cache"] / 2**20, counted["plan"] / 2**20]
