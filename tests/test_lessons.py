@@ -50,7 +50,7 @@ def line_of(text: str, needle: str, occurrence: int = 1) -> int:
 
 
 def test_the_shipped_lessons_load_and_link_to_each_step():
-    from dashboard.ui import PAGES as DASHBOARD_PAGES   # the pages a step may open: the dashboard's own list
+    from dashboard.ui import PAGES as DASHBOARD_PAGES  # the pages a step may open: the dashboard's own list
 
     lessons, errors = load_lessons([SHIPPED], pages=[url for *_, url in DASHBOARD_PAGES])
     assert errors == []

@@ -69,7 +69,8 @@ class LabelComparison:
         return self.labels[int(self.pruned.argmax())]
 
 
-def _one_row(text: str | tuple[str, str], task: str, targets_from: int | None) -> TextDataset:
+def example_row(text: str | tuple[str, str], task: str, targets_from: int | None = None) -> TextDataset:
+    """A one-row TextDataset of a typed or picked text (a pair as a tuple), refused when empty or too long."""
     first, pair = text if isinstance(text, tuple) else (text, None)
     if not isinstance(first, str) or not first.strip():
         raise DataError("The example text is empty. Accepted: a sentence or a short paragraph.")
@@ -101,7 +102,7 @@ def _top(tokenizer, probs: torch.Tensor, k: int) -> list[list[tuple[str, float]]
 def compare_lm(model, tokenizer, text: str, mask: HeadMask | None, *, top_k: int = 5, max_length: int = 128,
                targets_from: int | None = None) -> TokenComparison:
     """Per-token losses and top-k guesses of ``text`` dense and under ``mask`` (module doc)."""
-    batch = make_batches(tokenizer, _one_row(text, "lm", targets_from), batch_size=1, max_length=max_length)[0]
+    batch = make_batches(tokenizer, example_row(text, "lm", targets_from), batch_size=1, max_length=max_length)[0]
     dense, pruned = _two_passes(model, batch, mask)
     ids = batch["input_ids"][0]
     keep = batch["attention_mask"][0].bool()
@@ -122,7 +123,7 @@ def compare_lm(model, tokenizer, text: str, mask: HeadMask | None, *, top_k: int
 def compare_classifier(model, tokenizer, text: str | tuple[str, str], mask: HeadMask | None, *,
                        max_length: int = 128) -> LabelComparison:
     """Each label's probability for ``text`` (a pair as a tuple) dense and under ``mask``."""
-    batch = make_batches(tokenizer, _one_row(text, "classification", None), batch_size=1, max_length=max_length)[0]
+    batch = make_batches(tokenizer, example_row(text, "classification", None), batch_size=1, max_length=max_length)[0]
     dense, pruned = _two_passes(model, batch, mask)
     id2label = getattr(model.config, "id2label", None) or {}
     labels = [str(id2label.get(i, i)) for i in range(dense.shape[-1])]
