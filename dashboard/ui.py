@@ -17,6 +17,7 @@ from headprune import viz
 from headprune.criteria import Criterion, available, get
 from headprune.errors import HeadpruneError
 from headprune.evaluation.speed import speed_headline, speed_table
+from headprune.glossary import help_for, role_legend
 from headprune.model.mask import HeadMask
 from headprune.model.sizes import cut_summary
 
@@ -303,8 +304,7 @@ def sidebar(ws: Workspace, sd: SessionData, counts: bool = True) -> None:
             sidebar_counts(ws, sd)
         if stored_roles(ws) is not None:
             st.toggle("Head roles on the grids", value=True, key=ROLE_MARKS_KEY,
-                      help="Letters in the cells: P previous-token, D duplicate-token, I induction, S sink, "
-                           "@k positional at offset k, Y syntactic, B broad (Roles page).")
+                      help="Letters in the cells: " + role_legend() + " (Roles page; the Glossary explains each).")
         if ws.setup.model != "demo" or ws.setup.data != "demo":
             st.button("Use the demo", on_click=use_setup, args=(demo_setup(ws.setup),), key="sidebar-demo")
 
@@ -423,10 +423,10 @@ def criterion_picker(label: str, key: str, default: list[str], multi: bool = Tru
     preset = key in st.session_state     # set by a shared link (apply_link): the widget reads it, no default
     if multi:  # chips show names only; what each computes is in its settings expander and in the help
         return st.multiselect(label, names, default=None if preset else [d for d in default if d in names], key=key,
-                              help="\n".join(f"- **{n}**: {get(n).description}" for n in names))
+                              help="\n".join(f"- **{n}**: {help_for(n, 'criterion')}" for n in names))
     index = names.index(default[0]) if default and default[0] in names else 0
     return [st.selectbox(label, names, index=None if preset else index, key=key,
-                         help=get(names[index]).description)]
+                         help=help_for(names[index], "criterion"))]
 
 
 def _param_widget(crit: Criterion, name: str, value, key: str):
