@@ -11,7 +11,8 @@ at a third of the contrast: what it would look at, greyed. A head with no attent
 grey cell.
 
 ``loss_change_html``: each token on a background whose colour is Δ_t = ℓ_t(pruned) − ℓ_t(dense) (red: worse
-after pruning, blue: better), saturating at ``scale`` nats; tokens the metric does not score are drawn plain.
+after pruning, blue: better), saturating at ``scale`` nats; the tokens the data's metric scores are underlined
+(demo-circuit scores the repeated half only: its first half is there to compare with).
 """
 
 from __future__ import annotations
@@ -123,17 +124,19 @@ def delta_colour(delta: float, scale: float = 3.0) -> str:
 
 def loss_change_html(tokens: list[str], dense: np.ndarray, pruned: np.ndarray, scored: np.ndarray, *,
                      scale: float = 3.0, selected: int | None = None) -> str:
-    """The text as HTML spans, each scored token on ``delta_colour(pruned − dense)`` with its two losses in the
-    hover; ``selected`` (a position) underlined."""
+    """The text as HTML spans, each token after the first on ``delta_colour(pruned − dense)`` with its two losses in
+    the hover, the ``scored`` ones underlined; ``selected`` (a position) outlined."""
     spans = []
     for i, token in enumerate(tokens):
         text = html.escape(token).replace(" ", "&nbsp;") or "&#8203;"
         style = "padding:1px 0;border-radius:2px;"
         title = ""
-        if scored[i] and np.isfinite(dense[i]):
+        if np.isfinite(dense[i]):
             delta = float(pruned[i] - dense[i])
             style += f"background:{delta_colour(delta, scale)};"
             title = f"loss {dense[i]:.2f} → {pruned[i]:.2f} nats (Δ {delta:+.2f})"
+        if scored[i]:
+            style += "border-bottom:2px solid #333;"
         if i == selected:
             style += "outline:2px solid #444;"
         spans.append(f'<span data-pos="{i}" style="{style}" title="{title}">{text}</span>')

@@ -55,4 +55,5 @@ def test_loss_change_colours():
     html = loss_change_html(["<a>", " b", " c"], np.array([np.nan, 1.0, 2.0]), np.array([np.nan, 4.0, 2.0]),
                             np.array([False, True, False]), selected=2)
     assert "&lt;a&gt;" in html and "loss 1.00 → 4.00 nats (Δ +3.00)" in html and "rgb(214,39,40)" in html
-    assert html.count("background:") == 1 and "outline" in html
+    assert html.count("background:") == 2 and html.count("border-bottom") == 1 and "outline" in html
+    assert 'data-pos="2" style="padding:1px 0;border-radius:2px;background:rgb(255,255,255);outline' in html

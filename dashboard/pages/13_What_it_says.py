@@ -39,15 +39,14 @@ left.metric("perplexity on this text, as loaded", f"{result.perplexity('dense'):
 right.metric("perplexity on this text, pruned", f"{result.perplexity('pruned'):,.2f}", help=help_for("perplexity"))
 st.markdown("**Each token coloured by the change in its loss** (pruned − as loaded): red = the pruned model finds "
             "the right token harder, blue = easier. Hover a token for its two losses." +
-            ("" if scored[1:].all() else " Plain tokens are context this data's metric does not score."))
+            ("" if scored[1:].all() else " Underlined: the tokens this data's metric scores (the rest is context)."))
 position = st.session_state.get("says-pos")
 st.html(loss_change_html(result.tokens, result.dense_loss, result.pruned_loss, scored, selected=position))
 delta = result.delta
 half = np.flatnonzero(scored)
 if half.size:
     st.caption(f"mean change over the scored tokens: {np.nanmean(delta[half]):+.2f} nats"
-               + ("" if targets_from is None else
-                  f" · over the unscored context: {np.nanmean(delta[1:half[0]]):+.2f} nats" if half[0] > 1 else ""))
+               + (f" · over the context before them: {np.nanmean(delta[1:half[0]]):+.2f} nats" if half[0] > 1 else ""))
 
 st.subheader("Next-token guesses at one position")
 positions = list(range(len(result.tokens) - 1))
