@@ -70,5 +70,9 @@ def test_cutting_the_induction_heads_turns_the_repeated_half_red():
     assert np.mean([shown[t][2] for t in repeated]) > np.mean([shown[t][2] for t in first]) + 1.0
     # the colour of each token is its change: most of the repeated half red
     colours = dict(re.findall(r'data-pos="(\d+)" style="[^"]*background:(rgb\([0-9,]+\))', html))
-    assert all(colours[str(t)] == delta_colour(shown[t][2]) for t in shown)
+    def rgb(text):
+        return np.array([int(c) for c in re.findall(r"\d+", text)])
+
+    for t in shown:    # the hover shows Δ to 2 decimals: the colour of the exact Δ is within a step or two
+        assert np.abs(rgb(colours[str(t)]) - rgb(delta_colour(float(change[t - 1])))).max() <= 2
     assert sum(shown[t][2] > 0.5 for t in repeated) > len(repeated) / 2
