@@ -14,7 +14,7 @@ import pytest
 from test_browser import browser, server, wait_idle  # noqa: F401  (the module's one server and browser)
 
 from dashboard.ui import PAGES
-from headprune.lessons import SHIPPED, load_lessons
+from headprune.lessons import SHIPPED, load_lessons, named_shape
 
 TITLES = {url: title for _, title, _, url in PAGES}
 LESSONS, ERRORS = load_lessons([SHIPPED], pages=list(TITLES))
@@ -22,7 +22,8 @@ NUMBER = re.compile(r"[0-9][0-9,]*\.?[0-9]*")
 
 
 def grid_size(lesson) -> int:
-    return {"demo": 72, "demo-lm": 48, "demo-circuit": 24}[lesson.model]
+    layers, heads = named_shape(lesson.model)
+    return layers * heads
 
 
 def open_step(page, server, lesson, k: int) -> None:  # noqa: F811
