@@ -20,6 +20,7 @@ from headprune.evaluation.speed import speed_headline, speed_table
 from headprune.glossary import help_for, role_legend
 from headprune.model.mask import HeadMask
 from headprune.model.sizes import cut_summary
+from headprune.viewstate import MAX_SENTENCE
 
 from .compute import available_lessons, measure_speed, measured_speed, stored_roles
 from .config import LINK_KEYS, Link, current_setup, demo_setup, link_data, link_models, parse_link, use_setup
@@ -167,6 +168,7 @@ def follow_link() -> str | None:
     if st.session_state.get(LINK_READ):
         return None
     st.session_state[LINK_READ] = True
+    remember_lesson()            # before switch_page, which empties the query string
     params = {k: st.query_params[k] for k in LINK_KEYS if k in st.query_params}
     if not params:
         return None
@@ -343,6 +345,7 @@ def estimate_value(estimate) -> str:
 # -- lessons: the current step's text above every page ------------------------------------------------------------
 
 LESSON_KEY = "hp_lesson"     # session: (lesson name, step from 1) of the lesson being followed
+LESSON_SENTENCE = "hp_lesson_sentence"   # session: a lesson step's sentence, until a view takes it
 
 
 def remember_lesson() -> None:
@@ -350,6 +353,8 @@ def remember_lesson() -> None:
     name, step = st.query_params.get("lesson"), st.query_params.get("step")
     if name and step and step.isdigit():
         st.session_state[LESSON_KEY] = (name, int(step))
+        if st.query_params.get("sentence"):     # the step's text, for the views that take one (example_picker)
+            st.session_state[LESSON_SENTENCE] = st.query_params["sentence"][:MAX_SENTENCE]
 
 
 def step_href(lesson, step: int) -> str:
@@ -396,9 +401,13 @@ def example_picker(ws: Workspace, key: str, default_typed: str = "The film is sl
                    ) -> tuple[object, int | None]:
     """A text to look at: an evaluation row (with its ``targets_from``: demo-circuit scores the repeated half) or the
     user's own. Returns (text or (text, pair), targets_from); stops the page on an empty typed text."""
+    preset = st.session_state.pop(LESSON_SENTENCE, None)
+    if preset:
+        st.session_state[f"{key}-source"], st.session_state[f"{key}-typed"] = "type one", preset
     source = st.radio("Text", ["from the evaluation set", "type one"], horizontal=True, key=f"{key}-source")
     if source == "type one":
-        text = st.text_input("Your text", value=default_typed, key=f"{key}-typed", max_chars=2000).strip()
+        typed = {} if f"{key}-typed" in st.session_state else {"value": default_typed}   # no double default
+        text = st.text_input("Your text", key=f"{key}-typed", max_chars=2000, **typed).strip()
         if not text:
             st.info("Type a text to look at.")
             st.stop()

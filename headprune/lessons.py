@@ -96,7 +96,10 @@ class Lesson:
         view = ViewState(**{**{k: getattr(state, k) for k in STATE_KEYS},
                             "model": self.model if self.linkable else None,
                             "data": self.data if self.linkable else None, "lesson": self.name, "step": step})
-        return view.to_query()
+        query = view.to_query()
+        if state.mask:   # item by item ("1.0,1.1"), not ranges: a lesson's few heads read the same in any reader
+            query["mask"] = ",".join(f"{layer}.{head}" for layer, head in state.mask)
+        return query
 
 
 def grid_shape(model_folder: Path) -> tuple[int, int] | None:

@@ -69,7 +69,7 @@ def test_a_good_lesson_reads_every_field(tmp_path):
     assert second.state.mask == ((0, 1), (5, 2), (5, 3)) and second.state.head == (5, 11)
     assert second.state.criteria == ("ae", "his") and second.state.ratio == 0.5 and second.state.roles is True
     assert second.text == "Several\nlines." and second.answer == "Because."
-    assert lesson.query(2) == {"page": "prune", "model": "demo", "data": "demo", "mask": "0.1,5.2-3", "head": "5.11",
+    assert lesson.query(2) == {"page": "prune", "model": "demo", "data": "demo", "mask": "0.1,5.2,5.3", "head": "5.11",
                                "criteria": "ae,his", "ratio": "0.5", "roles": "1", "lesson": "good-one", "step": "2"}
 
 
