@@ -352,6 +352,31 @@ def clicked_head(selection: Mapping | None) -> tuple[int, int] | None:
     return None
 
 
+
+def atlas_figure(uri: str, shape: tuple[int, int], *, hover: np.ndarray, marks: np.ndarray | None = None,
+                 tied: bool = False, layer_kinds: Sequence[str] | None = None, cell_px: int = 56) -> go.Figure:
+    """Every head's thumbnail (``views.head_atlas``, given as a PNG data URI) under a transparent click layer like
+    ``head_grid``'s (``customdata`` = [layer, head], so ``clicked_head`` reads a click), role ``marks`` written on the
+    thumbnails. One image and one scatter, whatever the number of heads."""
+    n_rows, n_heads = shape
+    rows, cols = np.meshgrid(range(n_rows), range(n_heads), indexing="ij")
+    fig = go.Figure(go.Scatter(
+        x=cols.ravel(), y=rows.ravel(), mode="markers+text", name="heads",
+        text=(np.full(shape, "", dtype=object) if marks is None else marks).ravel(), textposition="middle center",
+        textfont=dict(color="#d62728", size=13, family="monospace"),
+        customdata=np.stack([rows.ravel(), cols.ravel()], axis=1), hovertext=hover.ravel(), hoverinfo="text",
+        marker=dict(symbol="square", size=cell_px - 6, color="rgba(0,0,0,0)"),
+        selected=dict(marker=dict(opacity=1)), unselected=dict(marker=dict(opacity=1)), showlegend=False))
+    fig.add_layout_image(source=uri, xref="x", yref="y", x=-0.5, y=-0.5, sizex=n_heads, sizey=n_rows,
+                         sizing="stretch", layer="below", xanchor="left", yanchor="top")
+    fig.update_xaxes(title_text="head", tickmode="array", tickvals=list(range(n_heads)), showgrid=False,
+                     zeroline=False, range=[-0.5, n_heads - 0.5], constrain="domain")
+    fig.update_yaxes(tickmode="array", tickvals=list(range(n_rows)), ticktext=_layer_labels(n_rows, tied, layer_kinds),
+                     range=[n_rows - 0.5, -0.5], showgrid=False, zeroline=False, scaleanchor="x", constrain="domain")
+    fig.update_layout(height=cell_px * n_rows + 80, width=cell_px * n_heads + 90, margin=dict(l=10, r=10, t=10, b=40),
+                      font=FONT, clickmode="event+select", dragmode=False, plot_bgcolor="rgba(0,0,0,0)")
+    return fig
+
 # -- comparing criteria -------------------------------------------------------------------------------------------
 
 def rank_correlation(scores: Mapping[str, ScoreMap]) -> pd.DataFrame:
