@@ -91,6 +91,10 @@ HELP_PAGES = {   # page title -> its page (and section) of the manual
     "Export": "tutorials/dashboard/#export",
     "KV cache": "tutorials/dashboard/#kv-cache",
     "Protocol runs": "tutorials/dashboard/#protocol-runs",
+    "Lessons": "tutorials/lessons/",
+    "Every head at a glance": "tutorials/dashboard/#every-head-at-a-glance",
+    "What the pruned model says": "tutorials/dashboard/#what-the-pruned-model-says",
+    "Glossary": "tutorials/dashboard/#glossary",
 }
 
 

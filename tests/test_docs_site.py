@@ -59,7 +59,8 @@ def test_the_site_is_built_once_per_version_of_its_sources(built, site, monkeypa
 
 def test_every_section_and_generated_page_is_in_the_site(site):
     for page in ("tutorials", "how-to", "reference", "explanation", "results", "reference/cli", "reference/protocol",
-                 "reference/api", "reference/formats", "tutorials/dashboard", "tutorials/cli"):
+                 "reference/api", "reference/formats", "tutorials/dashboard", "tutorials/cli", "results/proofs",
+                 "explanation/architecture", "explanation/gating-vs-cutting", "how-to/own-model-and-data"):
         assert (site / page / "index.html").is_file(), page
     assert (site / "assets" / "dashboard.png").is_file()   # README's picture, on the home page
 
@@ -200,3 +201,17 @@ def test_the_protocol_reference_lists_every_key_the_spec_accepts():
         assert spec_keys and spec_keys <= keys[heading], (heading, spec_keys - keys[heading])
         assert keys[heading] <= spec_keys | {"data"}, (heading, keys[heading] - spec_keys)
     assert "must be an integer in [1, 1000]" in page["top level"]   # repeats: the limit as the check words it
+
+
+def test_the_front_page_is_short_and_keeps_the_two_commands():
+    """README.md: one page a newcomer reads in minutes (issue 38: at most 200 lines), with the two commands exactly
+    as .ci/run and every guide has them, and a link to each section of the manual."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 200
+    assert "\nbash install.sh && python3 -m streamlit run app.py\n" in readme
+    assert "\nbash install.sh --dev && python3 -m pytest -q -p no:cacheprovider\n" in readme
+    for section in ("tutorials", "how-to", "reference", "explanation", "results"):
+        assert f"](docs/{section}/" in readme, section
+    generated = hooks()["GENERATED"]   # pages the build writes from the code
+    for link in re.findall(r"\]\((docs/[^)#]+)", readme):
+        assert (ROOT / link).is_file() or link.removeprefix("docs/") in generated, link
