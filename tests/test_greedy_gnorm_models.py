@@ -17,7 +17,7 @@ PROTOCOL = Path(__file__).resolve().parent.parent / "protocols" / "greedy_gnorm_
 
 # each checkpoint's config as its hub config.json states it (sizes only; no weights), with the paper's classes
 CONFIGS = {
-    "bert-base-chinese": BertConfig(vocab_size=21128, num_labels=3),
+    "bardsai/finance-sentiment-zh-base": BertConfig(vocab_size=21128, num_labels=3),
     "prajjwal1/albert-base-v2-mnli": AlbertConfig(vocab_size=30000, embedding_size=128, hidden_size=768,
                                                   num_attention_heads=12, intermediate_size=3072, num_labels=3),
     "siebert/sentiment-roberta-large-english": RobertaConfig(vocab_size=50265, hidden_size=1024, num_hidden_layers=24,
@@ -90,3 +90,30 @@ def test_the_saved_mask_is_the_last_step_within_the_tolerance_on_the_selection_r
     md = (out / "results.md").read_text()
     assert "## The saved masks (last step within 0.95 x dense accuracy on the selection rows)" in md
     assert f"{count(model):,} | {count(cut):,} |" in md
+
+
+def test_plan_checks_the_bert_rows_expected_config_against_the_models_config(tmp_path, tiny_csv):
+    """`expect_config` (Table 2's shape) against a config on this machine: agreeing keys are a checked line naming
+    the vocabulary and the classes, a differing key is a problem naming it; a hub id out of reach is unchecked."""
+    from headprune.protocol.smoke import check_labels
+
+    row = next(m for m in Protocol.read(PROTOCOL).models if m.name == "BERT financial sentiment")
+    expected = dict(row.expect_config)
+    assert expected["vocab_size"] == 21128 and expected["num_labels"] == 3   # Table 2: V = 21,128, 3 classes
+
+    def check(model, vocab):
+        folder = tmp_path / f"m{vocab}"
+        BertConfig(vocab_size=vocab, num_labels=3, id2label={0: "negative", 1: "neutral", 2: "positive"},
+                   label2id={"negative": 0, "neutral": 1, "positive": 2}).save_pretrained(folder)
+        text = (f'name = "b"\nbatch_size = 8\nsparsities = [0.5]\n[data.calib]\nsource = "{tiny_csv}"\nsize = 4\n'
+                f'[data.eval]\nsource = "{tiny_csv}"\nsize = 4\n[[criteria]]\nname = "random"\n'
+                f'[[models]]\nmodel = "{model or folder}"\nexpect_config = {{ vocab_size = 21128, num_labels = 3 }}\n')
+        return check_labels(Protocol.parse(text, str(tmp_path / "b.toml")), online=False)
+
+    agree = check(None, 21128)
+    assert any("vocabulary 21128, 3 classes: negative, neutral, positive" in line for line in agree.checked)
+    assert not agree.problems
+    differ = check(None, 30522)
+    assert any("vocab_size is 30522, the paper's shape needs 21128" in p for p in differ.problems)
+    offline = check("nobody/not-a-cached-model", 0)
+    assert any("the paper's shape" in u and "offline" in u for u in offline.unchecked)

@@ -445,6 +445,7 @@ def check_labels(protocol: Protocol, online: bool) -> LabelCheck:
         language_model = config is not None and is_lm_config(config.to_dict())
         if config is None:
             found.unchecked.append(f"{entry.name}: labels of {entry.model} ({why})")
+        check_expected_config(entry, config, why, found)
         for name, role in entry.data.items():
             where = f"{entry.name}, data.{name} ({role.source})"
             if not role.source.startswith("hf:"):
@@ -486,6 +487,29 @@ def check_labels(protocol: Protocol, online: bool) -> LabelCheck:
             if len(found.problems) == before:
                 found.checked.append(f"{where}: {made} ({features.origin})")
     return found
+
+
+def check_expected_config(entry: ModelEntry, config, why: str, found: LabelCheck) -> None:
+    """``entry.expect_config`` (the shape a paper's size table implies) against the model's config: each key a
+    problem when it differs, all of them checked (with the config's vocabulary and classes named) when they agree,
+    unchecked with the reason when the config is out of reach (offline, a hub id not in the local cache)."""
+    if not entry.expect_config:
+        return
+    wanted = ", ".join(f"{k} = {v}" for k, v in entry.expect_config.items())
+    if config is None:
+        found.unchecked.append(f"{entry.name}: {entry.model}'s config against the paper's shape ({wanted}): {why}")
+        return
+    served = config.to_dict()
+    served.setdefault("num_labels", config.num_labels)
+    wrong = [f"{k} is {served.get(k, 'absent')!r}, the paper's shape needs {v!r}"
+             for k, v in entry.expect_config.items() if served.get(k) != v]
+    if wrong:
+        found.problems.append(str(entry.fail("expect_config", f"{entry.name}: {entry.model}: " + "; ".join(wrong)
+                                             + ".")))
+        return
+    found.checked.append(f"{entry.name}: {entry.model} has the paper's shape ({wanted}; vocabulary "
+                         f"{served.get('vocab_size')}, {config.num_labels} classes: "
+                         f"{', '.join(str(v) for v in config.id2label.values())})")
 
 
 def require_labels(protocol: Protocol, online: bool, found: LabelCheck | None = None) -> LabelCheck:

@@ -419,10 +419,17 @@ class ModelEntry(Located):
     label_map: Mapping | None = None                # data label -> model id or label name (data.align_labels)
     labels_by_position: bool = False                # match unnamed labels by position
     allow_untrained_head: bool = False              # go on with a task head initialised on load
+    # config.json key -> the value a paper's size table implies (e.g. vocab_size = 21128, num_labels = 3):
+    # `run --plan` checks them against the model's config where it is on this machine or the hub answers
+    expect_config: Mapping | None = None
 
     def __post_init__(self):
         if not isinstance(self.model, str) or not self.model:
             raise self.fail("model", f"expected a model spec ('demo', a folder, a hub id), got {self.model!r}.")
+        if self.expect_config is not None and (not isinstance(self.expect_config, Mapping) or any(
+                isinstance(v, bool) or not isinstance(v, (int, str)) for v in self.expect_config.values())):
+            raise self.fail("expect_config", "expected a table of config.json key = integer or text (e.g. "
+                                             f"{{ vocab_size = 21128, num_labels = 3 }}), got {self.expect_config!r}.")
         object.__setattr__(self, "metrics", _metrics(self, "metrics", self.metrics))
         object.__setattr__(self, "headline", _headline(self, self.headline))
         for role in ("calib", "eval"):
@@ -455,7 +462,8 @@ class ModelEntry(Located):
     def to_json(self) -> dict:
         return {"name": self.name, "model": self.model, "data": {k: r.to_json() for k, r in self.data.items()},
                 "metrics": list(self.metrics), "headline": self.headline,
-                **{k: getattr(self, k) for k in GUARDS if getattr(self, k)}}
+                **{k: getattr(self, k) for k in GUARDS if getattr(self, k)},
+                **({"expect_config": dict(self.expect_config)} if self.expect_config else {})}
 
 
 GUARDS = ("label_map", "labels_by_position", "allow_untrained_head")   # the data-roles guards a protocol sets
