@@ -409,7 +409,7 @@ def size_rows(protocol: Protocol, records: dict[str, dict]) -> list[dict]:
     """Per (model, criterion, order): the saved mask's step ratio, metric and size (``size_at``), mean over repeats:
     Greedy-Gnorm's Table 1 (accuracy and MB before / after pruning). Trajectory protocols with a mask_tolerance
     only (every trajectory cell's record carries its saved mask's size in run.json)."""
-    if protocol.trajectory is None or protocol.trajectory.mask_tolerance is None:
+    if protocol.trajectory is None or protocol.trajectory.mask_rule is None:
         return []
     groups: dict[tuple, list[dict]] = {}
     for cell in expand(protocol):
@@ -426,7 +426,10 @@ def size_rows(protocol: Protocol, records: dict[str, dict]) -> list[dict]:
                     "ratio": float(np.mean([r["saved_mask"]["ratio"] for r in recs])),
                     "before": float(np.mean([t.values()[0] for t in trajs])),
                     "after": float(np.mean([t.values()[i] for t, i in zip(trajs, steps)])),
-                    **{k: float(np.mean([s[k] for s in sizes])) for k in sizes[0]}})
+                    **{k: float(np.mean([s[k] for s in sizes])) for k in sizes[0]},
+                    # every rule's point (the saved one and the other), mean ratio over repeats
+                    "points": {k: float(np.mean([r["saved_mask"]["points"][k]["ratio"] for r in recs]))
+                               for k in recs[0]["saved_mask"].get("points", {})}})
     return out
 
 
@@ -435,11 +438,14 @@ def sections_markdown(averages: list[dict], papers: list[dict], sizes: list[dict
     sections (empty: none)."""
     text = ""
     if sizes:
+        rules = list(sizes[0].get("points", {}))   # both points' ratios beside the saved one's
         text += (f"\n## The saved masks ({sizes[0]['rule']}): {sizes[0]['metric']} and size (MB, fp32) before / "
-                 "after\n\n| model | criterion | order | repeats | pruned ratio | before | after | params before | "
-                 "params after | MB before | MB after | size reduction |\n|" + "---|" * 12 + "\n")
+                 "after\n\n| model | criterion | order | repeats | pruned ratio | "
+                 + "".join(f"{k} point ratio | " for k in rules) + "before | after | params before | "
+                 "params after | MB before | MB after | size reduction |\n|" + "---|" * (12 + len(rules)) + "\n")
         for r in sizes:
             text += (f"| {r['model']} | {r['criterion']} | {r['order']} | {r['repeats']} | {r['ratio']:.4f} | "
+                     + "".join(f"{r['points'][k]:.4f} | " for k in rules) +
                      f"{r['before']:.4f} | {r['after']:.4f} | {r['params_before']:,.0f} | {r['params_after']:,.0f} | "
                      f"{r['mb_before']:.2f} | {r['mb_after']:.2f} | {r['reduction_pct']:.2f}% |\n")
     if averages:

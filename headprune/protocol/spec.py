@@ -56,7 +56,7 @@ from ..model.device import DEVICES
 from ..model.loading import declared_causal
 from ..model.memory import MemoryBudgetError, parse_budget
 from ..recovery.spec import RecoverySpec
-from ..trajectory import TrajectoryError, TrajectorySpec
+from ..trajectory import INFLECTION_DROP, INFLECTION_WINDOW, TrajectoryError, TrajectorySpec, check_inflection
 
 ROLES = ("calib", "select", "eval", "train")   # train: recovery's rows ([recovery])
 # metric names a protocol may ask for: every field of Metrics that is a metric (new metrics join by themselves)
@@ -300,8 +300,30 @@ class TrajectoryPart(Located):
     random_boxes: int = 0                # independent random orders (boxplots per ratio), 0 = none
     report_at: tuple = ()                # ratios the table reports the metric at (the step at or below each)
     mask_tolerance: float | None = None  # the saved mask: the last step within τ x dense on the selection rows
+    # which point the saved mask is: "tolerance" (the last step within mask_tolerance) or "inflection" (Greedy-Gnorm's
+    # inflection point, trajectory.inflection_index, with `inflection = { drop, window }`); both points are reported
+    mask_rule: str | None = None
+    inflection: Mapping | None = None
 
     def __post_init__(self):
+        if self.mask_rule is None and self.mask_tolerance is not None:
+            object.__setattr__(self, "mask_rule", "tolerance")
+        if self.mask_rule not in (None, "tolerance", "inflection"):
+            raise self.fail("mask_rule", f"expected \"tolerance\" or \"inflection\", got {self.mask_rule!r}.")
+        if self.mask_rule == "tolerance" and self.mask_tolerance is None:
+            raise self.fail("mask_rule", "\"tolerance\" saves the last step within mask_tolerance: give "
+                                         "mask_tolerance = τ too (e.g. 0.9).")
+        if self.inflection is not None:
+            if self.mask_rule is None:
+                raise self.fail("inflection", "the inflection point is reported with a saved mask: give mask_rule "
+                                              "= \"inflection\" (or mask_tolerance = τ, to report both points).")
+            if not isinstance(self.inflection, Mapping) or set(self.inflection) - {"drop", "window"}:
+                raise self.fail("inflection", f"expected {{ drop = SHARE, window = SHARE }}, got {self.inflection!r}.")
+            try:
+                check_inflection(self.inflection.get("drop", INFLECTION_DROP),
+                                 self.inflection.get("window", INFLECTION_WINDOW))
+            except TrajectoryError as exc:
+                raise self.fail("inflection", str(exc)) from None
         inverse = self.inverse if isinstance(self.inverse, (list, tuple)) else (self.inverse,)
         if not inverse or any(not isinstance(v, bool) for v in inverse):
             raise self.fail("inverse", f"expected true, false or a list of them (orders to run), got "
@@ -323,12 +345,19 @@ class TrajectoryPart(Located):
         """The TrajectorySpec of one cell: ``criterion`` (a Criterion) with ``params``, one order, one seed."""
         return TrajectorySpec(criterion=criterion, params=dict(params), inverse=inverse, step=self.step,
                               budget=self.budget, count=self.count, tolerance=self.tolerance, metric=metric,
-                              seed=seed, track_select=self.mask_tolerance is not None)
+                              seed=seed, track_select=self.mask_rule is not None)
+
+    def inflection_params(self) -> dict:
+        """The inflection detector's drop and window (the defaults where the table gives none)."""
+        given = dict(self.inflection or {})
+        return {"drop": given.get("drop", INFLECTION_DROP), "window": given.get("window", INFLECTION_WINDOW)}
 
     def to_json(self) -> dict:
         return {k: getattr(self, k) for k in ("step", "budget", "count", "tolerance", "random_boxes")} | \
             {"inverse": list(self.inverse), "report_at": list(self.report_at)} | \
-            ({"mask_tolerance": self.mask_tolerance} if self.mask_tolerance is not None else {})
+            ({"mask_tolerance": self.mask_tolerance} if self.mask_tolerance is not None else {}) | \
+            ({"mask_rule": self.mask_rule} if self.mask_rule == "inflection" else {}) | \
+            ({"inflection": dict(self.inflection)} if self.inflection else {})
 
 
 PROBE_ROWS = Interval(1, 10_000, integer=True, why="razor's repeated-token probes, one forward pass over them")
