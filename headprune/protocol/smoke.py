@@ -23,7 +23,7 @@ Where the stand-ins come from, per model and per data source (each recorded in t
              each data set's features is read once per process (``forget_hub_reads`` clears that memo)
     sizes    calibration and selection 8 rows, evaluation and training 16 ("all" included); at most 2 repeats,
              2 random orders and 2 sparsities besides 0 (the smallest and largest: the code paths of more, without
-             repeating the same work)
+             repeating the same work) and those a [[paper]] table cites (its paper | ours | delta table in full)
     lm-eval  each lm-eval task is replaced by a local multiple-choice task "smoke_<task>" on stand-in rows
              (the metric columns are renamed accordingly; lm-eval's own data sets need the network)
 
@@ -606,11 +606,15 @@ def build_smoke(protocol: Protocol, folder: Path, online: bool = False) -> Smoke
     # repeats, random orders and sparsities exercise their code paths at two; more of them repeat the same work
     repeats = min(protocol.repeats, SMOKE_REPEATS)
     positive = [r for r in protocol.sparsities if r > 0]
-    sparsities = protocol.sparsities if len(positive) <= 2 else \
-        tuple(r for r in protocol.sparsities if r == 0) + (positive[0], positive[-1])
+    # a ratio a [[paper]] table cites is kept too: the smoke run prints the paper | ours | delta table in full
+    cited = {r for entry in protocol.paper for c, cells in entry.values.items() if c != "dense" for r in cells}
+    sparsities = protocol.sparsities if len(positive) <= 2 else tuple(
+        r for r in protocol.sparsities if r == 0 or r in (positive[0], positive[-1])
+        or any(abs(r - c) < 1e-9 for c in cited))
     if sparsities != protocol.sparsities:
         build.notes.append(f"sparsities {', '.join(f'{r:g}' for r in protocol.sparsities)} -> "
-                           f"{', '.join(f'{r:g}' for r in sparsities)} (the smallest and largest)")
+                           f"{', '.join(f'{r:g}' for r in sparsities)} (the smallest, the largest and those a "
+                           "[[paper]] table cites)")
     trajectory = protocol.trajectory
     if trajectory is not None and trajectory.random_boxes > SMOKE_REPEATS:
         trajectory = dataclasses.replace(trajectory, random_boxes=SMOKE_REPEATS)

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -557,8 +558,8 @@ class PaperValues(Located):
                     at = float(ratio)
                 except ValueError:
                     raise here.fail(ratio, "expected a sparsity as the key (e.g. \"0.5\").") from None
-                if isinstance(value, bool) or not isinstance(value, (int, float)):
-                    raise here.fail(ratio, f"expected a number, got {value!r}.")
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                    raise here.fail(ratio, f"expected a finite number (the paper's value), got {value!r}.")
                 values[label][at] = float(value)
         object.__setattr__(self, "values", values)
 
