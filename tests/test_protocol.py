@@ -672,3 +672,11 @@ def test_the_recovery_demo_protocol_runs_from_the_command_line(tmp_path, capsys,
         if cell["kind"] == "recovered":
             assert cell["recovery"]["train"]["size"] == 256 and cell["recovery"]["train"]["source"] == "demo:train"
             assert cell["roles"]["eval"]["size"] == 200
+
+
+def test_sap_cf_target_tables_say_their_pool_is_headprunes_construction():
+    from headprune.protocol.run import pool_note
+
+    note = pool_note(Protocol.read(PROTOCOLS / "sap_fig5.toml"))
+    assert "s + (1 − s)/2" in note and "headprune's construction" in note and "cnt ≥ S·R" in note
+    assert pool_note(Protocol.read(PROTOCOLS / "hies_table1.toml")) == ""

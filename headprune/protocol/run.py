@@ -545,6 +545,19 @@ def run_protocol(protocol: Protocol, out: str | Path, *, memory_budget=None, pro
     return merge(protocol, out, computed=runner.computed, memory_budget=runner.budget, plots=plots)
 
 
+def pool_note(protocol: Protocol) -> str:
+    """Said under the table when sap-cf runs at target sparsities with the automatic pool: that pool is headprune's
+    construction, not the paper's (criteria/sap.py, §3.4)."""
+    auto = [c.label for c in protocol.criteria if c.name == "sap-cf" and not c.params.get("pool")
+            and c.params.get("sparsity", None) != 0 and any(s > 0 for s in protocol.sparsities)]
+    if not auto:
+        return ""
+    return (f"\n> **{', '.join(auto)} at a target sparsity s:** CF's candidate pool is SAP's ranking at "
+            "s + (1 − s)/2 of the heads -- headprune's construction. The paper's CF (§3.4) filters SAP's own "
+            "candidates (cnt ≥ S·R) under a tolerance and gives no target mode; `params = { sparsity = 0, "
+            "tolerance = τ }` runs the paper's, `pool = P` sets another pool.\n")
+
+
 def records_of(protocol: Protocol, out: Path) -> dict[str, dict | None]:
     """Every cell's record in ``out`` by key (None: not finished for this protocol's settings)."""
     entries = {m.name: m for m in protocol.models}
@@ -570,7 +583,8 @@ def merge(protocol: Protocol, out: str | Path, *, computed: list[str] = (), memo
     write_atomic(out / "results.csv", table_csv(rows, columns))
     averages, papers = average_rows(protocol, records, rows), paper_rows(protocol, rows)
     sizes = size_rows(protocol, records)
-    write_atomic(out / "results.md", table_markdown(rows, columns) + sections_markdown(averages, papers, sizes))
+    write_atomic(out / "results.md", table_markdown(rows, columns) + sections_markdown(averages, papers, sizes)
+                 + pool_note(protocol))
     plotted, notes = write_plots(protocol, records, rows, out) if plots else ([], ["plots not asked for"])
     first = {m.name: next(r for r in records.values() if r["model"] == m.name) for m in protocol.models}
     models = [{**m.to_json(), **first[m.name]["loaded"], "roles": first[m.name]["roles"]} for m in protocol.models]

@@ -437,6 +437,11 @@ def _headline(part: Located, value) -> str | None:
     return None if value is None else _metric(part, "headline", value)
 
 
+def slug(text: str) -> str:
+    """``text`` as part of a file name: runs of other characters than letters, digits and ``._=-`` become "-"."""
+    return re.sub(r"[^A-Za-z0-9._=-]+", "-", text).strip("-") or "-"
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelEntry(Located):
     """A model spec with its data roles (the protocol's, overridden key by key) and metrics."""
@@ -623,6 +628,16 @@ class Protocol(Located):
         if len(set(labels)) < len(labels):
             raise self.fail("criteria", f"two criteria share a label ({', '.join(labels)}); give each a distinct "
                                         "label.")
+        # names and labels become file names (``slug``; case-insensitive on some file systems): two that map to
+        # one file would make two cells write it, and the table report one's numbers under the other's name
+        for key, given in (("models", names), ("criteria", labels)):
+            seen: dict[str, str] = {}
+            for text in given:
+                other = seen.setdefault(slug(text).casefold(), text)
+                if other != text:
+                    raise self.fail(key, f"{other!r} and {text!r} name the same result files ({slug(text)!r}: "
+                                         "letters, digits and ._=- are kept, other runs become '-', case is "
+                                         "ignored); give them names that differ there.")
         if self.kv is not None:
             self._check_kv()
         elif (self.trajectory is None) == (not self.sparsities):
