@@ -7,24 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_fuzz_inputs import no_weights  # noqa: F401 - the fixture: a refusal comes before any weights load
 
-import headprune.cli.common
-import headprune.cli.core
-import headprune.cli.recover
-import headprune.workspace
 from headprune.cli import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def _no_load(*args, **kwargs):
-    raise AssertionError("weights were loaded before the input was refused")
-
-
-@pytest.fixture
-def no_weights(monkeypatch):
-    for module in (headprune.cli.core, headprune.cli.recover, headprune.workspace):
-        monkeypatch.setattr(module, "load_model", _no_load)
 
 
 def _refused(argv, capsys) -> str:
@@ -57,8 +44,8 @@ def _protocol(tmp_path, model, csv, labels=("r",), models=("m",), paper="") -> s
     (("rand a", "rand-a"), ("m",)), (("rand/a", "rand a"), ("m",)), (("Rand", "rand"), ("m",)),
     (("r",), ("model one", "model-one")), (("r",), ("M1", "m1")),
 ])
-def test_two_names_that_become_one_file_name_are_refused(labels, models, tmp_path, tiny_model_dir, tiny_csv,
-                                                         no_weights, capsys):
+@pytest.mark.usefixtures("no_weights")
+def test_two_names_that_become_one_file_name_are_refused(labels, models, tmp_path, tiny_model_dir, tiny_csv, capsys):
     path = _protocol(tmp_path, tiny_model_dir, tiny_csv, labels, models)
     line = _refused(["run", path, "--out", tmp_path / "out"], capsys)
     assert "name the same result files" in line and not (tmp_path / "out").exists()
@@ -80,14 +67,16 @@ def test_status_and_merge_together_are_refused(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("executor", [[], ["--executor", "local"], ["--executor", "slurm"]])
-def test_threads_without_a_pool_is_refused(executor, tmp_path, tiny_model_dir, tiny_csv, no_weights, capsys):
+@pytest.mark.usefixtures("no_weights")
+def test_threads_without_a_pool_is_refused(executor, tmp_path, tiny_model_dir, tiny_csv, capsys):
     path = _protocol(tmp_path, tiny_model_dir, tiny_csv)
     line = _refused(["run", path, "--out", tmp_path / "out", "--threads", "2", *executor], capsys)
     assert "--threads" in line and "--executor pool" in line and not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("params", [["sparsity=0.5", "tolerance=0.8"], ["tolerance=0.9", "sparsity=0.25"]])
-def test_sap_cf_with_a_sparsity_and_a_tolerance_is_refused(params, no_weights, tiny_model_dir, tiny_csv, capsys):
+@pytest.mark.usefixtures("no_weights")
+def test_sap_cf_with_a_sparsity_and_a_tolerance_is_refused(params, tiny_model_dir, tiny_csv, capsys):
     argv = ["score", "--model", tiny_model_dir, "--data", tiny_csv, "--criterion", "sap-cf"]
     for p in params:
         argv += ["--param", p]

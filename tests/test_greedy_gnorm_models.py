@@ -56,6 +56,14 @@ def test_each_model_has_the_parameter_and_class_counts_of_the_papers_size_tables
     assert grid[0] * grid[1] == heads
 
 
+def _tiny_protocol(tmp_path, model_dir, csv, rule: str) -> Protocol:
+    """A one-criterion (AE) trajectory protocol on the tiny model, one head per step, with the saved-mask ``rule``."""
+    text = (f'name = "g"\nmodels = ["{model_dir}"]\nbatch_size = 8\n\n[data.calib]\nsource = "{csv}"\n'
+            f'size = 12\n\n[data.select]\nsource = "{csv}"\nsize = 16\n\n[data.eval]\nsource = "{csv}"\n'
+            f'size = 20\n\n[[criteria]]\nname = "ae"\n\n[trajectory]\nstep = 1\n{rule}')
+    return Protocol.parse(text, str(tmp_path / "g.toml"))
+
+
 def test_the_saved_mask_is_the_last_step_within_the_tolerance_on_the_selection_rows_with_its_size(
         tmp_path, tiny_model_dir, tiny_csv, one_thread):
     import copy
@@ -65,10 +73,7 @@ def test_the_saved_mask_is_the_last_step_within_the_tolerance_on_the_selection_r
     from headprune.model.surgery import prune_model
     from headprune.protocol.run import run_protocol
 
-    text = (f'name = "g"\nmodels = ["{tiny_model_dir}"]\nbatch_size = 8\n\n[data.calib]\nsource = "{tiny_csv}"\n'
-            f'size = 12\n\n[data.select]\nsource = "{tiny_csv}"\nsize = 16\n\n[data.eval]\nsource = "{tiny_csv}"\n'
-            'size = 20\n\n[[criteria]]\nname = "ae"\n\n[trajectory]\nstep = 1\nmask_tolerance = 0.95\n')
-    protocol = Protocol.parse(text, str(tmp_path / "g.toml"))
+    protocol = _tiny_protocol(tmp_path, tiny_model_dir, tiny_csv, "mask_tolerance = 0.95\n")
     out = tmp_path / "out"
     run_protocol(protocol, out, plots=False)
     [cell] = json.loads((out / "run.json").read_text())["cells"].values()
@@ -152,11 +157,8 @@ def test_the_inflection_rule_saves_its_point_and_reports_the_tolerance_point_bes
         tmp_path, tiny_model_dir, tiny_csv, one_thread):
     from headprune.protocol.run import run_protocol
 
-    text = (f'name = "g"\nmodels = ["{tiny_model_dir}"]\nbatch_size = 8\n\n[data.calib]\nsource = "{tiny_csv}"\n'
-            f'size = 12\n\n[data.select]\nsource = "{tiny_csv}"\nsize = 16\n\n[data.eval]\nsource = "{tiny_csv}"\n'
-            'size = 20\n\n[[criteria]]\nname = "ae"\n\n[trajectory]\nstep = 1\nmask_rule = "inflection"\n'
-            'inflection = { drop = 0.05, window = 0.2 }\nmask_tolerance = 0.95\n')
-    protocol = Protocol.parse(text, str(tmp_path / "g.toml"))
+    protocol = _tiny_protocol(tmp_path, tiny_model_dir, tiny_csv, 'mask_rule = "inflection"\n'
+                              'inflection = { drop = 0.05, window = 0.2 }\nmask_tolerance = 0.95\n')
     out = tmp_path / "out"
     run_protocol(protocol, out, plots=False)
     [cell] = json.loads((out / "run.json").read_text())["cells"].values()

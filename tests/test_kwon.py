@@ -56,17 +56,7 @@ def batches():
 def test_fisher_equals_per_row_autograd_of_an_explicit_mask(model, batches):
     """I = (1/n) Σ_rows g gᵀ per layer, g = ∂L_row/∂m by autograd on one row at a time through gate_heads with a
     ones mask that requires grad; the diagonal is Σ g² / n."""
-    adapter = adapt(model)
-    grads = []
-    for batch in batches:
-        for r in range(len(batch["input_ids"])):
-            m = torch.ones(adapter.grid_shape, requires_grad=True)
-            with gate_heads(model, m):
-                logits = model(input_ids=batch["input_ids"][r:r + 1],
-                               attention_mask=batch["attention_mask"][r:r + 1]).logits
-            loss = F.cross_entropy(logits, batch["labels"][r:r + 1])
-            grads.append(torch.autograd.grad(loss, m)[0].double())
-    g = torch.stack(grads)                                             # (rows, L, H)
+    g = _row_grads(model, batches)                                     # (rows, L, H)
     expected = torch.einsum("nlh,nlk->lhk", g, g).numpy() / len(g)
     got = fisher_information(ScoringContext(model, batches))
     assert np.abs(expected).max() > 1e-6
