@@ -101,3 +101,12 @@ def test_a_kv_plan_never_replaces_a_users_tmp_file_or_folder(kind, tmp_path):
     assert KVPlan.read(tmp_path / "plan.json").full.tolist() == plan.full.tolist()
     assert (user.read_text() == "my notes") if kind == "file" else (user / "keep.txt").read_text() == "mine"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json", "plan.json.tmp"]   # no temporary left
+
+
+@pytest.mark.parametrize("shard", ["0/²", "٣/4", "0/1000000000000", "0/100001", "1/ 2x", "0/" + "9" * 400, "-1/4"])
+@pytest.mark.usefixtures("no_weights")
+def test_shard_values_outside_ascii_whole_numbers_or_the_bound_are_refused(shard, tmp_path, tiny_model_dir, tiny_csv,
+                                                                           capsys):
+    path = _protocol(tmp_path, tiny_model_dir, tiny_csv)
+    line = _refused(["run", path, "--out", tmp_path / "out", f"--shard={shard}"], capsys)
+    assert "--shard" in line and "Accepted: I/N" in line and not (tmp_path / "out").exists()
