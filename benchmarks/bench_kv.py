@@ -25,7 +25,7 @@ longctx   per context length (``kvcache.longctx``): the passkey task on demo-cir
           (S=1, W=4), the razor rule's plan with as many full heads, streaming the induction heads instead, random
           plans with as many full heads (--seeds); and
           long-row perplexity on demo-lm (its evaluation rows, 64 calibration rows apart; --tokens tokens per
-          length) dense, the duo plan keeping 25% of the key/value heads full (S=4, W=16), every head streaming,
+          length) dense, the far-mass plan keeping 25% of the key/value heads full (S=4, W=16), every head streaming,
           random 25% plans (--seeds).
 """
 
@@ -178,12 +178,12 @@ def longctx(args) -> dict:
 
     ws = Workspace.build("demo-lm", "demo-lm", calib_size=64, eval_size=None)
     model, tok, adapter = ws.loaded.model, ws.loaded.tokenizer, ws.loaded.adapter
-    duo = plan_from_scores(head_scores("duo", model, calib=ws.calib_batches, sink=4, window=16), adapter.n_kv_heads,
-                           0.25, 4, 16)
-    n_full = int(duo.full.sum())
-    plans = {"dense": None, "duo 25% full": duo,
-             "all streaming": KVPlan(torch.zeros(duo.shape, dtype=torch.bool), duo.n_heads, 4, 16)}
-    plans.update({f"random {p.meta['seed']}": p for p in random_plans(duo.shape, duo.n_heads, n_full, seeds, 4, 16)})
+    far_scores = head_scores("far-mass", model, calib=ws.calib_batches, sink=4, window=16)
+    far = plan_from_scores(far_scores, adapter.n_kv_heads, 0.25, 4, 16)
+    n_full = int(far.full.sum())
+    plans = {"dense": None, "far-mass 25% full": far,
+             "all streaming": KVPlan(torch.zeros(far.shape, dtype=torch.bool), far.n_heads, 4, 16)}
+    plans.update({f"random {p.meta['seed']}": p for p in random_plans(far.shape, far.n_heads, n_full, seeds, 4, 16)})
     perplexity = measure(model, tok, "perplexity", [16, 32, 64, 128], plans, ws.eval.texts, tokens=args.tokens,
                          progress=lambda row: print(json.dumps(row), file=sys.stderr, flush=True))
     return {"passkey": {"model": "demo-circuit", "filler": "demo-lm held-out reviews", "rows_per_length": args.rows,
@@ -191,7 +191,8 @@ def longctx(args) -> dict:
                         "previous_token_heads": np.argwhere(previous).tolist(),
                         "razor_full_kv_heads": razor.head_ids()["full_kv_heads"], "table": passkey},
             "perplexity": {"model": "demo-lm", "data": "demo-lm evaluation rows", "tokens": args.tokens, "sink": 4,
-                           "window": 16, "duo_full_kv_heads": duo.head_ids()["full_kv_heads"], "table": perplexity},
+                           "window": 16, "far_mass_full_kv_heads": far.head_ids()["full_kv_heads"],
+                           "table": perplexity},
             "threads": torch.get_num_threads()}
 
 

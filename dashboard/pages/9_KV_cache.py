@@ -25,7 +25,8 @@ if not ws.adapter.causal:
 
 left, mid, right = st.columns(3)
 rule = left.selectbox("Score", RULES, key="kv-rule", help="razor: RazorAttention echo + induction on probes longer "
-                      "than W; duo: attention mass outside sink + window on the calibration rows; random: seeded")
+                      "than W; duo: DuoAttention's gates learned by distillation (published); far-mass: "
+                      "attention mass outside sink + window on the calibration rows (a proxy); random: seeded")
 share = left.slider("Full heads (%)", 0, 100, 25, 5, key="kv-share")
 sink = mid.number_input("Sink S (first keys)", 0, 64, 4, key="kv-sink")
 window = mid.number_input("Window W (last keys)", 1, 4096, 16, key="kv-window")

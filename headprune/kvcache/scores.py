@@ -7,9 +7,15 @@ Rules (``RULES``; any registered pruning criterion's name works too):
             duplicate-token and induction stripes on repeated random-token probes [BOS] + r + r whose block r is
             longer than the window (``roles.probes``), so the copy a head reads lies outside its window.
             Score = max(echo, induction) per query head.
-``duo``     DuoAttention's question asked directly on calibration rows (Xiao et al. 2024, §3: a streaming head
-            must not need what lies outside its sink + recent window): the attention mass a head puts on keys
-            outside the first S and last W, averaged over real query rows that have such keys (q >= S + W).
+``duo``     DuoAttention's identification as published (Xiao et al. 2024, arXiv 2410.10819, §3.2; ``duo``
+            module): one gate per key/value group mixing full and streaming attention, learned by distillation
+            (final hidden states' L2 error on passkey answer tokens + L1 on the gates) on synthetic passkeys in
+            the calibration rows' text; the score is the learned gate (every query head of a group gets it).
+``far-mass`` a proxy for DuoAttention's question, measured instead of learned (a streaming head must not need
+            what lies outside its sink + recent window): the attention mass a head puts on keys outside the
+            first S and last W, averaged over real query rows that have such keys (q >= S + W). kvpress calls
+            the same measure DuoAttention's on-the-fly approximation (``DuoAttentionPress(on_the_fly_scoring=
+            True)``); it is not the published method.
 ``random``  a seeded uniform score (the baseline band).
 criterion   any pruning criterion (``headprune criteria``): its importance score, on the same calibration rows.
 
@@ -32,9 +38,15 @@ from ..model.arch import adapt
 from ..model.capture import stream_attention
 from ..roles.probes import make_probes
 from ..roles.stats import repeat_stripes
+from .duo import train_gates
 from .plan import KVPlan, KVPlanError, check_full_share, check_window, top_share
 
-RULES = ("razor", "duo", "random")
+RULES = ("razor", "duo", "far-mass", "random")
+# what each rule is: the published method, or a proxy of it (the dashboard's cards and the CLI say which)
+RULE_KINDS = {"razor": "published (RazorAttention, Tang et al. 2024, §3.2: echo and induction scores)",
+              "duo": "published (DuoAttention, Xiao et al. 2024: gates learned by distillation)",
+              "far-mass": "proxy (attention mass outside sink + window; kvpress's on-the-fly DuoAttention)",
+              "random": "baseline (seeded)"}
 REDUCE = ("max", "mean")
 
 
@@ -49,7 +61,7 @@ def outside_mass(probs: torch.Tensor, valid: torch.Tensor, sink: int, window: in
     return (mass * rows[:, None]).sum((0, 2)).cpu(), int(rows.sum())
 
 
-def duo_scores(model, calib: list[dict], sink: int, window: int, mask=None) -> np.ndarray:
+def far_mass_scores(model, calib: list[dict], sink: int, window: int, mask=None) -> np.ndarray:
     """(L, H) mean attention mass outside sink + window (module doc); NaN for cut or gated heads."""
     adapter = adapt(model)
     sums = torch.zeros(adapter.grid_shape, dtype=torch.float64)
@@ -90,6 +102,14 @@ def razor_scores(model, tokenizer, window: int, rows: int = 8, seed: int = 0, ma
     return scores
 
 
+def live_heads(model, mask=None) -> np.ndarray:
+    """Bool (L, H): heads present (not cut) and not gated off by ``mask``."""
+    live = adapt(model).live_grid()
+    if mask is not None:
+        live = live & mask.keep_bool()
+    return live.numpy()
+
+
 def random_scores(shape: tuple[int, int], seed: int) -> np.ndarray:
     return np.random.default_rng(seed).random(shape)
 
@@ -126,13 +146,21 @@ def check_rule(rule: str) -> None:
 
 
 def head_scores(rule: str, model, *, calib: list[dict], tokenizer=None, sink: int = 4, window: int = 64,
-                seed: int = 0, mask=None, probe_rows: int = 8) -> np.ndarray:
-    """(L, H) query-head scores of ``rule`` (module doc)."""
+                seed: int = 0, mask=None, probe_rows: int = 8, duo_options: dict | None = None,
+                duo_out: list | None = None) -> np.ndarray:
+    """(L, H) query-head scores of ``rule`` (module doc). ``duo_options``: ``duo.train_gates``'s training
+    parameters; ``duo_out``: a list the learned :class:`duo.DuoGates` is appended to (its loss and cost)."""
     check_rule(rule)
     if rule == "razor":
         return razor_scores(model, tokenizer, window, probe_rows, seed, mask)
+    if rule == "far-mass":
+        return far_mass_scores(model, calib, sink, window, mask)
     if rule == "duo":
-        return duo_scores(model, calib, sink, window, mask)
+        learned = train_gates(model, tokenizer, calib, sink=sink, window=window, seed=seed, mask=mask,
+                              **(duo_options or {}))
+        if duo_out is not None:
+            duo_out.append(learned)
+        return learned.query_scores(adapt(model).n_heads, live_heads(model, mask))
     if rule == "random":
         return random_scores(adapt(model).grid_shape, seed)
     return criterion_scores(model, calib, rule, tokenizer=tokenizer, seed=seed, mask=mask)
