@@ -16,7 +16,7 @@ from headprune.kvcache.duo import gated_copy, train_gates
 from headprune.kvcache.exports import CONFIG, TSV, read_duo_folder, write_duo_folder
 from headprune.kvcache.plan import KVPlan, KVPlanError, top_share
 from headprune.kvcache.restrict import restricted
-from headprune.kvcache.scores import plan_from_scores
+from headprune.kvcache.scores import RAZOR_ECHO_SHARE, RAZOR_INDUCTION_SHARE, plan_from_scores, razor_share_plan
 from headprune.testing import random_decoder_batch, tiny_decoder
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -173,3 +173,51 @@ def test_bad_duo_input_is_refused_before_loading(case, words, lm_dir, tmp_path, 
     code, err = run(capsys, "kvplan", "--model", lm_dir[0], *argv, "--out", str(tmp_path / "p.json"))
     assert code == 2 and err.startswith("error: ") and words in err, err
     assert (folder / TSV).read_text().startswith("0.5")          # a user's folder is never overwritten
+
+
+def test_razor_separate_shares_keep_the_union_of_top_echo_and_top_induction_heads():
+    rng = np.random.default_rng(5)
+    echo, induction = rng.random((4, 8)), rng.random((4, 8))
+    echo[0, 1] = np.nan                                   # a cut head is never a retrieval head
+    plan = razor_share_plan(echo, induction, 2, 4, 16, echo_share=0.0625, induction_share=0.125)
+    # by hand: 2 of 32 heads by echo, 4 by induction, the union; a group is full when any of its heads is chosen
+    flat_e, flat_i = np.nan_to_num(echo, nan=-1).ravel(), induction.ravel()
+    chosen = set(np.argsort(-flat_e)[:2]) | set(np.argsort(-flat_i)[:4])
+    want = np.zeros((4, 2), dtype=bool)
+    for i in chosen:
+        want[i // 8, (i % 8) // 4] = True
+    assert np.array_equal(plan.full.numpy(), want) and (plan.sink, plan.window) == (4, 16)
+    assert sorted(tuple(h) for h in plan.meta["retrieval_query_heads"]) == sorted((i // 8, i % 8) for i in chosen)
+    assert (RAZOR_ECHO_SHARE, RAZOR_INDUCTION_SHARE) == (0.01, 0.14)     # the reference's RAConfig defaults
+    with pytest.raises(KVPlanError, match="echo share 1.5"):
+        razor_share_plan(echo, induction, 2, 4, 16, echo_share=1.5)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--rule", "far-mass", "--echo-share", "0.1"], "--echo-share and --induction-share are RazorAttention's"),
+    (["--rule", "razor", "--echo-share", "0.1", "--full-share", "0.5"], "Give one or the other"),
+    (["--rule", "razor", "--induction-share", "2"], "--induction-share 2.0 must lie in [0, 1]"),
+    (["--trajectory", "--rule", "razor", "--echo-share", "0.1"], "--echo-share apply to one plan"),
+])
+def test_bad_razor_shares_are_refused_before_loading(argv, words, lm_dir, tmp_path, capsys, monkeypatch):
+    import headprune.cli.kvcache
+    import headprune.workspace
+
+    for module in (headprune.workspace, headprune.cli.kvcache):
+        monkeypatch.setattr(module, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    code, err = run(capsys, "kvplan", "--model", lm_dir[0], *argv, "--out", str(tmp_path / "p.json"))
+    assert code == 2 and err.startswith("error: ") and words in err, err
+
+
+def test_kvplan_razor_with_shares_writes_the_union_plan(lm_dir, tmp_path, capsys):
+    model, data = lm_dir
+    code, out = run(capsys, "kvplan", "--model", model, "--data", data, "--rule", "razor", "--echo-share", "0.05",
+                    "--induction-share", "0.1", "--sink", "1", "--window", "3", "--out", str(tmp_path / "r.json"))
+    assert code == 0, out
+    plan = KVPlan.read(tmp_path / "r.json")
+    heads = plan.meta["retrieval_query_heads"]
+    assert len(heads) <= round(0.05 * 32) + round(0.1 * 32) and out["echo_share"] == 0.05
+    want = np.zeros((4, 2), dtype=bool)
+    for layer, head in heads:
+        want[layer, head // 4] = True
+    assert np.array_equal(plan.full.numpy(), want)

@@ -20,9 +20,19 @@ from ..kvcache.duo import DEFAULTS as DUO_DEFAULTS
 from ..kvcache.duo import THRESHOLD, check_duo_params
 from ..kvcache.exports import check_duo_folder, read_duo_folder, write_duo_folder
 from ..kvcache.longctx import DEPTH, DEPTHS, ROWS, TASKS, TOKENS, check_lengths, check_task, measure, parse_numbers
-from ..kvcache.plan import KVPlan, KVPlanError, check_decoder, check_full_share, check_window
+from ..kvcache.plan import FULL_SHARE, KVPlan, KVPlanError, check_decoder, check_full_share, check_window
 from ..kvcache.restrict import restricted
-from ..kvcache.scores import REDUCE, RULES, check_rule, head_scores, plan_from_scores
+from ..kvcache.scores import (
+    RAZOR_ECHO_SHARE,
+    RAZOR_INDUCTION_SHARE,
+    REDUCE,
+    RULES,
+    check_rule,
+    head_scores,
+    plan_from_scores,
+    razor_share_plan,
+    razor_stripes,
+)
 from ..kvcache.stream import FORMAT, StreamSpec, run_stream, run_stream_seeds
 from ..limits import POSITIVE, POSITIVE_INT, Interval
 from ..model.device import DEVICES
@@ -82,6 +92,27 @@ def duo_options(args) -> dict:
         raise KVPlanError(f"--duo-length {given['length']!r} {POSITIVE_INT(given['length'])} (tokens per passkey "
                           "row of the gates' training).")
     return given
+
+
+def razor_shares(args) -> dict:
+    """``--echo-share`` / ``--induction-share`` (RazorAttention's own selection; the other takes the reference's
+    default) as ``scores.razor_share_plan`` keywords, checked before anything loads; {} when neither is given."""
+    given = {k: v for k, v in (("echo_share", args.echo_share), ("induction_share", args.induction_share))
+             if v is not None}
+    if not given:
+        return {}
+    if args.rule != "razor":
+        raise KVPlanError(f"--echo-share and --induction-share are RazorAttention's (--rule razor), not --rule "
+                          f"{args.rule}'s.")
+    if args.full_share is not None:
+        raise KVPlanError("--echo-share / --induction-share choose RazorAttention's heads by its own two shares; "
+                          "--full-share keeps a share of max(echo, induction) instead. Give one or the other.")
+    shares = {"echo_share": RAZOR_ECHO_SHARE, "induction_share": RAZOR_INDUCTION_SHARE, **given}
+    for name, value in shares.items():
+        problem = FULL_SHARE(value)
+        if problem:
+            raise KVPlanError(f"--{name.replace('_', '-')} {value!r} {problem} (a share of all query heads).")
+    return shares
 
 
 def model_grid(model: str) -> tuple[int, int, int]:
@@ -150,10 +181,12 @@ def cmd_kvplan(args) -> dict:
             check_full_share(args.full_share)
         return cmd_from_duo(args)
     args.rule = args.rule or DEFAULT_RULE
+    shares = razor_shares(args)
     if args.threshold is not None and args.rule != "duo":
         raise KVPlanError(f"--threshold deploys DuoAttention's learned gates (--rule duo or --from-duo); --rule "
                           f"{args.rule} keeps a --full-share.")
-    args.full_share = PLAN_SHARE if args.full_share is None and args.threshold is None else args.full_share
+    args.full_share = PLAN_SHARE if args.full_share is None and args.threshold is None and not shares \
+        else args.full_share
     check_window(args.sink, args.window)
     if args.full_share is not None:
         check_full_share(args.full_share)
@@ -180,6 +213,12 @@ def cmd_kvplan(args) -> dict:
     if learned:
         meta["duo_training"] = learned[0].to_json()
     share = args.full_share
+    if shares:   # RazorAttention's own selection: the union of its echo and induction shares
+        echo, induction = razor_stripes(loaded.model, loaded.tokenizer, args.window, args.probe_rows, args.seed,
+                                        load_mask(args, loaded))
+        plan = razor_share_plan(echo, induction, loaded.adapter.n_kv_heads, args.sink, args.window, meta=meta,
+                                **shares)
+        return write_plan_files(args, plan, {"rule": "razor", **shares, "seconds": time.perf_counter() - start})
     if args.threshold is not None:   # DuoAttention's deploy by threshold: the share of groups at or above it
         grouped = np.nan_to_num(learned[0].gates, nan=-np.inf)
         share = float((grouped >= args.threshold).mean())
@@ -204,7 +243,9 @@ def cmd_kv_trajectory(args) -> dict:
         raise KVPlanError("--tsv, --head-ids and --export-duo export one plan; a trajectory's run file records the "
                           "plan at every step (its order). Accepted: --trajectory without them, or one plan without "
                           "--trajectory.")
-    one_plan = [flag for flag, value in (("--from-duo", args.from_duo), ("--threshold", args.threshold))
+    one_plan = [flag for flag, value in (("--from-duo", args.from_duo), ("--threshold", args.threshold),
+                                         ("--echo-share", args.echo_share),
+                                         ("--induction-share", args.induction_share))
                 if value is not None] + [flag for flag, name, _ in DUO_OPTIONS if getattr(args, name) is not None]
     if one_plan:
         raise KVPlanError(f"{', '.join(one_plan)} apply to one plan, not to --trajectory (a trajectory's duo order "
@@ -413,6 +454,13 @@ def add_commands(sub) -> None:
     d.add_argument("--threshold", type=float,
                    help="deploy gates by threshold: groups whose gate is >= it keep the whole cache (reference "
                         "default 0.5), instead of --full-share")
+    p.add_argument("--echo-share", type=float,
+                   help="razor: RazorAttention's own selection, the share of all query heads kept for their echo "
+                        f"scores (reference default {RAZOR_ECHO_SHARE}); with --induction-share, instead of "
+                        "--full-share")
+    p.add_argument("--induction-share", type=float,
+                   help="razor: the share of all query heads kept for their induction scores (reference default "
+                        f"{RAZOR_INDUCTION_SHARE}); the plan keeps the union of both sets full")
     d.add_argument("--duo-steps", type=int, help=f"optimizer steps of the gates (default: {DUO_DEFAULTS['steps']})")
     d.add_argument("--duo-lr", type=float, help=f"the gates' learning rate (default: {DUO_DEFAULTS['lr']})")
     d.add_argument("--duo-reg", type=float, help=f"L1 weight on the gates (default: {DUO_DEFAULTS['reg_weight']})")

@@ -6,7 +6,9 @@ Rules (``RULES``; any registered pruning criterion's name works too):
             the query's own token) and induction heads (attend to the token after it). Measured as headprune's
             duplicate-token and induction stripes on repeated random-token probes [BOS] + r + r whose block r is
             longer than the window (``roles.probes``), so the copy a head reads lies outside its window.
-            Score = max(echo, induction) per query head.
+            Score = max(echo, induction) per query head. With separate shares (``razor_share_plan``, the
+            reference's own selection: the top 1 % of heads by echo and the top 14 % by induction by default,
+            mindspore_gs ``RAConfig``) the plan is the union of the two sets instead of a top share of the max.
 ``duo``     DuoAttention's identification as published (Xiao et al. 2024, arXiv 2410.10819, §3.2; ``duo``
             module): one gate per key/value group mixing full and streaming attention, learned by distillation
             (final hidden states' L2 error on passkey answer tokens + L1 on the gates) on synthetic passkeys in
@@ -39,9 +41,11 @@ from ..model.capture import stream_attention
 from ..roles.probes import make_probes
 from ..roles.stats import repeat_stripes
 from .duo import train_gates
-from .plan import KVPlan, KVPlanError, check_full_share, check_window, top_share
+from .plan import FULL_SHARE, KVPlan, KVPlanError, check_full_share, check_window, top_share
 
 RULES = ("razor", "duo", "far-mass", "random")
+# RazorAttention's reference defaults (mindspore_gs ``RAConfig``): 1 % echo heads, 14 % induction heads
+RAZOR_ECHO_SHARE, RAZOR_INDUCTION_SHARE = 0.01, 0.14
 # what each rule is: the published method, or a proxy of it (the dashboard's cards and the CLI say which)
 RULE_KINDS = {"razor": "published (RazorAttention, Tang et al. 2024, §3.2: echo and induction scores)",
               "duo": "published (DuoAttention, Xiao et al. 2024: gates learned by distillation)",
@@ -83,23 +87,56 @@ def far_mass_scores(model, calib: list[dict], sink: int, window: int, mask=None)
     return np.where(live.numpy(), scores, np.nan)
 
 
-def razor_scores(model, tokenizer, window: int, rows: int = 8, seed: int = 0, mask=None) -> np.ndarray:
-    """(L, H) max(echo, induction) on probes whose repeated block is longer than ``window`` (module doc)."""
+def razor_stripes(model, tokenizer, window: int, rows: int = 8, seed: int = 0, mask=None) -> tuple[np.ndarray,
+                                                                                                   np.ndarray]:
+    """((L, H) echo, (L, H) induction) on probes whose repeated block is longer than ``window`` (module doc); NaN
+    for cut or gated heads."""
     adapter = adapt(model)
     probes = make_probes(model, tokenizer, max(window + 1, 20), rows, seed, causal=True)
     if probes.n <= window:
         raise KVPlanError(f"RazorAttention's probes need a repeated block longer than the window ({window}); this "
                           f"model's context holds blocks of {probes.n} tokens. Use a smaller --window.")
-    scores = np.full(adapter.grid_shape, np.nan)
+    echo, induction = np.full(adapter.grid_shape, np.nan), np.full(adapter.grid_shape, np.nan)
 
     def on_layer(layer, probs):
-        echo, induction, count = repeat_stripes(probs, probes.start, probes.n)
-        scores[adapter.layer_to_block[layer]] = (torch.maximum(echo, induction) / count).cpu().numpy()
+        e, i, count = repeat_stripes(probs, probes.start, probes.n)
+        echo[adapter.layer_to_block[layer]] = (e / count).cpu().numpy()
+        induction[adapter.layer_to_block[layer]] = (i / count).cpu().numpy()
 
     _, alive = stream_attention(model, probes.batch, on_layer, mask)
     for layer, block in enumerate(adapter.layer_to_block):
-        scores[block][~alive[layer].numpy()] = np.nan
-    return scores
+        echo[block][~alive[layer].numpy()] = np.nan
+        induction[block][~alive[layer].numpy()] = np.nan
+    return echo, induction
+
+
+def razor_scores(model, tokenizer, window: int, rows: int = 8, seed: int = 0, mask=None) -> np.ndarray:
+    """(L, H) max(echo, induction) on probes whose repeated block is longer than ``window`` (module doc)."""
+    return np.fmax(*razor_stripes(model, tokenizer, window, rows, seed, mask))
+
+
+def razor_share_plan(echo: np.ndarray, induction: np.ndarray, n_kv_heads: int, sink: int, window: int,
+                     echo_share: float = RAZOR_ECHO_SHARE, induction_share: float = RAZOR_INDUCTION_SHARE,
+                     meta: dict | None = None) -> KVPlan:
+    """RazorAttention's selection with separate shares (reference: ``mindspore_gs`` ``RAConfig`` defaults
+    ``echo_head_ratio=0.01``, ``induction_head_ratio=0.14``; ``RazorAttention._select_top_heads`` then the union):
+    the ``echo_share`` of all query heads with the highest echo scores and the ``induction_share`` with the highest
+    induction scores are retrieval heads; a group keeps the whole cache when any of its query heads is one (GQA)."""
+    check_window(sink, window)
+    for name, share in (("echo share", echo_share), ("induction share", induction_share)):
+        problem = FULL_SHARE(share)
+        if problem:
+            raise KVPlanError(f"RazorAttention {name} {share!r} {problem} (a share of all query heads).")
+    heads = torch.zeros(echo.shape, dtype=torch.bool)
+    for scores, share in ((echo, echo_share), (induction, induction_share)):
+        heads |= top_share(torch.as_tensor(np.nan_to_num(scores, nan=-np.inf)), share)
+    full = heads.view(heads.shape[0], n_kv_heads, -1).any(-1)
+    grouped = group_scores(np.fmax(echo, induction), echo.shape[1] // n_kv_heads)
+    readable = [[float(v) if np.isfinite(v) else None for v in row] for row in grouped]
+    return KVPlan(full, echo.shape[1], sink, window, {**(meta or {}), "echo_share": echo_share,
+                                                      "induction_share": induction_share,
+                                                      "retrieval_query_heads": heads.nonzero().tolist(),
+                                                      "group_scores": readable})
 
 
 def live_heads(model, mask=None) -> np.ndarray:
