@@ -4,13 +4,14 @@
 # crosses. Steps: headprune writes a plan for demo-lm (6 blocks x 2 key/value groups, far-mass scores), then the
 # separate environment runs benchmarks/kvpress_check.py (HeadprunePlanPress on a random Llama of the plan's grid).
 # Usage: benchmarks/kvpress_check.sh [VENV_DIR]   (default: $TMPDIR/headprune-kvpress-venv; reused when present)
+# KVPRESS_MODEL / KVPRESS_DATA: another decoder and its rows for the plan (default: demo-lm, demo-lm)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 venv="${1:-${TMPDIR:-/tmp}/headprune-kvpress-venv}"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 start=$(date +%s)
-python -m headprune kvplan --model demo-lm --data demo-lm --rule far-mass --calib-size 16 --full-share 0.25 \
+python -m headprune kvplan --model "${KVPRESS_MODEL:-demo-lm}" --data "${KVPRESS_DATA:-demo-lm}" --rule far-mass --calib-size 16 --full-share 0.25 \
     --sink 4 --window 16 --out "$work/plan.json" > /dev/null
 if [ ! -x "$venv/bin/python" ]; then
     python3 -m venv "$venv"

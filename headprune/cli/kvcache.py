@@ -205,7 +205,8 @@ def cmd_kvplan(args) -> dict:
     learned = []
     scores = head_scores(args.rule, loaded.model, calib=calib, tokenizer=loaded.tokenizer, sink=args.sink,
                          window=args.window, seed=args.seed, mask=load_mask(args, loaded), probe_rows=args.probe_rows,
-                         duo_options={**options, "progress": tqdm_progress("DuoAttention gates")}, duo_out=learned)
+                         duo_options={**options, "progress": tqdm_progress("DuoAttention gates")} if args.rule == "duo"
+                         else None, duo_out=learned)
     meta = {"rule": args.rule, "full_share": args.full_share, "model": args.model, "data": summary(info),
             "mask": args.mask, "seed": args.seed, "query_scores": [[None if s != s else float(s) for s in row]
                                                                    for row in scores],
