@@ -244,3 +244,10 @@ def test_on_demo_circuit_learned_gates_keep_the_induction_heads_full_and_the_los
     assert induction.sum() >= 4 and plan.full.numpy()[induction].all(), (learned.gates.round(2), induction)
     assert not plan.full[2].any()                                     # the last layer streams
     assert np.mean(learned.losses[-5:]) < learned.losses[0]          # from reg x 1 at gates of 1, down
+
+
+def test_the_gated_attention_refuses_what_it_does_not_implement():
+    model = tiny_decoder("qwen2")          # its tiny config has sliding-window layers
+    assert "sliding_attention" in model.config.layer_types
+    with pytest.raises(KVPlanError, match="does not implement sliding_window"):
+        gated_copy(model, torch.ones(4, 2), 1, 3)(input_ids=random_decoder_batch(seq_len=16)["input_ids"])
