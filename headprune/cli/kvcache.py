@@ -15,6 +15,7 @@ from dataclasses import replace
 import numpy as np
 from transformers import AutoConfig
 
+from ..kvcache.budgets import BETA_DEFAULT, TEMPERATURE_DEFAULT, budget_plan, check_allocation
 from ..kvcache.cache import generate
 from ..kvcache.duo import DEFAULTS as DUO_DEFAULTS
 from ..kvcache.duo import THRESHOLD, check_duo_params
@@ -28,6 +29,7 @@ from ..kvcache.scores import (
     REDUCE,
     RULES,
     check_rule,
+    group_scores,
     head_scores,
     plan_from_scores,
     razor_share_plan,
@@ -162,7 +164,34 @@ def write_plan_files(args, plan: KVPlan, summary_: dict) -> dict:
             "tsv": args.tsv, "head_ids_file": args.head_ids, "export_duo": getattr(args, "export_duo", None)}
 
 
+def check_budget_args(args) -> None:
+    """``kvplan --budget``: its options checked, and the options it cannot apply refused, before anything loads."""
+    if args.budget is None:
+        given = [o for o, v in (("--beta", args.beta), ("--temperature", args.temperature)) if v is not None]
+        if given:
+            raise KVPlanError(f"{', '.join(given)} shape a budget plan's allocation: add --budget TOKENS, or leave "
+                              "them out.")
+        return
+    cannot = [o for o, v in (("--full-share", args.full_share), ("--trajectory", args.trajectory or None),
+                             ("--tsv", args.tsv), ("--export-duo", args.export_duo), ("--from-duo", args.from_duo),
+                             ("--threshold", args.threshold), ("--echo-share", args.echo_share),
+                             ("--induction-share", args.induction_share)) if v is not None]
+    if cannot:
+        raise KVPlanError(f"{', '.join(cannot)} cannot apply to a budget plan (--budget: every group streams at its "
+                          "own window; DuoAttention's TSV and a trajectory know one window). Leave them out, or "
+                          "leave --budget out for a full / streaming plan.")
+    args.beta = BETA_DEFAULT if args.beta is None else args.beta
+    args.temperature = TEMPERATURE_DEFAULT if args.temperature is None else args.temperature
+    config = peek_config(args.model) or {}
+    layers, kv = config.get("num_hidden_layers"), config.get("num_key_value_heads",
+                                                             config.get("num_attention_heads"))
+    # the group count is known before the weights load for named models and folders (a hub id: after loading)
+    check_allocation(args.budget, layers * kv if isinstance(layers, int) and isinstance(kv, int) else 1,
+                     args.sink, args.beta, args.temperature)
+
+
 def cmd_kvplan(args) -> dict:
+    check_budget_args(args)
     if args.trajectory:
         return cmd_kv_trajectory(args)
     given = [o for o, v in (("--step", args.step), ("--random-orders", args.random_orders),
@@ -213,6 +242,18 @@ def cmd_kvplan(args) -> dict:
             "versions": versions()}
     if learned:
         meta["duo_training"] = learned[0].to_json()
+    extra = {"rule": args.rule, "group_reduce": args.group}
+    if learned:
+        extra["duo_training"] = {k: v for k, v in learned[0].to_json().items() if k != "gates"}
+    if args.budget is not None:
+        grouped = group_scores(scores, loaded.adapter.n_heads // loaded.adapter.n_kv_heads, args.group)
+        readable = [[float(v) if np.isfinite(v) else None for v in row] for row in grouped]   # JSON has no NaN
+        del meta["full_share"]
+        plan = budget_plan(grouped, loaded.adapter.n_heads, args.budget, args.sink, args.beta, args.temperature,
+                           {**meta, "group_reduce": args.group, "group_scores": readable})
+        extra.update(budget=plan.budget, budgets=plan.to_json()["budgets"], beta=args.beta,
+                     temperature=args.temperature)
+        return write_plan_files(args, plan, {**extra, "seconds": time.perf_counter() - start})
     share = args.full_share
     if shares:   # RazorAttention's own selection: the union of its echo and induction shares
         echo, induction = razor_stripes(loaded.model, loaded.tokenizer, args.window, args.probe_rows, args.seed,
@@ -225,10 +266,7 @@ def cmd_kvplan(args) -> dict:
         share = float((grouped >= args.threshold).mean())
         meta["threshold"] = args.threshold
     plan = plan_from_scores(scores, loaded.adapter.n_kv_heads, share, args.sink, args.window, args.group, meta)
-    extra = {"rule": args.rule, "group_reduce": args.group, "seconds": time.perf_counter() - start}
-    if learned:
-        extra["duo_training"] = {k: v for k, v in learned[0].to_json().items() if k != "gates"}
-    return write_plan_files(args, plan, extra)
+    return write_plan_files(args, plan, {**extra, "seconds": time.perf_counter() - start})
 
 
 DEFAULT_RULE = "far-mass"
@@ -317,6 +355,8 @@ def cmd_generate(args) -> dict:
         result["kv_plan"] = {**mixed.to_dict(), "text": decode(mixed.tokens), "file": args.kv_plan,
                              "full_kv_heads": int(plan.full.sum()), "kv_heads": plan.full.numel(),
                              "sink": plan.sink, "window": plan.window,
+                             **({"budget": plan.budget, "budget_tokens": plan.budget_tokens()} if plan.is_budget
+                                else {}),
                              "measured_byte_ratio": mixed.kv_bytes / full.kv_bytes if full.kv_bytes else None,
                              "ideal_byte_ratio": ideal["ratio"],
                              "per_token_speedup": full.per_token_s / mixed.per_token_s if mixed.per_token_s
@@ -442,6 +482,14 @@ def add_commands(sub) -> None:
     g.add_argument("--tolerance", type=float,
                    help="report the streamed share reached before the metric falls below T x dense")
     add_metric_arg(g, "the trajectory's summaries read")
+    g = p.add_argument_group("per-group budgets (HeadKV's allocation; docs/explanation/kv-budgets.md)")
+    g.add_argument("--budget", type=int, help="instead of full / streaming groups: a budget plan, every key/value "
+                   "group keeping S + W_g tokens, W_g from the rule's scores; TOKENS is the total over all groups "
+                   "(HeadKV: a base per group plus a pool shared in proportion to the score)")
+    g.add_argument("--beta", type=float, help=f"HeadKV's pool parameter: the pool is floor(b / beta) of each group's "
+                   f"mean budget b (default: {BETA_DEFAULT}; larger = more even budgets)")
+    g.add_argument("--temperature", type=float, help="HeadKV's temperature on the normalised scores "
+                   f"(default: {TEMPERATURE_DEFAULT:g})")
     p.add_argument("--tsv", help="also write DuoAttention's full_attention_heads.tsv layout here")
     p.add_argument("--head-ids", help="also write a JSON of full / streaming head ids here")
     p.add_argument("--export-duo", metavar="DIR",

@@ -46,11 +46,15 @@ from .plan import FULL_SHARE, KVPlan, KVPlanError, check_full_share, check_windo
 RULES = ("razor", "duo", "far-mass", "random")
 # RazorAttention's reference defaults (mindspore_gs ``RAConfig``): 1 % echo heads, 14 % induction heads
 RAZOR_ECHO_SHARE, RAZOR_INDUCTION_SHARE = 0.01, 0.14
-# what each rule is: the published method, or a proxy of it (the dashboard's cards and the CLI say which)
-RULE_KINDS = {"razor": "published (RazorAttention, Tang et al. 2024, §3.2: echo and induction scores)",
-              "duo": "published (DuoAttention, Xiao et al. 2024: gates learned by distillation)",
-              "far-mass": "proxy (attention mass outside sink + window; kvpress's on-the-fly DuoAttention)",
+# what each rule is: the published method, or a proxy of it (the dashboard's cards say which); a criterion is a proxy
+RULE_KINDS = {"razor": "published (RazorAttention, Tang et al. 2024, §3.2: echo and induction scores; one share of "
+                       "max(echo, induction), or the reference's own two shares with --echo-share / "
+                       "--induction-share; no compensation token)",
+              "duo": "published (DuoAttention, Xiao et al. 2024: gates learned by distillation on passkeys)",
+              "far-mass": "proxy (attention mass outside sink + window: DuoAttention's question asked directly, "
+                          "kvpress's on-the-fly kind of approximation, not DuoAttention's learned gates)",
               "random": "baseline (seeded)"}
+CRITERION_KIND = "proxy (a head-pruning criterion's importance read as the group's need for far keys)"
 REDUCE = ("max", "mean")
 
 
@@ -83,6 +87,12 @@ def far_mass_scores(model, calib: list[dict], sink: int, window: int, mask=None)
         _, alive = stream_attention(model, model_inputs(batch), on_layer, mask)
         for layer, block in enumerate(adapter.layer_to_block):
             live[block] &= alive[layer]
+    if not bool(counts.any()):
+        # no query row has a key outside sink + window: every score would be 0 and the plan an arbitrary tie-break
+        longest = max((int(b["attention_mask"].sum(-1).max()) for b in calib), default=0)
+        raise KVPlanError(f"The attention mass outside sink + window needs rows longer than S + W = {sink + window} "
+                          f"tokens; the longest calibration row has {longest}. Use a smaller --sink / --window, or "
+                          "longer rows.")
     scores = (sums / counts.clamp(min=1)[:, None]).numpy()
     return np.where(live.numpy(), scores, np.nan)
 
