@@ -229,7 +229,7 @@ def test_on_demo_circuit_learned_gates_keep_the_induction_heads_full_and_the_los
     cache, so at a full share of two thirds the learned gates keep every one of them full and stream the last layer
     (no retrieval head there: README "The circuit demo"). Measured on this build: layers 0 and 1 end at gates >= 0.99,
     layer 2 at 0-0.83; the distillation does not separate the induction heads from the other heads of layers 0-1 (at
-    reg 0.05 they all stay at 1; docs/kv-duo.md)."""
+    reg 0.05 they all stay at 1; docs/explanation/kv-duo.md)."""
     from headprune.data import load_data, make_batches, split_calib_eval
     from headprune.model.loading import load_model
     from headprune.roles import RoleSpec, head_roles
