@@ -39,6 +39,7 @@ from ..kvcache.stream import FORMAT, StreamSpec, run_stream, run_stream_seeds
 from ..limits import POSITIVE, POSITIVE_INT, Interval
 from ..model.device import DEVICES
 from ..model.loading import declared_causal, load_model, peek_config
+from ..outdir import write_atomic
 from ..provenance import versions
 from ..trajectory import spread
 from ..workspace import DefaultSize
@@ -154,9 +155,9 @@ def cmd_from_duo(args) -> dict:
 def write_plan_files(args, plan: KVPlan, summary_: dict) -> dict:
     plan.write(args.out)
     if args.tsv:
-        checked_out_file(args.tsv).write_text(plan.to_duo_tsv())
+        write_atomic(checked_out_file(args.tsv), plan.to_duo_tsv(), "--tsv")
     if args.head_ids:
-        checked_out_file(args.head_ids).write_text(json.dumps(plan.head_ids(), indent=1))
+        write_atomic(checked_out_file(args.head_ids), json.dumps(plan.head_ids(), indent=1), "--head-ids")
     if getattr(args, "export_duo", None):
         write_duo_folder(plan, args.export_duo)
     return {"out": args.out, **summary_, "full_kv_heads": int(plan.full.sum()), "kv_heads": plan.full.numel(),
