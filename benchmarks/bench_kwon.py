@@ -7,7 +7,11 @@ and CF's choices). At each sparsity s of 0.25 / 0.5 / 0.75, retrain-free, for ``
     sap            SAP's own selection at s (its best k on the selection rows; ``protocol.cells.mask_at``)
     sap-cf         whatever ``sap-cf`` is on this branch, scored as a protocol cell scores it (sparsity s)
     kwon-search    Kwon et al.'s Fisher mask search alone at budget 1 - s (rearrange=false, tune=false)
-    kwon           search + rearrangement + mask tuning at budget 1 - s (the tuned, real-valued mask)
+    kwon           search + rearrangement + mask tuning at budget 1 - s (the tuned, real-valued mask), with the
+                   reference code's choices (kwon's defaults: per-32-example-batch Fisher, the partly pruned
+                   teacher, layer 0 not tuned, the bias column)
+    kwon-search-today, kwon-today   the same with the earlier defaults (per-example Fisher, the dense teacher, every
+                   layer tuned, no bias column): the two rows side by side on the same rows and repeats
     his            HIS's order, kept_at(s)
 
 accuracy on the evaluation rows (mean ± sd over repeats). Time: one HIS pass (a fresh scoring context: forward +
@@ -37,8 +41,10 @@ from headprune.protocol.cells import mask_at, scored_params  # noqa: E402
 from headprune.scoring import ScoringContext  # noqa: E402
 from headprune.workspace import Workspace  # noqa: E402
 
-METHODS = {"kwon-search": ("kwon", {"rearrange": False, "tune": False}), "kwon": ("kwon", {}), "his": ("his", {}),
-           "sap": ("sap", {}), "sap-cf": ("sap-cf", {})}
+TODAY = {"fisher_batch": 1, "teacher": "dense", "skip_first_layer": False, "bias_column": False}
+METHODS = {"kwon-search": ("kwon", {"rearrange": False, "tune": False}), "kwon": ("kwon", {}),
+           "kwon-search-today": ("kwon", {"rearrange": False, "tune": False, **TODAY}),
+           "kwon-today": ("kwon", TODAY), "his": ("his", {}), "sap": ("sap", {}), "sap-cf": ("sap-cf", {})}
 
 
 def context(ws: Workspace, batches: list[dict], texts: list, seed: int) -> ScoringContext:

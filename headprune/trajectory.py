@@ -28,6 +28,13 @@ Summaries (``Trajectory.summary``):
                      the dense metric scores the dense metric.
     tolerance_ratio  the largest ratio reached before m first falls below τ × m(0) (τ = the run's tolerance; m the
                      metric the stop reads, ``Trajectory.stop_values``: the selection rows' when recorded).
+    inflection_ratio Greedy-Gnorm's "inflection point" (greedy-gnorm.txt, §3, after Algorithm 1: "pruning can be
+                     stopped earlier when accuracy begins to drop sharply, which marks the empirical 'inflection
+                     point'"), on the same values as the tolerance: the ratio of the first point i after which the
+                     metric falls by more than ``drop`` × |m(0)| below m(i) within the next ``window`` of the grid
+                     (at least the next point); the last point when no such drop comes. The paper gives no
+                     numbers: drop = 0.05 and window = 0.10 (about 14 of BERT-base's 144 heads) are headprune's
+                     choice (``inflection_index``), parameters of every caller.
 
 Repeats (``run_repeats``): the same spec run on several calibration draws (``CalibrationDraw``: re-drawn rows,
 each with its content hash) with criterion seeds seed, seed+1, ...; ``repeat_summary`` gives, per step, the mean and
@@ -89,6 +96,34 @@ def tolerance_reach(ratios: np.ndarray, values: np.ndarray, tau: float, higher_i
 
 class TrajectoryError(HeadpruneError):
     pass
+
+
+# the inflection detector's defaults (module doc): the paper names the rule, not its numbers
+INFLECTION_DROP = 0.05
+INFLECTION_WINDOW = 0.10
+
+
+def inflection_index(ratios: np.ndarray, values: np.ndarray, higher_is_better: bool = True,
+                     drop: float = INFLECTION_DROP, window: float = INFLECTION_WINDOW) -> int:
+    """The module doc's inflection point: the index of the first point after which the metric drops by more than
+    ``drop`` × |values[0]| within ``window`` of the grid (at least the next point); the last index when none."""
+    r, v = np.asarray(ratios, dtype=float), np.asarray(values, dtype=float)
+    sign = 1.0 if higher_is_better else -1.0
+    margin = drop * abs(v[0])
+    for i in range(len(v) - 1):
+        ahead = max(int(np.searchsorted(r, r[i] + window + 1e-12, side="right")), i + 2)
+        if np.any(sign * (v[i] - v[i + 1:ahead]) > margin):
+            return i
+    return len(v) - 1
+
+
+def check_inflection(drop, window) -> None:
+    """The detector's two parameters: a share of the dense metric and a share of the grid, each in (0, 1]."""
+    for name, value in (("drop", drop), ("window", window)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+            raise TrajectoryError(f"Inflection {name} {value!r} is not a share in (0, 1]: drop is the fall (a share "
+                                  "of the dense metric) and window the stretch of the grid it happens within, e.g. "
+                                  f"drop = {INFLECTION_DROP}, window = {INFLECTION_WINDOW}.")
 
 
 @dataclass
@@ -175,6 +210,10 @@ class Trajectory:
             return None
         return tolerance_reach(self.ratios(), self.stop_values(), tau, self.higher_is_better)
 
+    def inflection_point(self, drop: float = INFLECTION_DROP, window: float = INFLECTION_WINDOW) -> int:
+        """Index of the inflection point (module doc) on ``stop_values`` (the selection rows when recorded)."""
+        return inflection_index(self.ratios(), self.stop_values(), self.higher_is_better, drop, window)
+
     @property
     def higher_is_better(self) -> bool:
         return HIGHER_IS_BETTER.get(self.metric, True)
@@ -188,7 +227,9 @@ class Trajectory:
         return np.array([r["ratio"] for r in rows], dtype=float), np.array([r["value"] for r in rows], dtype=float)
 
     def summary(self) -> dict:
-        return {"auc": self.auc(), "tolerance_ratio": self.tolerance_ratio(), "final_ratio": float(self.ratios()[-1]),
+        return {"auc": self.auc(), "tolerance_ratio": self.tolerance_ratio(),
+                "inflection_ratio": float(self.ratios()[self.inflection_point()]),
+                "final_ratio": float(self.ratios()[-1]),
                 "final_metric": float(self.values()[-1]), "n_steps": len(self.steps)}
 
     def to_json(self) -> dict:

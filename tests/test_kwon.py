@@ -56,17 +56,7 @@ def batches():
 def test_fisher_equals_per_row_autograd_of_an_explicit_mask(model, batches):
     """I = (1/n) Σ_rows g gᵀ per layer, g = ∂L_row/∂m by autograd on one row at a time through gate_heads with a
     ones mask that requires grad; the diagonal is Σ g² / n."""
-    adapter = adapt(model)
-    grads = []
-    for batch in batches:
-        for r in range(len(batch["input_ids"])):
-            m = torch.ones(adapter.grid_shape, requires_grad=True)
-            with gate_heads(model, m):
-                logits = model(input_ids=batch["input_ids"][r:r + 1],
-                               attention_mask=batch["attention_mask"][r:r + 1]).logits
-            loss = F.cross_entropy(logits, batch["labels"][r:r + 1])
-            grads.append(torch.autograd.grad(loss, m)[0].double())
-    g = torch.stack(grads)                                             # (rows, L, H)
+    g = _row_grads(model, batches)                                     # (rows, L, H)
     expected = torch.einsum("nlh,nlk->lhk", g, g).numpy() / len(g)
     got = fisher_information(ScoringContext(model, batches))
     assert np.abs(expected).max() > 1e-6
@@ -271,3 +261,92 @@ def test_the_mask_grid_shows_scaled_heads_as_such():
     hovers, texts = " ".join(values("hovertext") + values("customdata") + values("hovertemplate")), values("text")
     assert "scaled ×1.5" in hovers and "scaled ×-0.25" in hovers and hovers.count("scaled ×") == 2
     assert "×1.50" in texts and "×-0.25" in texts
+
+
+# -- the reference code's choices (fisher_batch, teacher, skip_first_layer, bias_column) against today's ---------
+
+def _row_grads(model, batches) -> torch.Tensor:
+    """(rows, L, H): each row's ∂L/∂m by autograd through an explicit ones mask, rows in calibration order."""
+    adapter = adapt(model)
+    grads = []
+    for batch in batches:
+        for r in range(len(batch["input_ids"])):
+            m = torch.ones(adapter.grid_shape, requires_grad=True)
+            with gate_heads(model, m):
+                logits = model(input_ids=batch["input_ids"][r:r + 1],
+                               attention_mask=batch["attention_mask"][r:r + 1]).logits
+            grads.append(torch.autograd.grad(F.cross_entropy(logits, batch["labels"][r:r + 1]), m)[0].double())
+    return torch.stack(grads)
+
+
+@pytest.mark.parametrize("size", [1, 3, 5, 32])
+def test_per_batch_fisher_squares_each_mini_batchs_mean_gradient(model, batches, size):
+    """The reference's Fisher (fisher.py: per batch, the gradient of the batch's mean loss, squared and summed) by
+    hand: rows in calibration order cut into batches of ``size`` (across the calibration batches' seams; the last
+    one shorter), each batch's mean gradient ḡ, Σ ḡ ḡᵀ per layer / rows. size 1 is eq. 6 per example."""
+    g = _row_grads(model, batches)
+    expected = sum(torch.einsum("lh,lk->lhk", g[i:i + size].mean(0), g[i:i + size].mean(0))
+                   for i in range(0, len(g), size)) / len(g)
+    got = fisher_information(ScoringContext(model, batches), batch=size)
+    np.testing.assert_allclose(got, expected.numpy(), rtol=1e-4, atol=1e-12)
+    if size > 1:   # cancelling gradients: per-batch and per-example Fishers differ (they may choose other heads)
+        assert not np.allclose(got, fisher_information(ScoringContext(model, batches)), rtol=1e-3)
+
+
+def test_the_bias_column_solves_the_least_squares_numpy_solves_with_a_constant():
+    """With the bias column the scales are the first k of numpy's solution of [A, 1] x ≈ B (1 at every entry)."""
+    rng = np.random.default_rng(1)
+    a = rng.normal(size=(40, 3, 5))
+    b = rng.normal(size=(40, 5)) + 0.7                               # an offset only the constant can take
+    aug = np.concatenate([a, np.ones((40, 1, 5))], 1)
+    fit = LayerFit([0, 1, 2], torch.from_numpy(np.einsum("nkd,njd->kj", aug, aug)),
+                   torch.from_numpy(np.einsum("nkd,nd->k", aug, b)), float((b ** 2).sum()), bias=True)
+    flat = aug.transpose(0, 2, 1).reshape(-1, 4)
+    expected = np.linalg.lstsq(flat, b.reshape(-1), rcond=None)[0]
+    np.testing.assert_allclose(fit.solve(0.0).numpy(), expected[:3], rtol=1e-8)
+    assert abs(expected[3]) > 0.3                                      # the constant was used, then dropped
+    # the error is the heads' columns alone: ‖A s − B‖² without the constant
+    s = expected[:3]
+    heads_only = a.transpose(0, 2, 1).reshape(-1, 3)
+    assert fit.error(fit.solve(0.0)) == pytest.approx(float(((heads_only @ s - b.reshape(-1)) ** 2).sum()))
+
+
+TODAY = {"fisher_batch": 1, "teacher": "dense", "skip_first_layer": False, "bias_column": False}
+
+
+def test_kwon_runs_the_references_choices_by_default_and_todays_on_request(model, batches):
+    """Both settings on the tiny model, each step against an independent computation: the search on the Fisher by
+    hand (per-batch of 32 for the reference, per row today), the teacher the search at budget^(1/2), layer 0 left at
+    scale 1 by the reference, and each run's scales those tune_masks gives for that teacher and those options."""
+    budget = 0.6
+    g = _row_grads(model, batches)
+    n = len(g)
+    fishers = {"reference": sum(torch.einsum("lh,lk->lhk", g[i:i + 32].mean(0), g[i:i + 32].mean(0))
+                                for i in range(0, n, 32)) / n,
+               "today": torch.einsum("nlh,nlk->lhk", g, g) / n}
+    live = np.ones(adapt(model).grid_shape, bool)
+    for name, params in (("reference", {}), ("today", TODAY)):
+        scores = get("kwon")(ScoringContext(model, batches), {"budget": budget, "damp": 0.0, **params})
+        diag = diagonal(fishers[name].numpy())
+        searched = HeadMask.from_json(scores.meta["searched_mask"], scores.shape).keep_bool().numpy()
+        np.testing.assert_array_equal(searched, search(diag, live, kept_count(budget, live.size)))
+        kept = HeadMask(torch.from_numpy(HeadMask.from_json(scores.meta["kwon_mask"], scores.shape)
+                                         .keep_bool().numpy()).float())
+        teacher = HeadMask(torch.from_numpy(search(diag, live, kept_count(budget ** 0.5, live.size))).float()) \
+            if name == "reference" else None
+        expected = tune_masks(model, batches, kept, teacher, damp=0.0, skip_first=name == "reference",
+                              bias=name == "reference")
+        got = HeadMask.from_json(scores.meta["kwon_mask"], scores.shape)
+        np.testing.assert_allclose(got.gates.numpy(), kept.with_scales(expected.scales).gates.numpy(), rtol=1e-5)
+        if name == "reference":   # layer 0 is never tuned (today it is, towards the dense model)
+            assert bool(torch.all(expected.scales[0][kept.keep_bool()[0]] == 1.0))
+        else:
+            assert expected.scales[1:].ne(1).any()
+
+
+@pytest.mark.parametrize("params, found", [({"fisher_batch": 0}, "fisher_batch"), ({"fisher_batch": 2.5}, "int"),
+                                           ({"teacher": "half"}, "partial, dense"),
+                                           ({"bias_column": "maybe"}, "bool")])
+def test_bad_reference_choices_are_errors_naming_them(params, found):
+    with pytest.raises(CriterionError, match=found):
+        get("kwon").resolve_params(params)

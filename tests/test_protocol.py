@@ -182,6 +182,7 @@ def test_models_tables_override_the_protocols_roles_key_by_key_and_name_their_li
     ("sap_fig6", 6, 1 + 3 * 1 * 2, ["textattack/bert-base-uncased-MNLI"]),   # pruned + recovered per sparsity
     ("sap_fig7", 2, 1 + 10 * 3, ["textattack/bert-base-uncased-MNLI", "textattack/bert-base-uncased-STS-B"]),
     ("hies_llama_zeroshot", 3, 1 + 2 * 6, ["meta-llama/Llama-2-7b-hf"]),     # HellaSwag, ARC-e, ARC-c
+    ("hies_table2", 4, 1 + 2 * 5, ["textattack/bert-base-uncased-CoLA"]),     # HIS, HIES at 10-50 %
 ])
 def test_the_papers_protocols_parse_and_plan_without_the_network(name, n_models, cells_per_model, ids, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -211,6 +212,21 @@ def test_hies_table_1_asks_for_glue_dev_and_the_papers_ratios():
     mnli = next(m for m in protocol.models if m.name == "MNLI")
     assert mnli.data["eval"].source.endswith(":validation_matched") and mnli.data["calib"].source.endswith(":train")
     assert {m.name for m in protocol.models} == {"SST-2", "CoLA", "MRPC", "QQP", "STS-B", "QNLI", "MNLI", "RTE"}
+
+
+def test_hies_table_2_carries_the_papers_values_at_its_five_ratios():
+    """Table 2's values as the protocol cites them reproduce the paper's own "Average" column (hies.txt, Table 2:
+    the mean of SST-2, CoLA, MRPC and QQP, to the paper's 0.01 rounding), at each of the five ratios."""
+    protocol = Protocol.read(PROTOCOLS / "hies_table2.toml")
+    assert protocol.sparsities == (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)
+    assert [c.label for c in protocol.criteria] == ["his", "hies"]
+    average = {"his": [95.85, 93.44, 90.64, 83.48, 72.93], "hies": [95.41, 94.24, 91.44, 89.80, 86.16]}
+    papers = {p.model: p for p in protocol.paper}
+    assert set(papers) == {"SST-2", "CoLA", "MRPC", "QQP"} and {p.metric for p in papers.values()} == {"agreement"}
+    for criterion, means in average.items():
+        for ratio, mean in zip((0.1, 0.2, 0.3, 0.4, 0.5), means):
+            values = [papers[m].values[criterion][ratio] for m in papers]
+            assert sum(values) / 4 == pytest.approx(mean, abs=0.006), (criterion, ratio)
 
 
 def test_plan_on_the_command_line_prints_every_cell(capsys):
@@ -656,3 +672,11 @@ def test_the_recovery_demo_protocol_runs_from_the_command_line(tmp_path, capsys,
         if cell["kind"] == "recovered":
             assert cell["recovery"]["train"]["size"] == 256 and cell["recovery"]["train"]["source"] == "demo:train"
             assert cell["roles"]["eval"]["size"] == 200
+
+
+def test_sap_cf_target_tables_say_their_pool_is_headprunes_construction():
+    from headprune.protocol.run import pool_note
+
+    note = pool_note(Protocol.read(PROTOCOLS / "sap_fig5.toml"))
+    assert "s + (1 − s)/2" in note and "headprune's construction" in note and "cnt ≥ S·R" in note
+    assert pool_note(Protocol.read(PROTOCOLS / "hies_table1.toml")) == ""

@@ -24,6 +24,7 @@ from ..kvcache.stream import FORMAT, StreamSpec, run_stream, run_stream_seeds
 from ..limits import POSITIVE, POSITIVE_INT, Interval
 from ..model.device import DEVICES
 from ..model.loading import declared_causal, load_model, peek_config
+from ..outdir import write_atomic
 from ..provenance import versions
 from ..trajectory import spread
 from ..workspace import DefaultSize
@@ -124,9 +125,9 @@ def cmd_kvplan(args) -> dict:
                                 args.group, meta)
     plan.write(args.out)
     if args.tsv:
-        checked_out_file(args.tsv).write_text(plan.to_duo_tsv())
+        write_atomic(checked_out_file(args.tsv), plan.to_duo_tsv(), "--tsv")
     if args.head_ids:
-        checked_out_file(args.head_ids).write_text(json.dumps(plan.head_ids(), indent=1))
+        write_atomic(checked_out_file(args.head_ids), json.dumps(plan.head_ids(), indent=1), "--head-ids")
     budgets = {"budget": plan.budget, "budgets": plan.to_json()["budgets"], "beta": args.beta,
                "temperature": args.temperature} if plan.is_budget else {}
     return {"out": args.out, "rule": args.rule, "group_reduce": args.group, "full_kv_heads": int(plan.full.sum()),

@@ -60,6 +60,10 @@ def check_flags(args) -> None:
     if args.workers is not None and args.executor != "pool":
         raise RunError(f"--workers goes with --executor pool (it was --executor {args.executor}). For slurm, "
                        "--shards N sets the array's size.")
+    if args.threads is not None and args.executor != "pool":   # refused, never ignored
+        raise RunError(f"--threads sets each pool worker's torch threads; it goes with --executor pool (it was "
+                       f"--executor {args.executor}). Accepted: --executor pool --threads N, or set "
+                       "OMP_NUM_THREADS for a local run.")
     slurm = [a for a in ("slurm_partition", "gpus_per_task", "cpus_per_task", "mem", "time",
                          "slurm_array_parallelism", "shards", "slurm_arg", "wait") if getattr(args, a)]
     if slurm and args.executor != "slurm":
@@ -88,6 +92,9 @@ def _terminate(signum, frame):
 
 
 def cmd_run(args) -> dict:
+    if args.status and args.merge:   # one folder per call: the other would be dropped without a word
+        raise RunError(f"--status {args.status} and --merge {args.merge} both given; each reads one results "
+                       "folder. Accepted: --status DIR or --merge DIR, one per call.")
     if args.status or args.merge:
         folder = args.status or args.merge
         protocol = folder_protocol(folder, Protocol.read(args.protocol) if args.protocol else None)

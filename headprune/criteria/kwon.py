@@ -31,12 +31,26 @@ This is our own implementation for attention heads only (headprune prunes no fee
      as the reference (``rescale.py``, ``lsmr_cupy_solver``) we solve for δ = s − 1 on the normal equations with
      damping, min_δ ‖AᵀA δ − (AᵀB − AᵀA 1)‖² + damp² ‖δ‖², the problem LSMR solves (here in closed form, float64),
      and stop tuning (that layer and every later one keeps s = 1) when a scale leaves [−max_scale, max_scale] or
-     the solve fails (the reference's ``break`` at |s| > 10). Departures: the reference skips the heads of layer 0
-     and adds a free constant column it then drops; the paper's objective has neither, nor do we. The residual is
+     the solve fails (the reference's ``break`` at |s| > 10). The residual is
      the layer's input, as in every supported family's attention sublayer (Gemma 3's post-attention norm makes the
      match approximate there). ALBERT (one block tied across its depth) cannot be tuned layer by layer: ``tune``
      is refused there. The tuned scales go into the mask (``HeadMask.scales``): gating multiplies a kept head by
      its scale and every export bakes it into the head's O columns.
+
+The reference's choices (its ``main.py``, ``prune/fisher.py``, ``prune/rescale.py``), each a parameter, each ON by
+default (``kwon`` follows the reference code; turn one off for the paper's text):
+    fisher_batch = 32    the Fisher squares the gradient of each 32-example mini-batch's mean loss (``collect_mask_
+                         grads`` + ``compute_fisher_info``: Σ_B ḡ_B ḡ_Bᵀ), batches in calibration order; 1 is eq. 6
+                         per example. It changes which heads are kept: per-batch gradients cancel across examples.
+    teacher = "partial"  tuning matches the model pruned by the search at budget^(1/2) (the first step of the
+                         reference's two-step schedule, ``get_pruning_schedule(target, 2)[0]``), not the dense one:
+                         "dense" matches the model as given (the paper's §4.3 wording).
+    skip_first_layer     layer 0's kept heads keep scale 1 (``rescale_mask``: ``layer_idx != 0``).
+    bias_column          each layer's least squares gets a constant column of ones (one number added to every token
+                         and output dimension of the heads' sum), solved from 1 with the scales and dropped.
+    Not applicable to heads-only pruning, so not offered: the reference also rescales the FFN neurons of every layer
+    towards the teacher (headprune's masks have no neuron scales), and it samples 2,048 training rows (with
+    replacement, ``np.random.choice``): the rows are the caller's calibration set (a protocol's ``data.calib.size``).
 
 ScoreMap: with ``rearrange`` off, the diagonal Fisher itself (so ``kept_at(1 − budget)`` is the search's mask and
 other ratios are the search at other budgets); with it on, the pruning order the final mask implies (pruned heads
@@ -67,15 +81,19 @@ from ..scoring.protocol import GRADIENT_PASS
 from .onepass import grid_json, live_heads, shared_pass
 
 BUDGET = Interval(0, 1, closed="right")
+FISHER_BATCH = Interval(1, 4096, integer=True, why="examples per Fisher mini-batch; the reference's is 32")
 FISHER_KEY = ("fisher", "loss")
 
 
 # -- §4.1 Fisher information and mask search ----------------------------------------------------------------------
 
-def fisher_information(ctx: ScoringContext) -> np.ndarray:
-    """(L, H, H): the block-diagonal empirical Fisher of the head masks on ``ctx.calib`` (mean over examples of
-    g gᵀ per layer, g the per-example gradient of the task loss wrt the masks at ``ctx.mask``; module doc, §4.1)."""
-    return shared_pass(ctx, {FISHER_KEY})[FISHER_KEY]
+def fisher_information(ctx: ScoringContext, batch: int = 1) -> np.ndarray:
+    """(L, H, H): the block-diagonal empirical Fisher of the head masks on ``ctx.calib``: with ``batch`` = 1 the mean
+    over examples of g gᵀ per layer, g the per-example gradient of the task loss wrt the masks at ``ctx.mask``; with
+    ``batch`` = G the same over mini-batches of G examples in calibration order, g the gradient of each one's mean
+    loss (the reference's, G = 32; module doc, §4.1)."""
+    key = FISHER_KEY if batch == 1 else (*FISHER_KEY, batch)
+    return shared_pass(ctx, {key})[key]
 
 
 def diagonal(fisher: np.ndarray) -> np.ndarray:
@@ -142,21 +160,24 @@ class LayerFit:
     """Layer l's least squares: AᵀA (k, k), AᵀB (k,), BᵀB over the calibration tokens, for its k kept heads."""
 
     heads: list[int]
-    ata: torch.Tensor
+    ata: torch.Tensor                # (k + bias, k + bias): a last row / column for the bias column when fitted
     atb: torch.Tensor
     btb: float = 0.0
+    bias: bool = False               # the reference's free constant column (one number added to every entry of A s)
 
     def error(self, scales: torch.Tensor) -> float:
-        """‖A s − B‖² for the kept heads' ``scales`` (k,)."""
-        s = scales.double()
-        return float(s @ self.ata @ s - 2 * s @ self.atb + self.btb)
+        """‖A s − B‖² for the kept heads' ``scales`` (k,), the heads' columns only (the constant is dropped)."""
+        s, k = scales.double(), len(self.heads)
+        return float(s @ self.ata[:k, :k] @ s - 2 * s @ self.atb[:k] + self.btb)
 
     def solve(self, damp: float) -> torch.Tensor:
-        """s = 1 + δ, δ = argmin ‖AᵀA δ − (AᵀB − AᵀA 1)‖² + damp² ‖δ‖² (the damped problem LSMR solves; module doc)."""
-        ones = torch.ones(len(self.heads), dtype=torch.float64)
+        """s = 1 + δ, δ = argmin ‖AᵀA δ − (AᵀB − AᵀA 1)‖² + damp² ‖δ‖² (the damped problem LSMR solves; module doc);
+        with the bias column the constant is solved with the scales (from 1, as the reference) and dropped."""
+        n = len(self.atb)
+        ones = torch.ones(n, dtype=torch.float64)
         rhs = self.atb - self.ata @ ones
-        normal = self.ata.T @ self.ata + damp ** 2 * torch.eye(len(self.heads), dtype=torch.float64)
-        return ones + torch.linalg.solve(normal, self.ata.T @ rhs)
+        normal = self.ata.T @ self.ata + damp ** 2 * torch.eye(n, dtype=torch.float64)
+        return (ones + torch.linalg.solve(normal, self.ata.T @ rhs))[:len(self.heads)]
 
 
 @dataclass
@@ -213,7 +234,7 @@ def _recorders(layer_module, output, seen: dict, what: str) -> list:
 
 
 def layer_fit(model, adapter, layer: int, batches: Sequence[dict], teacher_in: list, student_in: list,
-              teacher_mask, student_mask, device) -> tuple[LayerFit, list]:
+              teacher_mask, student_mask, device, bias_column: bool = False) -> tuple[LayerFit, list]:
     """Layer ``layer``'s normal equations (module doc, §4.3) over ``batches``, and the dense model's inputs of the
     next layer. ``teacher_in`` / ``student_in``: per batch, the layer's input in the dense / pruned model (None
     for layer 0). Returns (fit, the dense model's input of the next layer per batch)."""
@@ -223,7 +244,9 @@ def layer_fit(model, adapter, layer: int, batches: Sequence[dict], teacher_in: l
     d = block.head_size
     weight = _output_columns(block.output).double()          # (D, H_live·d_h)
     k = len(heads)
-    fit = LayerFit(heads, torch.zeros(k, k, dtype=torch.float64), torch.zeros(k, dtype=torch.float64))
+    n = k + int(bias_column)
+    fit = LayerFit(heads, torch.zeros(n, n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64),
+                   bias=bias_column)
     next_teacher = []
     for b, batch in enumerate(batches):
         inputs = {key: v.to(device) for key, v in model_inputs(batch).items()}
@@ -240,6 +263,8 @@ def layer_fit(model, adapter, layer: int, batches: Sequence[dict], teacher_in: l
         if k:
             per_head = torch.stack([context[:, p * d:(p + 1) * d] @ weight[:, p * d:(p + 1) * d].T
                                     for p in positions], 1)                  # A: (n tokens, k, D)
+            if bias_column:   # the constant column: 1 at every token and output dimension
+                per_head = torch.cat([per_head, torch.ones_like(per_head[:, :1])], 1)
             fit.ata += torch.einsum("nkd,njd->kj", per_head, per_head)
             fit.atb += torch.einsum("nkd,nd->k", per_head, rhs)
         fit.btb += float(rhs.square().sum())
@@ -247,10 +272,13 @@ def layer_fit(model, adapter, layer: int, batches: Sequence[dict], teacher_in: l
 
 
 def tune_masks(model, batches: Sequence[dict], mask: HeadMask, teacher: HeadMask | None = None, damp: float = 1.0,
-               max_scale: float = 10.0, device=None, progress=None) -> Tuning:
+               max_scale: float = 10.0, device=None, progress=None, skip_first: bool = False,
+               bias: bool = False) -> Tuning:
     """Mask tuning (module doc, §4.3): real-valued scales of ``mask``'s kept heads, layer by layer, so that the
     pruned model's attention sublayers match those of the model gated by ``teacher`` (None: dense) on ``batches``.
-    ``model`` is hooked and gated while this runs: pass a private copy. Raises CriterionError for ALBERT."""
+    ``skip_first``: layer 0 keeps its scales at 1 (the reference's); ``bias``: a free constant column in each
+    layer's least squares, solved and dropped (the reference's). ``model`` is hooked and gated while this runs:
+    pass a private copy. Raises CriterionError for ALBERT."""
     adapter = adapt(model)
     if adapter.layer_modules is None or adapter.tied:
         raise CriterionError("Kwon et al.'s mask tuning fits each layer in turn, but ALBERT shares one block across "
@@ -264,11 +292,11 @@ def tune_masks(model, batches: Sequence[dict], mask: HeadMask, teacher: HeadMask
     for layer in range(adapter.n_layers):
         current = mask.with_scales(scales)
         fit, next_teacher = layer_fit(model, adapter, layer, batches, teacher_in, student_in, teacher, current,
-                                         device)
+                                      device, bias)
         norm = max(fit.btb, 1e-300)
         if fit.heads:
             before = fit.error(torch.ones(len(fit.heads)))
-            solved = fit.solve(damp) if result.stopped_at is None else None
+            solved = fit.solve(damp) if result.stopped_at is None and not (skip_first and layer == 0) else None
             ok = solved is not None and bool(torch.isfinite(solved).all()) and float(solved.abs().max()) <= max_scale
             if solved is not None and not ok:
                 result.stopped_at = layer
@@ -304,11 +332,23 @@ class KwonResult:
     seconds: dict[str, float]
 
 
+def teacher_mask(diag: np.ndarray, live: np.ndarray, budget: float, given: HeadMask | None,
+                 kind: str) -> HeadMask | None:
+    """The model the tuning matches: "dense" the model as given (``given``; None: every head), "partial" the
+    reference's -- the search (Algorithm 1, no rearrangement) at the first step of its two-step pruning schedule,
+    budget^(1/2) (``utils/schedule.py``: get_pruning_schedule(target, num_iter=2)[0]), within ``given``."""
+    if kind == "dense":
+        return given
+    keep = search(diag, live, kept_count(budget ** 0.5, live.size))
+    return HeadMask(torch.from_numpy(keep).float())
+
+
 def run_kwon(ctx: ScoringContext, budget: float, rearrange_masks: bool = True, tune: bool = True,
-             damp: float = 1.0, max_scale: float = 10.0) -> KwonResult:
+             damp: float = 1.0, max_scale: float = 10.0, fisher_batch: int = 1, teacher: str = "dense",
+             skip_first: bool = False, bias: bool = False) -> KwonResult:
     """Fisher (§4.1), search (Algorithm 1), rearrangement (Algorithm 2), tuning (§4.3) on ``ctx`` (module doc)."""
     t0 = time.perf_counter()
-    fisher = fisher_information(ctx)
+    fisher = fisher_information(ctx, fisher_batch)
     t1 = time.perf_counter()
     live = live_heads(ctx.model, ctx.mask)
     searched = search(diagonal(fisher), live, kept_count(budget, live.size))
@@ -318,8 +358,9 @@ def run_kwon(ctx: ScoringContext, budget: float, rearrange_masks: bool = True, t
     mask = HeadMask(torch.from_numpy(kept).float())
     tuning = None
     if tune:
-        tuning = tune_masks(ctx.model, ctx.calib, mask, ctx.mask, damp, max_scale, ctx.device,
-                            progress=lambda f, m: ctx.report(0.5 + 0.5 * f, m))
+        target = teacher_mask(diagonal(fisher), live, budget, ctx.mask, teacher)
+        tuning = tune_masks(ctx.model, ctx.calib, mask, target, damp, max_scale, ctx.device,
+                            progress=lambda f, m: ctx.report(0.5 + 0.5 * f, m), skip_first=skip_first, bias=bias)
         mask = mask.with_scales(tuning.scales)
     t4 = time.perf_counter()
     return KwonResult(fisher, searched, kept, mask, tuning,
@@ -356,6 +397,15 @@ class Kwon(Criterion):
         "tune": Param(True, "mask tuning: least-squares scales of the kept heads, layer by layer (§4.3)", bool),
         "damp": Param(1.0, "damping of the tuning's least squares (the reference's LSMR damp)", float, NON_NEGATIVE),
         "max_scale": Param(10.0, "tuning stops at the first layer with a scale beyond ±max_scale", float, POSITIVE),
+        # the reference code's choices (module doc, "The reference's choices"), each on by default; off is the paper
+        "fisher_batch": Param(32, "examples per mini-batch whose mean-loss gradient is squared for the Fisher (the "
+                                  "reference's 32; 1 = per example, eq. 6)", int, FISHER_BATCH),
+        "teacher": Param("partial", "the model tuning matches: partial = the search at budget^(1/2), the first step "
+                                    "of the reference's pruning schedule; dense = the model as given", str,
+                         choices=("partial", "dense")),
+        "skip_first_layer": Param(True, "tuning leaves layer 0's heads at scale 1 (the reference's)", bool),
+        "bias_column": Param(True, "a free constant column in each layer's least squares, solved and dropped (the "
+                                   "reference's)", bool),
     }
 
     def work(self, ctx: ScoringContext, params: dict) -> float:
@@ -364,7 +414,8 @@ class Kwon(Criterion):
         return GRADIENT_PASS + (3.0 if params.get("tune", True) else 0.0)
 
     def score(self, ctx: ScoringContext, **p) -> ScoreMap:
-        result = run_kwon(ctx, p["budget"], p["rearrange"], p["tune"], p["damp"], p["max_scale"])
+        result = run_kwon(ctx, p["budget"], p["rearrange"], p["tune"], p["damp"], p["max_scale"], p["fisher_batch"],
+                          p["teacher"], p["skip_first_layer"], p["bias_column"])
         live = live_heads(ctx.model, ctx.mask)
         diag = diagonal(result.fisher)
         scores = np.where(live, diag, np.nan) if not p["rearrange"] else \

@@ -36,6 +36,9 @@ Quantities are named by tuples, cached in ``ScoringContext.cache["onepass"]`` an
     ("his", objective)         mean over sentences of |∂o/∂m_h|
     ("taylor", objective)      mean over sentences of |Σ A ⊙ ∂o/∂A|
     ("gnorm", objective, reduction)   (3, L, H): G_Q, G_K, G_V (Greedy-Gnorm eqs. 13-16)
+    ("fisher", objective, G)   the same over mini-batches of G examples in calibration order (the last one
+                               shorter): Σ_B ḡ_B ḡ_Bᵀ / n, ḡ_B the gradient of the batch's MEAN loss (the mean of its
+                               examples' g), as Kwon et al.'s reference squares each 32-example batch's gradient
     ("fisher", objective)      (L, H, H): mean over sentences of g gᵀ within each block, g = ∂o/∂m of the block's
                                heads (signed, the same per-example mask gradient as HIS): the block-diagonal
                                empirical Fisher information of the head masks (Kwon et al. 2022, eq. 6; its
@@ -210,7 +213,8 @@ def run_pass(model, batches: list[dict], keys, mask=None, device=None, progress=
     want = {kind: any(k[0] == kind for k in keys) for kind in ("entropy", "deficit", *GRADIENT_KINDS)}
     shapes = {"gnorm": (3, n_blocks, n_heads), "fisher": (n_blocks, n_heads, n_heads)}
     totals = {k: torch.zeros(shapes.get(k[0], (n_blocks, n_heads)), dtype=torch.float64) for k in keys}
-    n_examples = 0
+    chunks = {k: [] for k in keys if k[0] == "fisher" and len(k) > 2}   # per-batch Fisher: examples' g not yet
+    n_examples = 0                                                       # squared (their batch is not full)
     for i, batch in enumerate(batches):
         inputs = {k: v.to(device) for k, v in model_inputs(batch).items()}
         labels = batch["labels"].to(device) if "labels" in batch else None
@@ -235,11 +239,38 @@ def run_pass(model, batches: list[dict], keys, mask=None, device=None, progress=
                                         retain_graph=j < len(objectives) - 1, allow_unused=True)
             grad_of = {id(t): (torch.zeros_like(t) if g is None else g) for t, g in zip(tensors, grads)}
             for key in mine:
-                totals[key] += _gradient_stat(key, rec, grad_of, adapter, valid)
+                if key in chunks:
+                    chunks[key].extend(mask_gradients(rec, grad_of, adapter, valid))
+                    totals[key] += batch_fisher(chunks[key], key[2], final=False)
+                else:
+                    totals[key] += _gradient_stat(key, rec, grad_of, adapter, valid)
         n_examples += len(valid)
         if progress is not None:
             progress((i + 1) / len(batches), f"scoring batch {i + 1}/{len(batches)}")
+    for key, pending in chunks.items():   # the last, shorter batch
+        totals[key] += batch_fisher(pending, key[2], final=True)
     return {k: (v / max(n_examples, 1)).numpy() for k, v in totals.items()}
+
+
+def mask_gradients(rec, grad_of, adapter, valid) -> list[torch.Tensor]:
+    """Per example of this batch, its signed mask gradient g (L, H) (0 for absent heads)."""
+    g = torch.zeros((len(valid), *adapter.grid_shape), dtype=torch.float64)
+    for block_index, values in _his_terms(rec, grad_of, adapter, valid).items():
+        g[:, block_index] = _scatter(values.detach().double().cpu(), adapter.blocks[block_index].kept,
+                                     adapter.n_heads)
+    return list(g)
+
+
+def batch_fisher(pending: list, size: int, final: bool) -> torch.Tensor:
+    """(L, H, H): Σ over the full batches of ``size`` examples at the head of ``pending`` (all that remain when
+    ``final``) of ḡ ḡᵀ per block, ḡ the batch's mean gradient; the examples used are taken off ``pending``."""
+    out = None
+    while pending and (len(pending) >= size or final):
+        batch, pending[:] = pending[:size], pending[size:]
+        mean = torch.stack(batch).mean(0)                                # (L, H)
+        term = torch.einsum("lh,lk->lhk", mean, mean)
+        out = term if out is None else out + term
+    return 0 if out is None else out
 
 
 def _differentiated(rec: dict, keys: list[tuple]) -> list[torch.Tensor]:

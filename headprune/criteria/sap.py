@@ -486,6 +486,11 @@ class SAPCandidateFiltering(_SapBase):
         problem = check_pool(resolved["sparsity"], resolved["pool"])
         if problem:
             raise CriterionError(f"Parameter pool={resolved['pool']!r}: {problem}.")
+        if given and "tolerance" in given and resolved["sparsity"] > 0:   # refused, never ignored
+            raise CriterionError(f"Parameter tolerance={given['tolerance']!r} applies to sparsity 0 only (the "
+                                 "paper's mode: prune while the metric stays >= tolerance x dense); with sparsity="
+                                 f"{resolved['sparsity']!r} CF prunes that share of the heads and no tolerance acts. "
+                                 "Give one of the two.")
         return resolved
 
     def candidates(self, ctx: ScoringContext, p: dict) -> tuple[SapResult, DependencyStats, ArcData,
@@ -519,7 +524,9 @@ class SAPCandidateFiltering(_SapBase):
         resolved = self.prepare(ctx, params)
         out = {}
         for level in levels:
-            p = {**resolved, "sparsity": self.params["sparsity"].parse("sparsity", level)}
+            # the resolved default tolerance is no user's choice: left out, as a given one at a level is refused
+            p = {**{k: v for k, v in resolved.items() if k != "tolerance"},
+                 "sparsity": self.params["sparsity"].parse("sparsity", level)}
             result, _, _, _, cf = self.filtered(ctx, self.resolve_params(p))
             out[float(level)] = SapResult(result.k, result.counters, result.total, cf.selected, result.ratio,
                                           cf.mask, cf.dropped_layers, cf.trace[-1] if cf.trace else cf.dense,

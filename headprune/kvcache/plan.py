@@ -39,6 +39,7 @@ import torch
 
 from ..errors import HeadpruneError
 from ..limits import NON_NEGATIVE_INT, POSITIVE_INT, UNIT
+from ..outdir import write_atomic
 
 FORMAT = "headprune-kv-plan"
 SINK = NON_NEGATIVE_INT       # attention sinks: 0, 1, 2, ... first keys
@@ -247,10 +248,9 @@ class KVPlan:
         return cls(full, obj["n_heads"], sink, 1, meta, windows=windows, budget=obj.get("budget"))
 
     def write(self, path: str | Path) -> None:
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=1))
-        tmp.replace(path)   # atomic: never a half-written plan beside the masks
+        # whole or not at all, through the one module that owns outputs: its temporary name is its own, so a
+        # user's "plan.json.tmp" (a file or a folder) is never replaced
+        write_atomic(Path(path), json.dumps(self.to_json(), indent=1))
 
     @classmethod
     def read(cls, path: str | Path) -> KVPlan:

@@ -49,7 +49,7 @@ from ..trajectory import Trajectory, run_trajectory
 from . import cells as adapter
 from .cells import Progress
 from .plan import DENSE, KV, RECOVERED, TOLERANCE, TRAIN_PASS, Cell, kv_work, lm_eval_runs, recovery_rows, slug
-from .spec import CriterionEntry, ModelEntry, Protocol
+from .spec import CriterionEntry, ModelEntry, Protocol, TrajectoryPart
 
 
 class RunError(HeadpruneError):
@@ -99,15 +99,27 @@ def fingerprint(protocol: Protocol, entry: ModelEntry, cell: Cell) -> str:
 BYTES_PER_PARAMETER = 4   # the papers' sizes are fp32 checkpoints: Greedy-Gnorm Table 2, 102,269,955 -> 390.13 MB
 
 
-def saved_step(traj: Trajectory, mask_tolerance: float | None) -> tuple[int, str]:
-    """(step, rule) of the mask a trajectory cell saves: without ``mask_tolerance`` the stopping point
-    (``stop_index``); with it the last step before the metric first falls below τ x dense, read on the selection
-    rows when the run recorded them (``Trajectory.stop_values``), else on the evaluation rows."""
-    if mask_tolerance is None:
-        return traj.stop_index(), "stop"
+def saved_step(traj: Trajectory, part: TrajectoryPart) -> tuple[int, str, dict]:
+    """(step, rule, points) of the mask a trajectory cell saves: without a mask rule the stopping point
+    (``stop_index``); with ``mask_rule = "tolerance"`` the last step before the metric first falls below τ x dense,
+    with ``"inflection"`` Greedy-Gnorm's inflection point (``Trajectory.inflection_point``), both read on the
+    selection rows when the run recorded them (``Trajectory.stop_values``), else on the evaluation rows. ``points``:
+    every rule's point (step, ratio, value on those rows), the saved one and the other, so both are reported."""
+    if part.mask_rule is None:
+        return traj.stop_index(), "stop", {}
     rows = "selection" if traj.select_dense and all("select_metrics" in s for s in traj.steps) else "evaluation"
-    index = traj.point_at_ratio(traj.tolerance_ratio(mask_tolerance))
-    return index, f"last step within {mask_tolerance:g} x dense {traj.metric} on the {rows} rows"
+    values, ratios = traj.stop_values(), traj.ratios()
+    steps = {"inflection": traj.inflection_point(**part.inflection_params())}
+    if part.mask_tolerance is not None:
+        steps["tolerance"] = traj.point_at_ratio(traj.tolerance_ratio(part.mask_tolerance))
+    points = {k: {"step": i, "ratio": float(ratios[i]), "value": float(values[i])} for k, i in steps.items()}
+    if part.mask_rule == "inflection":
+        p = part.inflection_params()
+        rule = (f"inflection point: the last step before a drop of over {p['drop']:g} x dense {traj.metric} within "
+                f"{p['window']:g} of the grid, on the {rows} rows")
+    else:
+        rule = f"last step within {part.mask_tolerance:g} x dense {traj.metric} on the {rows} rows"
+    return steps[part.mask_rule], rule, points
 
 
 def size_at(traj: Trajectory, index: int) -> dict:
@@ -255,9 +267,10 @@ class CellComputer:
         # Algorithm 1's M: the heads left at the stopping point (after a tolerance stop, the last step within it,
         # read on the selection rows when there are some), as `trajectory --save-mask stop` writes it; with
         # mask_tolerance the run goes on to the end and the rule picks the step afterwards (saved_step)
-        index, rule = saved_step(traj, self.protocol.trajectory.mask_tolerance)
+        index, rule, points = saved_step(traj, self.protocol.trajectory)
         return {"trajectory": traj.to_json(), "saved_mask": {"step": index, "ratio": float(traj.ratios()[index]),
-                                                             "rule": rule, "size": size_at(traj, index)}}, \
+                                                             "rule": rule, "size": size_at(traj, index),
+                                                             **({"points": points} if points else {})}}, \
             traj.mask_at(index), []
 
     def estimate(self, pending: list[Cell]) -> TimeEstimate:

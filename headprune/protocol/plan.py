@@ -23,7 +23,6 @@ context when shorter).
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -39,7 +38,7 @@ from ..model.loading import NAMED_MODELS, auto_class, model_source_kind
 from ..model.memory import plan_for
 from ..scoring import ScoringContext
 from .cells import check_roles, harness_tasks, scored_params
-from .spec import ModelEntry, Protocol
+from .spec import ModelEntry, Protocol, slug
 
 DENSE = "dense"
 RECOVERED = "recovered"
@@ -48,11 +47,6 @@ KV = "kv"          # a cache plan's cell ([kv]): a rule at a share of key/value 
 TRAIN_PASS = 3   # a training step's row-pass: forward + backward, about three forwards
 TEACHER_PASS = 1   # distillation adds the frozen teacher's forward to every training row
 TIMED_PARAMETERS = 600_000_000   # larger local models are not instantiated to time a pass (memory)
-
-
-def slug(text: str) -> str:
-    """``text`` as part of a file name: runs of other characters than letters, digits and ``._=-`` become "-"."""
-    return re.sub(r"[^A-Za-z0-9._=-]+", "-", text).strip("-") or "-"
 
 
 @dataclass(frozen=True)

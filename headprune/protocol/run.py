@@ -409,7 +409,7 @@ def size_rows(protocol: Protocol, records: dict[str, dict]) -> list[dict]:
     """Per (model, criterion, order): the saved mask's step ratio, metric and size (``size_at``), mean over repeats:
     Greedy-Gnorm's Table 1 (accuracy and MB before / after pruning). Trajectory protocols with a mask_tolerance
     only (every trajectory cell's record carries its saved mask's size in run.json)."""
-    if protocol.trajectory is None or protocol.trajectory.mask_tolerance is None:
+    if protocol.trajectory is None or protocol.trajectory.mask_rule is None:
         return []
     groups: dict[tuple, list[dict]] = {}
     for cell in expand(protocol):
@@ -426,7 +426,10 @@ def size_rows(protocol: Protocol, records: dict[str, dict]) -> list[dict]:
                     "ratio": float(np.mean([r["saved_mask"]["ratio"] for r in recs])),
                     "before": float(np.mean([t.values()[0] for t in trajs])),
                     "after": float(np.mean([t.values()[i] for t, i in zip(trajs, steps)])),
-                    **{k: float(np.mean([s[k] for s in sizes])) for k in sizes[0]}})
+                    **{k: float(np.mean([s[k] for s in sizes])) for k in sizes[0]},
+                    # every rule's point (the saved one and the other), mean ratio over repeats
+                    "points": {k: float(np.mean([r["saved_mask"]["points"][k]["ratio"] for r in recs]))
+                               for k in recs[0]["saved_mask"].get("points", {})}})
     return out
 
 
@@ -435,11 +438,14 @@ def sections_markdown(averages: list[dict], papers: list[dict], sizes: list[dict
     sections (empty: none)."""
     text = ""
     if sizes:
+        rules = list(sizes[0].get("points", {}))   # both points' ratios beside the saved one's
         text += (f"\n## The saved masks ({sizes[0]['rule']}): {sizes[0]['metric']} and size (MB, fp32) before / "
-                 "after\n\n| model | criterion | order | repeats | pruned ratio | before | after | params before | "
-                 "params after | MB before | MB after | size reduction |\n|" + "---|" * 12 + "\n")
+                 "after\n\n| model | criterion | order | repeats | pruned ratio | "
+                 + "".join(f"{k} point ratio | " for k in rules) + "before | after | params before | "
+                 "params after | MB before | MB after | size reduction |\n|" + "---|" * (12 + len(rules)) + "\n")
         for r in sizes:
             text += (f"| {r['model']} | {r['criterion']} | {r['order']} | {r['repeats']} | {r['ratio']:.4f} | "
+                     + "".join(f"{r['points'][k]:.4f} | " for k in rules) +
                      f"{r['before']:.4f} | {r['after']:.4f} | {r['params_before']:,.0f} | {r['params_after']:,.0f} | "
                      f"{r['mb_before']:.2f} | {r['mb_after']:.2f} | {r['reduction_pct']:.2f}% |\n")
     if averages:
@@ -539,6 +545,19 @@ def run_protocol(protocol: Protocol, out: str | Path, *, memory_budget=None, pro
     return merge(protocol, out, computed=runner.computed, memory_budget=runner.budget, plots=plots)
 
 
+def pool_note(protocol: Protocol) -> str:
+    """Said under the table when sap-cf runs at target sparsities with the automatic pool: that pool is headprune's
+    construction, not the paper's (criteria/sap.py, §3.4)."""
+    auto = [c.label for c in protocol.criteria if c.name == "sap-cf" and not c.params.get("pool")
+            and c.params.get("sparsity", None) != 0 and any(s > 0 for s in protocol.sparsities)]
+    if not auto:
+        return ""
+    return (f"\n> **{', '.join(auto)} at a target sparsity s:** CF's candidate pool is SAP's ranking at "
+            "s + (1 − s)/2 of the heads -- headprune's construction. The paper's CF (§3.4) filters SAP's own "
+            "candidates (cnt ≥ S·R) under a tolerance and gives no target mode; `params = { sparsity = 0, "
+            "tolerance = τ }` runs the paper's, `pool = P` sets another pool.\n")
+
+
 def records_of(protocol: Protocol, out: Path) -> dict[str, dict | None]:
     """Every cell's record in ``out`` by key (None: not finished for this protocol's settings)."""
     entries = {m.name: m for m in protocol.models}
@@ -564,7 +583,8 @@ def merge(protocol: Protocol, out: str | Path, *, computed: list[str] = (), memo
     write_atomic(out / "results.csv", table_csv(rows, columns))
     averages, papers = average_rows(protocol, records, rows), paper_rows(protocol, rows)
     sizes = size_rows(protocol, records)
-    write_atomic(out / "results.md", table_markdown(rows, columns) + sections_markdown(averages, papers, sizes))
+    write_atomic(out / "results.md", table_markdown(rows, columns) + sections_markdown(averages, papers, sizes)
+                 + pool_note(protocol))
     plotted, notes = write_plots(protocol, records, rows, out) if plots else ([], ["plots not asked for"])
     first = {m.name: next(r for r in records.values() if r["model"] == m.name) for m in protocol.models}
     models = [{**m.to_json(), **first[m.name]["loaded"], "roles": first[m.name]["roles"]} for m in protocol.models]

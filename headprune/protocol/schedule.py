@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -108,16 +109,23 @@ def deal(protocol: Protocol, n: int) -> list[list[Unit]]:
     return [[all_units[i] for i in sorted(members)] for members in shards]   # run order within a shard
 
 
+MAX_SHARDS = 100_000
+
+
 def parse_shard(text: str) -> tuple[int, int]:
     """``"I/N"`` as (I, N), 0 <= I < N (a SLURM array's task ids run from 0)."""
     accepted = "Accepted: I/N with whole numbers 0 <= I < N, e.g. --shard 0/4 ... --shard 3/4 (a SLURM array " \
                "passes --shard $SLURM_ARRAY_TASK_ID/N)."
     parts = str(text).split("/")
-    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-        raise RunError(f"--shard {text!r} is not I/N. {accepted}")
+    # ASCII digits only: str.isdigit() admits "²" or "٣", which int() then refuses or reads as another number
+    if len(parts) != 2 or not all(re.fullmatch(r"[0-9]{1,9}", p.strip()) for p in parts):
+        raise RunError(f"--shard {str(text)[:40]!r} is not I/N. {accepted}")
     i, n = int(parts[0]), int(parts[1])
     if n < 1 or not 0 <= i < n:
         raise RunError(f"--shard {text}: shard {i} of {n} does not exist. {accepted}")
+    if n > MAX_SHARDS:   # the deal lists every shard: a bound, as a SLURM array has one (MaxArraySize)
+        raise RunError(f"--shard {text}: {n} shards is more than {MAX_SHARDS:,} (a SLURM array's task ids are "
+                       f"bounded too). {accepted}")
     return i, n
 
 

@@ -23,7 +23,7 @@ Where the stand-ins come from, per model and per data source (each recorded in t
              each data set's features is read once per process (``forget_hub_reads`` clears that memo)
     sizes    calibration and selection 8 rows, evaluation and training 16 ("all" included); at most 2 repeats,
              2 random orders and 2 sparsities besides 0 (the smallest and largest: the code paths of more, without
-             repeating the same work)
+             repeating the same work) and those a [[paper]] table cites (its paper | ours | delta table in full)
     lm-eval  each lm-eval task is replaced by a local multiple-choice task "smoke_<task>" on stand-in rows
              (the metric columns are renamed accordingly; lm-eval's own data sets need the network)
 
@@ -445,6 +445,7 @@ def check_labels(protocol: Protocol, online: bool) -> LabelCheck:
         language_model = config is not None and is_lm_config(config.to_dict())
         if config is None:
             found.unchecked.append(f"{entry.name}: labels of {entry.model} ({why})")
+        check_expected_config(entry, config, why, found)
         for name, role in entry.data.items():
             where = f"{entry.name}, data.{name} ({role.source})"
             if not role.source.startswith("hf:"):
@@ -486,6 +487,29 @@ def check_labels(protocol: Protocol, online: bool) -> LabelCheck:
             if len(found.problems) == before:
                 found.checked.append(f"{where}: {made} ({features.origin})")
     return found
+
+
+def check_expected_config(entry: ModelEntry, config, why: str, found: LabelCheck) -> None:
+    """``entry.expect_config`` (the shape a paper's size table implies) against the model's config: each key a
+    problem when it differs, all of them checked (with the config's vocabulary and classes named) when they agree,
+    unchecked with the reason when the config is out of reach (offline, a hub id not in the local cache)."""
+    if not entry.expect_config:
+        return
+    wanted = ", ".join(f"{k} = {v}" for k, v in entry.expect_config.items())
+    if config is None:
+        found.unchecked.append(f"{entry.name}: {entry.model}'s config against the paper's shape ({wanted}): {why}")
+        return
+    served = config.to_dict()
+    served.setdefault("num_labels", config.num_labels)
+    wrong = [f"{k} is {served.get(k, 'absent')!r}, the paper's shape needs {v!r}"
+             for k, v in entry.expect_config.items() if served.get(k) != v]
+    if wrong:
+        found.problems.append(str(entry.fail("expect_config", f"{entry.name}: {entry.model}: " + "; ".join(wrong)
+                                             + ".")))
+        return
+    found.checked.append(f"{entry.name}: {entry.model} has the paper's shape ({wanted}; vocabulary "
+                         f"{served.get('vocab_size')}, {config.num_labels} classes: "
+                         f"{', '.join(str(v) for v in config.id2label.values())})")
 
 
 def require_labels(protocol: Protocol, online: bool, found: LabelCheck | None = None) -> LabelCheck:
@@ -582,11 +606,15 @@ def build_smoke(protocol: Protocol, folder: Path, online: bool = False) -> Smoke
     # repeats, random orders and sparsities exercise their code paths at two; more of them repeat the same work
     repeats = min(protocol.repeats, SMOKE_REPEATS)
     positive = [r for r in protocol.sparsities if r > 0]
-    sparsities = protocol.sparsities if len(positive) <= 2 else \
-        tuple(r for r in protocol.sparsities if r == 0) + (positive[0], positive[-1])
+    # a ratio a [[paper]] table cites is kept too: the smoke run prints the paper | ours | delta table in full
+    cited = {r for entry in protocol.paper for c, cells in entry.values.items() if c != "dense" for r in cells}
+    sparsities = protocol.sparsities if len(positive) <= 2 else tuple(
+        r for r in protocol.sparsities if r == 0 or r in (positive[0], positive[-1])
+        or any(abs(r - c) < 1e-9 for c in cited))
     if sparsities != protocol.sparsities:
         build.notes.append(f"sparsities {', '.join(f'{r:g}' for r in protocol.sparsities)} -> "
-                           f"{', '.join(f'{r:g}' for r in sparsities)} (the smallest and largest)")
+                           f"{', '.join(f'{r:g}' for r in sparsities)} (the smallest, the largest and those a "
+                           "[[paper]] table cites)")
     trajectory = protocol.trajectory
     if trajectory is not None and trajectory.random_boxes > SMOKE_REPEATS:
         trajectory = dataclasses.replace(trajectory, random_boxes=SMOKE_REPEATS)

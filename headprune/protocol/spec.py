@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -56,7 +57,7 @@ from ..model.device import DEVICES
 from ..model.loading import declared_causal
 from ..model.memory import MemoryBudgetError, parse_budget
 from ..recovery.spec import RecoverySpec
-from ..trajectory import TrajectoryError, TrajectorySpec
+from ..trajectory import INFLECTION_DROP, INFLECTION_WINDOW, TrajectoryError, TrajectorySpec, check_inflection
 
 ROLES = ("calib", "select", "eval", "train")   # train: recovery's rows ([recovery])
 # metric names a protocol may ask for: every field of Metrics that is a metric (new metrics join by themselves)
@@ -300,8 +301,30 @@ class TrajectoryPart(Located):
     random_boxes: int = 0                # independent random orders (boxplots per ratio), 0 = none
     report_at: tuple = ()                # ratios the table reports the metric at (the step at or below each)
     mask_tolerance: float | None = None  # the saved mask: the last step within τ x dense on the selection rows
+    # which point the saved mask is: "tolerance" (the last step within mask_tolerance) or "inflection" (Greedy-Gnorm's
+    # inflection point, trajectory.inflection_index, with `inflection = { drop, window }`); both points are reported
+    mask_rule: str | None = None
+    inflection: Mapping | None = None
 
     def __post_init__(self):
+        if self.mask_rule is None and self.mask_tolerance is not None:
+            object.__setattr__(self, "mask_rule", "tolerance")
+        if self.mask_rule not in (None, "tolerance", "inflection"):
+            raise self.fail("mask_rule", f"expected \"tolerance\" or \"inflection\", got {self.mask_rule!r}.")
+        if self.mask_rule == "tolerance" and self.mask_tolerance is None:
+            raise self.fail("mask_rule", "\"tolerance\" saves the last step within mask_tolerance: give "
+                                         "mask_tolerance = τ too (e.g. 0.9).")
+        if self.inflection is not None:
+            if self.mask_rule is None:
+                raise self.fail("inflection", "the inflection point is reported with a saved mask: give mask_rule "
+                                              "= \"inflection\" (or mask_tolerance = τ, to report both points).")
+            if not isinstance(self.inflection, Mapping) or set(self.inflection) - {"drop", "window"}:
+                raise self.fail("inflection", f"expected {{ drop = SHARE, window = SHARE }}, got {self.inflection!r}.")
+            try:
+                check_inflection(self.inflection.get("drop", INFLECTION_DROP),
+                                 self.inflection.get("window", INFLECTION_WINDOW))
+            except TrajectoryError as exc:
+                raise self.fail("inflection", str(exc)) from None
         inverse = self.inverse if isinstance(self.inverse, (list, tuple)) else (self.inverse,)
         if not inverse or any(not isinstance(v, bool) for v in inverse):
             raise self.fail("inverse", f"expected true, false or a list of them (orders to run), got "
@@ -323,12 +346,19 @@ class TrajectoryPart(Located):
         """The TrajectorySpec of one cell: ``criterion`` (a Criterion) with ``params``, one order, one seed."""
         return TrajectorySpec(criterion=criterion, params=dict(params), inverse=inverse, step=self.step,
                               budget=self.budget, count=self.count, tolerance=self.tolerance, metric=metric,
-                              seed=seed, track_select=self.mask_tolerance is not None)
+                              seed=seed, track_select=self.mask_rule is not None)
+
+    def inflection_params(self) -> dict:
+        """The inflection detector's drop and window (the defaults where the table gives none)."""
+        given = dict(self.inflection or {})
+        return {"drop": given.get("drop", INFLECTION_DROP), "window": given.get("window", INFLECTION_WINDOW)}
 
     def to_json(self) -> dict:
         return {k: getattr(self, k) for k in ("step", "budget", "count", "tolerance", "random_boxes")} | \
             {"inverse": list(self.inverse), "report_at": list(self.report_at)} | \
-            ({"mask_tolerance": self.mask_tolerance} if self.mask_tolerance is not None else {})
+            ({"mask_tolerance": self.mask_tolerance} if self.mask_tolerance is not None else {}) | \
+            ({"mask_rule": self.mask_rule} if self.mask_rule == "inflection" else {}) | \
+            ({"inflection": dict(self.inflection)} if self.inflection else {})
 
 
 PROBE_ROWS = Interval(1, 10_000, integer=True, why="razor's repeated-token probes, one forward pass over them")
@@ -407,6 +437,11 @@ def _headline(part: Located, value) -> str | None:
     return None if value is None else _metric(part, "headline", value)
 
 
+def slug(text: str) -> str:
+    """``text`` as part of a file name: runs of other characters than letters, digits and ``._=-`` become "-"."""
+    return re.sub(r"[^A-Za-z0-9._=-]+", "-", text).strip("-") or "-"
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelEntry(Located):
     """A model spec with its data roles (the protocol's, overridden key by key) and metrics."""
@@ -419,10 +454,17 @@ class ModelEntry(Located):
     label_map: Mapping | None = None                # data label -> model id or label name (data.align_labels)
     labels_by_position: bool = False                # match unnamed labels by position
     allow_untrained_head: bool = False              # go on with a task head initialised on load
+    # config.json key -> the value a paper's size table implies (e.g. vocab_size = 21128, num_labels = 3):
+    # `run --plan` checks them against the model's config where it is on this machine or the hub answers
+    expect_config: Mapping | None = None
 
     def __post_init__(self):
         if not isinstance(self.model, str) or not self.model:
             raise self.fail("model", f"expected a model spec ('demo', a folder, a hub id), got {self.model!r}.")
+        if self.expect_config is not None and (not isinstance(self.expect_config, Mapping) or any(
+                isinstance(v, bool) or not isinstance(v, (int, str)) for v in self.expect_config.values())):
+            raise self.fail("expect_config", "expected a table of config.json key = integer or text (e.g. "
+                                             f"{{ vocab_size = 21128, num_labels = 3 }}), got {self.expect_config!r}.")
         object.__setattr__(self, "metrics", _metrics(self, "metrics", self.metrics))
         object.__setattr__(self, "headline", _headline(self, self.headline))
         for role in ("calib", "eval"):
@@ -455,7 +497,8 @@ class ModelEntry(Located):
     def to_json(self) -> dict:
         return {"name": self.name, "model": self.model, "data": {k: r.to_json() for k, r in self.data.items()},
                 "metrics": list(self.metrics), "headline": self.headline,
-                **{k: getattr(self, k) for k in GUARDS if getattr(self, k)}}
+                **{k: getattr(self, k) for k in GUARDS if getattr(self, k)},
+                **({"expect_config": dict(self.expect_config)} if self.expect_config else {})}
 
 
 GUARDS = ("label_map", "labels_by_position", "allow_untrained_head")   # the data-roles guards a protocol sets
@@ -520,8 +563,8 @@ class PaperValues(Located):
                     at = float(ratio)
                 except ValueError:
                     raise here.fail(ratio, "expected a sparsity as the key (e.g. \"0.5\").") from None
-                if isinstance(value, bool) or not isinstance(value, (int, float)):
-                    raise here.fail(ratio, f"expected a number, got {value!r}.")
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                    raise here.fail(ratio, f"expected a finite number (the paper's value), got {value!r}.")
                 values[label][at] = float(value)
         object.__setattr__(self, "values", values)
 
@@ -585,6 +628,16 @@ class Protocol(Located):
         if len(set(labels)) < len(labels):
             raise self.fail("criteria", f"two criteria share a label ({', '.join(labels)}); give each a distinct "
                                         "label.")
+        # names and labels become file names (``slug``; case-insensitive on some file systems): two that map to
+        # one file would make two cells write it, and the table report one's numbers under the other's name
+        for key, given in (("models", names), ("criteria", labels)):
+            seen: dict[str, str] = {}
+            for text in given:
+                other = seen.setdefault(slug(text).casefold(), text)
+                if other != text:
+                    raise self.fail(key, f"{other!r} and {text!r} name the same result files ({slug(text)!r}: "
+                                         "letters, digits and ._=- are kept, other runs become '-', case is "
+                                         "ignored); give them names that differ there.")
         if self.kv is not None:
             self._check_kv()
         elif (self.trajectory is None) == (not self.sparsities):
