@@ -5,6 +5,7 @@ import streamlit as st
 
 from dashboard.compute import arcs_for, profile_for, stored_profile
 from dashboard.ui import clickable_grid, guard, page, progress_bar, role_marks
+from dashboard.urlstate import publish
 from headprune import viz
 
 ws, sd = page("Attention", "Pick a sentence and a head. Arcs go from a word to its grammatical head; "
@@ -55,6 +56,8 @@ if "att-layer" not in st.session_state:  # entering the page: the head selected 
 # A head click (grid or pickers) reruns only this part: the sentence is not parsed or run again.
 @st.fragment
 def head_view() -> None:
+    if sd.head is not None and not ws.tied:    # the one selected head, wherever it was chosen, is the one shown
+        st.session_state["att-layer"], st.session_state["att-head"] = sd.head
     c1, c2 = st.columns(2)
     layer = c1.selectbox("Layer", list(range(n_layers)), key="att-layer")
     head = c2.selectbox("Head", list(range(n_heads)), key="att-head")
@@ -119,6 +122,7 @@ def head_view() -> None:
             st.plotly_chart(viz.profile_figure(profile, layer, head), width="stretch", key="att-profile-fig")
         else:
             st.info("No dependency arcs in the calibration texts.")
+    publish()        # the address bar follows the head chosen here
 
 
 head_view()

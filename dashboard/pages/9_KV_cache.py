@@ -7,6 +7,7 @@ import streamlit as st
 
 from dashboard.compute import kv_group_scores, kv_metrics
 from dashboard.ui import clickable_grid, guard, page, progress_bar
+from dashboard.urlstate import publish
 from headprune import viz
 from headprune.kvcache import KVPlan
 from headprune.kvcache.plan import top_share
@@ -76,3 +77,4 @@ export_json.download_button("Export plan (JSON)", json.dumps(plan.to_json(), ind
                             mime="application/json", key="kv-export")
 export_tsv.download_button("Export DuoAttention TSV", plan.to_duo_tsv(), "full_attention_heads.tsv",
                            mime="text/tab-separated-values", key="kv-export-tsv")
+publish()        # the plan as clicked (the Switch button changes it after the page frame wrote the link)
