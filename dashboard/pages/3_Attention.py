@@ -58,9 +58,12 @@ if "att-layer" not in st.session_state:  # entering the page: the head selected 
 def head_view() -> None:
     if sd.head is not None and not ws.tied:    # the one selected head, wherever it was chosen, is the one shown
         st.session_state["att-layer"], st.session_state["att-head"] = sd.head
+    def picked() -> None:
+        sd.head = (ws.adapter.layer_to_block[st.session_state["att-layer"]], st.session_state["att-head"])
+
     c1, c2 = st.columns(2)
-    layer = c1.selectbox("Layer", list(range(n_layers)), key="att-layer")
-    head = c2.selectbox("Head", list(range(n_heads)), key="att-head")
+    layer = c1.selectbox("Layer", list(range(n_layers)), key="att-layer", on_change=picked)
+    head = c2.selectbox("Head", list(range(n_heads)), key="att-head", on_change=picked)
     st.session_state["att-layer-value"] = layer
     sd.head = (ws.adapter.layer_to_block[layer], head)
 

@@ -28,6 +28,7 @@ from dashboard.ui import (
     estimate_value,
     guard,
     head_name,
+    head_options,
     head_picker,
     heads_left,
     page,
@@ -253,4 +254,6 @@ def live_view() -> None:
 
 if ws.n_cut:
     st.info(cut_note(ws))
+if sd.head is None:    # one head is always outlined here, and it is the one "Prune / restore" acts on
+    sd.head = head_options(ws)[0]
 live_view()
