@@ -172,7 +172,8 @@ def share_box(ws: Workspace) -> None:
     ``urlstate.publish`` from a fragment, so it never shows an older view than the address bar."""
     if ws.setup.model not in urlstate.link_models() or ws.setup.data not in urlstate.link_data():
         st.caption("This model or data set is not a demo, so a link does not carry it (a link never names a file "
-                   "or a hub id): the link below opens the demo with this page, mask and selected head.")
+                   "or a hub id): the link below opens the server's start-up model on this page, with the mask and "
+                   "selected head where they fit its heads.")
     else:
         st.caption("Share this view: the link below (and the address bar) opens what is on screen now — page, "
                    "model and data, pruned heads, selected head, criteria, ratio, sentence, role letters and the "
