@@ -23,7 +23,7 @@ from headprune.data import NAMED_DATA
 from headprune.kvcache.scores import RULES
 from headprune.model.loading import NAMED_MODELS
 from headprune.model.mask import HeadMask
-from headprune.viewstate import KVView, ViewState
+from headprune.viewstate import CONTROL, MAX_CRITERIA, MAX_SENTENCE, KVView, ViewState, ViewStateError
 
 from .config import Setup, current_setup, use_setup
 
@@ -142,7 +142,8 @@ def current(ws, sd) -> ViewState:
     model_ok = ws.setup.model in link_models() and ws.setup.data in link_data()
     criteria = get(CRITERIA) or list(sd.scores) or None
     ratio = get(RATIOS.get(page, SCORES_RATIO))
-    sentence = (get(TYPED) or "").strip() if get(SOURCE) == TYPE_ONE else ""
+    # a pasted tab or newline is a space in the link (a link never carries control characters)
+    sentence = CONTROL.sub(" ", get(TYPED) or "").strip()[:MAX_SENTENCE] if get(SOURCE) == TYPE_ONE else ""
     kv = None
     if page == "kv-cache" and all(key in st.session_state for key in KV_WIDGETS):
         full = get("kv-full")
@@ -152,8 +153,9 @@ def current(ws, sd) -> ViewState:
     return ViewState(
         page=page, model=ws.setup.model if model_ok else None, data=ws.setup.data if model_ok else None,
         mask=tuple(map(tuple, gated.nonzero().tolist())) if bool(gated.any()) else None, head=sd.head,
-        criteria=tuple(criteria) if criteria else None, ratio=None if ratio is None else int(ratio) / 100,
-        sentence=sentence[:500] or None, roles=False if get(ROLE_MARKS) is False else None, kv=kv,
+        criteria=tuple(criteria)[:MAX_CRITERIA] if criteria else None,
+        ratio=None if ratio is None else int(ratio) / 100,
+        sentence=sentence or None, roles=False if get(ROLE_MARKS) is False else None, kv=kv,
         lesson=get(LESSON), step=get(STEP))
 
 
@@ -163,7 +165,11 @@ def link_query() -> dict[str, str]:
     if ws is None or sd is None or sd.key != ws.key:
         return {}
     kv_full = st.session_state.get("kv-full")
-    return current(ws, sd).to_query(ws.shape, None if kv_full is None else kv_full.shape)
+    try:
+        view = current(ws, sd)
+    except ViewStateError:     # a widget value no link accepts (none known): keep the address bar as it is
+        return {}
+    return view.to_query(ws.shape, None if kv_full is None else kv_full.shape)
 
 
 def publish(draw: bool = True) -> None:
