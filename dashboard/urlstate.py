@@ -23,7 +23,8 @@ from headprune.data import NAMED_DATA
 from headprune.kvcache.scores import RULES
 from headprune.model.loading import NAMED_MODELS
 from headprune.model.mask import HeadMask
-from headprune.viewstate import CONTROL, MAX_CRITERIA, MAX_SENTENCE, KVView, ViewState, ViewStateError
+from headprune.viewstate import CONTROL, MAX_CRITERIA, MAX_SENTENCE, MAX_STEP, KVView, ViewState, ViewStateError
+from headprune.viewstate import LESSON as LESSON_NAME
 
 from .config import Setup, current_setup, use_setup
 
@@ -33,7 +34,7 @@ PAGE = "hp_page_url"           # session key: the url path of the page drawn las
 SLOT = "hp_link_slot"          # session key: the sidebar's place for the link and its QR code (ui.share_box)
 SHOW = "hp_link_show"          # session key: how the sidebar draws a link (ui.show_link), set by the page frame
 ROLE_MARKS = "show-role-marks"  # the sidebar's role-letters toggle (its widget key)
-LESSON, STEP = "hp_lesson", "hp_step"   # a lesson's slug and step (reserved: the lessons set them)
+LESSON = "hp_lesson"           # (lesson name, step from 1) of the lesson followed: ui.remember_lesson keeps it
 # widget keys the view reads and sets (the pages own the widgets; these are their keys)
 CRITERIA, PRUNE_CRITERION = "scores-criteria", "prune-crit"
 RATIOS = {"prune": "prune-ratio"}   # the page whose ratio slider a link's ratio is; others: Head scores' slider
@@ -113,10 +114,6 @@ def apply(ws, sd, pages: list[str]) -> None:
             problems.append(f"kv dropped: {ws.setup.model} keeps no key/value cache (an encoder).")
         else:
             _apply_kv(ws, state.kv, kv_shape)
-    if state.lesson is not None:
-        st.session_state[LESSON] = state.lesson
-    if state.step is not None:
-        st.session_state[STEP] = state.step
     if problems:
         st.warning("This link named what cannot be opened here; the rest of it is shown. " + " ".join(problems),
                    icon="🔗")
@@ -156,7 +153,17 @@ def current(ws, sd) -> ViewState:
         criteria=tuple(criteria)[:MAX_CRITERIA] if criteria else None,
         ratio=None if ratio is None else int(ratio) / 100,
         sentence=sentence or None, roles=False if get(ROLE_MARKS) is False else None, kv=kv,
-        lesson=get(LESSON), step=get(STEP))
+        **_lesson(get(LESSON)))
+
+
+def _lesson(followed) -> dict:
+    """The lesson keys of the view: the lesson followed, if its name and step are ones a link can carry."""
+    if not isinstance(followed, tuple) or len(followed) != 2:
+        return {}
+    name, step = followed
+    if not (isinstance(name, str) and LESSON_NAME.fullmatch(name) and isinstance(step, int) and 0 <= step <= MAX_STEP):
+        return {}
+    return {"lesson": name, "step": step}
 
 
 def link_query() -> dict[str, str]:
