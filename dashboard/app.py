@@ -66,7 +66,7 @@ def main() -> None:
                                   for file, title, icon, url in PAGES])
     st.set_page_config(page_title=f"{navigation.title} · headprune", page_icon=":material/content_cut:",
                        layout="wide")
-    linked_page = follow_link()          # a shared link: ?model=demo&page=prune&mask=0.3,2.5 (docs: README)
+    linked_page = follow_link()          # a shared link or a reload: ?model=demo&page=prune&mask=0.3,2.5 (README)
     if linked_page is not None:
         st.switch_page(page_path(linked_page))
     navigation.run()

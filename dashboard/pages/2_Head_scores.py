@@ -16,6 +16,7 @@ from dashboard.ui import (
     progress_bar,
     role_marks,
 )
+from dashboard.urlstate import publish
 from headprune import viz
 from headprune.criteria import ScoreMap, get, redundant_pairs
 from headprune.glossary import help_for
@@ -89,6 +90,7 @@ def heatmaps() -> None:
                                         **role_marks(ws))
                 clickable_grid(fig, f"scores-map-{name}", sd, select)
                 criterion_report(scores[name])
+    publish()        # the sidebar's link follows the click (the address bar already did, in the click's callback)
 
 
 heatmaps()

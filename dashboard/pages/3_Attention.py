@@ -5,6 +5,7 @@ import streamlit as st
 
 from dashboard.compute import arcs_for, profile_for, stored_profile
 from dashboard.ui import clickable_grid, guard, page, progress_bar, role_marks
+from dashboard.urlstate import publish
 from headprune import viz
 from headprune.glossary import dependency_help
 
@@ -56,9 +57,14 @@ if "att-layer" not in st.session_state:  # entering the page: the head selected 
 # A head click (grid or pickers) reruns only this part: the sentence is not parsed or run again.
 @st.fragment
 def head_view() -> None:
+    if sd.head is not None and not ws.tied:    # the one selected head, wherever it was chosen, is the one shown
+        st.session_state["att-layer"], st.session_state["att-head"] = sd.head
+    def picked() -> None:
+        sd.head = (ws.adapter.layer_to_block[st.session_state["att-layer"]], st.session_state["att-head"])
+
     c1, c2 = st.columns(2)
-    layer = c1.selectbox("Layer", list(range(n_layers)), key="att-layer")
-    head = c2.selectbox("Head", list(range(n_heads)), key="att-head")
+    layer = c1.selectbox("Layer", list(range(n_layers)), key="att-layer", on_change=picked)
+    head = c2.selectbox("Head", list(range(n_heads)), key="att-head", on_change=picked)
     st.session_state["att-layer-value"] = layer
     sd.head = (ws.adapter.layer_to_block[layer], head)
 
@@ -122,6 +128,7 @@ def head_view() -> None:
             st.plotly_chart(viz.profile_figure(profile, layer, head), width="stretch", key="att-profile-fig")
         else:
             st.info("No dependency arcs in the calibration texts.")
+    publish()        # the address bar follows the head chosen here
 
 
 head_view()

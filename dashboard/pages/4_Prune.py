@@ -29,6 +29,7 @@ from dashboard.ui import (
     guard,
     head_name,
     head_options,
+    head_picker,
     heads_left,
     page,
     progress_bar,
@@ -36,6 +37,7 @@ from dashboard.ui import (
     sidebar_counts,
     speed_section,
 )
+from dashboard.urlstate import publish
 from headprune import viz
 from headprune.model.mask import HeadMask
 from headprune.model.sizes import parameters_left
@@ -50,9 +52,10 @@ def toggle(head: tuple[int, int]) -> None:
     sd.toggle(head, head_name(ws, head))  # MaskError (shown by the caller's guard) for a head cut out of the weights
 
 
-def toggle_button(head: tuple[int, int]) -> None:
+def toggle_button() -> None:
+    """The button acts on the one selected head (the outlined cell), whatever selected it."""
     with guard("Could not toggle that head"):
-        toggle(head)
+        toggle(sd.head)
 
 
 # -- numbers ---------------------------------------------------------------------------------------------
@@ -127,14 +130,12 @@ def choices(ws: Workspace, sd: SessionData) -> None:
 
 def one_head_controls(ws: Workspace, sd: SessionData) -> None:
     st.markdown("**Prune or restore one head**")
-    options = head_options(ws)
-    default = options.index(sd.head) if sd.head in options else 0
-    head = st.selectbox("Head", options, index=default, format_func=lambda h: head_name(ws, h)
-                        + (" — cut in the loaded model" if sd.is_cut(h) else
-                           " — pruned" if sd.mask.values[h] == 0 else ""), key="prune-head")
+    head = head_picker(ws, sd, "Head", "prune-head", format_func=lambda h: head_name(ws, h)
+                       + (" — cut in the loaded model" if sd.is_cut(h) else
+                          " — pruned" if sd.mask.values[h] == 0 else ""))
     b1, b2, b3 = st.columns([2, 1, 1])
-    b1.button("Prune / restore", on_click=toggle_button, args=(head,), type="primary", key="prune-toggle",
-              width="stretch", disabled=sd.is_cut(head))
+    b1.button("Prune / restore", on_click=toggle_button, type="primary", key="prune-toggle",
+              width="stretch", disabled=head is None or sd.is_cut(head))
     b2.button("Undo", on_click=sd.undo, disabled=not sd.history, key="prune-undo", width="stretch")
     b3.button("Reset", on_click=sd.reset, disabled=sd.n_gated == 0, key="prune-reset", width="stretch")
 
@@ -248,8 +249,11 @@ def live_view() -> None:
         criterion_controls(ws, sd)
         role_controls(ws, sd)
         options(ws, sd)
+    publish()        # the address bar follows every change made in this fragment
 
 
 if ws.n_cut:
     st.info(cut_note(ws))
+if sd.head is None:    # one head is always outlined here, and it is the one "Prune / restore" acts on
+    sd.head = head_options(ws)[0]
 live_view()

@@ -6,6 +6,7 @@ import streamlit as st
 
 from dashboard.compute import ablate_role, arcs_for, roles_for, stored_roles
 from dashboard.ui import clickable_grid, guard, head_name, page, progress_bar
+from dashboard.urlstate import publish
 from headprune import viz
 from headprune.roles import NO_ROLE, ROLES
 
@@ -64,6 +65,7 @@ def grids() -> None:
             clickable_grid(viz.role_grid(report.scores[name], report.thresholds[name], selected=sd.head,
                                          marks=marks, **options), f"roles-grid-{name}", sd, select)
     head_detail()
+    publish()        # the sidebar's link follows the click (the address bar already did, in the click's callback)
 
 
 def head_detail() -> None:

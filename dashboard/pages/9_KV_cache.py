@@ -7,6 +7,7 @@ import streamlit as st
 
 from dashboard.compute import kv_group_scores, kv_metrics
 from dashboard.ui import clickable_grid, guard, page, progress_bar
+from dashboard.urlstate import publish
 from headprune import viz
 from headprune.kvcache import KVPlan
 from headprune.kvcache.budgets import BETA_DEFAULT, budget_plan
@@ -108,3 +109,4 @@ if budgets:   # DuoAttention's layout knows one window
 else:
     export_tsv.download_button("Export DuoAttention TSV", plan.to_duo_tsv(), "full_attention_heads.tsv",
                                mime="text/tab-separated-values", key="kv-export-tsv")
+publish()        # the plan as clicked (the Switch button changes it after the page frame wrote the link)
