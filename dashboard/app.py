@@ -64,8 +64,10 @@ def main() -> None:
     navigation = st.navigation([st.Page(home, title="Home", icon=":material/home:", default=True)]
                                + [st.Page(page_path(file), title=title, icon=icon, url_path=url)
                                   for file, title, icon, url in PAGES])
-    st.set_page_config(page_title=f"{navigation.title} · headprune", page_icon=":material/content_cut:",
-                       layout="wide")
+    # An emoji favicon is an inline SVG (a data: URI); a ":material/..." one makes the browser fetch its SVG from
+    # fonts.gstatic.com, which fails offline (issue 35). The pages' own material icons are drawn from the font
+    # streamlit serves itself.
+    st.set_page_config(page_title=f"{navigation.title} · headprune", page_icon="✂️", layout="wide")
     linked_page = follow_link()          # a shared link: ?model=demo&page=prune&mask=0.3,2.5 (docs: README)
     if linked_page is not None:
         st.switch_page(page_path(linked_page))

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
+import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
@@ -479,4 +480,4 @@ def speed_report(report: dict) -> None:
         f" The clock realises {head['realised_share']:.0%} of the time saving FLOPs predict."
     st.caption(f"Length {head['length']} on {head['device']}, {head['torch_threads']} torch threads, median of "
                f"{report['repeats']} runs.{share}")
-    st.dataframe(speed_table(report), hide_index=True, width="stretch")
+    st.dataframe(viz.readable(pd.DataFrame(speed_table(report))), hide_index=True, width="stretch")
