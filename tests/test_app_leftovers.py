@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 import pytest
-from app_support import metric, open_app, problems, small_env, workspace
+from app_support import figures, metric, open_app, problems, small_env, workspace
 
 from headprune import viz
 from headprune.data import NAMED_DATA
@@ -47,6 +47,19 @@ def test_data_that_is_not_a_language_gets_no_syntax_views_and_says_why():
     assert syntax_problem(ws("demo", calib="demo-circuit")) is not None
     assert syntax_problem(ws("demo")) is None and syntax_problem(ws("demo-lm")) is None
     assert not NAMED_DATA["demo-circuit"].language and NAMED_DATA["demo"].language
+
+
+def test_attention_page_on_the_circuit_demo_draws_no_arcs_and_no_profile_and_says_why():
+    from dashboard.config import Setup
+
+    at = open_app("attention", Setup(model="demo-circuit", data="demo-circuit", data_label="demo-circuit"))
+    assert not problems(at)
+    assert any("not a language" in i.value for i in at.info)
+    titles = [(f.get("layout", {}).get("title") or {}).get("text") or "" for f in figures(at)]
+    assert any(t.startswith("word attention") for t in titles)      # the word-level attention is still drawn
+    assert len(titles) == 2, titles                                  # and the head grid; no arc figure
+    assert not [b for b in at.button if b.key == "att-profile"]
+    assert "Syntactic profile of this head" not in [h.value for h in at.subheader]
 
 
 def test_random_word_blocks_fail_the_parsers_own_language_check():
