@@ -20,7 +20,7 @@ import numpy as np
 from headprune.criteria import ScoreMap, get
 from headprune.criteria.onepass import score_many
 from headprune.criteria.sap import OWN_SELECTION
-from headprune.data import align_labels, load_data, make_batches
+from headprune.data import NAMED_DATA, align_labels, load_data, make_batches
 from headprune.estimate import TimeEstimate, estimate_evaluation, estimate_scoring, estimate_trajectory, forward_rate
 from headprune.evaluation.example import compare_classifier, compare_lm, example_row
 from headprune.evaluation.live import LiveEvaluator
@@ -37,7 +37,8 @@ from headprune.model.mask import HeadMask
 from headprune.model.surgery import prune_model
 from headprune.recovery import RecoveryRun, RecoverySpec, export_recovered, stage_metrics
 from headprune.roles import RoleReport, RoleSpec, head_roles, kept_by_role, kept_curve, role_ablation
-from headprune.syntax import build_arcs, syntactic_profile
+from headprune.syntax import ParserError, build_arcs, syntactic_profile
+from headprune.syntax.parse import language_problem
 from headprune.trajectory import Trajectory, TrajectorySpec, run_trajectory, spread
 
 from .config import memory_budget
@@ -144,6 +145,37 @@ def example_comparison(ws: DashboardWorkspace, text, mask: HeadMask, targets_fro
                                       max_length=ws.setup.max_length)
 
     return store().memo(f"example|{ws.key}|{text}|{targets_from}|{top_k}|{mask_key(mask)}", compute)
+
+
+LANGUAGE_CHECK_TEXTS = 64   # evaluation texts the parser's language check reads (parsed once per workspace)
+
+
+def syntax_problem(ws: DashboardWorkspace) -> str | None:
+    """Why this workspace's data gets no syntax views (dependency arcs, syntactic profile), or None.
+
+    A named data set says whether its rows are a language (``NamedData.language``: demo-circuit's random word
+    blocks are not); for any other data the parser's own language check decides (``syntax.language_problem``
+    over the first LANGUAGE_CHECK_TEXTS evaluation texts, stored per workspace). Without a parser there is no
+    problem to report here: drawing the arcs then says the parser is missing."""
+    for spec in (ws.setup.data, ws.setup.calib_data):
+        named = NAMED_DATA.get(spec or "")
+        if named is not None and not named.language:
+            return (f"The data ({spec}: {named.description}) is not a language, so a dependency parse of it would "
+                    "be meaningless: no arcs or syntactic profile are drawn. The word-level attention is shown.")
+    if NAMED_DATA.get(ws.setup.data) is not None:
+        return None
+
+    def check():
+        texts = [t for t in ws.eval.texts[:LANGUAGE_CHECK_TEXTS] if isinstance(t, str)]
+        try:
+            return language_problem(texts)
+        except ParserError:
+            return None
+
+    problem = store().memo(f"language|{ws.key}", check)
+    return None if problem is None else (f"The parser's language check: {problem}. Its dependency arcs would be "
+                                         "noise, so no arcs or syntactic profile are drawn; the word-level "
+                                         "attention is shown.")
 
 
 def _profile_key(ws: DashboardWorkspace, mask: HeadMask) -> str:

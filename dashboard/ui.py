@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlencode
 
+import pandas as pd
 import plotly.graph_objects as go
 import segno
 import streamlit as st
@@ -109,21 +110,23 @@ def cancelled_note(key: str) -> None:
 # -- page frame -----------------------------------------------------------------------------------------------------
 
 PAGES_DIR = Path(__file__).resolve().parent / "pages"
+# Emoji icons, not ":material/...": the open page's icon becomes the favicon, and a material one is fetched as an SVG
+# from fonts.gstatic.com (issue 35: offline, every asset comes from the app; an emoji favicon is a data: URI).
 PAGES = (  # (file in dashboard/pages, title, icon, url path); dashboard/app.py builds the navigation from this
-    ("1_Model_and_data.py", "Model & data", ":material/folder_open:", "model-and-data"),
-    ("2_Head_scores.py", "Head scores", ":material/grid_on:", "head-scores"),
-    ("7_Roles.py", "Roles", ":material/psychology:", "roles"),
-    ("3_Attention.py", "Attention", ":material/visibility:", "attention"),
-    ("4_Prune.py", "Prune", ":material/content_cut:", "prune"),
-    ("8_Recover.py", "Recover", ":material/healing:", "recover"),
-    ("5_Trajectories.py", "Trajectories", ":material/trending_down:", "trajectories"),
-    ("6_Export.py", "Export", ":material/download:", "export"),
-    ("9_KV_cache.py", "KV cache", ":material/memory:", "kv-cache"),
-    ("10_Runs.py", "Protocol runs", ":material/table_chart:", "runs"),
-    ("11_Lessons.py", "Lessons", ":material/school:", "lessons"),
-    ("12_Model_view.py", "Every head at a glance", ":material/apps:", "heads"),
-    ("13_What_it_says.py", "What the pruned model says", ":material/compare:", "example"),
-    ("14_Glossary.py", "Glossary", ":material/menu_book:", "glossary"),
+    ("1_Model_and_data.py", "Model & data", "📂", "model-and-data"),
+    ("2_Head_scores.py", "Head scores", "🧮", "head-scores"),
+    ("7_Roles.py", "Roles", "🧠", "roles"),
+    ("3_Attention.py", "Attention", "👁️", "attention"),
+    ("4_Prune.py", "Prune", "✂️", "prune"),
+    ("8_Recover.py", "Recover", "🩹", "recover"),
+    ("5_Trajectories.py", "Trajectories", "📉", "trajectories"),
+    ("6_Export.py", "Export", "📥", "export"),
+    ("9_KV_cache.py", "KV cache", "💾", "kv-cache"),
+    ("10_Runs.py", "Protocol runs", "📋", "runs"),
+    ("11_Lessons.py", "Lessons", "🎓", "lessons"),
+    ("12_Model_view.py", "Every head at a glance", "🔲", "heads"),
+    ("13_What_it_says.py", "What the pruned model says", "💬", "example"),
+    ("14_Glossary.py", "Glossary", "📖", "glossary"),
 )
 
 
@@ -565,4 +568,4 @@ def speed_report(report: dict) -> None:
         f" The clock realises {head['realised_share']:.0%} of the time saving FLOPs predict."
     st.caption(f"Length {head['length']} on {head['device']}, {head['torch_threads']} torch threads, median of "
                f"{report['repeats']} runs.{share}")
-    st.dataframe(speed_table(report), hide_index=True, width="stretch")
+    st.dataframe(viz.readable(pd.DataFrame(speed_table(report))), hide_index=True, width="stretch")

@@ -71,9 +71,13 @@ def numbers(ws: Workspace, sd: SessionData) -> None:
     c1, c2, c3, c4 = st.columns(4)
     c2.metric("heads left", heads_left(ws, sd), f"-{sd.n_gated}" if sd.n_gated else None, delta_color="off",
               help=f"{ws.n_cut} cut out of the loaded model, {sd.n_gated} pruned here" if ws.n_cut else None)
-    c3.metric("parameters left", f"{params / 1e6:.2f} M", f"{100 * (params - total) / total:+.1f}%",
-              delta_color="off", help="The pruned model's size once the heads are cut, counting the key/value "
-                                      "rows an uneven grouped-query cut holds more than once.")
+    # the arrow follows the sign; red when the cut model would be *bigger*: an uneven grouped-query cut holds
+    # key/value rows more than once, which can outweigh the heads' own rows (see "Cutting these heads out")
+    c3.metric("parameters left", f"{params / 1e6:.2f} M", f"{100 * (params - total) / total:+.1f}%" if sd.n_gated
+              else None, delta_color="inverse",
+              help="The pruned model's size once the heads are cut, counting the key/value rows an uneven "
+                   "grouped-query cut holds more than once: then it can grow (red), see \"Cutting these heads out "
+                   "of the weights\" below.")
     headline, side_metric = c1.empty(), c4.empty()
     side_metric.metric(baseline, f"{dense_value:.4f}")
 

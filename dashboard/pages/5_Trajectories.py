@@ -93,7 +93,7 @@ higher = charted.higher_is_better if charted is not None else ws.higher_is_bette
 st.markdown(f"**Area under the curve and stop points** (AUC = mean metric over the pruned range, "
             f"{'higher' if higher else 'lower'} is better; stop point = last ratio before the metric is "
             f"{viz.tolerance_rule(tau, higher)})")
-st.dataframe(viz.trajectory_table(sd.trajectories, tolerance=tau).style.format(precision=4), hide_index=True,
+st.dataframe(viz.readable(viz.trajectory_table(sd.trajectories, tolerance=tau)), hide_index=True,
              width="stretch")
 st.download_button("Download these runs (JSON)", key="traj-download", mime="application/json",
                    file_name="headprune-trajectories.json",

@@ -2,6 +2,7 @@
 
 from dataclasses import replace
 
+import pandas as pd
 import streamlit as st
 
 from dashboard.compute import (
@@ -14,6 +15,7 @@ from dashboard.compute import (
 )
 from dashboard.export import export_formats
 from dashboard.ui import cancel_button, cancelled_note, estimate_line, guard, page, progress_bar
+from headprune import viz
 from headprune.recovery import DEFAULT_LR, METHODS, RecoverySpec
 
 DEFAULTS = RecoverySpec()   # the widgets open on the library's measured recipe (recovery/spec.py), set nowhere else
@@ -70,7 +72,7 @@ if done is None:
 if done is not None:
     result = done["result"]
     st.subheader("Dense, pruned and recovered")
-    st.table(recovery_table(done))
+    st.table(viz.readable(pd.DataFrame(recovery_table(done))))
     st.caption(f"{result.steps} steps in {result.seconds:.0f} s, {result.trainable_parameters:,} trainable "
                f"parameters ({result.mode} model), on {len(ws.eval)} evaluation texts.")
     st.line_chart({"training loss": [loss for _, loss in result.losses]}, x_label="step", height=220)
