@@ -20,7 +20,14 @@ from headprune.criteria import ScoreMap, get
 from headprune.criteria.onepass import score_many
 from headprune.criteria.sap import OWN_SELECTION
 from headprune.data import align_labels, load_data
-from headprune.estimate import TimeEstimate, estimate_evaluation, estimate_scoring, estimate_trajectory, forward_rate
+from headprune.estimate import (
+    TimeEstimate,
+    estimate_evaluation,
+    estimate_role_ablation,
+    estimate_scoring,
+    estimate_trajectory,
+    forward_rate,
+)
 from headprune.evaluation.live import LiveEvaluator
 from headprune.evaluation.metrics import HIGHER_IS_BETTER, Metrics, choice_rows
 from headprune.evaluation.speed import compare_speed
@@ -172,9 +179,28 @@ def ablate_role(ws: DashboardWorkspace, sd: SessionData, report: RoleReport, rol
     def compute():
         move_live(sd.live, sd.mask)
         with compute_slot():
-            return role_ablation(sd.live, report, role, mode, seeds=10, seed=ws.setup.seed, progress=progress)
+            return role_ablation(sd.live, report, role, mode, seeds=ABLATION_SEEDS, seed=ws.setup.seed,
+                                 progress=progress)
 
-    return store().memo(f"ablation|{ws.key}|{mask_key(sd.mask)}|{role}|{mode}", compute)
+    return store().memo(_ablation_key(ws, sd, role, mode), compute)
+
+
+ABLATION_SEEDS = 10   # random sets a role is measured against
+
+
+def _ablation_key(ws: DashboardWorkspace, sd: SessionData, role: str, mode: str) -> str:
+    return f"ablation|{ws.key}|{mask_key(sd.mask)}|{role}|{mode}"
+
+
+def stored_ablation(ws: DashboardWorkspace, sd: SessionData, role: str, mode: str) -> dict | None:
+    """``ablate_role``'s result for the session's mask, ``role`` and ``mode`` if any session measured it."""
+    return store().get(_ablation_key(ws, sd, role, mode))
+
+
+def ablation_estimate(ws: DashboardWorkspace, sd: SessionData) -> TimeEstimate:
+    """How long ``ablate_role`` takes here (``estimate.estimate_role_ablation``)."""
+    return estimate_role_ablation(ws.loaded.model, ws.eval_batches, ABLATION_SEEDS, evaluator=sd.live is not None,
+                                  rate=_rate(ws), memory_budget=memory_budget())
 
 
 # -- live evaluation ----------------------------------------------------------------------------------------------
