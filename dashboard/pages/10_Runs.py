@@ -35,8 +35,12 @@ def progress_view() -> None:
     for column, name in zip(columns, ("done", "running", "failed", "pending")):
         column.metric(name, f"{counts[name]} / {report['cells']}")
     left = report["seconds_left"]
-    columns[4].metric("time left", "unknown" if left is None else human_duration(left),
+    finished = counts["done"] == report["cells"]   # nothing left: no "under a second" for a run that has ended
+    columns[4].metric("time left", "none: finished" if finished else "unknown" if left is None else
+                      human_duration(left),
                       help=f"mean measured cell time x cells left / {max(report['workers'], 1)} running worker(s)")
+    if finished:
+        st.success(f"Finished: all {report['cells']} cells are done.", icon=":material/check_circle:")
     st.subheader(f"{protocol.name}: the table so far")
     rows = landed_table(protocol, folder)
     if rows:
