@@ -47,32 +47,40 @@ def toggle(head: tuple[int, int]) -> None:
     full[head] = not full[head]
 
 
-clickable_grid(viz.kv_plan_grid(scores, full, title=f"{rule} score per key/value head (F full · S streaming)"),
-               "kv-grid", sd, toggle)
-heads = [(b, g) for b in range(full.shape[0]) for g in range(full.shape[1])]
-pick, button = st.columns([3, 1], vertical_alignment="bottom")
-chosen = pick.selectbox("Key/value head", heads, key="kv-head",
-                        format_func=lambda h: f"layer {h[0]} · key/value head {h[1]}")
-if button.button("Switch full / streaming", key="kv-toggle"):
-    toggle(chosen)
+# A head click (or the Switch button) reruns only this fragment: the plan's grid, metric, bytes and exports -- not the
+# scores and settings above (issue 35: a click re-ran the whole page, 35 s on demo-lm).
+@st.fragment
+def plan_view() -> None:
+    clickable_grid(viz.kv_plan_grid(scores, full, title=f"{rule} score per key/value head (F full · S streaming)"),
+                   "kv-grid", sd, toggle)
+    heads = [(b, g) for b in range(full.shape[0]) for g in range(full.shape[1])]
+    pick, button = st.columns([3, 1], vertical_alignment="bottom")
+    chosen = pick.selectbox("Key/value head", heads, key="kv-head",
+                            format_func=lambda h: f"layer {h[0]} · key/value head {h[1]}")
+    if button.button("Switch full / streaming", key="kv-toggle"):
+        toggle(chosen)
+        st.rerun(scope="fragment")   # the grid above was drawn before the switch
 
-plan = KVPlan(full.copy(), ws.adapter.n_heads, int(sink), int(window), {"rule": rule, "model": ws.setup.model})
-counted = bytes_at(ws.loaded.model, plan, int(length), sd.mask)
-show_metric, show_bytes = st.columns(2)
-with show_metric, guard("Could not evaluate under the plan"):
-    dense = ws.metric_of(ws.dense())
-    under = ws.metric_of(kv_metrics(ws, plan, sd.mask))
-    st.metric(f"{ws.metric} under the plan", f"{under:.4g}", f"{under - dense:+.4g} vs the dense model",
-              delta_color="normal" if ws.higher_is_better else "inverse")
-    st.metric("KV bytes under the plan", f"{counted['plan'] / 2**20:.2f} MiB",
-              f"{counted['ratio']:.0%} of {counted['full_cache'] / 2**20:.2f} MiB", delta_color="off")
-    st.caption(f"{int(full.sum())} of {full.size} key/value heads full · S = {int(sink)}, W = {int(window)} · "
-               f"{len(ws.eval_batches)} evaluation batches")
-with show_bytes:
-    st.plotly_chart(viz.kv_bytes_figure(counted, int(length)), key="kv-bytes", width="stretch")
+    plan = KVPlan(full.copy(), ws.adapter.n_heads, int(sink), int(window), {"rule": rule, "model": ws.setup.model})
+    counted = bytes_at(ws.loaded.model, plan, int(length), sd.mask)
+    show_metric, show_bytes = st.columns(2)
+    with show_metric, guard("Could not evaluate under the plan"):
+        dense = ws.metric_of(ws.dense())
+        under = ws.metric_of(kv_metrics(ws, plan, sd.mask))
+        st.metric(f"{ws.metric} under the plan", f"{under:.4g}", f"{under - dense:+.4g} vs the dense model",
+                  delta_color="normal" if ws.higher_is_better else "inverse")
+        st.metric("KV bytes under the plan", f"{counted['plan'] / 2**20:.2f} MiB",
+                  f"{counted['ratio']:.0%} of {counted['full_cache'] / 2**20:.2f} MiB", delta_color="off")
+        st.caption(f"{int(full.sum())} of {full.size} key/value heads full · S = {int(sink)}, W = {int(window)} · "
+                   f"{len(ws.eval_batches)} evaluation batches")
+    with show_bytes:
+        st.plotly_chart(viz.kv_bytes_figure(counted, int(length)), key="kv-bytes", width="stretch")
 
-export_json, export_tsv = st.columns(2)
-export_json.download_button("Export plan (JSON)", json.dumps(plan.to_json(), indent=1), "kv_plan.json",
-                            mime="application/json", key="kv-export")
-export_tsv.download_button("Export DuoAttention TSV", plan.to_duo_tsv(), "full_attention_heads.tsv",
-                           mime="text/tab-separated-values", key="kv-export-tsv")
+    export_json, export_tsv = st.columns(2)
+    export_json.download_button("Export plan (JSON)", json.dumps(plan.to_json(), indent=1), "kv_plan.json",
+                                mime="application/json", key="kv-export")
+    export_tsv.download_button("Export DuoAttention TSV", plan.to_duo_tsv(), "full_attention_heads.tsv",
+                               mime="text/tab-separated-values", key="kv-export-tsv")
+
+
+plan_view()
