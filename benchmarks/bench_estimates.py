@@ -52,9 +52,10 @@ def run(demo: str, clicks: int, seed: int) -> dict:
     shown_hits, all_hits, first_errors, first_batches, first_seconds, exact_seconds = [], [], [], [], [], []
     showed = 0
     for _ in range(clicks):
-        seen = []
+        seen: list = []
         start = time.perf_counter()
-        metrics = live.toggle(*click(live.mask, rng), on_estimate=lambda e: seen.append((e, time.perf_counter())))
+        metrics = live.toggle(*click(live.mask, rng),
+                              on_estimate=lambda e, seen=seen: seen.append((e, time.perf_counter())))
         exact = ws.metric_of(metrics)
         exact_seconds.append(time.perf_counter() - start)
         running = [(e, t - start) for e, t in seen if not e.exact]

@@ -9,6 +9,7 @@ import streamlit as st
 from headprune.errors import HeadpruneError
 from headprune.estimate import human_duration
 from headprune.protocol.schedule import folder_protocol, landed_table, status
+from headprune.protocol.smoke import smoke_protocol
 
 REFRESH = 5   # seconds between re-reads of the folder while the page is open
 
@@ -22,6 +23,7 @@ if not folder:
     st.stop()
 try:
     protocol = folder_protocol(folder)
+    protocol = smoke_protocol(protocol, folder) or protocol   # a --smoke run's cells are its stand-ins' (issue 35)
 except HeadpruneError as exc:
     st.error(str(exc))
     st.stop()

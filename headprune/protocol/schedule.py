@@ -30,7 +30,6 @@ from ..outdir import OutError
 from .claims import Claims, read_claim, read_failure, write_failure
 from .plan import Cell, expand
 from .run import KEYS, Gate, RunError, Runner, check_out, finished, identity, records_of, same_protocol, table_rows
-from .smoke import smoke_protocol
 from .spec import Protocol
 
 MAX_UNIT = 16   # cells of one model x repeat group before it is split by criterion (one shard's share stays small)
@@ -283,8 +282,7 @@ def worker_name(shard: tuple[int, int]) -> str:
 def folder_protocol(out: str | Path, given: Protocol | None = None) -> Protocol:
     """The protocol ``out`` belongs to, by its run marker (``outdir.MARKER``: the protocol's name, source and
     sha256): ``given`` when the marker is its (``run.same_protocol``), else the marker's source file when it is
-    still the file that ran; for a ``--smoke`` run, that protocol's stand-in version (``smoke.smoke_protocol``).
-    ``--status D`` and ``--merge D`` need no protocol argument while the file is unchanged."""
+    still the file that ran. ``--status D`` and ``--merge D`` need no protocol argument while the file is unchanged."""
     out = Path(out)
     marker = outdir.read_marker(out)
     if marker is None or marker.get("command") != "run":
@@ -294,7 +292,7 @@ def folder_protocol(out: str | Path, given: Protocol | None = None) -> Protocol:
         if not same_protocol(given)(marker):
             raise RunError(f"{out} holds the results of {marker.get('source')} (name {marker.get('name')}), not of "
                            f"{given.source} (name {given.name}).")
-        return smoke_protocol(given, out) or given
+        return given
     source = marker.get("source", "")
     try:
         protocol = Protocol.read(source)
@@ -303,7 +301,7 @@ def folder_protocol(out: str | Path, given: Protocol | None = None) -> Protocol:
     if protocol is None or protocol.hash != marker.get("sha256"):
         raise RunError(f"{out} was written by {source}, which is " + ("gone" if protocol is None else "changed since")
                        + f". Accepted: give the protocol file too, e.g. `headprune run {source} --status {out}`.")
-    return smoke_protocol(protocol, out) or protocol   # a --smoke run's cells are its stand-ins' (smoke.py)
+    return protocol
 
 
 def own_folder(out: str | Path, protocol: Protocol, force: bool = False) -> Path:
