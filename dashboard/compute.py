@@ -174,19 +174,26 @@ def ablate_role(ws: DashboardWorkspace, sd: SessionData, report: RoleReport, rol
                 progress: Progress | None = None) -> dict:
     """The metric with ``role`` pruned / alone kept vs 10 equal-sized random sets, from the session's mask, on a
     fork of the session's evaluator (``roles.role_ablation``; stored per mask, role and mode)."""
-    if sd.live is None:
-        sd.live = live_evaluator(ws, ws.eval_batches, sd.mask, progress)
+    start = 0.0
+    if sd.live is None:   # the session's evaluator first: the bar's first share (one pass of seeds + 2)
+        start = 1 / (ABLATION_SEEDS + 2)
+        sd.live = live_evaluator(ws, ws.eval_batches, sd.mask, _part(progress, 0.0, start))
 
     def compute():
         move_live(sd.live, sd.mask)
         with compute_slot():
             return role_ablation(sd.live, report, role, mode, seeds=ABLATION_SEEDS, seed=ws.setup.seed,
-                                 progress=progress)
+                                 progress=_part(progress, start, 1.0))
 
     return store().memo(_ablation_key(ws, sd, role, mode), compute)
 
 
 ABLATION_SEEDS = 10   # random sets a role is measured against
+
+
+def _part(progress: Progress | None, start: float, end: float) -> Progress | None:
+    """``progress`` for one part of a job: its fractions 0..1 drawn from ``start`` to ``end`` of the bar."""
+    return None if progress is None else (lambda f, m: progress(start + (end - start) * f, m))
 
 
 def _ablation_key(ws: DashboardWorkspace, sd: SessionData, role: str, mode: str) -> str:
