@@ -57,9 +57,8 @@ def plan_view() -> None:
     pick, button = st.columns([3, 1], vertical_alignment="bottom")
     chosen = pick.selectbox("Key/value head", heads, key="kv-head",
                             format_func=lambda h: f"layer {h[0]} · key/value head {h[1]}")
-    if button.button("Switch full / streaming", key="kv-toggle"):
-        toggle(chosen)
-        st.rerun(scope="fragment")   # the grid above was drawn before the switch
+    # a callback: it runs before the rerun, so the grid above is drawn with the switch already made
+    button.button("Switch full / streaming", key="kv-toggle", on_click=toggle, args=(chosen,))
 
     plan = KVPlan(full.copy(), ws.adapter.n_heads, int(sink), int(window), {"rule": rule, "model": ws.setup.model})
     counted = bytes_at(ws.loaded.model, plan, int(length), sd.mask)
