@@ -9,6 +9,7 @@ structural copy.
 from __future__ import annotations
 
 import io
+import os
 import tempfile
 import zipfile
 from collections.abc import Callable
@@ -19,7 +20,7 @@ import numpy as np
 from headprune.criteria import ScoreMap, get
 from headprune.criteria.onepass import score_many
 from headprune.criteria.sap import OWN_SELECTION
-from headprune.data import align_labels, load_data
+from headprune.data import align_labels, load_data, make_batches
 from headprune.estimate import (
     TimeEstimate,
     estimate_evaluation,
@@ -28,6 +29,7 @@ from headprune.estimate import (
     estimate_trajectory,
     forward_rate,
 )
+from headprune.evaluation.example import compare_classifier, compare_lm, example_row
 from headprune.evaluation.live import LiveEvaluator
 from headprune.evaluation.metrics import HIGHER_IS_BETTER, Metrics, choice_rows
 from headprune.evaluation.progressive import visit_order
@@ -36,6 +38,9 @@ from headprune.evaluation.stability import perturb_batches, same_answers
 from headprune.kvcache import KVPlan
 from headprune.kvcache.scores import group_scores, head_scores
 from headprune.kvcache.tasks import metric_under_plan
+from headprune.lessons import ENV as LESSONS_ENV
+from headprune.lessons import lesson_folders, load_lessons
+from headprune.model.capture import capture_attention
 from headprune.model.mask import HeadMask
 from headprune.model.surgery import prune_model
 from headprune.recovery import RecoveryRun, RecoverySpec, export_recovered, stage_metrics
@@ -118,6 +123,37 @@ def arcs_for(ws: DashboardWorkspace, text, mask: HeadMask):
     return store().memo(f"arcs|{ws.key}|{text}|{mask_key(mask)}", compute)
 
 
+def head_maps(ws: DashboardWorkspace, text) -> tuple[list[str], np.ndarray]:
+    """Tokens of ``text`` and every head's attention on it, (forward layers, H, T, T), under the model as loaded
+    (no session mask: a pruned head is drawn greyed with what it would look at; stored per text)."""
+    def compute():
+        row = example_row(text, "lm" if ws.task.kind == "lm" else "classification")
+        batch = make_batches(ws.loaded.tokenizer, row, batch_size=1, max_length=ws.setup.max_length)[0]
+        with compute_slot():
+            maps = capture_attention(ws.loaded.model, batch)
+        keep = batch["attention_mask"][0].bool()
+        ids = batch["input_ids"][0][keep]
+        attention = maps.stacked[:, 0][:, :, keep][:, :, :, keep].numpy()
+        return [ws.loaded.tokenizer.decode([int(i)]) for i in ids], attention
+
+    return store().memo(f"headmaps|{ws.key}|{text}", compute)
+
+
+def example_comparison(ws: DashboardWorkspace, text, mask: HeadMask, targets_from: int | None = None,
+                       top_k: int = 5):
+    """``text`` through the model as loaded and under ``mask``: per-token losses and top-k guesses of a language
+    model (``evaluation.example.compare_lm``), label probabilities of a classifier (stored per text and mask)."""
+    def compute():
+        with compute_slot():
+            if ws.task.kind == "lm":
+                return compare_lm(ws.loaded.model, ws.loaded.tokenizer, text, mask, top_k=top_k,
+                                  max_length=ws.setup.max_length, targets_from=targets_from)
+            return compare_classifier(ws.loaded.model, ws.loaded.tokenizer, text, mask,
+                                      max_length=ws.setup.max_length)
+
+    return store().memo(f"example|{ws.key}|{text}|{targets_from}|{top_k}|{mask_key(mask)}", compute)
+
+
 def _profile_key(ws: DashboardWorkspace, mask: HeadMask) -> str:
     return f"profile|{ws.key}|{mask_key(mask)}"
 
@@ -136,6 +172,17 @@ def profile_for(ws: DashboardWorkspace, mask: HeadMask, progress: Progress | Non
                                      max_length=ws.setup.max_length, progress=progress)
 
     return store().memo(_profile_key(ws, mask), compute)
+
+
+# -- lessons ------------------------------------------------------------------------------------------------------
+
+def available_lessons(pages: list[str]) -> tuple[dict, list[str]]:
+    """The shipped lessons and those of the folder HEADPRUNE_LESSONS names (``headprune.lessons``), with the error
+    lines of files that could not be used; re-read when a file changes (kept per folder listing and times)."""
+    folders = lesson_folders(os.environ.get(LESSONS_ENV))
+    stamp = [(str(p), p.stat().st_mtime_ns, p.stat().st_size) for f in folders if f.is_dir()
+             for p in sorted(f.glob("*.toml"))[:200]]
+    return store().memo(f"lessons|{stamp}|{pages}", lambda: load_lessons(folders, pages=pages))
 
 
 # -- head roles ---------------------------------------------------------------------------------------------------
@@ -582,7 +629,9 @@ def kv_group_scores(ws: DashboardWorkspace, rule: str, sink: int, window: int, p
 
 def kv_metrics(ws: DashboardWorkspace, plan: KVPlan, mask: HeadMask | None) -> Metrics:
     """The evaluation metrics with ``plan``'s streaming heads restricted, under ``mask`` (stored per plan)."""
-    key = f"kv-metric|{ws.key}|{mask_key(mask)}|{plan.sink}|{plan.window}|{plan.full.int().flatten().tolist()}"
+    # a budget plan's per-group windows are part of what the metric depends on
+    windows = plan.group_windows().flatten().tolist() if plan.is_budget else plan.window
+    key = f"kv-metric|{ws.key}|{mask_key(mask)}|{plan.sink}|{windows}|{plan.full.int().flatten().tolist()}"
 
     def compute():
         with compute_slot():

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from urllib.parse import urlencode
 
 import plotly.graph_objects as go
 import streamlit as st
@@ -16,10 +17,12 @@ from headprune import viz
 from headprune.criteria import Criterion, available, get
 from headprune.errors import HeadpruneError
 from headprune.evaluation.speed import speed_headline, speed_table
+from headprune.glossary import help_for, role_legend
 from headprune.model.mask import HeadMask
 from headprune.model.sizes import cut_summary
+from headprune.viewstate import MAX_SENTENCE
 
-from .compute import measure_speed, measured_speed, stored_roles
+from .compute import available_lessons, measure_speed, measured_speed, stored_roles
 from .config import LINK_KEYS, Link, current_setup, demo_setup, link_data, link_models, parse_link, use_setup
 from .session import SessionData, session
 from .store import DashboardWorkspace as Workspace
@@ -145,6 +148,10 @@ PAGES = (  # (file in dashboard/pages, title, icon, url path); dashboard/app.py 
     ("6_Export.py", "Export", ":material/download:", "export"),
     ("9_KV_cache.py", "KV cache", ":material/memory:", "kv-cache"),
     ("10_Runs.py", "Protocol runs", ":material/table_chart:", "runs"),
+    ("11_Lessons.py", "Lessons", ":material/school:", "lessons"),
+    ("12_Model_view.py", "Every head at a glance", ":material/apps:", "heads"),
+    ("13_What_it_says.py", "What the pruned model says", ":material/compare:", "example"),
+    ("14_Glossary.py", "Glossary", ":material/menu_book:", "glossary"),
 )
 
 
@@ -168,11 +175,13 @@ def page(title: str, caption: str | None = None, live_counts: bool = False) -> t
     if ws is None:
         st.stop()
     sd = session(ws)
+    remember_lesson()          # before the address bar is rewritten: it may carry ?lesson=NAME&step=K
     link = st.session_state.pop(LINK_STATE, None)
     if link is not None:
         apply_link(ws, sd, link)
     sidebar(ws, sd, counts=not live_counts)
     share_view(ws, sd, title)
+    lesson_panel(ws)
     return ws, sd
 
 
@@ -189,6 +198,7 @@ def follow_link() -> str | None:
     if st.session_state.get(LINK_READ):
         return None
     st.session_state[LINK_READ] = True
+    remember_lesson()            # before switch_page, which empties the query string
     params = {k: st.query_params[k] for k in LINK_KEYS if k in st.query_params}
     if not params:
         return None
@@ -326,8 +336,7 @@ def sidebar(ws: Workspace, sd: SessionData, counts: bool = True) -> None:
             sidebar_counts(ws, sd)
         if stored_roles(ws) is not None:
             st.toggle("Head roles on the grids", value=True, key=ROLE_MARKS_KEY,
-                      help="Letters in the cells: P previous-token, D duplicate-token, I induction, S sink, "
-                           "@k positional at offset k, Y syntactic, B broad (Roles page).")
+                      help="Letters in the cells: " + role_legend() + " (Roles page; the Glossary explains each).")
         if ws.setup.model != "demo" or ws.setup.data != "demo":
             st.button("Use the demo", on_click=use_setup, args=(demo_setup(ws.setup),), key="sidebar-demo")
 
@@ -378,6 +387,88 @@ def running_metric(metric: str, estimate, previous: float) -> dict:
                     "is in."}
 
 
+# -- lessons: the current step's text above every page ------------------------------------------------------------
+
+LESSON_KEY = "hp_lesson"     # session: (lesson name, step from 1) of the lesson being followed
+LESSON_SENTENCE = "hp_lesson_sentence"   # session: a lesson step's sentence, until a view takes it
+
+
+def remember_lesson() -> None:
+    """Keep the ``lesson``/``step`` of the address bar in the session (a step's link opens a fresh page load)."""
+    name, step = st.query_params.get("lesson"), st.query_params.get("step")
+    if name and step and step.isdigit():
+        st.session_state[LESSON_KEY] = (name, int(step))
+        if st.query_params.get("sentence"):     # the step's text, for the views that take one (example_picker)
+            st.session_state[LESSON_SENTENCE] = st.query_params["sentence"][:MAX_SENTENCE]
+
+
+def step_href(lesson, step: int) -> str:
+    """The relative link that opens step ``step`` of ``lesson`` (its whole state is in the query string)."""
+    return "?" + urlencode(lesson.query(step))
+
+
+def lesson_panel(ws: Workspace) -> None:
+    """The lesson step being followed, above the page: its text, what to look at, its question and the reveal,
+    and links to the step before and after (each a full page load of that step's state)."""
+    current = st.session_state.get(LESSON_KEY)
+    if current is None:
+        return
+    lessons, _ = available_lessons(list(PAGE_URLS.values()))
+    name, k = current
+    lesson = lessons.get(name)
+    if lesson is None or not 1 <= k <= len(lesson.steps):
+        st.warning(f"This link names lesson {name!r} step {k}, which this server does not have (see the Lessons "
+                   "page).", icon="🎓")
+        st.session_state.pop(LESSON_KEY, None)
+        return
+    step = lesson.steps[k - 1]
+    with st.container(border=True, key="lesson-panel"):
+        st.markdown(f"🎓 **{lesson.title}** · step {k} of {len(lesson.steps)}: **{step.title}**")
+        st.markdown(step.text)
+        if step.look:
+            st.markdown(f"**Look at:** {step.look}")
+        if step.question:
+            st.markdown(f"**Question:** {step.question}")
+            with st.expander("Reveal the answer"):
+                st.markdown(step.answer)
+        if not lesson.linkable and ws.setup.model != lesson.model:
+            st.button("Load this lesson's model", on_click=use_setup, key="lesson-model",
+                      args=(replace(current_setup(), model=lesson.model, data=lesson.data, data_label=lesson.data),))
+        links = ([f'<a href="{step_href(lesson, k - 1)}" target="_self">← step {k - 1}</a>'] if k > 1 else []) + \
+            ([f'<a href="{step_href(lesson, k + 1)}" target="_self">step {k + 1} →</a>'] if k < len(lesson.steps)
+             else ["last step"])
+        st.markdown(" · ".join(links), unsafe_allow_html=True)
+
+
+# -- one example (model view, what the pruned model says) ---------------------------------------------------------
+
+def example_picker(ws: Workspace, key: str, default_typed: str = "The film is slow, but the acting is wonderful.",
+                   ) -> tuple[object, int | None]:
+    """A text to look at: an evaluation row (with its ``targets_from``: demo-circuit scores the repeated half) or the
+    user's own. Returns (text or (text, pair), targets_from); stops the page on an empty typed text."""
+    preset = st.session_state.pop(LESSON_SENTENCE, None)
+    if preset:
+        st.session_state[f"{key}-source"], st.session_state[f"{key}-typed"] = "type one", preset
+    source = st.radio("Text", ["from the evaluation set", "type one"], horizontal=True, key=f"{key}-source")
+    if source == "type one":
+        typed = {} if f"{key}-typed" in st.session_state else {"value": default_typed}   # no double default
+        text = st.text_input("Your text", key=f"{key}-typed", max_chars=2000, **typed).strip()
+        if not text:
+            st.info("Type a text to look at.")
+            st.stop()
+        if ws.eval.pairs is not None:
+            pair = st.text_input("Second text (this model reads pairs)", key=f"{key}-typed-pair").strip()
+            return (text, pair or text), None
+        return text, None
+    n = min(len(ws.eval), 200)
+    row = st.selectbox("Evaluation text", list(range(n)), key=f"{key}-row",
+                       format_func=lambda i: f"{i}: " + (ws.eval.texts[i] if ws.eval.pairs is None
+                                                         else f"{ws.eval.texts[i]} ⟂ {ws.eval.pairs[i]}")[:150])
+    text = ws.eval.texts[row] if ws.eval.pairs is None else (ws.eval.texts[row], ws.eval.pairs[row])
+    starts = ws.eval.targets_from
+    return text, (None if starts is None else int(starts[row]))
+
+
 # -- criteria -------------------------------------------------------------------------------------------------------
 
 def criterion_picker(label: str, key: str, default: list[str], multi: bool = True,
@@ -386,10 +477,10 @@ def criterion_picker(label: str, key: str, default: list[str], multi: bool = Tru
     preset = key in st.session_state     # set by a shared link (apply_link): the widget reads it, no default
     if multi:  # chips show names only; what each computes is in its settings expander and in the help
         return st.multiselect(label, names, default=None if preset else [d for d in default if d in names], key=key,
-                              help="\n".join(f"- **{n}**: {get(n).description}" for n in names))
+                              help="\n".join(f"- **{n}**: {help_for(n, 'criterion')}" for n in names))
     index = names.index(default[0]) if default and default[0] in names else 0
     return [st.selectbox(label, names, index=None if preset else index, key=key,
-                         help=get(names[index]).description)]
+                         help=help_for(names[index], "criterion"))]
 
 
 def _param_widget(crit: Criterion, name: str, value, key: str):

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+import plotly.colors as plotly_colors
 import plotly.graph_objects as go
 
 from .criteria import available
@@ -44,7 +45,6 @@ TOLERANCE_COLOR = "#d1495b"
 GROUP_BORDER_COLOR = "#1f1f1f"
 WORD_COLOR = "#31333f"          # streamlit's default text colour
 UNSEEN_WORD_COLOR = "#bbbbbb"   # words the model did not read (cut by the max length)
-MARK_COLOR = "#111111"       # role marks written in grid cells
 CELL_PX = 30          # grid cell height in pixels
 FONT = dict(size=13)
 
@@ -80,6 +80,52 @@ def criterion_colorscale(name: str) -> list[list]:
     """Sequential scale: a pale tint of the criterion's colour (pruned first) to a deep shade (kept longest)."""
     color = criterion_color(name)
     return [[0.0, _mix(color, "#ffffff", 0.85)], [0.5, color], [1.0, _mix(color, "#000000", 0.45)]]
+
+
+# -- labels that survive an export, text readable on any cell ----------------------------------------------------
+
+DARK_TEXT, LIGHT_TEXT = "#111111", "#ffffff"
+
+
+def _luminance(color: str) -> float:
+    """WCAG 2 relative luminance of a "#rrggbb" colour."""
+    rgb = _hex_to_rgb(color)
+    linear = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in rgb]
+    return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+
+def contrast_text(background: str) -> str:
+    """Dark or white text, whichever has the higher WCAG contrast ratio on ``background``."""
+    lum = _luminance(background)
+    dark, light = _luminance(DARK_TEXT), _luminance(LIGHT_TEXT)
+    return DARK_TEXT if (lum + 0.05) / (dark + 0.05) >= (light + 0.05) / (lum + 0.05) else LIGHT_TEXT
+
+
+def cell_colors(z: np.ndarray, colorscale, zmin: float | None = None, zmax: float | None = None) -> np.ndarray:
+    """The colour each cell of a heatmap with ``colorscale`` (a list of [position, colour] or a plotly name) gets,
+    as plotly maps it: z scaled from [zmin, zmax] (the data's range when None); NaN cells are None."""
+    scale = plotly_colors.get_colorscale(colorscale) if isinstance(colorscale, str) else colorscale
+    scale = [[float(p), _rgb_to_hex([v / 255 for v in plotly_colors.unlabel_rgb(c)]) if c.startswith("rgb") else c]
+             for p, c in scale]
+    z = np.asarray(z, dtype=float)
+    finite = z[np.isfinite(z)]
+    low = float(zmin) if zmin is not None else (float(finite.min()) if finite.size else 0.0)
+    high = float(zmax) if zmax is not None else (float(finite.max()) if finite.size else 1.0)
+    out = np.empty(z.shape, dtype=object)
+    for index, value in np.ndenumerate(z):
+        out[index] = None if not np.isfinite(value) else \
+            _sample_scale(scale, 0.5 if high == low else (value - low) / (high - low))
+    return out
+
+
+def keep_labels(fig: go.Figure) -> go.Figure:
+    """Let every axis (tick labels, title) push the margins out as far as it needs, so layer labels, criterion
+    names and axis titles are inside the image in every export (PNG, SVG, standalone HTML; titles sit in a top
+    margin kept for them). Inside the dashboard plotly's default template is streamlit's, which leaves automargin
+    off: the exports cut the L0-L5 labels off at a 10 px margin."""
+    fig.update_xaxes(automargin=True)
+    fig.update_yaxes(automargin=True)
+    return fig
 
 
 # -- head grids ---------------------------------------------------------------------------------------------------
@@ -152,6 +198,8 @@ def head_grid(z: np.ndarray, hover: np.ndarray, colorscale, *, tied: bool = Fals
     pruned = np.zeros(z.shape, bool) if pruned is None else pruned
     cell_text = np.where(pruned, "✕", "" if marks is None else marks)
     shown = np.where(pruned, np.nan, z)
+    backgrounds = np.where(pruned, PRUNED_COLOR, cell_colors(shown, colorscale, zmin, zmax))
+    text_colors = [DARK_TEXT if bg is None else contrast_text(bg) for bg in backgrounds.ravel()]
     fig = go.Figure()
     fig.add_trace(go.Heatmap(z=np.where(pruned, 0.0, np.nan), x=list(range(n_heads)), y=list(range(n_rows)),
                              colorscale=[[0, PRUNED_COLOR], [1, PRUNED_COLOR]], showscale=False, hoverinfo="skip",
@@ -162,8 +210,7 @@ def head_grid(z: np.ndarray, hover: np.ndarray, colorscale, *, tied: bool = Fals
     rows, cols = np.meshgrid(range(n_rows), range(n_heads), indexing="ij")
     fig.add_trace(go.Scatter(
         x=cols.ravel(), y=rows.ravel(), mode="markers+text",
-        text=cell_text.ravel(), textfont=dict(color=np.where(pruned, "#ffffff", MARK_COLOR).ravel().tolist(),
-                                              size=np.where(pruned, 12, 10).ravel().tolist()),
+        text=cell_text.ravel(), textfont=dict(color=text_colors, size=np.where(pruned, 12, 10).ravel().tolist()),
         customdata=np.stack([rows.ravel(), cols.ravel()], axis=1),
         hovertext=hover.ravel(), hoverinfo="text",
         marker=dict(symbol="square", size=CELL_PX - 4, color="rgba(0,0,0,0)"),
@@ -180,11 +227,11 @@ def head_grid(z: np.ndarray, hover: np.ndarray, colorscale, *, tied: bool = Fals
     fig.update_xaxes(title_text=axis_title, tickmode="array", tickvals=list(range(n_heads)), showgrid=False,
                      zeroline=False, range=[-0.5, n_heads - 0.5], constrain="domain")
     fig.update_yaxes(tickmode="array", tickvals=list(range(n_rows)), ticktext=_layer_labels(n_rows, tied, layer_kinds),
-                     autorange="reversed", showgrid=False, zeroline=False, title_text=None)
+                     autorange="reversed", showgrid=False, zeroline=False, title_text="layer")
     fig.update_layout(height=max(160, CELL_PX * n_rows + 110), margin=dict(l=10, r=10, t=40 if title else 10, b=40),
                       title=title, font=FONT, clickmode="event+select", dragmode=False,
                       plot_bgcolor="rgba(0,0,0,0)")
-    return fig
+    return keep_labels(fig)
 
 
 def score_heatmap(score: ScoreMap, *, tied: bool = False, selected: tuple[int, int] | None = None,
@@ -279,7 +326,7 @@ def kept_share_figure(curve: Mapping[str, Sequence[float | None]], ratios: Seque
     fig.update_xaxes(title_text="heads pruned (%)", range=[0, 100])
     fig.update_yaxes(title_text="heads of the role kept (%)", range=[0, 102])
     fig.update_layout(height=340, margin=dict(l=10, r=10, t=40 if title else 10, b=40), title=title, font=FONT)
-    return fig
+    return keep_labels(fig)
 
 
 def kept_share_table(table: Mapping[str, Mapping]) -> pd.DataFrame:
@@ -305,6 +352,31 @@ def clicked_head(selection: Mapping | None) -> tuple[int, int] | None:
     return None
 
 
+
+def atlas_figure(uri: str, shape: tuple[int, int], *, hover: np.ndarray, marks: np.ndarray | None = None,
+                 tied: bool = False, layer_kinds: Sequence[str] | None = None, cell_px: int = 56) -> go.Figure:
+    """Every head's thumbnail (``views.head_atlas``, given as a PNG data URI) under a transparent click layer like
+    ``head_grid``'s (``customdata`` = [layer, head], so ``clicked_head`` reads a click), role ``marks`` written on the
+    thumbnails. One image and one scatter, whatever the number of heads."""
+    n_rows, n_heads = shape
+    rows, cols = np.meshgrid(range(n_rows), range(n_heads), indexing="ij")
+    fig = go.Figure(go.Scatter(
+        x=cols.ravel(), y=rows.ravel(), mode="markers+text", name="heads",
+        text=(np.full(shape, "", dtype=object) if marks is None else marks).ravel(), textposition="middle center",
+        textfont=dict(color="#d62728", size=13, family="monospace"),
+        customdata=np.stack([rows.ravel(), cols.ravel()], axis=1), hovertext=hover.ravel(), hoverinfo="text",
+        marker=dict(symbol="square", size=cell_px - 6, color="rgba(0,0,0,0)"),
+        selected=dict(marker=dict(opacity=1)), unselected=dict(marker=dict(opacity=1)), showlegend=False))
+    fig.add_layout_image(source=uri, xref="x", yref="y", x=-0.5, y=-0.5, sizex=n_heads, sizey=n_rows,
+                         sizing="stretch", layer="below", xanchor="left", yanchor="top")
+    fig.update_xaxes(title_text="head", tickmode="array", tickvals=list(range(n_heads)), showgrid=False,
+                     zeroline=False, range=[-0.5, n_heads - 0.5], constrain="domain")
+    fig.update_yaxes(tickmode="array", tickvals=list(range(n_rows)), ticktext=_layer_labels(n_rows, tied, layer_kinds),
+                     range=[n_rows - 0.5, -0.5], showgrid=False, zeroline=False, scaleanchor="x", constrain="domain")
+    fig.update_layout(height=cell_px * n_rows + 80, width=cell_px * n_heads + 90, margin=dict(l=10, r=10, t=10, b=40),
+                      font=FONT, clickmode="event+select", dragmode=False, plot_bgcolor="rgba(0,0,0,0)")
+    return fig
+
 # -- comparing criteria -------------------------------------------------------------------------------------------
 
 def rank_correlation(scores: Mapping[str, ScoreMap]) -> pd.DataFrame:
@@ -314,14 +386,23 @@ def rank_correlation(scores: Mapping[str, ScoreMap]) -> pd.DataFrame:
 
 
 def correlation_figure(corr: pd.DataFrame) -> go.Figure:
-    text = corr.map(lambda v: "" if np.isnan(v) else f"{v:.2f}").values
-    fig = go.Figure(go.Heatmap(z=corr.values, x=list(corr.columns), y=list(corr.index), zmin=-1, zmax=1,
-                               colorscale="RdBu", text=text, texttemplate="%{text}",
+    """Spearman's rho between criteria as a matrix, each cell's value written in the colour that reads on it."""
+    names_x, names_y = list(corr.columns), list(corr.index)
+    values = corr.values.astype(float)
+    fig = go.Figure(go.Heatmap(z=values, x=names_x, y=names_y, zmin=-1, zmax=1, colorscale="RdBu",
                                hovertemplate="%{y} vs %{x}<br>Spearman ρ = %{z:.3f}<extra></extra>",
                                colorbar=dict(title="ρ", thickness=12)))
-    fig.update_yaxes(autorange="reversed")
-    fig.update_layout(height=max(220, 46 * len(corr) + 90), margin=dict(l=10, r=10, t=10, b=10), font=FONT)
-    return fig
+    backgrounds = cell_colors(values, "RdBu", -1, 1)
+    cells = [(x, y, f"{values[i, j]:.2f}", contrast_text(backgrounds[i, j]))
+             for i, y in enumerate(names_y) for j, x in enumerate(names_x) if np.isfinite(values[i, j])]
+    fig.add_trace(go.Scatter(x=[c[0] for c in cells], y=[c[1] for c in cells], mode="text",
+                             text=[c[2] for c in cells], textfont=dict(color=[c[3] for c in cells]),
+                             hoverinfo="skip", showlegend=False, name="values"))
+    fig.update_xaxes(title_text="criterion", tickangle=-30, showgrid=False)
+    fig.update_yaxes(title_text="criterion", autorange="reversed", showgrid=False)
+    fig.update_layout(height=max(260, 46 * len(corr) + 150), margin=dict(l=10, r=10, t=10, b=10), font=FONT,
+                      plot_bgcolor="rgba(0,0,0,0)")
+    return keep_labels(fig)
 
 
 def jaccard_table(scores: Mapping[str, ScoreMap], ratio: float) -> pd.DataFrame:
@@ -375,7 +456,7 @@ def attention_figure(words: Sequence[str], matrix: np.ndarray, title: str | None
     fig.update_yaxes(title_text="query word", autorange="reversed")
     size = max(320, min(900, 26 * len(words) + 160))
     fig.update_layout(height=size, margin=dict(l=10, r=10, t=40 if title else 10, b=10), title=title, font=FONT)
-    return fig
+    return keep_labels(fig)
 
 
 def word_positions(words: Sequence[str]) -> np.ndarray:
@@ -440,7 +521,7 @@ def arc_figure(words: Sequence[str], arcs: Sequence, weights: np.ndarray | None,
     fig.update_yaxes(visible=False, range=[-unit * 1.6, top + unit * 1.2])
     fig.update_layout(height=int(min(560, 180 + 22 * top / unit)), margin=dict(l=10, r=10, t=40 if title else 10, b=10),
                       title=title, font=FONT, plot_bgcolor="rgba(0,0,0,0)")
-    return fig
+    return keep_labels(fig)
 
 
 def profile_figure(profile, layer: int, head: int, top: int = 12) -> go.Figure:
@@ -457,10 +538,10 @@ def profile_figure(profile, layer: int, head: int, top: int = 12) -> go.Figure:
                              customdata=[[b["layer"], b["head"]] for b in best],
                              hovertemplate="best: L%{customdata[0]} H%{customdata[1]} = %{x:.2f}<extra></extra>"))
     fig.update_xaxes(title_text="dependency accuracy (dependent's strongest attention is its head)", range=[0, 1])
-    fig.update_yaxes(autorange="reversed")
+    fig.update_yaxes(title_text="relation (n = arcs)", autorange="reversed")
     fig.update_layout(height=90 + 26 * len(relations), margin=dict(l=10, r=10, t=10, b=10), font=FONT,
                       legend=dict(orientation="h", y=1.02, yanchor="bottom"))
-    return fig
+    return keep_labels(fig)
 
 
 # -- trajectories ---------------------------------------------------------------------------------------------------
@@ -536,7 +617,7 @@ def trajectory_figure(trajectories: Sequence, spreads: Sequence[dict] = (), tole
     fig.update_yaxes(title_text=f"{metric} ({'higher' if higher else 'lower'} is better)")
     fig.update_layout(height=460, margin=dict(l=10, r=10, t=10, b=10), font=FONT, hovermode="closest",
                       legend=dict(orientation="h", y=1.02, yanchor="bottom"))
-    return fig
+    return keep_labels(fig)
 
 
 def band_figure_traces(fig: go.Figure, x: np.ndarray, spread: Mapping) -> None:
@@ -589,7 +670,7 @@ def sparsity_figure(points: Sequence[Mapping], metric: str, dense: float | None 
     fig.update_yaxes(title_text=f"{metric} ({'higher' if higher else 'lower'} is better), mean ± sd")
     fig.update_layout(height=460, margin=dict(l=10, r=10, t=10, b=10), font=FONT,
                       legend=dict(orientation="h", y=1.02, yanchor="bottom"))
-    return fig
+    return keep_labels(fig)
 
 
 # -- sizes ----------------------------------------------------------------------------------------------------------
@@ -608,6 +689,7 @@ def size_table(report: Mapping[str, Mapping]) -> pd.DataFrame:
 
 def figure_png(fig: go.Figure, width: int = 1100, height: int | None = None, scale: float = 2.0) -> bytes:
     """PNG bytes through kaleido (needs a local Chrome/Chromium; raises RuntimeError with the reason otherwise)."""
+    fig = keep_labels(go.Figure(fig))   # a copy: a figure built elsewhere gets its labels too, the caller's is kept
     try:
         return fig.to_image(format="png", width=width, height=height or fig.layout.height or 500, scale=scale)
     except Exception as exc:  # kaleido reports a missing browser or a failed render in many ways
@@ -616,7 +698,7 @@ def figure_png(fig: go.Figure, width: int = 1100, height: int | None = None, sca
 
 def figure_html(fig: go.Figure) -> str:
     """A self-contained HTML page (plotly.js inlined, so it opens offline)."""
-    return fig.to_html(include_plotlyjs=True, full_html=True)
+    return keep_labels(go.Figure(fig)).to_html(include_plotlyjs=True, full_html=True)
 
 
 # -- KV cache plans ------------------------------------------------------------------------------------------------
@@ -638,11 +720,26 @@ def kv_plan_grid(scores: np.ndarray, full: np.ndarray, *, selected: tuple[int, i
                      colorbar={"title": "score"})
 
 
+def kv_budget_grid(budgets: np.ndarray, scores: np.ndarray, *, title: str | None = None) -> go.Figure:
+    """(L x H_kv) key/value groups coloured by their KV budget in tokens (S + W_g; inf = full), each cell's budget
+    written in it, the rule's group score in the hover (``kvcache.budgets``)."""
+    budgets = np.asarray(budgets, dtype=float)
+    finite = np.where(np.isfinite(scores), scores, np.nan)
+    shown = np.where(np.isfinite(budgets), budgets, np.nan)
+    hover = np.array([[f"layer {b} · key/value head {g}<br>budget "
+                       f"{'every key (full)' if not np.isfinite(budgets[b, g]) else f'{int(budgets[b, g])} tokens'}"
+                       f"<br>score {finite[b, g]:.3f}" for g in range(budgets.shape[1])]
+                      for b in range(budgets.shape[0])], dtype=object)
+    marks = np.where(np.isfinite(budgets), np.nan_to_num(budgets, posinf=0).astype(int).astype(str), FULL_MARK)
+    return head_grid(shown, hover, "Viridis", marks=marks, title=title, colorbar={"title": "tokens"})
+
+
 def kv_bytes_figure(counted: Mapping[str, float], length: int) -> go.Figure:
     """Two bars: the full cache's and the plan's KV bytes (MiB) at ``length`` tokens (``kvcache.tasks.bytes_at``)."""
     mib = [counted["full_cache"] / 2**20, counted["plan"] / 2**20]
     fig = go.Figure(go.Bar(x=["full cache", "plan"], y=mib, marker_color=[PRUNED_COLOR, KEPT_COLOR],
                            text=[f"{v:.2f} MiB" for v in mib], textposition="auto", name="kv bytes"))
     fig.update_layout(title=f"KV cache at {length:,} tokens: {counted['ratio']:.0%} of the full cache",
-                      yaxis_title="MiB", height=320, margin={"t": 50, "b": 30, "l": 50, "r": 10})
-    return fig
+                      xaxis_title="key/value cache", yaxis_title="MiB", height=320,
+                      margin={"t": 50, "b": 30, "l": 50, "r": 10})
+    return keep_labels(fig)

@@ -14,6 +14,7 @@ from dashboard.ui import (
 )
 from headprune import viz
 from headprune.criteria import ScoreMap, get, redundant_pairs
+from headprune.glossary import help_for
 
 ws, sd = page("Head scores", "Each criterion ranks the heads; darker = more important = kept longer. "
                              "Click a head to select it for the Attention and Prune pages.")
@@ -77,7 +78,8 @@ def heatmaps() -> None:
     for start in range(0, len(names), per_row):
         for col, name in zip(st.columns(per_row), names[start:start + per_row]):
             with col:
-                st.markdown(f"**{name}**" + (" · re-scored after each removal" if get(name).dynamic else ""))
+                st.markdown(f"**{name}**" + (" · re-scored after each removal" if get(name).dynamic else ""),
+                            help=help_for(name, "criterion"))
                 fig = viz.score_heatmap(scores[name], selected=sd.head, **viz.grid_options(ws.adapter),
                                         **role_marks(ws))
                 clickable_grid(fig, f"scores-map-{name}", sd, select)

@@ -6,6 +6,7 @@ import streamlit as st
 from dashboard.compute import arcs_for, profile_for, stored_profile
 from dashboard.ui import clickable_grid, guard, long_job, page, role_marks
 from headprune import viz
+from headprune.glossary import dependency_help
 
 ws, sd = page("Attention", "Pick a sentence and a head. Arcs go from a word to its grammatical head; "
                            "the thicker and redder an arc, the more this head attends along it.")
@@ -75,6 +76,8 @@ def head_view() -> None:
     if arcs.arcs:
         st.plotly_chart(viz.arc_figure(arcs.words, arcs.arcs, arcs.arc_weights(layer, head), title=title,
                                        seen=arcs.seen), width="stretch", key="att-arcs")
+        with st.expander("What do these labels mean?"):
+            st.markdown(dependency_help(arcs.labels))     # spaCy's own explanation of each label drawn
     else:
         st.info("The parser found no dependency arcs in this text.")
     future = arcs.dropped.get("future head", 0)

@@ -9,8 +9,10 @@ from dashboard.compute import kv_group_scores, kv_metrics
 from dashboard.ui import clickable_grid, guard, page, progress_bar
 from headprune import viz
 from headprune.kvcache import KVPlan
+from headprune.kvcache.budgets import BETA_DEFAULT, budget_plan
+from headprune.kvcache.budgets import KIND as BUDGET_KIND
 from headprune.kvcache.plan import top_share
-from headprune.kvcache.scores import RULES
+from headprune.kvcache.scores import CRITERION_KIND, RULE_KINDS, RULES
 from headprune.kvcache.tasks import bytes_at
 
 ws, sd = page("KV cache", "Which key/value heads need the whole KV cache? A full head keeps every key and value; a "
@@ -24,43 +26,69 @@ if not ws.adapter.causal:
     st.stop()
 
 left, mid, right = st.columns(3)
-rule = left.selectbox("Score", RULES, key="kv-rule", help="razor: RazorAttention echo + induction on probes longer "
-                      "than W; duo: attention mass outside sink + window on the calibration rows; random: seeded")
-share = left.slider("Full heads (%)", 0, 100, 25, 5, key="kv-share")
+rule = left.selectbox("Score", RULES, key="kv-rule", help="each rule's card below says what it is: the published "
+                      "method, a part of it, a proxy or a baseline")
+kind = left.radio("Plan", ["full / streaming", "budgets (HeadKV)"], key="kv-kind", horizontal=True,
+                  help="full / streaming: a share of groups keeps every key, the rest S + W; budgets: every group "
+                  "keeps S + W_g tokens, W_g from the score under a total (HeadKV's allocation)")
+budgets = kind.startswith("budgets")
 sink = mid.number_input("Sink S (first keys)", 0, 64, 4, key="kv-sink")
-window = mid.number_input("Window W (last keys)", 1, 4096, 16, key="kv-window")
+window = mid.number_input("Window W (last keys)", 1, 4096, 16, key="kv-window",
+                          help="the streaming window; with budgets, the window the score is measured at and the "
+                          "default mean budget S + W per group")
 length = right.select_slider("Context length (bytes bar)", [2**k for k in range(8, 18)], 4096, key="kv-length")
+n_groups = ws.adapter.n_kv_heads * len(ws.adapter.blocks)
+if budgets:
+    total = left.number_input("Total budget (tokens, all groups)", 0, 2**24, n_groups * int(sink + window),
+                              key="kv-budget", help=f"{n_groups} key/value groups; their budgets S + W_g sum to this")
+    beta = right.number_input("β (HeadKV's pool: floor(b / β) per group)", 1.0, 1e6, BETA_DEFAULT, key="kv-beta")
+else:
+    share = left.slider("Full heads (%)", 0, 100, 25, 5, key="kv-share")
+st.caption(f"**{rule}**: {RULE_KINDS.get(rule, CRITERION_KIND)}."
+           + (f"  \n**budgets**: {BUDGET_KIND}." if budgets else ""))
 
+scores = None
 with guard("Could not score the key/value heads"):
     bar = progress_bar(f"{rule} scores")
     scores = kv_group_scores(ws, rule, int(sink), int(window), bar)
     bar.done()
-
-basis = (ws.key, rule, share, int(sink), int(window))
-if st.session_state.get("kv-basis") != basis:     # a new rule, share or window: start from the rule's top share
-    st.session_state["kv-basis"] = basis
-    st.session_state["kv-full"] = top_share(np.nan_to_num(scores, nan=-np.inf), share / 100).numpy()
-full = st.session_state["kv-full"]
-
-
-def toggle(head: tuple[int, int]) -> None:
-    full[head] = not full[head]
-
+if scores is None:   # the error above says why (e.g. rows no longer than S + W for the outside-window mass)
+    st.stop()
 
 # A head click (or the Switch button) reruns only this fragment: the plan's grid, metric, bytes and exports -- not the
 # scores and settings above (issue 35: a click re-ran the whole page, 35 s on demo-lm).
 @st.fragment
 def plan_view() -> None:
-    clickable_grid(viz.kv_plan_grid(scores, full, title=f"{rule} score per key/value head (F full · S streaming)"),
-                   "kv-grid", sd, toggle)
-    heads = [(b, g) for b in range(full.shape[0]) for g in range(full.shape[1])]
-    pick, button = st.columns([3, 1], vertical_alignment="bottom")
-    chosen = pick.selectbox("Key/value head", heads, key="kv-head",
-                            format_func=lambda h: f"layer {h[0]} · key/value head {h[1]}")
-    # a callback: it runs before the rerun, so the grid above is drawn with the switch already made
-    button.button("Switch full / streaming", key="kv-toggle", on_click=toggle, args=(chosen,))
+    if budgets:
+        plan = None
+        with guard("Could not allocate the budgets"):
+            plan = budget_plan(scores, ws.adapter.n_heads, int(total), int(sink), float(beta),
+                               meta={"rule": rule, "model": ws.setup.model})
+            st.plotly_chart(viz.kv_budget_grid(plan.budgets().numpy(), scores, title=f"KV budget per key/value head "
+                                               f"(tokens, S + W_g) from the {rule} score"), key="kv-budget-grid",
+                            width="stretch")
+        if plan is None:   # the error above says why (a total too small for S + 1 per group)
+            st.stop()
+    else:
+        basis = (ws.key, rule, share, int(sink), int(window))
+        if st.session_state.get("kv-basis") != basis:     # a new rule, share or window: start from the rule's top share
+            st.session_state["kv-basis"] = basis
+            st.session_state["kv-full"] = top_share(np.nan_to_num(scores, nan=-np.inf), share / 100).numpy()
+        full = st.session_state["kv-full"]
 
-    plan = KVPlan(full.copy(), ws.adapter.n_heads, int(sink), int(window), {"rule": rule, "model": ws.setup.model})
+        def toggle(head: tuple[int, int]) -> None:
+            full[head] = not full[head]
+
+        clickable_grid(viz.kv_plan_grid(scores, full, title=f"{rule} score per key/value head (F full · S streaming)"),
+                       "kv-grid", sd, toggle)
+        heads = [(b, g) for b in range(full.shape[0]) for g in range(full.shape[1])]
+        pick, button = st.columns([3, 1], vertical_alignment="bottom")
+        chosen = pick.selectbox("Key/value head", heads, key="kv-head",
+                                format_func=lambda h: f"layer {h[0]} · key/value head {h[1]}")
+        # a callback: it runs before the rerun, so the grid above is drawn with the switch already made
+        button.button("Switch full / streaming", key="kv-toggle", on_click=toggle, args=(chosen,))
+
+        plan = KVPlan(full.copy(), ws.adapter.n_heads, int(sink), int(window), {"rule": rule, "model": ws.setup.model})
     counted = bytes_at(ws.loaded.model, plan, int(length), sd.mask)
     show_metric, show_bytes = st.columns(2)
     with show_metric, guard("Could not evaluate under the plan"):
@@ -70,16 +98,22 @@ def plan_view() -> None:
                   delta_color="normal" if ws.higher_is_better else "inverse")
         st.metric("KV bytes under the plan", f"{counted['plan'] / 2**20:.2f} MiB",
                   f"{counted['ratio']:.0%} of {counted['full_cache'] / 2**20:.2f} MiB", delta_color="off")
-        st.caption(f"{int(full.sum())} of {full.size} key/value heads full · S = {int(sink)}, W = {int(window)} · "
-                   f"{len(ws.eval_batches)} evaluation batches")
+        shape = (f"budgets of {plan.budget_tokens()} tokens in all (W_g {int(plan.group_windows().min())}-"
+                 f"{plan.window})" if budgets else
+                 f"{int(plan.full.sum())} of {plan.full.numel()} key/value heads full")
+        st.caption(f"{shape} · S = {int(sink)}, W = {plan.window} · {len(ws.eval_batches)} evaluation batches")
     with show_bytes:
         st.plotly_chart(viz.kv_bytes_figure(counted, int(length)), key="kv-bytes", width="stretch")
 
     export_json, export_tsv = st.columns(2)
     export_json.download_button("Export plan (JSON)", json.dumps(plan.to_json(), indent=1), "kv_plan.json",
                                 mime="application/json", key="kv-export")
-    export_tsv.download_button("Export DuoAttention TSV", plan.to_duo_tsv(), "full_attention_heads.tsv",
-                               mime="text/tab-separated-values", key="kv-export-tsv")
+    if budgets:   # DuoAttention's layout knows one window
+        export_tsv.caption("DuoAttention's TSV holds one window for every streaming head: export a full / "
+                           "streaming plan.")
+    else:
+        export_tsv.download_button("Export DuoAttention TSV", plan.to_duo_tsv(), "full_attention_heads.tsv",
+                                   mime="text/tab-separated-values", key="kv-export-tsv")
 
 
 plan_view()

@@ -15,6 +15,7 @@ from ..errors import HeadpruneError
 from ..evaluation.harness import APPLY, HarnessError, HarnessSpec, resolve_tasks, run_lm_eval
 from ..evaluation.metrics import evaluate
 from ..evaluation.speed import compare_speed
+from ..kvcache.plan import KVPlanError
 from ..kvcache.restrict import restricted
 from ..model.export import FORMATS, ExportError, export_model, round_to_uniform, type_problem
 from ..model.layers import skip_layers
@@ -98,9 +99,16 @@ def cmd_evaluate(args) -> dict:
     # every metric that applies at the top level (as before); the task's set and its headline said explicitly
     return {**values, "metric_set": list(names), "headline": head, "metrics": {m: values[m] for m in names},
             **summary(info), "mask": args.mask, "pruned_heads": int(gone.sum()),
-            **({"kv_plan": args.kv_plan, "kv_plan_full_kv_heads": int(plan.full.sum()), "kv_plan_sink": plan.sink,
-                "kv_plan_window": plan.window} if plan is not None else {}),
-            **({"dropped_layers": dropped} if dropped else {})}
+            **kv_plan_report(args.kv_plan, plan), **({"dropped_layers": dropped} if dropped else {})}
+
+
+def kv_plan_report(path: str | None, plan) -> dict:
+    """What an evaluation says about the KV plan it ran under ({} without one)."""
+    if plan is None:
+        return {}
+    return {"kv_plan": path, "kv_plan_full_kv_heads": int(plan.full.sum()), "kv_plan_sink": plan.sink,
+            "kv_plan_window": plan.window, **({"kv_plan_budget_tokens": plan.budget_tokens()} if plan.is_budget
+                                              else {})}
 
 
 def _evaluate_lm_eval(args) -> dict:
@@ -115,14 +123,25 @@ def _evaluate_lm_eval(args) -> dict:
                            f"({', '.join(config.get('architectures') or [str(config.get('model_type'))])}). "
                            "Accepted: a *ForCausalLM model (e.g. --model demo-lm), or leave --lm-eval out to "
                            "evaluate the classifier on --data.")
+    plan = read_plan_arg(args.kv_plan, args.model)
+    if plan is not None and args.mask and args.lm_eval_apply == "cut":
+        # the plan maps the loaded model's key/value heads; cutting heads afterwards would renumber them
+        raise KVPlanError("--kv-plan with --lm-eval-apply cut is not supported: the plan is applied to the loaded "
+                          "model's heads. Use --lm-eval-apply gate (the default) with --mask, or save the pruned "
+                          "model first (headprune prune) and make its plan with headprune kvplan.")
     warn_user_code(spec)   # before resolve_tasks: checking a task's data already imports its helpers
     tasks = resolve_tasks(spec)
     loaded = load_model(args.model, args.device, device_map=args.device_map, dtype=args.dtype)
     mask = load_mask(args, loaded)
-    result = run_lm_eval(loaded.model, loaded.tokenizer, tasks, mask, progress=tqdm_progress("lm-eval"),
-                         dropped_layers=mask_dropped_layers(args, loaded))
+    if plan is not None:
+        plan.check_fits(loaded.adapter)
+    # a KV plan goes through the lm-eval bridge like a mask: lm-eval scores the restricted private copy
+    with restricted(loaded.model, plan) if plan is not None else nullcontext(loaded.model) as model:
+        result = run_lm_eval(model, loaded.tokenizer, tasks, mask, progress=tqdm_progress("lm-eval"),
+                             dropped_layers=mask_dropped_layers(args, loaded))
     return {"model": args.model, "mask": args.mask, "device": str(loaded.device), "dtype": args.dtype,
-            "device_map": args.device_map, "lm_eval": result, "software": versions("lm_eval")}
+            "device_map": args.device_map, "lm_eval": result, "software": versions("lm_eval"),
+            **kv_plan_report(args.kv_plan, plan)}
 
 
 def cmd_prune(args) -> dict:

@@ -14,11 +14,12 @@ from dataclasses import replace
 
 import numpy as np
 
+from ..kvcache.budgets import BETA_DEFAULT, TEMPERATURE_DEFAULT, budget_plan, check_allocation
 from ..kvcache.cache import generate
 from ..kvcache.longctx import DEPTH, DEPTHS, ROWS, TASKS, TOKENS, check_lengths, check_task, measure, parse_numbers
 from ..kvcache.plan import KVPlan, KVPlanError, check_decoder, check_full_share, check_window
 from ..kvcache.restrict import restricted
-from ..kvcache.scores import REDUCE, RULES, check_rule, head_scores, plan_from_scores
+from ..kvcache.scores import REDUCE, RULES, check_rule, group_scores, head_scores, plan_from_scores
 from ..kvcache.stream import FORMAT, StreamSpec, run_stream, run_stream_seeds
 from ..limits import POSITIVE, POSITIVE_INT, Interval
 from ..model.device import DEVICES
@@ -61,7 +62,32 @@ def read_plan_arg(path: str | None, model: str) -> KVPlan | None:
     return KVPlan.read(path)
 
 
+def check_budget_args(args) -> None:
+    """``kvplan --budget``: its options checked, and the options it cannot apply refused, before anything loads."""
+    if args.budget is None:
+        given = [o for o, v in (("--beta", args.beta), ("--temperature", args.temperature)) if v is not None]
+        if given:
+            raise KVPlanError(f"{', '.join(given)} shape a budget plan's allocation: add --budget TOKENS, or leave "
+                              "them out.")
+        return
+    cannot = [o for o, v in (("--full-share", args.full_share), ("--trajectory", args.trajectory or None),
+                             ("--tsv", args.tsv)) if v is not None]
+    if cannot:
+        raise KVPlanError(f"{', '.join(cannot)} cannot apply to a budget plan (--budget: every group streams at its "
+                          "own window; DuoAttention's TSV and a trajectory know one window). Leave them out, or "
+                          "leave --budget out for a full / streaming plan.")
+    args.beta = BETA_DEFAULT if args.beta is None else args.beta
+    args.temperature = TEMPERATURE_DEFAULT if args.temperature is None else args.temperature
+    config = peek_config(args.model) or {}
+    layers, kv = config.get("num_hidden_layers"), config.get("num_key_value_heads",
+                                                             config.get("num_attention_heads"))
+    # the group count is known before the weights load for named models and folders (a hub id: after loading)
+    check_allocation(args.budget, layers * kv if isinstance(layers, int) and isinstance(kv, int) else 1,
+                     args.sink, args.beta, args.temperature)
+
+
 def cmd_kvplan(args) -> dict:
+    check_budget_args(args)
     if args.trajectory:
         return cmd_kv_trajectory(args)
     given = [o for o, v in (("--step", args.step), ("--random-orders", args.random_orders),
@@ -87,15 +113,24 @@ def cmd_kvplan(args) -> dict:
             "mask": args.mask, "seed": args.seed, "query_scores": [[None if s != s else float(s) for s in row]
                                                                    for row in scores],
             "versions": versions()}
-    plan = plan_from_scores(scores, loaded.adapter.n_kv_heads, args.full_share, args.sink, args.window,
-                            args.group, meta)
+    if args.budget is not None:
+        grouped = group_scores(scores, loaded.adapter.n_heads // loaded.adapter.n_kv_heads, args.group)
+        readable = [[float(v) if np.isfinite(v) else None for v in row] for row in grouped]   # JSON has no NaN
+        del meta["full_share"]
+        plan = budget_plan(grouped, loaded.adapter.n_heads, args.budget, args.sink, args.beta, args.temperature,
+                           {**meta, "group_reduce": args.group, "group_scores": readable})
+    else:
+        plan = plan_from_scores(scores, loaded.adapter.n_kv_heads, args.full_share, args.sink, args.window,
+                                args.group, meta)
     plan.write(args.out)
     if args.tsv:
         checked_out_file(args.tsv).write_text(plan.to_duo_tsv())
     if args.head_ids:
         checked_out_file(args.head_ids).write_text(json.dumps(plan.head_ids(), indent=1))
+    budgets = {"budget": plan.budget, "budgets": plan.to_json()["budgets"], "beta": args.beta,
+               "temperature": args.temperature} if plan.is_budget else {}
     return {"out": args.out, "rule": args.rule, "group_reduce": args.group, "full_kv_heads": int(plan.full.sum()),
-            "kv_heads": plan.full.numel(), "sink": args.sink, "window": args.window,
+            "kv_heads": plan.full.numel(), "sink": args.sink, "window": plan.window, **budgets,
             "head_ids": plan.head_ids()["full_kv_heads"], "seconds": time.perf_counter() - start,
             "tsv": args.tsv, "head_ids_file": args.head_ids}
 
@@ -176,6 +211,8 @@ def cmd_generate(args) -> dict:
         result["kv_plan"] = {**mixed.to_dict(), "text": decode(mixed.tokens), "file": args.kv_plan,
                              "full_kv_heads": int(plan.full.sum()), "kv_heads": plan.full.numel(),
                              "sink": plan.sink, "window": plan.window,
+                             **({"budget": plan.budget, "budget_tokens": plan.budget_tokens()} if plan.is_budget
+                                else {}),
                              "measured_byte_ratio": mixed.kv_bytes / full.kv_bytes if full.kv_bytes else None,
                              "ideal_byte_ratio": ideal["ratio"],
                              "per_token_speedup": full.per_token_s / mixed.per_token_s if mixed.per_token_s
@@ -299,6 +336,14 @@ def add_commands(sub) -> None:
     g.add_argument("--tolerance", type=float,
                    help="report the streamed share reached before the metric falls below T x dense")
     add_metric_arg(g, "the trajectory's summaries read")
+    g = p.add_argument_group("per-group budgets (HeadKV's allocation; docs/explanation/kv-budgets.md)")
+    g.add_argument("--budget", type=int, help="instead of full / streaming groups: a budget plan, every key/value "
+                   "group keeping S + W_g tokens, W_g from the rule's scores; TOKENS is the total over all groups "
+                   "(HeadKV: a base per group plus a pool shared in proportion to the score)")
+    g.add_argument("--beta", type=float, help=f"HeadKV's pool parameter: the pool is floor(b / beta) of each group's "
+                   f"mean budget b (default: {BETA_DEFAULT}; larger = more even budgets)")
+    g.add_argument("--temperature", type=float, help="HeadKV's temperature on the normalised scores "
+                   f"(default: {TEMPERATURE_DEFAULT:g})")
     p.add_argument("--tsv", help="also write DuoAttention's full_attention_heads.tsv layout here")
     p.add_argument("--head-ids", help="also write a JSON of full / streaming head ids here")
     p.set_defaults(handler=cmd_kvplan)

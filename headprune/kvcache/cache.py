@@ -2,8 +2,9 @@
 
 :class:`MixedLayer` stores, per layer, the key/value heads of full groups in a (B, n_full, capacity, d) buffer
 that grows by a quarter when full, and those of streaming groups in S + W slots (B, n_stream, S + W, d), a ring
-with each slot's token position; ``update`` writes the new keys in place and hands both parts to the attention
-function as a ``restrict.SplitKV``, so a decode step copies only its own key/value (``torch.cat`` copied the whole
+with each slot's token position (one ring per distinct window: a budget plan's groups keep S + W_g each);
+``update`` writes the new keys in place and hands every part to the attention function as a ``restrict.SplitKV``,
+so a decode step copies only its own key/value (``torch.cat`` copied the whole
 cache every step). :func:`generate` runs a greedy or seeded sampling loop over a model with the full cache, the
 full cache under the plan's restriction, or the mixed cache, timing the first token and each later one, and
 measuring the cache's bytes from its tensors.
@@ -17,41 +18,82 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
 
-from .restrict import CONFIG_KEY, SplitKV
+from .plan import KVPlanError
+from .restrict import CONFIG_KEY, KVPart, SplitKV
 
 MODES = ("full", "restricted", "mixed")
 GROWTH, MIN_GROWTH = 0.25, 256   # a full buffer grows by a quarter of itself, at least 256 tokens
 
 
+class Ring:
+    """The S + W slots of the streaming heads sharing one window W: (B, n, S + W, d) keys and values. Position
+    p < S sits in slot p (the sinks), a later one in slot S + (p - S) mod W (a ring: the new key overwrites position
+    p - W, which no query from p on can see); ``slot_positions`` holds each slot's position. The attention function
+    masks by position, so the ring's order does not matter."""
+
+    def __init__(self, heads: list[int], sink: int, window: int, like: torch.Tensor):
+        b, _, _, d = like.shape
+        self.heads, self.sink, self.window = heads, sink, window
+        slots = sink + window
+        self.k_buf, self.v_buf = like.new_zeros(b, len(heads), slots, d), like.new_zeros(b, len(heads), slots, d)
+        self.slot_positions = torch.full((slots,), -1, dtype=torch.long, device=like.device)
+
+    def held(self, length: int) -> int:
+        """Slots in use after ``length`` tokens: they fill in order until all S + W are."""
+        return min(length, self.sink + self.window)
+
+    def views(self, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        n = self.held(length)
+        return self.k_buf[:, :, :n], self.v_buf[:, :, :n], self.slot_positions[:n]
+
+    def write(self, keys: torch.Tensor, values: torch.Tensor, new_pos: torch.Tensor, end: int) -> None:
+        # a later query q >= end sees p < S or p > q - W >= end - W: the sinks and the last W keys suffice
+        keep = (new_pos < self.sink) | (new_pos >= end - self.window)
+        pos = new_pos[keep]
+        slots = torch.where(pos < self.sink, pos, self.sink + (pos - self.sink) % self.window)
+        self.k_buf[:, :, slots] = keys[:, :, keep]
+        self.v_buf[:, :, slots] = values[:, :, keep]
+        self.slot_positions[slots] = pos
+
+
 class MixedLayer(CacheLayerMixin):
     """One layer of a :class:`MixedCache`. ``kv_stream``: per physical key/value head, does it stream?
+    ``kv_windows``: its window W (one per head: a budget plan's groups differ; default ``window`` for all).
 
     Preallocated, so a decode step copies only its own key/value. Full heads write into a buffer (B, n_full,
     capacity, d) that grows geometrically when it runs out, by GROWTH of itself (amortised O(1) copies per token
     instead of ``torch.cat`` copying the whole cache every step; a quarter, not a doubling, so the spare capacity
-    stays within 25 % of what the plan saves). Streaming heads hold S + W slots (B, n_stream, S + W, d): position
-    p < S in slot p (the sinks), a later one in slot S + (p - S) mod W (a ring: the new key overwrites position
-    p - W, which no query from p on can see), each slot's position in ``slot_positions``. The attention function
-    masks by position, so the ring's order does not matter.
+    stays within 25 % of what the plan saves). Streaming heads sharing a window W hold one :class:`Ring` of S + W
+    slots, so a budget plan keeps exactly S + W_g keys per group.
     """
 
     is_sliding = False
 
-    def __init__(self, kv_stream: list[bool], sink: int, window: int):
+    def __init__(self, kv_stream: list[bool], sink: int, window: int | None = None,
+                 kv_windows: list[int] | None = None):
         super().__init__()
         self.full_heads = [j for j, s in enumerate(kv_stream) if not s]
-        self.stream_heads = [j for j, s in enumerate(kv_stream) if s]
-        self.sink, self.window, self.length = sink, window, 0
-        self.full_k_buf = self.full_v_buf = self.stream_k_buf = self.stream_v_buf = self.slot_positions = None
+        kv_windows = [window] * len(kv_stream) if kv_windows is None else kv_windows
+        by_window: dict[int, list[int]] = {}
+        for j, s in enumerate(kv_stream):
+            if s:
+                by_window.setdefault(int(kv_windows[j]), []).append(j)
+        self.windows = dict(sorted(by_window.items()))     # W -> the heads streaming at W
+        self.stream_heads = [j for heads in self.windows.values() for j in heads]
+        self.sink, self.length = sink, 0
+        self.full_k_buf = self.full_v_buf = None
+        self.rings: list[Ring] = []
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         b, _, _, d = key_states.shape
-        empty = lambda n, t: key_states.new_zeros(b, n, t, d)  # noqa: E731
-        self.full_k_buf, self.full_v_buf = empty(len(self.full_heads), 0), empty(len(self.full_heads), 0)
-        slots = self.sink + self.window
-        self.stream_k_buf, self.stream_v_buf = empty(len(self.stream_heads), slots), empty(len(self.stream_heads),
-                                                                                           slots)
-        self.slot_positions = torch.full((slots,), -1, dtype=torch.long, device=key_states.device)
+        if b > 1:
+            # rows of a batch would share one position counter and one ring order; padded rows sit at other
+            # positions than their tokens' indices, so a batch is refused rather than attended wrongly
+            raise KVPlanError(f"The mixed KV cache generates one row at a time; got a batch of {b}. Generate each "
+                              "prompt on its own (or use the restricted full cache, mode='restricted').")
+        self.full_k_buf = key_states.new_zeros(b, len(self.full_heads), 0, d)
+        self.full_v_buf = key_states.new_zeros(b, len(self.full_heads), 0, d)
+        self.rings = [Ring(heads, self.sink, window, key_states) for window, heads in self.windows.items()]
         self.is_initialized = True
 
     # -- what the layer holds (views of the buffers) ---------------------------------------------------------------
@@ -63,25 +105,23 @@ class MixedLayer(CacheLayerMixin):
     def full_v(self) -> torch.Tensor:
         return self.full_v_buf[:, :, :self.length]
 
-    @property
-    def held(self) -> int:
-        """Streaming slots in use: they fill in order until all S + W are."""
-        return min(self.length, self.sink + self.window)
+    def one_ring(self) -> Ring:
+        if len(self.rings) != 1:
+            raise KVPlanError(f"This layer streams at {len(self.rings)} windows; read its rings one by one.")
+        return self.rings[0]
 
     @property
     def stream_k(self) -> torch.Tensor:
-        return self.stream_k_buf[:, :, :self.held]
+        """The streaming keys held, for a layer of one window (a one-window plan)."""
+        return self.one_ring().views(self.length)[0]
 
     @property
     def stream_v(self) -> torch.Tensor:
-        return self.stream_v_buf[:, :, :self.held]
+        return self.one_ring().views(self.length)[1]
 
     @property
     def positions(self) -> torch.Tensor:
-        return self.slot_positions[:self.held]
-
-    def slot(self, positions: torch.Tensor) -> torch.Tensor:
-        return torch.where(positions < self.sink, positions, self.sink + (positions - self.sink) % self.window)
+        return self.one_ring().views(self.length)[2]
 
     def append_full(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         end = self.length + keys.shape[-2]
@@ -101,28 +141,25 @@ class MixedLayer(CacheLayerMixin):
         (the attention function reads keys and values from the one object)."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        t_new = key_states.shape[-2]
-        new_k, new_v = key_states[:, self.stream_heads], value_states[:, self.stream_heads]
-        new_pos = torch.arange(self.length, self.length + t_new, device=self.slot_positions.device)
+        t_new, end = key_states.shape[-2], self.length + key_states.shape[-2]
+        new_pos = torch.arange(self.length, end, device=key_states.device)
         self.append_full(key_states[:, self.full_heads], value_states[:, self.full_heads])
-        if t_new > 1:
-            # queries of a chunk may need keys its own later tokens push out of the ring: this step reads the
-            # held keys and the whole chunk (a copy, once per chunk), the ring keeps what later queries can see
-            stream_k = torch.cat([self.stream_k, new_k], dim=-2)
-            stream_v = torch.cat([self.stream_v, new_v], dim=-2)
-            positions = torch.cat([self.positions, new_pos])
-        end = self.length + t_new
-        # a later query q >= end sees p < S or p > q - W >= end - W: the sinks and the last W keys suffice
-        keep = (new_pos < self.sink) | (new_pos >= end - self.window)
-        slots = self.slot(new_pos[keep])
-        self.stream_k_buf[:, :, slots] = new_k[:, :, keep]
-        self.stream_v_buf[:, :, slots] = new_v[:, :, keep]
-        self.slot_positions[slots] = new_pos[keep]
+        parts = [KVPart(self.full_heads, self.full_k_buf[:, :, :end], self.full_v_buf[:, :, :end],
+                        torch.arange(end, device=key_states.device), None)]
+        for ring in self.rings:
+            new_k, new_v = key_states[:, ring.heads], value_states[:, ring.heads]
+            if t_new > 1:
+                # queries of a chunk may need keys its own later tokens push out of the ring: this step reads the
+                # held keys and the whole chunk (a copy, once per chunk), the ring keeps what later queries can see
+                k, v, positions = ring.views(self.length)
+                k, v = torch.cat([k, new_k], dim=-2), torch.cat([v, new_v], dim=-2)
+                positions = torch.cat([positions, new_pos])
+            ring.write(new_k, new_v, new_pos, end)
+            if t_new == 1:   # the one new query sees every slot held: the ring after the write is what it reads
+                k, v, positions = ring.views(end)
+            parts.append(KVPart(ring.heads, k, v, positions, ring.window))
         self.length = end
-        if t_new == 1:   # the one new query sees every slot held: the ring after the write is what it reads
-            stream_k, stream_v, positions = self.stream_k, self.stream_v, self.positions
-        split = SplitKV(self.full_k, self.full_v, stream_k, stream_v, positions, self.full_heads,
-                        self.stream_heads, self.length)
+        split = SplitKV(parts, end)
         return split, split
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -139,8 +176,8 @@ class MixedLayer(CacheLayerMixin):
         if not self.is_initialized:
             return []
         if allocated:
-            return [self.full_k_buf, self.full_v_buf, self.stream_k_buf, self.stream_v_buf]
-        return [self.full_k, self.full_v, self.stream_k, self.stream_v]
+            return [self.full_k_buf, self.full_v_buf] + [t for r in self.rings for t in (r.k_buf, r.v_buf)]
+        return [self.full_k, self.full_v] + [t for r in self.rings for t in r.views(self.length)[:2]]
 
 
 class MixedCache(Cache):
@@ -148,8 +185,8 @@ class MixedCache(Cache):
 
     def __init__(self, model):
         specs = getattr(model.config, CONFIG_KEY)
-        super().__init__(layers=[MixedLayer(specs[i]["kv_stream"], specs[i]["sink"], specs[i]["window"])
-                                 for i in range(len(specs))])
+        super().__init__(layers=[MixedLayer(specs[i]["kv_stream"], specs[i]["sink"],
+                                            kv_windows=specs[i]["kv_windows"]) for i in range(len(specs))])
 
 
 def cache_bytes(cache: Cache, allocated: bool = False) -> int:

@@ -16,6 +16,17 @@ On disk (``*.json`` beside mask files)::
 
 A query at position q of a streaming head sees key position p iff ``p <= q`` and (``p < S`` or ``p > q - W``):
 the same keys a cache holding the first S and last W entries gives it (``cache.MixedCache``).
+
+A **budget plan** (version 2, ``"kind": "budgets"``; HeadKV/AdaKV's per-head budgets, ``budgets.allocate``) gives
+every group its own window: group g keeps the S sinks and its last W_g keys, a budget of b_g = S + W_g tokens, or
+``null`` (every key: a full group)::
+
+    {"format": "headprune-kv-plan", "version": 2, "kind": "budgets", "shape": [L, H_kv], "n_heads": H,
+     "sink": 4, "budget": 1536,                # total tokens of the bounded groups' budgets (sum b_g <= budget)
+     "budgets": [[68, null], [132, 20], ...]}  # b_g = S + W_g >= S + 1 per group; null = full
+
+Full and all-streaming plans are its two extremes (every budget null; every budget S + W). Version 1 files load
+as before; any other version is refused (a newer headprune's file is not read as an older one).
 """
 
 from __future__ import annotations
@@ -33,6 +44,7 @@ FORMAT = "headprune-kv-plan"
 SINK = NON_NEGATIVE_INT       # attention sinks: 0, 1, 2, ... first keys
 WINDOW = POSITIVE_INT         # recent window: at least the key itself
 FULL_SHARE = UNIT             # share of key/value heads kept full
+VERSIONS = (1, 2)             # 1: full / streaming at one window; 2: per-group budgets
 
 
 class KVPlanError(HeadpruneError):
@@ -56,23 +68,77 @@ def check_full_share(share) -> None:
 
 @dataclass
 class KVPlan:
-    """``full``: bool (L, H_kv), True = the group keeps every key/value; the rest stream (``sink`` + ``window``)."""
+    """``full``: bool (L, H_kv), True = the group keeps every key/value; the rest stream (``sink`` + ``window``).
+
+    A budget plan also has ``windows``: int (L, H_kv), each streaming group's own window W_g (entries of full
+    groups are unused), and ``budget``: the total tokens its bounded groups may hold (sum of S + W_g <= budget);
+    its ``window`` is then the largest W_g (what a reader of one window sees as the widest)."""
 
     full: torch.Tensor
     n_heads: int
     sink: int = 4
     window: int = 64
     meta: dict = field(default_factory=dict)
+    windows: torch.Tensor | None = None
+    budget: int | None = None
 
     def __post_init__(self):
-        check_window(self.sink, self.window)
         self.full = torch.as_tensor(self.full, dtype=torch.bool)
+        if self.windows is not None:
+            self.check_budgets()
+        check_window(self.sink, self.window)
         if self.full.ndim != 2 or self.full.shape[1] < 1:
             raise KVPlanError(f"A KV plan's grid is blocks x key/value heads; got shape {tuple(self.full.shape)}.")
         n_kv = self.full.shape[1]
         if isinstance(self.n_heads, bool) or not isinstance(self.n_heads, int) or self.n_heads < n_kv \
                 or self.n_heads % n_kv:
             raise KVPlanError(f"A KV plan's n_heads {self.n_heads!r} must be a multiple of its {n_kv} key/value heads.")
+
+    def check_budgets(self) -> None:
+        """A budget plan's windows: one per group, each >= 1 where the group streams; their budgets S + W_g within
+        ``budget``. Sets ``window`` to the largest streaming W_g."""
+        windows = torch.as_tensor(self.windows)
+        if windows.shape != self.full.shape or windows.is_floating_point() or windows.dtype == torch.bool:
+            raise KVPlanError(f"A budget plan's windows are integers, one per key/value group {tuple(self.full.shape)};"
+                              f" got {windows.dtype} {tuple(windows.shape)}.")
+        self.windows = windows.long()
+        check_window(self.sink, 1)
+        bad = [(int(i), int(j)) for i, j in torch.nonzero(~self.full & (self.windows < 1)).tolist()]
+        if bad:
+            layer, group = bad[0]
+            raise KVPlanError(f"Budget plan: layer {layer} group {group} has a budget of "
+                              f"{self.sink + int(self.windows[layer, group])} tokens; a streaming group's budget is "
+                              f"at least S + 1 = {self.sink + 1} (the sinks and the key itself), or null (full).")
+        used = self.budget_tokens()
+        if self.budget is not None:
+            problem = NON_NEGATIVE_INT(self.budget)
+            if problem:
+                raise KVPlanError(f"Budget plan total {self.budget!r} {problem} (tokens over all bounded groups).")
+            if used > self.budget:
+                raise KVPlanError(f"Budget plan: its groups' budgets sum to {used} tokens, more than its total "
+                                  f"budget {self.budget}. Lower some budgets or raise the total.")
+        stream = ~self.full
+        self.window = int(self.windows[stream].max()) if bool(stream.any()) else max(int(self.window), 1)
+
+    @property
+    def is_budget(self) -> bool:
+        return self.windows is not None
+
+    def group_windows(self) -> torch.Tensor:
+        """Long (L, H_kv): each group's window W_g (a one-window plan: ``window`` everywhere)."""
+        if self.windows is not None:
+            return self.windows.clone()
+        return torch.full(self.full.shape, int(self.window), dtype=torch.long)
+
+    def budgets(self) -> torch.Tensor:
+        """Float (L, H_kv): tokens each group keeps, S + W_g, ``inf`` for a full group."""
+        out = (self.sink + self.group_windows()).double()
+        out[self.full] = float("inf")
+        return out
+
+    def budget_tokens(self) -> int:
+        """Tokens the bounded (streaming) groups keep together: sum of S + W_g."""
+        return int((self.sink + self.group_windows())[~self.full].sum())
 
     # -- shape -------------------------------------------------------------------------------------------------
     @property
@@ -92,6 +158,7 @@ class KVPlan:
         return cls(torch.ones(shape, dtype=torch.bool), n_heads, sink, window)
 
     def with_window(self, sink: int, window: int) -> KVPlan:
+        """The same full / streaming grid at one sink and window (a budget plan's own windows are dropped)."""
         return KVPlan(self.full.clone(), self.n_heads, sink, window, dict(self.meta))
 
     # -- fitting a model -----------------------------------------------------------------------------------------
@@ -107,6 +174,12 @@ class KVPlan:
 
     # -- files ---------------------------------------------------------------------------------------------------
     def to_json(self) -> dict:
+        if self.is_budget:
+            budgets = [[None if f else self.sink + int(w) for f, w in zip(frow.tolist(), wrow.tolist())]
+                       for frow, wrow in zip(self.full, self.windows)]
+            return {"format": FORMAT, "version": 2, "kind": "budgets", "shape": list(self.shape),
+                    "n_heads": self.n_heads, "sink": self.sink, "budget": self.budget, "budgets": budgets,
+                    **self.meta}
         full = {str(layer): [int(g) for g in torch.nonzero(row).flatten()] for layer, row in enumerate(self.full)}
         return {"format": FORMAT, "version": 1, "shape": list(self.shape), "n_heads": self.n_heads,
                 "sink": self.sink, "window": self.window, "full": full, **self.meta}
@@ -116,13 +189,20 @@ class KVPlan:
         if not isinstance(obj, dict) or obj.get("format") != FORMAT:
             raise KVPlanError(f'A KV plan is a JSON object with "format": "{FORMAT}" (write one with headprune '
                               "kvplan); this one has none.")
+        version = obj.get("version", 1)   # files written before the field existed are version 1
+        if isinstance(version, bool) or version not in VERSIONS:
+            raise KVPlanError(f"KV plan version {version!r} is not one this headprune reads (accepted: "
+                              f"{', '.join(map(str, VERSIONS))}); write the plan again with this headprune's kvplan.")
+        if version == 2:
+            return cls.budgets_from_json(obj)
+        if "budgets" in obj or obj.get("kind") == "budgets":   # would be kept as metadata and never applied
+            raise KVPlanError('Per-group "budgets" (and "kind") belong to a version-2 plan; this file says version '
+                              f"{version}. Set \"version\": 2, \"kind\": \"budgets\", or remove them.")
         missing = [k for k in ("shape", "n_heads", "full") if k not in obj]
         if missing:
             raise KVPlanError(f"KV plan misses {', '.join(missing)}: a plan names its shape [L, H_kv], n_heads and "
                               'full {"<layer>": [group, ...]}.')
-        shape = obj["shape"]
-        if not (isinstance(shape, list) and len(shape) == 2 and all(POSITIVE_INT(v) is None for v in shape)):
-            raise KVPlanError(f"KV plan shape {shape!r} must be [blocks, key/value heads], two integers >= 1.")
+        shape = check_shape(obj["shape"])
         full = torch.zeros(shape, dtype=torch.bool)
         if not isinstance(obj["full"], dict):
             raise KVPlanError('KV plan "full" must be an object {"<layer>": [group, ...]}.')
@@ -136,6 +216,35 @@ class KVPlan:
         meta = {k: v for k, v in obj.items() if k not in ("format", "version", "shape", "n_heads", "sink", "window",
                                                           "full")}
         return cls(full, obj["n_heads"], obj.get("sink", 4), obj.get("window", 64), meta)
+
+    @classmethod
+    def budgets_from_json(cls, obj: dict) -> KVPlan:
+        """A version-2 budget plan (module doc); every key it does not know is kept as metadata."""
+        if obj.get("kind") != "budgets":
+            raise KVPlanError(f'A version-2 KV plan has "kind": "budgets"; this one has {obj.get("kind")!r}.')
+        missing = [k for k in ("shape", "n_heads", "budgets") if k not in obj]
+        if missing:
+            raise KVPlanError(f"Budget plan misses {', '.join(missing)}: it names its shape [L, H_kv], n_heads and "
+                              "budgets (one per group: S + W_g tokens, or null for a full group).")
+        stray = [k for k in ("full", "window") if k in obj]
+        if stray:   # a version-1 key in a budget plan would be ignored: refused instead
+            raise KVPlanError(f"A budget plan names budgets per group (null = full), not {' or '.join(stray)}; "
+                              "remove them, or write a version-1 plan.")
+        shape, sink, rows = check_shape(obj["shape"]), obj.get("sink", 4), obj["budgets"]
+        check_window(sink, 1)
+        if not (isinstance(rows, list) and len(rows) == shape[0]
+                and all(isinstance(r, list) and len(r) == shape[1] for r in rows)):
+            raise KVPlanError(f"Budget plan budgets must be {shape[0]} lists of {shape[1]} values (its shape).")
+        for row in rows:
+            for value in row:
+                if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                    raise KVPlanError(f"Budget plan budget {value!r} must be a whole number of tokens >= 0 "
+                                      "(S + W_g), or null for a full group.")
+        full = torch.tensor([[v is None for v in row] for row in rows], dtype=torch.bool)
+        windows = torch.tensor([[0 if v is None else v - sink for v in row] for row in rows], dtype=torch.long)
+        meta = {k: v for k, v in obj.items() if k not in ("format", "version", "kind", "shape", "n_heads", "sink",
+                                                          "budget", "budgets")}
+        return cls(full, obj["n_heads"], sink, 1, meta, windows=windows, budget=obj.get("budget"))
 
     def write(self, path: str | Path) -> None:
         path = Path(path)
@@ -158,6 +267,9 @@ class KVPlan:
         """DuoAttention's ``full_attention_heads.tsv``: one line per layer, one tab-separated value per key/value
         head, 1.0 = retrieval (full) head, 0.0 = streaming head (their ``load_attn_pattern`` reads it with
         ``np.loadtxt(..., delimiter="\\t")``)."""
+        if self.is_budget:
+            raise KVPlanError("DuoAttention's full_attention_heads.tsv holds one window for every streaming head; "
+                              "a budget plan's groups each have their own. Export its JSON (the budgets) instead.")
         return "".join("\t".join("1.0" if v else "0.0" for v in row.tolist()) + "\n" for row in self.full)
 
     def head_ids(self) -> dict:
@@ -166,7 +278,8 @@ class KVPlan:
         pairs = lambda grid: [[int(i), int(j)] for i, j in torch.nonzero(grid).tolist()]  # noqa: E731
         return {"full_kv_heads": pairs(self.full), "streaming_kv_heads": pairs(~self.full),
                 "full_query_heads": pairs(self.query_full()), "streaming_query_heads": pairs(~self.query_full()),
-                "sink": self.sink, "window": self.window, "shape": list(self.shape), "n_heads": self.n_heads}
+                "sink": self.sink, "window": self.window, "shape": list(self.shape), "n_heads": self.n_heads,
+                **({"budgets": self.to_json()["budgets"], "budget": self.budget} if self.is_budget else {})}
 
     # -- memory ----------------------------------------------------------------------------------------------------
     def ideal_bytes(self, length: int, head_dim: int, bytes_per_value: int, live: torch.Tensor | None = None) -> dict:
@@ -175,9 +288,10 @@ class KVPlan:
         ``live``: bool (L, H_kv), groups with a query head left (a pruned group needs no cache at all)."""
         live = torch.ones(self.shape, dtype=torch.bool) if live is None else live
         per_token = 2 * head_dim * bytes_per_value        # one key and one value
-        kept = min(length, self.sink + self.window)
+        kept = (self.sink + self.group_windows()).clamp(max=length)
+        kept[self.full] = length
         full = int(live.sum()) * length * per_token
-        plan = int((live & self.full).sum()) * length * per_token + int((live & ~self.full).sum()) * kept * per_token
+        plan = int(kept[live].sum()) * per_token
         return {"full_cache": full, "plan": plan, "ratio": plan / full if full else 0.0}
 
 
@@ -185,6 +299,12 @@ def check_decoder(adapter) -> None:
     if not adapter.causal:
         raise KVPlanError(f"A KV cache plan needs a decoder; {adapter.family or adapter.arch} is an encoder: it keeps "
                           "no key/value cache (every query sees every key of the row at once).")
+
+
+def check_shape(shape) -> list[int]:
+    if not (isinstance(shape, list) and len(shape) == 2 and all(POSITIVE_INT(v) is None for v in shape)):
+        raise KVPlanError(f"KV plan shape {shape!r} must be [blocks, key/value heads], two integers >= 1.")
+    return shape
 
 
 def top_share(scores: torch.Tensor, share: float) -> torch.Tensor:

@@ -11,8 +11,8 @@ Each reads the plan of its layer from the model's config (``config.headprune_kv`
 :func:`restricted`): per physical query position whether it streams, plus S and W. The keys it receives are
 either one tensor (B, H_kv, T_k, d) at positions 0..T_k-1 -- the ordinary cache or none: the restriction is a mask
 -- or a :class:`SplitKV` from ``cache.MixedCache``, where streaming heads hold only their S + W keys with their
-positions. Queries are the last T_q positions. Rows are right-padded (headprune's batches), so a position is a
-token index.
+positions. A budget plan's groups each stream at their own window W_g; the restriction is per query head. Queries
+are the last T_q positions. Rows are right-padded (headprune's batches), so a position is a token index.
 """
 
 from __future__ import annotations
@@ -34,20 +34,23 @@ CONFIG_KEY = "headprune_kv"
 
 
 @dataclass
-class SplitKV:
-    """Keys and values of one layer of a mixed cache, returned by ``MixedLayer.update`` to the attention function.
+class KVPart:
+    """Keys and values of some physical key/value heads of one layer: (B, n, K, d) at ``positions`` (K,);
+    ``window``: None for full heads (every position 0..T-1), else their streaming window W."""
 
-    full_k/full_v: (B, n_full, T, d), positions 0..T-1; stream_k/stream_v: (B, n_stream, K, d) at ``positions``
-    (K,); ``full_heads``/``stream_heads``: the physical key/value heads each part holds, in order; ``length``: T.
-    """
-
-    full_k: torch.Tensor
-    full_v: torch.Tensor
-    stream_k: torch.Tensor
-    stream_v: torch.Tensor
+    heads: list[int]
+    k: torch.Tensor
+    v: torch.Tensor
     positions: torch.Tensor
-    full_heads: list[int]
-    stream_heads: list[int]
+    window: int | None
+
+
+@dataclass
+class SplitKV:
+    """Keys and values of one layer of a mixed cache, returned by ``MixedLayer.update`` to the attention function:
+    one :class:`KVPart` for the full heads and one per distinct streaming window; ``length``: T (tokens seen)."""
+
+    parts: list[KVPart]
     length: int
 
 
@@ -68,6 +71,20 @@ def base_allowed(attention_mask: torch.Tensor | None, t_q: int, k_pos: torch.Ten
     return attention_mask[..., k_pos] > torch.finfo(attention_mask.dtype).min / 2
 
 
+def refuse_left_padding(allowed: torch.Tensor, t_q: int) -> None:
+    """``allowed`` (B, 1, T_q, T_k) from the model's mask, keys at positions 0..T_k-1. A real token's query sees its
+    own key; a pad's does not. A pad before a real token (left padding) would put the sinks on pads and shift every
+    window: positions are token indices here, so such a row is refused, not attended wrongly. Checked within the
+    queries of each forward (a whole prompt, or each chunk of one fed in chunks)."""
+    if t_q < 2:   # a decode step: its prompt's forward already checked the row
+        return
+    real = torch.diagonal(allowed[:, 0, :, allowed.shape[-1] - t_q:], dim1=-2, dim2=-1)   # (B, T_q)
+    if bool((~real[:, :-1] & real[:, 1:]).any()):
+        raise KVPlanError("A KV plan reads key positions as token indices, so rows must be right-padded (real "
+                          "tokens first); this batch has padding before real tokens (left padding). Pad on the right "
+                          "(tokenizer.padding_side = 'right'), or run each row on its own.")
+
+
 def layer_spec(module) -> dict:
     specs = getattr(module.config, CONFIG_KEY, None)
     if specs is None:
@@ -85,65 +102,118 @@ def repeat_kv(states: torch.Tensor, groups: int) -> torch.Tensor:
 
 
 def dense_allowed(spec: dict, query: torch.Tensor, t_k: int, attention_mask) -> torch.Tensor:
-    """Bool (B, H, T_q, T_k): the model's mask, and for streaming query heads the sink + window restriction."""
+    """Bool (B, H, T_q, T_k): the model's mask, and for streaming query heads the sink + window restriction (each
+    query head at its group's window: a budget plan's windows differ per group)."""
     t_q = query.shape[2]
     k_pos = torch.arange(t_k, device=query.device)
     q_pos = k_pos[t_k - t_q:]
     stream = torch.tensor(spec["stream"], dtype=torch.bool, device=query.device)[None, :, None, None]
-    near = window_allowed(q_pos, k_pos, spec["sink"], spec["window"])[None, None]
-    return base_allowed(attention_mask, t_q, k_pos) & (~stream | near)
+    windows = torch.tensor(spec["windows"], dtype=torch.long, device=query.device)[:, None, None]
+    near = window_allowed(q_pos, k_pos, spec["sink"], windows)[None]
+    base = base_allowed(attention_mask, t_q, k_pos)
+    if attention_mask is not None:
+        refuse_left_padding(base, t_q)
+    return base & (~stream | near)
 
 
-def eager_kv_attention(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0, **_kwargs):
-    """transformers' eager attention (repeat_kv, QK^T x scaling + mask, float32 softmax, x V) with the plan's
-    restriction in the mask. query (B, H, T_q, d), key/value (B, H_kv, T_k, d) -> ((B, T_q, H, d), (B, H, T_q, T_k))."""
-    if isinstance(key, SplitKV):
-        raise KVPlanError("Attention probabilities are recorded on the ordinary cache, not a mixed one.")
-    spec = layer_spec(module)
+# arguments the model's attention passes that these functions apply (softcap, s_aux) or that the model's mask already
+# carries (sliding_window: the model builds its sliding causal mask, read through ``attention_mask``); others that
+# only describe the call (and flags: True / False switches such as output_router_logits); any other value is refused
+# by name instead of being swallowed (e.g. packed-sequence offsets, ALiBi slopes)
+APPLIED = ("softcap", "s_aux", "sliding_window")
+DESCRIPTIVE = ("position_ids", "cache_position", "use_cache", "output_attentions", "is_causal", "past_key_values",
+               "position_embeddings", "layer_idx")
+
+
+def check_arguments(kwargs: dict) -> None:
+    unknown = sorted(k for k, v in kwargs.items()
+                     if v is not None and not isinstance(v, bool) and k not in APPLIED + DESCRIPTIVE)
+    if unknown:
+        raise KVPlanError(f"This model's attention passes {', '.join(unknown)}, which a KV plan's restricted "
+                          f"attention does not implement (implemented: {', '.join(APPLIED)}); refused rather than "
+                          "ignored. Use a model without them, or no --kv-plan.")
+
+
+def eager_core(module, query, key, value, allowed, scaling: float, dropout: float, softcap=None, s_aux=None):
+    """transformers' eager arithmetic op for op (Gemma 2's logit soft-capping before the mask; gpt-oss's learned
+    sink logit as one extra column of the softmax, dropped after it), ``allowed`` as the mask."""
     groups = query.shape[1] // key.shape[1]
-    allowed = dense_allowed(spec, query, key.shape[2], attention_mask)
     mask = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device)
     mask.masked_fill_(~allowed, torch.finfo(query.dtype).min)
-    weights = torch.matmul(query, repeat_kv(key, groups).transpose(2, 3)) * scaling + mask
-    weights = F.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    weights = torch.matmul(query, repeat_kv(key, groups).transpose(2, 3)) * scaling
+    if softcap is not None:
+        weights = torch.tanh(weights / softcap) * softcap
+    weights = weights + mask
+    if s_aux is not None:
+        sinks = s_aux.reshape(1, -1, 1, 1).expand(query.shape[0], -1, query.shape[-2], -1)
+        combined = torch.cat([weights, sinks], dim=-1)
+        combined = combined - combined.max(dim=-1, keepdim=True).values
+        weights = F.softmax(combined, dim=-1, dtype=combined.dtype)[..., :-1].to(value.dtype)
+    else:
+        weights = F.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
     weights = F.dropout(weights, p=dropout, training=module.training)
     out = torch.matmul(weights, repeat_kv(value, groups))
     return out.transpose(1, 2).contiguous(), weights
 
 
-def sdpa_kv_attention(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0, **_kwargs):
+def eager_kv_attention(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0,
+                       softcap=None, s_aux=None, **kwargs):
+    """transformers' eager attention (repeat_kv, QK^T x scaling + mask, float32 softmax, x V) with the plan's
+    restriction in the mask. query (B, H, T_q, d), key/value (B, H_kv, T_k, d) -> ((B, T_q, H, d), (B, H, T_q, T_k))."""
+    check_arguments(kwargs)
+    if isinstance(key, SplitKV):   # generation over a mixed cache: outputs only (probabilities need the full cache)
+        return split_attention(module, query, key, attention_mask, scaling, softcap, s_aux), None
+    allowed = dense_allowed(layer_spec(module), query, key.shape[2], attention_mask)
+    return eager_core(module, query, key, value, allowed, scaling, dropout, softcap, s_aux)
+
+
+def sdpa_kv_attention(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0,
+                      softcap=None, s_aux=None, **kwargs):
     """The same restriction on torch's scaled-dot-product attention (no probabilities returned); on a
-    :class:`SplitKV` the full and the streaming heads attend over their own keys, each part a GQA call.
-    query (B, H, T_q, d) -> ((B, T_q, H, d), None)."""
-    spec = layer_spec(module)
+    :class:`SplitKV` the full and the streaming heads attend over their own keys, each part a GQA call. SDPA has no
+    soft-capping or sink logit: with them, the eager arithmetic. query (B, H, T_q, d) -> ((B, T_q, H, d), None)."""
+    check_arguments(kwargs)
     if isinstance(key, SplitKV):
-        return split_attention(spec, query, key, attention_mask, scaling), None
+        return split_attention(module, query, key, attention_mask, scaling, softcap, s_aux), None
+    allowed = dense_allowed(layer_spec(module), query, key.shape[2], attention_mask)
+    if softcap is not None or s_aux is not None:
+        return eager_core(module, query, key, value, allowed, scaling, dropout if module.training else 0.0, softcap,
+                          s_aux)[0], None
     groups = query.shape[1] // key.shape[1]
-    allowed = dense_allowed(spec, query, key.shape[2], attention_mask)
     out = F.scaled_dot_product_attention(query, repeat_kv(key, groups), repeat_kv(value, groups), attn_mask=allowed,
                                          dropout_p=dropout if module.training else 0.0, scale=scaling)
     return out.transpose(1, 2).contiguous(), None
 
 
-def split_attention(spec: dict, query: torch.Tensor, kv: SplitKV, attention_mask, scaling: float) -> torch.Tensor:
+def split_attention(module, query: torch.Tensor, kv: SplitKV, attention_mask, scaling: float, softcap=None,
+                    s_aux=None) -> torch.Tensor:
     """Attention over a mixed cache: query heads of full groups over every key, those of streaming groups over
-    their S + W keys (masked to the exact window of each query position). -> (B, T_q, H, d)."""
+    their S + W keys (masked to the exact window of each query position); SDPA per part, or the eager arithmetic
+    where the model soft-caps logits or adds a sink logit (SDPA has neither). -> (B, T_q, H, d)."""
+    spec = layer_spec(module)
     t_q = query.shape[2]
-    groups = query.shape[1] // (len(kv.full_heads) + len(kv.stream_heads))
+    groups = query.shape[1] // sum(len(part.heads) for part in kv.parts)
     out = torch.empty_like(query)
     q_pos = torch.arange(kv.length - t_q, kv.length, device=query.device)
-    parts = ((kv.full_heads, kv.full_k, kv.full_v, torch.arange(kv.length, device=query.device), False),
-             (kv.stream_heads, kv.stream_k, kv.stream_v, kv.positions.to(query.device), True))
-    for heads, k, v, k_pos, streams in parts:
-        if not heads:
+    if attention_mask is not None and t_q > 1:
+        refuse_left_padding(base_allowed(attention_mask, t_q, torch.arange(kv.length, device=query.device)), t_q)
+    for part in kv.parts:
+        if not part.heads:
             continue
-        rows = torch.tensor([h * groups + i for h in heads for i in range(groups)], device=query.device)
+        k_pos = part.positions.to(query.device)
+        rows = torch.tensor([h * groups + i for h in part.heads for i in range(groups)], device=query.device)
         allowed = base_allowed(attention_mask, t_q, k_pos)
-        if streams:
-            allowed = allowed & window_allowed(q_pos, k_pos, spec["sink"], spec["window"])[None, None]
+        if part.window is not None:
+            allowed = allowed & window_allowed(q_pos, k_pos, spec["sink"], part.window)[None, None]
+        if softcap is not None or s_aux is not None:
+            sinks = None if s_aux is None else s_aux[rows]
+            out[:, rows] = eager_core(module, query[:, rows], part.k, part.v, allowed, scaling, 0.0, softcap,
+                                      sinks)[0].transpose(1, 2)
+            continue
         # a decode step usually sees every key it holds: no mask then lets SDPA take its fastest kernel
-        out[:, rows] = F.scaled_dot_product_attention(query[:, rows], k, v, attn_mask=None if bool(allowed.all())
-                                                      else allowed, scale=scaling, enable_gqa=groups > 1)
+        out[:, rows] = F.scaled_dot_product_attention(query[:, rows], part.k, part.v,
+                                                      attn_mask=None if bool(allowed.all()) else allowed,
+                                                      scale=scaling, enable_gqa=groups > 1)
     return out.transpose(1, 2).contiguous()
 
 
@@ -157,14 +227,17 @@ ALL_MASK_ATTENTION_FUNCTIONS.register(EAGER, eager_mask)
 
 
 def layer_specs(adapter, plan: KVPlan) -> dict[int, dict]:
-    """Per forward layer: ``stream`` (per physical query position: does it stream?), ``kv_stream`` (per physical
-    key/value head), ``sink``, ``window``. Surgery's kept heads and key/value sources map physical to original."""
-    specs = {}
+    """Per forward layer: ``stream`` and ``windows`` (per physical query position: does it stream, at which
+    window?), ``kv_stream`` and ``kv_windows`` (per physical key/value head), ``sink``. Surgery's kept heads and
+    key/value sources map physical to original."""
+    specs, windows = {}, plan.group_windows()
     for layer, block_index in enumerate(adapter.layer_to_block):
         block = adapter.blocks[block_index]
         kv_stream = [not bool(plan.full[block.index, g]) for g in block.kv_sources]
-        stream = [kv_stream[j] for j in block.kv_of_position()]
-        specs[layer] = {"stream": stream, "kv_stream": kv_stream, "sink": plan.sink, "window": plan.window}
+        kv_windows = [int(windows[block.index, g]) for g in block.kv_sources]
+        positions = block.kv_of_position()
+        specs[layer] = {"stream": [kv_stream[j] for j in positions], "windows": [kv_windows[j] for j in positions],
+                        "kv_stream": kv_stream, "kv_windows": kv_windows, "sink": plan.sink}
     return specs
 
 

@@ -35,6 +35,13 @@ from ..roles.stats import repeat_stripes
 from .plan import KVPlan, KVPlanError, check_full_share, check_window, top_share
 
 RULES = ("razor", "duo", "random")
+# what each rule is: the published method, or a proxy of it (the dashboard's cards say which); a criterion is a proxy
+RULE_KINDS = {"razor": "published (RazorAttention, Tang et al. 2024, §3.2: echo and induction scores; here one share "
+                       "for both kinds and no compensation token)",
+              "duo": "proxy (attention mass outside sink + window: DuoAttention's question asked directly, kvpress's "
+                     "on-the-fly approximation, not DuoAttention's gates learned by distillation)",
+              "random": "baseline (seeded)"}
+CRITERION_KIND = "proxy (a head-pruning criterion's importance read as the group's need for far keys)"
 REDUCE = ("max", "mean")
 
 
@@ -67,6 +74,12 @@ def duo_scores(model, calib: list[dict], sink: int, window: int, mask=None) -> n
         _, alive = stream_attention(model, model_inputs(batch), on_layer, mask)
         for layer, block in enumerate(adapter.layer_to_block):
             live[block] &= alive[layer]
+    if not bool(counts.any()):
+        # no query row has a key outside sink + window: every score would be 0 and the plan an arbitrary tie-break
+        longest = max((int(b["attention_mask"].sum(-1).max()) for b in calib), default=0)
+        raise KVPlanError(f"The attention mass outside sink + window needs rows longer than S + W = {sink + window} "
+                          f"tokens; the longest calibration row has {longest}. Use a smaller --sink / --window, or "
+                          "longer rows.")
     scores = (sums / counts.clamp(min=1)[:, None]).numpy()
     return np.where(live.numpy(), scores, np.nan)
 

@@ -14,7 +14,7 @@ import torch
 
 from ..evaluation.metrics import Metrics, evaluate
 from ..model.arch import adapt
-from .plan import KVPlan
+from .plan import KVPlan, KVPlanError
 from .restrict import restricted
 
 
@@ -35,6 +35,8 @@ def role_plan(heads: np.ndarray, n_kv_heads: int, sink: int, window: int, meta: 
 
 def invert(plan: KVPlan, meta: dict | None = None) -> KVPlan:
     """The plan streaming exactly the groups ``plan`` keeps full, and keeping the others full."""
+    if plan.is_budget:
+        raise KVPlanError("A budget plan has no inverse: its groups keep budgets, not full / streaming.")
     return KVPlan(~plan.full, plan.n_heads, plan.sink, plan.window, dict(meta or {}))
 
 
