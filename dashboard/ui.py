@@ -107,6 +107,36 @@ def cancelled_note(key: str) -> None:
         st.info("Cancelled: the run stopped between two batches and stored nothing.", icon=":material/stop:")
 
 
+def long_job(key: str, label: str, run: Callable[[Callable[[float, str], None]], object], *, done=None,
+             estimate: Callable[[], object] | None = None, hint: str = "", what: str | None = None,
+             failed: str = "That did not work"):
+    """One way to start any job over a few seconds (issue 35): the expected duration first (``estimate``, called
+    only while there is something to run), a button ``label``, then while it runs a Cancel button and a bar that
+    moves (``run(progress)``; a Cancel click reruns the page, which stops the run at its next progress redraw,
+    within a batch, storing nothing); when it ends the button, Cancel and bar are gone.
+
+    ``done``: the stored result for the current inputs; when given nothing is drawn and it is returned, so a result
+    stays on the page until its inputs change (and the button only comes back then). Returns the result of a run
+    that finished now, else ``done`` (None: nothing to show yet)."""
+    if done is not None:
+        return done
+    if estimate is not None:
+        with guard("Could not estimate how long this takes"):
+            estimate_line(estimate(), hint)
+    cancelled_note(f"{key}-cancel")
+    slot = st.empty()
+    if not slot.button(label, type="primary", key=key):
+        return None
+    result = None
+    with guard(failed):
+        with slot.container():
+            cancel_button(f"{key}-cancel")
+            bar = progress_bar(what or label)
+        result = run(bar)
+    slot.empty()
+    return result
+
+
 # -- page frame -----------------------------------------------------------------------------------------------------
 
 PAGES_DIR = Path(__file__).resolve().parent / "pages"
@@ -322,6 +352,21 @@ def estimate_value(estimate) -> str:
     if abs(above - below) <= 0.1 * max(above, below, 1e-12):
         return f"{estimate.value:.{digits}f} ± {max(above, below):.{digits}f}"
     return f"≈ {estimate.value:.{digits}f} ({estimate.low:.{digits}f}–{estimate.high:.{digits}f})"
+
+
+def running_metric(metric: str, estimate, previous: float) -> dict:
+    """``st.metric`` arguments for the headline while batches arrive (issue 35): the running estimate with its
+    interval once it is precise enough (``Estimate.shown``), before that the last exact value ``previous``, greyed,
+    under "computing…" -- never a number whose interval spans a factor of forty."""
+    common = {"delta": f"{estimate.done}/{estimate.total} batches", "delta_color": "off", "delta_arrow": "off"}
+    if not estimate.shown:
+        return {"label": f"{metric} · computing…", "value": f":gray[{previous:.4f}]", **common,
+                "help": f"The last exact value, kept until the running estimate is precise enough: a number is "
+                        f"shown once {estimate.rule}."}
+    return {"label": metric, "value": estimate_value(estimate), **common,
+            "help": f"Running estimate over the batches evaluated so far (a fresh random order on every click) with "
+                    f"its 95% interval, shown once {estimate.rule}; replaced by the exact value when the last batch "
+                    "is in."}
 
 
 # -- lessons: the current step's text above every page ------------------------------------------------------------

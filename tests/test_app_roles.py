@@ -107,3 +107,55 @@ def test_a_bad_link_says_what_is_accepted_and_loads_nothing_else():
     assert session_data(at).mask.n_pruned == 0
 
 
+def test_measure_a_role_shows_an_estimate_a_moving_bar_and_keeps_its_result(monkeypatch):
+    """Issue 35: Roles -> Measure ran 193 s with its bar at 0, no estimate and no Cancel, and its result vanished at the
+    next click. Now: an estimate before it starts, progress within each set (> 0 well before the end), a progress
+    call that raises (what a Cancel click's rerun does) stops it within a batch and stores nothing, the Cancel and
+    Measure buttons are gone once the result is in, and the result stays on the next rerun."""
+    import dashboard.ui as ui
+    from dashboard.compute import ablate_role, stored_ablation
+    from headprune.errors import Cancelled
+
+    fractions, make_bar = [], ui.progress_bar
+
+    def recording_bar(label):
+        bar = make_bar(label)
+
+        def update(fraction, message=""):
+            fractions.append(fraction)
+            bar(fraction, message)
+
+        update.done = bar.done
+        return update
+
+    monkeypatch.setattr(ui, "progress_bar", recording_bar)
+    at = open_app("roles")
+    find_roles(at)
+    ws, sd, report = workspace(at), session_data(at), stored_roles(workspace(at))
+    role = at.selectbox(key="roles-ablate-role").value
+    assert stored_ablation(ws, sd, role, "prune") is None
+    assert any(c.value.startswith("⏱ the role and 10 random sets") for c in at.caption)   # the estimate, first
+
+    calls = []
+
+    def cancel(fraction, message):
+        calls.append(fraction)
+        raise Cancelled()
+
+    with pytest.raises(Cancelled):
+        ablate_role(ws, sd, report, role, "prune", cancel)
+    assert len(calls) == 1 and stored_ablation(ws, sd, role, "prune") is None     # stopped at once, nothing kept
+
+    fractions.clear()
+    at.button(key="roles-ablate").click().run()
+    assert not problems(at), problems(at)
+    moving = [f for f in fractions if 0 < f < 1]
+    assert moving and min(moving) < 0.2 and fractions == sorted(fractions)          # a bar that moves from the start
+    keys = {b.key for b in at.button}
+    assert "roles-ablate" not in keys and "roles-ablate-cancel" not in keys           # gone with the work done
+    [shown] = [m for m in at.metric if m.label.startswith(f"{ws.metric} with ")]
+    result = stored_ablation(ws, sd, role, "prune")
+    assert shown.value == f"{result['role_value']:.4f}"
+    at.run()                                                                         # the next click: still there
+    assert [m.value for m in at.metric if m.label.startswith(f"{ws.metric} with ")] == [shown.value]
+    assert "roles-ablate" not in {b.key for b in at.button}

@@ -4,7 +4,7 @@ import numpy as np
 import streamlit as st
 
 from dashboard.compute import arcs_for, profile_for, stored_profile, syntax_problem
-from dashboard.ui import clickable_grid, guard, page, progress_bar, role_marks
+from dashboard.ui import clickable_grid, guard, long_job, page, role_marks
 from dashboard.urlstate import publish
 from headprune import viz
 from headprune.glossary import dependency_help
@@ -124,12 +124,10 @@ def head_view() -> None:
     st.subheader("Syntactic profile of this head")
     st.caption("Over the calibration texts: for each relation, how often a word's strongest attention in this head "
                "goes to its grammatical head (Clark et al. 2019), beside the best head for that relation.")
-    profile = stored_profile(ws, sd.mask)
-    if profile is None and st.button("Compute the profile", key="att-profile"):
-        with guard("Could not build the syntactic profile"):
-            bar = progress_bar(f"parsing {len(ws.calib)} calibration texts and reading their attention")
-            profile = profile_for(ws, sd.mask, bar)
-            bar.done()
+    profile = long_job("att-profile", "Compute the profile", lambda bar: profile_for(ws, sd.mask, bar),
+                       done=stored_profile(ws, sd.mask),
+                       what=f"parsing {len(ws.calib)} calibration texts and reading their attention",
+                       failed="Could not build the syntactic profile")
     if profile is not None:
         if profile.relations:
             st.plotly_chart(viz.profile_figure(profile, layer, head), width="stretch", key="att-profile-fig")

@@ -25,7 +25,6 @@ from dashboard.ui import (
     cut_lines,
     cut_note,
     estimate_line,
-    estimate_value,
     guard,
     head_name,
     head_options,
@@ -34,6 +33,7 @@ from dashboard.ui import (
     page,
     progress_bar,
     role_marks,
+    running_metric,
     sidebar_counts,
     speed_section,
 )
@@ -43,8 +43,9 @@ from headprune.model.mask import HeadMask
 from headprune.model.sizes import parameters_left
 
 ws, sd = page("Prune", "Click a head to prune it (click again to restore). Only the layers from the changed "
-                       "one upwards are re-run, and the number is estimated as batches arrive (with its 95% "
-                       "interval) until the exact value is in.", live_counts=True)
+                       "one upwards are re-run; while batches arrive (in a fresh random order) the last exact "
+                       "value stays greyed until the running estimate's 95% interval is narrow enough to show it, "
+                       "then the exact value replaces it.", live_counts=True)
 
 
 def toggle(head: tuple[int, int]) -> None:
@@ -60,6 +61,7 @@ def toggle_button() -> None:
 
 # -- numbers ---------------------------------------------------------------------------------------------
 ESTIMATE_INTERVAL = 0.3  # seconds between two redraws of the running estimate
+LAST_EXACT = "prune-last-exact"  # session key: (workspace key, the last exact headline value shown)
 
 
 def numbers(ws: Workspace, sd: SessionData) -> None:
@@ -82,6 +84,10 @@ def numbers(ws: Workspace, sd: SessionData) -> None:
     side_metric.metric(baseline, f"{dense_value:.4f}")
 
     shown_at = [0.0]
+    # the last exact value of this session (dense before its first change): what stays, greyed, until a running
+    # estimate is precise enough to be shown (progressive.Estimate.shown)
+    last_key, last_exact = st.session_state.get(LAST_EXACT, (ws.key, dense_value))
+    previous = last_exact if last_key == ws.key else dense_value
 
     def show_estimate(estimate) -> None:
         # the exact value is drawn below, with its change against the dense model; the browser shares the CPU
@@ -89,10 +95,7 @@ def numbers(ws: Workspace, sd: SessionData) -> None:
         if estimate.exact or time.monotonic() - shown_at[0] < ESTIMATE_INTERVAL:
             return
         shown_at[0] = time.monotonic()
-        headline.metric(ws.metric, estimate_value(estimate), f"{estimate.done}/{estimate.total} batches",
-                        delta_color="off", delta_arrow="off",
-                        help="Running estimate over the batches evaluated so far (random order) with its 95% "
-                             "interval; replaced by the exact value when the last batch is in.")
+        headline.metric(**running_metric(ws.metric, estimate, previous))
 
     with guard("Could not evaluate this mask"):
         if sd.live is None:
@@ -105,6 +108,7 @@ def numbers(ws: Workspace, sd: SessionData) -> None:
         else:
             metrics, stability = session_metrics(ws, sd, show_estimate)
         value = ws.metric_of(metrics)
+        st.session_state[LAST_EXACT] = (ws.key, value)
         headline.metric(ws.metric, f"{value:.4f}", f"{value - dense_value:+.4f} vs {short}",
                         delta_color="normal" if ws.higher_is_better else "inverse",
                         help=f"{baseline}: {dense_value:.4f}" + ("" if ws.higher_is_better else
