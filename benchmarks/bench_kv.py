@@ -4,6 +4,7 @@
     nice -n 10 python benchmarks/bench_kv.py decode [--lengths 4096,16384] [--new-tokens 6] [--json OUT]
     nice -n 10 python benchmarks/bench_kv.py longctx [--seeds 3] [--rows 100] [--json OUT]
     nice -n 10 python benchmarks/bench_kv.py update [--lengths 4096,16384] [--steps 60] [--json OUT]
+    nice -n 10 python benchmarks/bench_kv.py speed [--lengths 1024,2048,4096] [--layers 4] [--json OUT]
 
 circuit   demo-circuit's repeated-half next-token accuracy (its evaluation rows, ``load_data("demo-circuit")``):
           dense; the plan keeping the induction + previous-token heads full (labels of ``roles.head_roles`` on the
@@ -25,8 +26,12 @@ longctx   per context length (``kvcache.longctx``): the passkey task on demo-cir
           (S=1, W=4), the razor rule's plan with as many full heads, streaming the induction heads instead, random
           plans with as many full heads (--seeds); and
           long-row perplexity on demo-lm (its evaluation rows, 64 calibration rows apart; --tokens tokens per
-          length) dense, the duo plan keeping 25% of the key/value heads full (S=4, W=16), every head streaming,
+          length) dense, the far-mass plan keeping 25% of the key/value heads full (S=4, W=16), every head streaming,
           random 25% plans (--seeds).
+speed     a random decoder of Qwen2.5-0.5B's shape (--layers layers): a real prefill of each context length, then
+          greedy decoding of --new-tokens: KV bytes (measured from the cache tensors) and time per output token with
+          transformers' DynamicCache, its StaticCache (preallocated to the context + new tokens) and the mixed cache
+          under a random plan keeping 25% of the key/value heads full (S = 4, W = 64 and 256).
 """
 
 from __future__ import annotations
@@ -178,12 +183,12 @@ def longctx(args) -> dict:
 
     ws = Workspace.build("demo-lm", "demo-lm", calib_size=64, eval_size=None)
     model, tok, adapter = ws.loaded.model, ws.loaded.tokenizer, ws.loaded.adapter
-    duo = plan_from_scores(head_scores("duo", model, calib=ws.calib_batches, sink=4, window=16), adapter.n_kv_heads,
-                           0.25, 4, 16)
-    n_full = int(duo.full.sum())
-    plans = {"dense": None, "duo 25% full": duo,
-             "all streaming": KVPlan(torch.zeros(duo.shape, dtype=torch.bool), duo.n_heads, 4, 16)}
-    plans.update({f"random {p.meta['seed']}": p for p in random_plans(duo.shape, duo.n_heads, n_full, seeds, 4, 16)})
+    far_scores = head_scores("far-mass", model, calib=ws.calib_batches, sink=4, window=16)
+    far = plan_from_scores(far_scores, adapter.n_kv_heads, 0.25, 4, 16)
+    n_full = int(far.full.sum())
+    plans = {"dense": None, "far-mass 25% full": far,
+             "all streaming": KVPlan(torch.zeros(far.shape, dtype=torch.bool), far.n_heads, 4, 16)}
+    plans.update({f"random {p.meta['seed']}": p for p in random_plans(far.shape, far.n_heads, n_full, seeds, 4, 16)})
     perplexity = measure(model, tok, "perplexity", [16, 32, 64, 128], plans, ws.eval.texts, tokens=args.tokens,
                          progress=lambda row: print(json.dumps(row), file=sys.stderr, flush=True))
     return {"passkey": {"model": "demo-circuit", "filler": "demo-lm held-out reviews", "rows_per_length": args.rows,
@@ -191,8 +196,43 @@ def longctx(args) -> dict:
                         "previous_token_heads": np.argwhere(previous).tolist(),
                         "razor_full_kv_heads": razor.head_ids()["full_kv_heads"], "table": passkey},
             "perplexity": {"model": "demo-lm", "data": "demo-lm evaluation rows", "tokens": args.tokens, "sink": 4,
-                           "window": 16, "duo_full_kv_heads": duo.head_ids()["full_kv_heads"], "table": perplexity},
+                           "window": 16, "far_mass_full_kv_heads": far.head_ids()["full_kv_heads"],
+                           "table": perplexity},
             "threads": torch.get_num_threads()}
+
+
+def speed(args) -> dict:
+    """KV bytes and time per output token after a real prefill, per context length: transformers' DynamicCache,
+    its StaticCache (preallocated to the context + new tokens) and the mixed cache under a random plan keeping 25% of
+    the key/value heads full at S = 4, W = 64 and 256, on a random decoder of Qwen2.5-0.5B's shape (--layers
+    layers). Greedy decoding of --new-tokens; the tokens of the three caches are compared (full caches: the same)."""
+    from transformers import StaticCache
+
+    model = qwen_shape_model(layers=args.layers)
+    plan = random_plans((args.layers, 2), 14, args.layers // 2, [0], 4, 64)[0]
+    rows = []
+    for length in [int(x) for x in args.lengths.split(",")]:
+        ids = torch.randint(100, 50000, (1, length), generator=torch.Generator().manual_seed(length))
+        row = {"context": length}
+        runs = (("DynamicCache", "full", None, lambda runner: None),
+                ("StaticCache", "full", None, lambda runner, length=length: StaticCache(
+                    config=runner.config, max_cache_len=length + args.new_tokens)),
+                ("mixed, 25% full, W=64", "mixed", plan, lambda runner: None),
+                ("mixed, 25% full, W=256", "mixed", plan.with_window(4, 256), lambda runner: None))
+        for name, mode, runs_plan, make in runs:
+            with restricted(model, runs_plan) if runs_plan is not None else nullcontext(model) as runner:
+                out = generate(runner, ids, args.new_tokens, mode=mode, cache=make(runner), prefill_chunk=1024)
+            row[name] = {"kv_bytes": out.kv_bytes, "time_per_output_token_s": out.per_token_s,
+                         "prefill_and_first_token_s": out.first_token_s, "tokens": out.tokens}
+        row["static_same_tokens"] = row["StaticCache"]["tokens"] == row["DynamicCache"]["tokens"]
+        for name in list(row):
+            if isinstance(row[name], dict):
+                row[name].pop("tokens")
+        rows.append(row)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+    return {"model": f"random Qwen2.5-0.5B shape, {args.layers} layers (fp32, CPU)",
+            "full_kv_heads": int(plan.full.sum()), "kv_heads": plan.full.numel(), "new_tokens": args.new_tokens,
+            "threads": torch.get_num_threads(), "rows": rows}
 
 
 def main() -> None:
@@ -214,12 +254,18 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=100)
     p.add_argument("--tokens", type=int, default=4096)
     p.add_argument("--json")
+    p = sub.add_parser("speed")
+    p.add_argument("--lengths", default="1024,2048,4096")
+    p.add_argument("--new-tokens", type=int, default=16)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--json")
     p = sub.add_parser("update")
     p.add_argument("--lengths", default="4096,16384")
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--json")
     args = parser.parse_args()
-    result = {"circuit": circuit, "decode": decode, "longctx": longctx, "update": update}[args.part](args)
+    result = {"circuit": circuit, "decode": decode, "longctx": longctx, "speed": speed,
+              "update": update}[args.part](args)
     text = json.dumps(result, indent=1)
     print(text)
     if args.json:

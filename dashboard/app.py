@@ -61,12 +61,14 @@ def home() -> None:
 
 def main() -> None:
     """Build the navigation and run the chosen page (streamlit calls this on every rerun)."""
-    navigation = st.navigation([st.Page(home, title="Home", icon=":material/home:", default=True)]
+    navigation = st.navigation([st.Page(home, title="Home", icon="🏠", default=True)]
                                + [st.Page(page_path(file), title=title, icon=icon, url_path=url)
                                   for file, title, icon, url in PAGES])
-    st.set_page_config(page_title=f"{navigation.title} · headprune", page_icon=":material/content_cut:",
-                       layout="wide")
-    linked_page = follow_link()   # a shared link: ?model=demo&page=prune&mask=0.3,2.5 (docs/tutorials/dashboard.md)
+    # An emoji favicon is an inline SVG (a data: URI); a ":material/..." one makes the browser fetch its SVG from
+    # fonts.gstatic.com, which fails offline (issue 35); so are the pages' icons (ui.PAGES), which the open page
+    # lends the favicon.
+    st.set_page_config(page_title=f"{navigation.title} · headprune", page_icon="✂️", layout="wide")
+    linked_page = follow_link()          # a shared link or a reload: ?model=demo&page=prune&mask=0.3,2.5 (README)
     if linked_page is not None:
         st.switch_page(page_path(linked_page))
     navigation.run()

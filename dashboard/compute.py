@@ -20,11 +20,19 @@ import numpy as np
 from headprune.criteria import ScoreMap, get
 from headprune.criteria.onepass import score_many
 from headprune.criteria.sap import OWN_SELECTION
-from headprune.data import align_labels, load_data, make_batches
-from headprune.estimate import TimeEstimate, estimate_evaluation, estimate_scoring, estimate_trajectory, forward_rate
+from headprune.data import NAMED_DATA, align_labels, load_data, make_batches
+from headprune.estimate import (
+    TimeEstimate,
+    estimate_evaluation,
+    estimate_role_ablation,
+    estimate_scoring,
+    estimate_trajectory,
+    forward_rate,
+)
 from headprune.evaluation.example import compare_classifier, compare_lm, example_row
 from headprune.evaluation.live import LiveEvaluator
 from headprune.evaluation.metrics import HIGHER_IS_BETTER, Metrics, choice_rows
+from headprune.evaluation.progressive import visit_order
 from headprune.evaluation.speed import compare_speed
 from headprune.evaluation.stability import perturb_batches, same_answers
 from headprune.kvcache import KVPlan
@@ -37,7 +45,8 @@ from headprune.model.mask import HeadMask
 from headprune.model.surgery import prune_model
 from headprune.recovery import RecoveryRun, RecoverySpec, export_recovered, stage_metrics
 from headprune.roles import RoleReport, RoleSpec, head_roles, kept_by_role, kept_curve, role_ablation
-from headprune.syntax import build_arcs, syntactic_profile
+from headprune.syntax import ParserError, build_arcs, syntactic_profile
+from headprune.syntax.parse import language_problem
 from headprune.trajectory import Trajectory, TrajectorySpec, run_trajectory, spread
 
 from .config import memory_budget
@@ -146,6 +155,37 @@ def example_comparison(ws: DashboardWorkspace, text, mask: HeadMask, targets_fro
     return store().memo(f"example|{ws.key}|{text}|{targets_from}|{top_k}|{mask_key(mask)}", compute)
 
 
+LANGUAGE_CHECK_TEXTS = 64   # evaluation texts the parser's language check reads (parsed once per workspace)
+
+
+def syntax_problem(ws: DashboardWorkspace) -> str | None:
+    """Why this workspace's data gets no syntax views (dependency arcs, syntactic profile), or None.
+
+    A named data set says whether its rows are a language (``NamedData.language``: demo-circuit's random word
+    blocks are not); for any other data the parser's own language check decides (``syntax.language_problem``
+    over the first LANGUAGE_CHECK_TEXTS evaluation texts, stored per workspace). Without a parser there is no
+    problem to report here: drawing the arcs then says the parser is missing."""
+    for spec in (ws.setup.data, ws.setup.calib_data):
+        named = NAMED_DATA.get(spec or "")
+        if named is not None and not named.language:
+            return (f"The data ({spec}: {named.description}) is not a language, so a dependency parse of it would "
+                    "be meaningless: no arcs or syntactic profile are drawn. The word-level attention is shown.")
+    if NAMED_DATA.get(ws.setup.data) is not None:
+        return None
+
+    def check():
+        texts = [t for t in ws.eval.texts[:LANGUAGE_CHECK_TEXTS] if isinstance(t, str)]
+        try:
+            return language_problem(texts)
+        except ParserError:
+            return None
+
+    problem = store().memo(f"language|{ws.key}", check)
+    return None if problem is None else (f"The parser's language check: {problem}. Its dependency arcs would be "
+                                         "noise, so no arcs or syntactic profile are drawn; the word-level "
+                                         "attention is shown.")
+
+
 def _profile_key(ws: DashboardWorkspace, mask: HeadMask) -> str:
     return f"profile|{ws.key}|{mask_key(mask)}"
 
@@ -213,15 +253,41 @@ def ablate_role(ws: DashboardWorkspace, sd: SessionData, report: RoleReport, rol
                 progress: Progress | None = None) -> dict:
     """The metric with ``role`` pruned / alone kept vs 10 equal-sized random sets, from the session's mask, on a
     fork of the session's evaluator (``roles.role_ablation``; stored per mask, role and mode)."""
-    if sd.live is None:
-        sd.live = live_evaluator(ws, ws.eval_batches, sd.mask, progress)
+    start = 0.0
+    if sd.live is None:   # the session's evaluator first: the bar's first share (one pass of seeds + 2)
+        start = 1 / (ABLATION_SEEDS + 2)
+        sd.live = live_evaluator(ws, ws.eval_batches, sd.mask, _part(progress, 0.0, start))
 
     def compute():
         move_live(sd.live, sd.mask)
         with compute_slot():
-            return role_ablation(sd.live, report, role, mode, seeds=10, seed=ws.setup.seed, progress=progress)
+            return role_ablation(sd.live, report, role, mode, seeds=ABLATION_SEEDS, seed=ws.setup.seed,
+                                 progress=_part(progress, start, 1.0))
 
-    return store().memo(f"ablation|{ws.key}|{mask_key(sd.mask)}|{role}|{mode}", compute)
+    return store().memo(_ablation_key(ws, sd, role, mode), compute)
+
+
+ABLATION_SEEDS = 10   # random sets a role is measured against
+
+
+def _part(progress: Progress | None, start: float, end: float) -> Progress | None:
+    """``progress`` for one part of a job: its fractions 0..1 drawn from ``start`` to ``end`` of the bar."""
+    return None if progress is None else (lambda f, m: progress(start + (end - start) * f, m))
+
+
+def _ablation_key(ws: DashboardWorkspace, sd: SessionData, role: str, mode: str) -> str:
+    return f"ablation|{ws.key}|{mask_key(sd.mask)}|{role}|{mode}"
+
+
+def stored_ablation(ws: DashboardWorkspace, sd: SessionData, role: str, mode: str) -> dict | None:
+    """``ablate_role``'s result for the session's mask, ``role`` and ``mode`` if any session measured it."""
+    return store().get(_ablation_key(ws, sd, role, mode))
+
+
+def ablation_estimate(ws: DashboardWorkspace, sd: SessionData) -> TimeEstimate:
+    """How long ``ablate_role`` takes here (``estimate.estimate_role_ablation``)."""
+    return estimate_role_ablation(ws.loaded.model, ws.eval_batches, ABLATION_SEEDS, evaluator=sd.live is not None,
+                                  rate=_rate(ws), memory_budget=memory_budget())
 
 
 # -- live evaluation ----------------------------------------------------------------------------------------------
@@ -349,24 +415,49 @@ def _jobs(names: list[str], inverse: bool, seeds: int, seed: int) -> list[tuple[
         [("random", False, seed + i) for i in range(seeds)]
 
 
+LESSON_ROWS = 128   # the Trajectories page's default evaluation rows: the demo's default run in about 2 minutes
+
+
+def trajectory_batches(ws: DashboardWorkspace, rows: int | None) -> list[dict]:
+    """The evaluation batches a trajectory run measures on: all of them (``rows`` None or at least the split), else
+    ``rows`` // batch size batches drawn at random with the workspace seed (the batches are length-sorted, so the
+    first ones would be the shortest rows), kept in their order."""
+    batches = ws.eval_batches
+    size = max(len(batches[0]["input_ids"]), 1) if batches else 1
+    if rows is None or rows >= len(ws.eval) or not batches:
+        return batches
+    keep = sorted(visit_order(len(batches), ws.setup.seed)[:max(1, rows // size)])
+    return [batches[i] for i in keep]
+
+
+def _trajectory_rows(ws: DashboardWorkspace, rows: int | None) -> tuple[str, list[dict]]:
+    """(name of the source evaluator, batches) of a trajectory run on ``rows`` evaluation rows."""
+    batches = trajectory_batches(ws, rows)
+    return ("evaluation" if batches is ws.eval_batches else f"evaluation-{len(batches)}"), batches
+
+
 def run_trajectories(ws: DashboardWorkspace, names: list[str], params: dict[str, dict], inverse: bool, seeds: int,
                      step: int, budget: float, tolerance: float, stability: bool,
-                     progress: Progress | None = None) -> tuple[list[Trajectory], list[dict]]:
+                     progress: Progress | None = None, rows: int | None = None) -> tuple[list[Trajectory], list[dict]]:
     """Trajectories of ``names`` (and their inverse orders) plus ``seeds`` random orders, from the model as loaded.
 
     Curves run to ``budget`` without stopping early; ``tolerance`` is recorded so the stop point can be marked.
     Each run is kept in the store, so re-running the same settings is instant. Every run starts from the
     workspace's stored evaluator (a fork, no first pass of its own) and reads the shared model (the library
-    copies what it hooks), so the jobs share everything but their own steps.
+    copies what it hooks), so the jobs share everything but their own steps. ``rows``: evaluate on that many
+    evaluation rows (``trajectory_batches``; None: all).
     """
     report = progress or (lambda f, m: None)
     jobs = _jobs(names, inverse, seeds, ws.setup.seed)
-    data_info = {"data": ws.setup.data_label, "eval_size": len(ws.eval), "calib_size": len(ws.calib),
+    source, eval_batches = _trajectory_rows(ws, rows)
+    n_rows = sum(len(b["input_ids"]) for b in eval_batches)
+    data_info = {"data": ws.setup.data_label, "eval_size": n_rows, "calib_size": len(ws.calib),
                  "seed": ws.setup.seed, "roles": ws.roles()}
     runs, memory = [], memory_budget()
     for i, (name, inv, seed) in enumerate(jobs):
         label = ("inverse " if inv else "") + name + (f" (seed {seed})" if name == "random" else "")
-        key = f"traj|{ws.key}|{name}|{params_key(params.get(name))}|{inv}|{seed}|{step}|{budget}|{stability}"
+        key = f"traj|{ws.key}|{name}|{params_key(params.get(name))}|{inv}|{seed}|{step}|{budget}|{stability}" + \
+            ("" if source == "evaluation" else f"|{source}")
         # random: independent masks at each rate (the boxes' draws), not the prefixes of one order
         spec = TrajectorySpec(criterion=get(name), params=params.get(name) or {}, inverse=inv, step=step,
                               budget=budget, seed=seed, stability=stability, model_name=ws.setup.model,
@@ -374,10 +465,10 @@ def run_trajectories(ws: DashboardWorkspace, names: list[str], params: dict[str,
                               metric_set=ws.metric_set())
 
         def compute(spec=spec, label=label, i=i):
-            evaluator = source_evaluator(ws)
+            evaluator = source_evaluator(ws, source, eval_batches)
             with compute_slot():
                 return run_trajectory(
-                    spec, ws.loaded.model, ws.calib_batches, ws.eval_batches, device=ws.loaded.device,
+                    spec, ws.loaded.model, ws.calib_batches, eval_batches, device=ws.loaded.device,
                     tokenizer=ws.loaded.tokenizer, texts=ws.calib_texts(), evaluator=evaluator,
                     perturbed=perturbed_batches(ws) if stability else None, memory_budget=memory,
                     progress=lambda f, m: report((i + f) / len(jobs), f"{label}: {m}"),
@@ -438,16 +529,18 @@ def scoring_estimate(ws: DashboardWorkspace, names: list[str], params: dict[str,
 
 
 def trajectories_estimate(ws: DashboardWorkspace, names: list[str], params: dict[str, dict], inverse: bool,
-                          seeds: int, step: int, budget: float, stability: bool) -> TimeEstimate | None:
+                          seeds: int, step: int, budget: float, stability: bool,
+                          rows: int | None = None) -> TimeEstimate | None:
     """How long ``run_trajectories`` would take with these settings (stored runs cost nothing; None: no data)."""
     if not ws.calib_batches or not ws.eval_batches:
         return None
     total, last = 0.0, None
-    shared = store().get(_live_key(ws, "evaluation")) is not None
+    source, eval_batches = _trajectory_rows(ws, rows)
+    shared = store().get(_live_key(ws, source)) is not None
     for name, inv, seed in _jobs(names, inverse, seeds, ws.setup.seed):
         spec = TrajectorySpec(criterion=get(name), params=params.get(name) or {}, inverse=inv, step=step,
                               budget=budget, seed=seed, stability=stability)
-        last = estimate_trajectory(spec, ws.loaded.model, ws.calib_batches, ws.eval_batches, evaluator=shared,
+        last = estimate_trajectory(spec, ws.loaded.model, ws.calib_batches, eval_batches, evaluator=shared,
                                    rate=_rate(ws), memory_budget=memory_budget())
         total, shared = total + last.seconds, True
     if last is None:

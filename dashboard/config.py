@@ -18,7 +18,6 @@ from pathlib import Path
 import streamlit as st
 
 from headprune.data import NAMED_DATA
-from headprune.model.loading import NAMED_MODELS
 from headprune.model.memory import parse_budget
 from headprune.workspace import DEFAULT_CALIB_SIZE, DEFAULT_EVAL_SIZE, DEFAULT_SELECT_SIZE, DefaultSize
 
@@ -134,93 +133,6 @@ def role_sources(model: str) -> list[str]:
     held-out rows and its training split; else the classifier demo's), then any spec typed in."""
     base = model if model in NAMED_DATA else "demo"
     return [SAME_DATA] + [name for name in (base, f"{base}:train") if name in NAMED_DATA] + [OTHER_DATA]
-
-
-# -- shareable views: the URL query string ------------------------------------------------------------------------
-# ?model=demo&data=demo&page=prune&criteria=ae,his&ratio=0.5&mask=0.3,2.5&head=1.4
-# model and data may only name the registered demos (or what HEADPRUNE_MODEL / HEADPRUNE_DATA started the server
-# on): a link never names a file or a hub id. mask lists pruned heads as layer.head; head is the selected one.
-LINK_KEYS = ("model", "data", "page", "criteria", "ratio", "mask", "head")
-
-
-@dataclass
-class Link:
-    """What a query string asks for, checked; ``problems`` says what was refused and what is accepted."""
-
-    model: str | None = None
-    data: str | None = None
-    page: str | None = None
-    criteria: list[str] | None = None
-    ratio: float | None = None
-    pruned: list[tuple[int, int]] | None = None
-    head: tuple[int, int] | None = None
-    problems: list[str] = field(default_factory=list)
-
-
-def _heads(text: str) -> list[tuple[int, int]]:
-    heads = []
-    for item in filter(None, text.split(",")):
-        layer, dot, head = item.partition(".")
-        if not dot or not layer.isdigit() or not head.isdigit():
-            raise ValueError(item)
-        heads.append((int(layer), int(head)))
-    return heads
-
-
-def parse_link(params: dict, models: list[str], data: list[str], pages: list[str], criteria: list[str]) -> Link:
-    """The ``Link`` a query string (``st.query_params``) asks for; values outside the accepted ones are dropped
-    with a message naming them (``models``/``data``: the names a link may load; ``pages``: url paths)."""
-    link = Link()
-
-    def choose(key: str, accepted: list[str]):
-        value = params.get(key)
-        if value is None:
-            return None
-        if value not in accepted:
-            link.problems.append(f"{key}={value!r} is not one of: {', '.join(accepted)}.")
-            return None
-        return value
-
-    link.model, link.data, link.page = choose("model", models), choose("data", data), choose("page", pages)
-    if params.get("criteria"):
-        names = [n for n in params["criteria"].split(",") if n]
-        unknown = [n for n in names if n not in criteria]
-        if unknown:
-            link.problems.append(f"criteria {', '.join(unknown)} unknown; known: {', '.join(criteria)}.")
-        link.criteria = [n for n in names if n in criteria] or None
-    if params.get("ratio") is not None:
-        try:
-            link.ratio = float(params["ratio"])
-            if not 0 <= link.ratio <= 1:
-                raise ValueError
-        except ValueError:
-            link.problems.append(f"ratio={params['ratio']!r} must be a number in [0, 1].")
-            link.ratio = None
-    for key in ("mask", "head"):
-        if params.get(key) is None:
-            continue
-        try:
-            heads = _heads(params[key])
-            if key == "head" and len(heads) != 1:
-                raise ValueError(params[key])
-        except ValueError:
-            link.problems.append(f"{key}={params[key]!r}: expected heads as layer.head"
-                                 f"{', comma-separated (e.g. 0.3,2.5)' if key == 'mask' else ' (e.g. 1.4)'}.")
-            continue
-        if key == "mask":
-            link.pruned = heads
-        else:
-            link.head = heads[0]
-    return link
-
-
-def link_models() -> list[str]:
-    """Model names a link may load: the registered demos, and the model this server was started on."""
-    return sorted(set(NAMED_MODELS) | {Setup().model})
-
-
-def link_data() -> list[str]:
-    return sorted(set(NAMED_DATA) | {Setup().data})
 
 
 # -- the session's memory budget (not part of the Setup: changing it reloads nothing, and results do not depend on it)

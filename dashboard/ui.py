@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import time
 import traceback
 from collections.abc import Callable
@@ -10,7 +11,9 @@ from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlencode
 
+import pandas as pd
 import plotly.graph_objects as go
+import segno
 import streamlit as st
 
 from headprune import viz
@@ -18,12 +21,12 @@ from headprune.criteria import Criterion, available, get
 from headprune.errors import HeadpruneError
 from headprune.evaluation.speed import speed_headline, speed_table
 from headprune.glossary import help_for, role_legend
-from headprune.model.mask import HeadMask
 from headprune.model.sizes import cut_summary
 from headprune.viewstate import MAX_SENTENCE
 
+from . import urlstate
 from .compute import available_lessons, measure_speed, measured_speed, stored_roles
-from .config import LINK_KEYS, Link, current_setup, demo_setup, help_url, link_data, link_models, parse_link, use_setup
+from .config import current_setup, demo_setup, help_url, use_setup
 from .session import SessionData, session
 from .store import DashboardWorkspace as Workspace
 from .store import build_workspace, workspace_of
@@ -104,24 +107,56 @@ def cancelled_note(key: str) -> None:
         st.info("Cancelled: the run stopped between two batches and stored nothing.", icon=":material/stop:")
 
 
+def long_job(key: str, label: str, run: Callable[[Callable[[float, str], None]], object], *, done=None,
+             estimate: Callable[[], object] | None = None, hint: str = "", what: str | None = None,
+             failed: str = "That did not work"):
+    """One way to start any job over a few seconds (issue 35): the expected duration first (``estimate``, called
+    only while there is something to run), a button ``label``, then while it runs a Cancel button and a bar that
+    moves (``run(progress)``; a Cancel click reruns the page, which stops the run at its next progress redraw,
+    within a batch, storing nothing); when it ends the button, Cancel and bar are gone.
+
+    ``done``: the stored result for the current inputs; when given nothing is drawn and it is returned, so a result
+    stays on the page until its inputs change (and the button only comes back then). Returns the result of a run
+    that finished now, else ``done`` (None: nothing to show yet)."""
+    if done is not None:
+        return done
+    if estimate is not None:
+        with guard("Could not estimate how long this takes"):
+            estimate_line(estimate(), hint)
+    cancelled_note(f"{key}-cancel")
+    slot = st.empty()
+    if not slot.button(label, type="primary", key=key):
+        return None
+    result = None
+    with guard(failed):
+        with slot.container():
+            cancel_button(f"{key}-cancel")
+            bar = progress_bar(what or label)
+        result = run(bar)
+    slot.empty()
+    return result
+
+
 # -- page frame -----------------------------------------------------------------------------------------------------
 
 PAGES_DIR = Path(__file__).resolve().parent / "pages"
+# Emoji icons, not ":material/...": the open page's icon becomes the favicon, and a material one is fetched as an SVG
+# from fonts.gstatic.com (issue 35: offline, every asset comes from the app; an emoji favicon is a data: URI).
 PAGES = (  # (file in dashboard/pages, title, icon, url path); dashboard/app.py builds the navigation from this
-    ("1_Model_and_data.py", "Model & data", ":material/folder_open:", "model-and-data"),
-    ("2_Head_scores.py", "Head scores", ":material/grid_on:", "head-scores"),
-    ("7_Roles.py", "Roles", ":material/psychology:", "roles"),
-    ("3_Attention.py", "Attention", ":material/visibility:", "attention"),
-    ("4_Prune.py", "Prune", ":material/content_cut:", "prune"),
-    ("8_Recover.py", "Recover", ":material/healing:", "recover"),
-    ("5_Trajectories.py", "Trajectories", ":material/trending_down:", "trajectories"),
-    ("6_Export.py", "Export", ":material/download:", "export"),
-    ("9_KV_cache.py", "KV cache", ":material/memory:", "kv-cache"),
-    ("10_Runs.py", "Protocol runs", ":material/table_chart:", "runs"),
-    ("11_Lessons.py", "Lessons", ":material/school:", "lessons"),
-    ("12_Model_view.py", "Every head at a glance", ":material/apps:", "heads"),
-    ("13_What_it_says.py", "What the pruned model says", ":material/compare:", "example"),
-    ("14_Glossary.py", "Glossary", ":material/menu_book:", "glossary"),
+    ("1_Model_and_data.py", "Model & data", "📂", "model-and-data"),
+    ("2_Head_scores.py", "Head scores", "🧮", "head-scores"),
+    ("7_Roles.py", "Roles", "🧠", "roles"),
+    ("3_Attention.py", "Attention", "👁️", "attention"),
+    ("4_Prune.py", "Prune", "✂️", "prune"),
+    ("8_Recover.py", "Recover", "🩹", "recover"),
+    ("5_Trajectories.py", "Trajectories", "📉", "trajectories"),
+    ("6_Export.py", "Export", "📥", "export"),
+    ("9_KV_cache.py", "KV cache", "💾", "kv-cache"),
+    ("10_Runs.py", "Protocol runs", "📋", "runs"),
+    ("11_Lessons.py", "Lessons", "🎓", "lessons"),
+    ("12_Model_view.py", "Every head at a glance", "🔲", "heads"),
+    ("13_What_it_says.py", "What the pruned model says", "💬", "example"),
+    ("14_Glossary.py", "Glossary", "📖", "glossary"),
 )
 
 
@@ -152,86 +187,63 @@ def page(title: str, caption: str | None = None, live_counts: bool = False) -> t
         st.stop()
     sd = session(ws)
     remember_lesson()          # before the address bar is rewritten: it may carry ?lesson=NAME&step=K
-    link = st.session_state.pop(LINK_STATE, None)
-    if link is not None:
-        apply_link(ws, sd, link)
+    urlstate.remember(ws, PAGE_URLS.get(title))
+    urlstate.apply(ws, sd, list(PAGE_URLS.values()))
     sidebar(ws, sd, counts=not live_counts)
-    share_view(ws, sd, title)
+    with st.sidebar:
+        share_box(ws)
+    urlstate.publish()
     lesson_panel(ws)
     return ws, sd
 
 
-# -- shareable views (the URL query string; config.parse_link checks it) -------------------------------------------
+# -- shareable views: the address bar holds the view (dashboard/urlstate.py owns it) -------------------------------
 
-LINK_STATE = "hp_link"
-LINK_READ = "hp_link_read"
 PAGE_URLS = {title: url for _, title, _, url in PAGES}
 
 
 def follow_link() -> str | None:
-    """On a session's first run, read the query string: load the model and data it names, keep the rest for the
-    page (``apply_link``); the page file to open, if the link names one. Refused values are shown on the page."""
-    if st.session_state.get(LINK_READ):
-        return None
-    st.session_state[LINK_READ] = True
-    remember_lesson()            # before switch_page, which empties the query string
-    params = {k: st.query_params[k] for k in LINK_KEYS if k in st.query_params}
-    if not params:
-        return None
-    link = parse_link(params, link_models(), link_data(), list(PAGE_URLS.values()), available())
-    setup = current_setup()
-    if link.model or link.data:
-        model = link.model or setup.model
-        data = link.data or (model if model in link_data() and link.model else setup.data)
-        use_setup(replace(setup, model=model, data=data, data_label=Path(data).name, text_col=None, pair_col=None,
-                          label_col=None))
-    st.session_state[LINK_STATE] = link
-    return next((file for file, _, _, url in PAGES if url == link.page), None)
+    """The page file a shared link (or a reload) opens on a session's first run, after loading the model and data
+    it names; None to stay on the page asked for."""
+    if not st.session_state.get(urlstate.READ):
+        remember_lesson()            # before switch_page, which empties the query string
+    url = urlstate.follow(list(PAGE_URLS.values()))
+    return next((file for file, _, _, path in PAGES if path == url), None)
 
 
-def apply_link(ws: Workspace, sd: SessionData, link: Link) -> None:
-    """Select the linked head, prune the linked mask and preset the linked criteria and ratio on this workspace."""
-    for problem in link.problems:
-        st.error(f"This link has a value that cannot be used: {problem}", icon="🔗")
-    try:
-        if link.pruned is not None:
-            pruned: dict[int, list[int]] = {}
-            for layer, head in link.pruned:
-                pruned.setdefault(layer, []).append(head)
-            sd.set_mask(HeadMask.from_pruned(pruned, ws.shape) & sd.base, "opened from a link")
-        if link.head is not None:
-            HeadMask.ones(ws.shape).prune(*link.head)      # MaskError names the valid range
-            sd.head = link.head
-    except HeadpruneError as exc:
-        st.error(f"This link's heads do not fit {ws.setup.model}: {exc}", icon="🔗")
-    if link.criteria:
-        st.session_state["scores-criteria"] = link.criteria
-        st.session_state["prune-crit"] = link.criteria[0]
-    if link.ratio is not None:
-        percent = int(round(link.ratio * 20)) * 5      # the sliders move in steps of 5%
-        st.session_state["scores-ratio"] = st.session_state["prune-ratio"] = min(max(percent, 5), 95)
+def link_url(params: dict[str, str]) -> str:
+    """The address that opens ``params`` on this server (the browser's own origin, as the server saw it)."""
+    base = (st.context.url or "").split("?")[0]
+    return base + ("?" + urlencode(params) if params else "")
 
 
-def share_view(ws: Workspace, sd: SessionData, title: str) -> None:
-    """Keep the browser's URL on this view (so copying it shares it) and show it in the sidebar."""
-    params = {}
-    if ws.setup.model in link_models() and ws.setup.data in link_data():
-        params = {"model": ws.setup.model, "data": ws.setup.data}
-    if title in PAGE_URLS:
-        params["page"] = PAGE_URLS[title]
-    if sd.scores:
-        params["criteria"] = ",".join(sd.scores)
-    gated = (sd.mask.values == 0) & (sd.base.values != 0)
-    if gated.any():
-        params["mask"] = ",".join(f"{layer}.{head}" for layer, head in gated.nonzero().tolist())
-    if sd.head is not None:
-        params["head"] = f"{sd.head[0]}.{sd.head[1]}"
-    if dict(st.query_params) != params:
-        st.query_params.from_dict(params)
-    with st.sidebar:
-        st.caption("Share this view: copy the address bar (model, data, page, criteria, pruned heads and the "
-                   "selected head are in it)." if "model" in params else
-                   "This model or data set is not a demo, so links do not carry it (a link never names a file).")
+def share_box(ws: Workspace) -> None:
+    """The sidebar's share caption, the link with a copy button and its QR code; redrawn in place by
+    ``urlstate.publish`` from a fragment, so it never shows an older view than the address bar."""
+    if ws.setup.model not in urlstate.link_models() or ws.setup.data not in urlstate.link_data():
+        st.caption("This model or data set is not a demo, so a link does not carry it (a link never names a file "
+                   "or a hub id): the link below opens the server's start-up model on this page, with the mask and "
+                   "selected head where they fit its heads.")
+    else:
+        st.caption("Share this view: the link below (and the address bar) opens what is on screen now — page, "
+                   "model and data, pruned heads, selected head, criteria, ratio, sentence, role letters and the "
+                   "KV plan. A reload keeps it too.")
+    st.session_state[urlstate.SLOT] = st.empty()
+    st.session_state[urlstate.SHOW] = show_link      # urlstate.publish draws through it (it cannot import ui)
+
+
+def show_link(params: dict[str, str]) -> None:
+    """The link in its sidebar slot: copyable text (the code block's copy button) and a QR code for a projector."""
+    slot = st.session_state.get(urlstate.SLOT)
+    if slot is None:
+        return
+    url = link_url(params)
+    with slot.container():
+        st.code(url, language=None, wrap_lines=True)
+        with st.expander("QR code (for a projector)"):
+            image = io.BytesIO()
+            segno.make(url, error="m").save(image, kind="png", scale=6, border=2)
+            st.image(image.getvalue(), caption="Scan to open this view", width=220)
 
 
 def ensure_workspace() -> Workspace | None:
@@ -348,6 +360,21 @@ def estimate_value(estimate) -> str:
     return f"≈ {estimate.value:.{digits}f} ({estimate.low:.{digits}f}–{estimate.high:.{digits}f})"
 
 
+def running_metric(metric: str, estimate, previous: float) -> dict:
+    """``st.metric`` arguments for the headline while batches arrive (issue 35): the running estimate with its
+    interval once it is precise enough (``Estimate.shown``), before that the last exact value ``previous``, greyed,
+    under "computing…" -- never a number whose interval spans a factor of forty."""
+    common = {"delta": f"{estimate.done}/{estimate.total} batches", "delta_color": "off", "delta_arrow": "off"}
+    if not estimate.shown:
+        return {"label": f"{metric} · computing…", "value": f":gray[{previous:.4f}]", **common,
+                "help": f"The last exact value, kept until the running estimate is precise enough: a number is "
+                        f"shown once {estimate.rule}."}
+    return {"label": metric, "value": estimate_value(estimate), **common,
+            "help": f"Running estimate over the batches evaluated so far (a fresh random order on every click) with "
+                    f"its 95% interval, shown once {estimate.rule}; replaced by the exact value when the last batch "
+                    "is in."}
+
+
 # -- lessons: the current step's text above every page ------------------------------------------------------------
 
 LESSON_KEY = "hp_lesson"     # session: (lesson name, step from 1) of the lesson being followed
@@ -435,7 +462,7 @@ def example_picker(ws: Workspace, key: str, default_typed: str = "The film is sl
 def criterion_picker(label: str, key: str, default: list[str], multi: bool = True,
                      exclude: tuple[str, ...] = ()) -> list[str]:
     names = [n for n in available() if n not in exclude]
-    preset = key in st.session_state     # set by a shared link (apply_link): the widget reads it, no default
+    preset = key in st.session_state     # set by a shared link (urlstate.apply): the widget reads it, no default
     if multi:  # chips show names only; what each computes is in its settings expander and in the help
         return st.multiselect(label, names, default=None if preset else [d for d in default if d in names], key=key,
                               help="\n".join(f"- **{n}**: {help_for(n, 'criterion')}" for n in names))
@@ -504,6 +531,7 @@ def clickable_grid(fig: go.Figure, key: str, sd: SessionData, on_click: Callable
             head = viz.clicked_head(selection)
             if head is not None:
                 on_click(head)
+                urlstate.publish(draw=False)     # the address bar follows the click at once
 
     st.plotly_chart(fig, key=widget_key, on_select=clicked, selection_mode="points", width="stretch",
                     config={"displayModeBar": False})
@@ -512,6 +540,21 @@ def clickable_grid(fig: go.Figure, key: str, sd: SessionData, on_click: Callable
 def head_options(ws: Workspace) -> list[tuple[int, int]]:
     n_blocks, n_heads = ws.shape
     return [(b, h) for b in range(n_blocks) for h in range(n_heads)]
+
+
+def head_picker(ws: Workspace, sd: SessionData, label: str, key: str, **kwargs) -> tuple[int, int] | None:
+    """A head dropdown that shows and sets the one selected head (``sd.head``): a grid click anywhere moves it,
+    and choosing here moves the outline. Returns the selected head (None until one is selected)."""
+    options = head_options(ws)
+    # the widget derives from the session's head, never keeps its own (it once toggled another head than the
+    # outlined one: a dropdown that kept its own state)
+    st.session_state[key] = sd.head if sd.head in options else None
+
+    def chosen() -> None:
+        sd.head = st.session_state[key]
+        urlstate.publish(draw=False)
+
+    return st.selectbox(label, options, key=key, on_change=chosen, placeholder="click a head on a grid", **kwargs)
 
 
 def head_name(ws: Workspace, head: tuple[int, int]) -> str:
@@ -576,4 +619,4 @@ def speed_report(report: dict) -> None:
         f" The clock realises {head['realised_share']:.0%} of the time saving FLOPs predict."
     st.caption(f"Length {head['length']} on {head['device']}, {head['torch_threads']} torch threads, median of "
                f"{report['repeats']} runs.{share}")
-    st.dataframe(speed_table(report), hide_index=True, width="stretch")
+    st.dataframe(viz.readable(pd.DataFrame(speed_table(report))), hide_index=True, width="stretch")

@@ -12,6 +12,10 @@ KL's intact pass plus its partial ablated passes, HIES's α sweep), so
     live warm-up  t ≈ r · N_eval                           one full pass over the evaluation batches
     trajectory    t ≈ seeds · (r · (N_calib · W + N_select · W_sel) · S_score
                            + r · N_eval · (1 + LIVE_STEP · n_steps))
+    role ablation t ≈ r · N_eval · (seeds + 1)               the role's set and ``seeds`` random sets, each a live
+                                                           re-evaluation from its lowest changed layer: counted
+                                                           as a full pass (random sets almost always reach an
+                                                           early layer), plus one pass for a missing evaluator
     lm-eval       t ≈ r · N_requests          N_requests: tokens of every request lm-eval will score (context +
                                               continuation of each choice, ``harness.count_requests``)
 
@@ -180,4 +184,16 @@ def estimate_harness(model, tokenizer, tasks: Tasks, batches: list[dict], rate: 
     per_token, basis = _rate(model, batches, rate, memory_budget)
     n_requests, n_tokens = count_requests(tasks, tokenizer)
     return TimeEstimate(per_token * n_tokens, f"lm-eval {', '.join(tasks.spec.tasks)} ({n_requests} requests)",
+                        device_name(model), basis)
+
+
+def estimate_role_ablation(model, eval_batches: list[dict], seeds: int = 10, evaluator: bool = True,
+                           rate: tuple[float, str] | None = None,
+                           memory_budget: int | str | None = None) -> TimeEstimate:
+    """Expected duration of ``roles.role_ablation`` (module doc): the role's set and ``seeds`` random sets, one pass
+    each over the evaluation batches; ``evaluator``: the session's live evaluator exists (else its first pass is
+    counted too)."""
+    per_token, basis = _rate(model, eval_batches, rate, memory_budget)
+    passes = seeds + 1 + (0 if evaluator else 1)
+    return TimeEstimate(per_token * tokens(eval_batches) * passes, f"the role and {seeds} random sets",
                         device_name(model), basis)

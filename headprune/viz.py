@@ -673,6 +673,29 @@ def sparsity_figure(points: Sequence[Mapping], metric: str, dense: float | None 
     return keep_labels(fig)
 
 
+# -- numbers for people ---------------------------------------------------------------------------------------------
+
+def number_text(value) -> str:
+    """A number as people read it, the one rule of every table: whole numbers without decimals and with thousands
+    separators (100, not 100.0000; 22,713,986), four significant digits otherwise (0.8403, 256.5, 0.0012), a
+    thousand or more rounded to a whole number (1,627); None and NaN as "—". Anything else as its text."""
+    if value is None:
+        return "—"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        return str(value)
+    value = float(value)
+    if not np.isfinite(value):
+        return "—" if np.isnan(value) else ("∞" if value > 0 else "−∞")
+    if value.is_integer() or abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.4g}"
+
+
+def readable(frame: pd.DataFrame):
+    """``frame`` styled with ``number_text`` in every cell (what the dashboard's tables show)."""
+    return frame.style.format(number_text)
+
+
 # -- sizes ----------------------------------------------------------------------------------------------------------
 
 def size_table(report: Mapping[str, Mapping]) -> pd.DataFrame:

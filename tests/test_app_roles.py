@@ -8,7 +8,7 @@ from app_support import PAGES, ROOT, figures, open_app, problems, small_env, wor
 from streamlit.testing.v1 import AppTest
 
 from dashboard.compute import stored_roles
-from dashboard.config import Setup, parse_link
+from dashboard.config import Setup
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -88,20 +88,74 @@ def test_a_link_with_a_mask_opens_prune_with_that_mask():
     assert at.session_state["scores-criteria"] == ["ae", "his"]
     # the page's address carries the same view back
     assert at.query_params["mask"] == ["0.3,2.5"] or at.query_params["mask"] == "0.3,2.5"
+    # the dropdown shows the one selected head, and the button acts on it (not on the dropdown's own choice)
+    assert at.selectbox(key="prune-head").value == (1, 4)
+    at.button(key="prune-toggle").click().run()
+    pruned = sorted(map(tuple, (session_data(at).mask.values == 0).nonzero().tolist()))
+    assert pruned == [(0, 3), (1, 4), (2, 5)]
+    assert at.query_params["mask"] in ("0.3,1.4,2.5", ["0.3,1.4,2.5"])
 
 
 def test_a_bad_link_says_what_is_accepted_and_loads_nothing_else():
-    at = open_link(model="/etc/passwd", mask="7.99", page="nowhere")
-    messages = " ".join(e.value for e in at.error)
-    assert "model='/etc/passwd' is not one of" in messages and "demo" in messages
-    assert "page='nowhere'" in messages
-    assert "do not fit" in messages                       # head 99 of a 12-head model
+    at = open_link(model="/etc/passwd", mask="7.99", page="nowhere", ratio="7")
+    assert not at.exception and not at.error
+    (notice,) = [w.value for w in at.warning if "This link" in w.value]       # one notice, every drop named
+    assert "model='/etc/passwd' dropped: not one of" in notice and "demo" in notice
+    assert "page='nowhere'" in notice and "ratio='7'" in notice
+    assert "outside the 6 x 12 grid" in notice                             # head 99 of a 12-head model
     assert at.session_state["hp_setup"].model == "demo"
     assert session_data(at).mask.n_pruned == 0
 
 
-def test_parse_link_by_hand():
-    link = parse_link({"ratio": "1.5", "mask": "1-2", "criteria": "ae,nope", "head": "0.1"},
-                      ["demo"], ["demo"], ["prune"], ["ae", "his"])
-    assert link.ratio is None and link.pruned is None and link.criteria == ["ae"] and link.head == (0, 1)
-    assert len(link.problems) == 3
+def test_measure_a_role_shows_an_estimate_a_moving_bar_and_keeps_its_result(monkeypatch):
+    """Issue 35: Roles -> Measure ran 193 s with its bar at 0, no estimate and no Cancel, and its result vanished at the
+    next click. Now: an estimate before it starts, progress within each set (> 0 well before the end), a progress
+    call that raises (what a Cancel click's rerun does) stops it within a batch and stores nothing, the Cancel and
+    Measure buttons are gone once the result is in, and the result stays on the next rerun."""
+    import dashboard.ui as ui
+    from dashboard.compute import ablate_role, stored_ablation
+    from headprune.errors import Cancelled
+
+    fractions, make_bar = [], ui.progress_bar
+
+    def recording_bar(label):
+        bar = make_bar(label)
+
+        def update(fraction, message=""):
+            fractions.append(fraction)
+            bar(fraction, message)
+
+        update.done = bar.done
+        return update
+
+    monkeypatch.setattr(ui, "progress_bar", recording_bar)
+    at = open_app("roles")
+    find_roles(at)
+    ws, sd, report = workspace(at), session_data(at), stored_roles(workspace(at))
+    role = at.selectbox(key="roles-ablate-role").value
+    assert stored_ablation(ws, sd, role, "prune") is None
+    assert any(c.value.startswith("⏱ the role and 10 random sets") for c in at.caption)   # the estimate, first
+
+    calls = []
+
+    def cancel(fraction, message):
+        calls.append(fraction)
+        raise Cancelled()
+
+    with pytest.raises(Cancelled):
+        ablate_role(ws, sd, report, role, "prune", cancel)
+    assert len(calls) == 1 and stored_ablation(ws, sd, role, "prune") is None     # stopped at once, nothing kept
+
+    fractions.clear()
+    at.button(key="roles-ablate").click().run()
+    assert not problems(at), problems(at)
+    moving = [f for f in fractions if 0 < f < 1]
+    assert moving and min(moving) < 0.2 and fractions == sorted(fractions)          # a bar that moves from the start
+    keys = {b.key for b in at.button}
+    assert "roles-ablate" not in keys and "roles-ablate-cancel" not in keys           # gone with the work done
+    [shown] = [m for m in at.metric if m.label.startswith(f"{ws.metric} with ")]
+    result = stored_ablation(ws, sd, role, "prune")
+    assert shown.value == f"{result['role_value']:.4f}"
+    at.run()                                                                         # the next click: still there
+    assert [m.value for m in at.metric if m.label.startswith(f"{ws.metric} with ")] == [shown.value]
+    assert "roles-ablate" not in {b.key for b in at.button}

@@ -61,3 +61,25 @@ def test_the_runs_page_fills_in_as_cells_land(tmp_path, tiny_model_dir, tiny_csv
 
     at.text_input(key="runs-folder").input(str(tmp_path)).run()
     assert any("not a protocol's results folder" in e.value for e in at.error)
+
+
+def test_a_finished_smoke_run_shows_as_finished(tmp_path, one_thread):
+    """Issue 35: a finished `headprune run --smoke` folder read as "0/13 done, no cell has landed yet" (its cells are
+    the stand-ins', not the protocol file's) and a finished run as "time left: under a second"."""
+    from streamlit.testing.v1 import AppTest
+
+    from headprune.protocol import Protocol
+    from headprune.protocol.smoke import run_smoke
+
+    protocol = Protocol.read(ROOT / "protocols" / "demo.toml")
+    out = tmp_path / "smoke"
+    run_smoke(protocol, out)
+    n = len(list((out / "cells").glob("*.json")))
+    at = AppTest.from_file(str(ROOT / "dashboard" / "pages" / "10_Runs.py"), default_timeout=120)
+    at.run()
+    at.text_input(key="runs-folder").input(str(out)).run()
+    assert not problems(at), problems(at)
+    shown = metrics(at)
+    assert n > 0 and shown["done"] == f"{n} / {n}" and shown["pending"] == f"0 / {n}"
+    assert shown["time left"] == "none: finished" and any("Finished" in s.value for s in at.success)
+    assert len(at.dataframe[0].value) > 0 and not any("No cell has landed" in i.value for i in at.info)

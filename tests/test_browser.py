@@ -188,7 +188,8 @@ def test_a_link_with_a_mask_opens_prune_with_it(server, browser):
     page.set_default_timeout(300_000)
     page.goto(f"{server}/?model=demo&data=demo&page=prune&mask=0.0,0.1")
     page.wait_for_function("() => document.body.innerText.includes('70 / 72')")
-    assert "mask=0.0%2C0.1" in page.url or "mask=0.0,0.1" in page.url
+    # the address bar keeps the mask, in its compact form (heads 0-1 of layer 0)
+    assert "mask=0.0-1" in page.url
     page.close()
 
 
@@ -236,3 +237,36 @@ def test_kv_cache_page_a_click_moves_the_bytes_bar_and_the_metric(server, browse
     print(f"KV page: {before[:2]} -> {after[:2]} in {time.perf_counter() - start:.1f} s")
     assert after[1] != before[1] and after[2] != before[2] and float(after[0]) != float(before[0])
     page.close()
+
+
+WALK_DEMOS = ("demo", "demo-lm", "demo-circuit")
+
+
+@pytest.mark.parametrize("model", WALK_DEMOS)
+def test_every_page_asks_only_the_app_itself(server, browser, model):
+    """Offline for real (issue 35, item 7): open the demo from a link, then every page through the sidebar in one
+    session (nothing is computed on the way), recording every request the browser makes (favicons, fonts,
+    scripts, images): all go to the app's own origin (a data: URI, e.g. the emoji favicon, asks no host)."""
+    from urllib.parse import urlsplit
+
+    from dashboard.ui import PAGES
+
+    origin = urlsplit(server).netloc
+    elsewhere: list[str] = []
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(300_000)
+    page.on("request", lambda request: None if urlsplit(request.url).scheme in ("data", "blob")
+            or urlsplit(request.url).netloc == origin else elsewhere.append(request.url))
+    page.goto(f"{server}/?model={model}&data={model}")
+    page.get_by_text("heads left").first.wait_for()
+    wait_idle(page)
+    nav = page.locator('[data-testid="stSidebarNav"]')
+    for _, title, _, url in PAGES:
+        start = time.perf_counter()
+        nav.locator(f'a[href$="/{url}"]').first.click()
+        page.wait_for_function("title => document.title.startsWith(title)", arg=title)
+        wait_idle(page)
+        print(f"{model} {title}: {time.perf_counter() - start:.1f} s")
+    assert page.locator('[data-testid="stException"]').count() == 0
+    page.close()
+    assert not elsewhere, f"{len(elsewhere)} requests left the app on {model}: {sorted(set(elsewhere))[:5]}"

@@ -224,7 +224,7 @@ def test_plan_for_another_grid_or_an_encoder():
 
 from headprune.kvcache.scores import (  # noqa: E402
     check_rule,
-    duo_scores,
+    far_mass_scores,
     group_scores,
     head_scores,
     plan_from_scores,
@@ -233,11 +233,11 @@ from headprune.kvcache.scores import (  # noqa: E402
 from headprune.roles.probes import make_probes  # noqa: E402
 
 
-def test_duo_score_is_the_attention_mass_outside_sink_and_window():
+def test_far_mass_score_is_the_attention_mass_outside_sink_and_window():
     model = tiny_decoder("llama")
     batch = random_decoder_batch(seq_len=14)
     sink, window = 1, 4
-    got = duo_scores(model, [batch], sink, window)
+    got = far_mass_scores(model, [batch], sink, window)
     probs = capture_attention(model, batch).stacked.double().numpy()      # (L, B, H, T, T)
     valid = batch["attention_mask"].bool().numpy()
     want = np.zeros((4, 8))
@@ -285,7 +285,7 @@ def test_random_and_criterion_rules():
     assert not np.array_equal(a, head_scores("random", model, calib=[], seed=2))
     entropy = head_scores("ae", model, calib=[batch])
     assert entropy.shape == (4, 8) and np.isfinite(entropy).all()
-    with pytest.raises(KVPlanError, match="Unknown KV plan rule 'nope'.*razor, duo, random"):
+    with pytest.raises(KVPlanError, match="Unknown KV plan rule .nope.*razor, duo, far-mass, random"):
         check_rule("nope")
 
 

@@ -31,14 +31,14 @@ def run(capsys, *argv) -> tuple[int, dict | str]:
 def test_kvplan_evaluate_and_generate(lm_dir, tmp_path, capsys):
     model, data = lm_dir
     plan_file, tsv, ids = tmp_path / "plan.json", tmp_path / "heads.tsv", tmp_path / "ids.json"
-    code, out = run(capsys, "kvplan", "--model", model, "--data", data, "--rule", "duo", "--full-share", "0.25",
+    code, out = run(capsys, "kvplan", "--model", model, "--data", data, "--rule", "far-mass", "--full-share", "0.25",
                     "--sink", "1", "--window", "3", "--calib-size", "8", "--out", str(plan_file), "--tsv", str(tsv),
                     "--head-ids", str(ids))
     assert code == 0, out
     plan = KVPlan.read(plan_file)
     assert int(plan.full.sum()) == out["full_kv_heads"] == 2 and (plan.sink, plan.window) == (1, 3)
-    assert plan.meta["rule"] == "duo" and "versions" in plan.meta
-    # the groups kept full are those with the highest duo scores (group = max of its query heads)
+    assert plan.meta["rule"] == "far-mass" and "versions" in plan.meta
+    # the groups kept full are those with the highest far-mass scores (group = max of its query heads)
     scores = np.array(plan.meta["query_scores"]).reshape(4, 2, 4).max(-1)
     assert set(map(tuple, np.argwhere(plan.full.numpy()))) == set(map(tuple, np.argwhere(
         scores >= np.sort(scores.ravel())[-2])))
@@ -77,7 +77,7 @@ def test_kvplan_evaluate_and_generate(lm_dir, tmp_path, capsys):
     (["kvplan", "--trajectory", "--full-share", "-0.5"], "--full-share -0.5 must lie in [0, 1]"),
     (["kvplan", "--trajectory", "--rule", "nope"], "Unknown KV plan rule 'nope'"),
     (["kvplan", "--trajectory", "--random-orders", "-1"], "--random-orders -1"),
-    (["kvplan", "--trajectory", "--tsv", "x.tsv"], "--tsv and --head-ids export one plan"),
+    (["kvplan", "--trajectory", "--tsv", "x.tsv"], "--tsv, --head-ids and --export-duo export one plan"),
     (["kvplan", "--trajectory", "--model", "demo"], "--model demo is an encoder"),
     (["kvplan", "--step", "2"], "--step belong to a streaming trajectory: add --trajectory"),
     (["kvplan", "--trajectory", "--metric", "bleu"], "bleu"),
@@ -114,13 +114,14 @@ def test_kvplan_trajectory_streams_each_group_and_records_every_plan(lm_dir, tmp
     to a file (a second, independent path through the CLI), and the random orders come with their band."""
     model, data = lm_dir
     out = tmp_path / "stream.json"
-    code, result = run(capsys, "kvplan", "--trajectory", "--model", model, "--data", data, "--rule", "duo",
+    code, result = run(capsys, "kvplan", "--trajectory", "--model", model, "--data", data, "--rule", "far-mass",
                        "--sink", "1", "--window", "3", "--step", "3", "--random-orders", "2", "--calib-size", "8",
                        "--eval-size", "12", "--out", str(out))
     assert code == 0, result
     assert json.loads(out.read_text())["rule"] == result["rule"]
     traj = StreamTrajectory.from_json(result["rule"])
-    assert traj.rule == "duo" and [s["n_streamed"] for s in traj.steps] == [3, 6, 8] and traj.metric == "perplexity"
+    assert traj.rule == "far-mass" and [s["n_streamed"] for s in traj.steps] == [3, 6, 8]
+    assert traj.metric == "perplexity"
     assert result["rule"]["model"] == model and result["rule"]["data"]["roles"]["eval"]["size"] == 12
     assert [r["seed"] for r in result["random"]["runs"]] == [0, 1] and result["random"]["spread"]["band"]
     evaluate = ("evaluate", "--model", model, "--data", data, "--eval-size", "12", "--calib-size", "8")

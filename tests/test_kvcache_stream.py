@@ -30,11 +30,11 @@ def lm_batch(seq_len=12, seed=0):
 def test_each_step_is_the_metric_under_the_plan_made_independently(arch):
     model = tiny_decoder(arch)                       # 4 blocks x 8 query heads, 2 key/value groups: 8 groups
     calib, evals = [lm_batch(seed=1)], [lm_batch(seed=2)]
-    spec = StreamSpec(rule="duo", sink=1, window=3, step=3)
+    spec = StreamSpec(rule="far-mass", sink=1, window=3, step=3)
     run = run_stream(spec, model, calib, evals)
     assert [s["n_streamed"] for s in run.steps] == [3, 6, 8] and run.steps[-1]["full_share"] == 0.0
-    scores = head_scores("duo", model, calib=calib, sink=1, window=3)
-    # by hand: a group's need is the max of its 4 query heads' duo scores; the lowest needs stream first
+    scores = head_scores("far-mass", model, calib=calib, sink=1, window=3)
+    # by hand: a group's need is the max of its 4 query heads' far-mass scores; the lowest needs stream first
     need = scores.reshape(4, 2, 4).max(-1)
     by_hand = [tuple(np.unravel_index(i, need.shape)) for i in np.argsort(need.ravel(), kind="stable")]
     assert [tuple(g) for g in run.order] == by_hand
@@ -99,13 +99,13 @@ def test_random_orders_give_the_band_and_the_run_file_round_trips():
 
 @pytest.mark.parametrize("kwargs, words", [
     (dict(rule="nope"), "Unknown KV plan rule 'nope'"),
-    (dict(rule="duo", window=0), "window 0"),
-    (dict(rule="duo", sink=-1), "sink -1"),
-    (dict(rule="duo", full_share=1.5), "--full-share 1.5"),
-    (dict(rule="duo", step=0), "Step 0"),
-    (dict(rule="duo", group="median"), "accepted: max, mean"),
-    (dict(rule="duo", metric="bleu"), "Metric 'bleu'"),
-    (dict(rule="duo", tolerance=0), "Tolerance 0"),
+    (dict(rule="far-mass", window=0), "window 0"),
+    (dict(rule="far-mass", sink=-1), "sink -1"),
+    (dict(rule="far-mass", full_share=1.5), "--full-share 1.5"),
+    (dict(rule="far-mass", step=0), "Step 0"),
+    (dict(rule="far-mass", group="median"), "accepted: max, mean"),
+    (dict(rule="far-mass", metric="bleu"), "Metric 'bleu'"),
+    (dict(rule="far-mass", tolerance=0), "Tolerance 0"),
 ])
 def test_bad_settings_are_refused_on_construction(kwargs, words):
     with pytest.raises(KVPlanError, match=words):

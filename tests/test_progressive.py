@@ -91,3 +91,55 @@ def test_interval_coverage_on_the_demo(demo, pruned):
     coverage = float(np.mean(hits))
     print(f"coverage {coverage:.3f} over {len(hits)} intervals; exact accuracy {exact:.3f}")
     assert coverage >= 0.90
+
+
+def test_each_run_draws_a_fresh_seeded_order_and_forks_keep_the_caches(one_thread):
+    """Issue 35: every click draws its own order (so the first batch differs from click to click), the same seed
+    gives the same orders, and a fork's different order does not stop it reusing the cached layers."""
+    model, batches = tiny_model("bert"), _batches(8)
+    a, b = LiveEvaluator(model, batches, seed=3), LiveEvaluator(model, batches, seed=3)
+    orders_a, orders_b = [], []
+    for head in range(4):
+        for live, orders in ((a, orders_a), (b, orders_b)):
+            live.toggle(2, head)
+            orders.append(live.last_order)
+    assert orders_a == orders_b                                   # seeded
+    assert len({tuple(o) for o in orders_a}) == 4                 # a fresh order per run
+    assert all(sorted(o) == list(range(8)) for o in orders_a)
+    assert len({o[0] for o in orders_a}) > 1                      # not the same first batch every click
+    twin = a.fork()
+    twin.toggle(2, 0)
+    assert twin.last_order != a.last_order and twin.stats.last_start_layer == 2 and twin.stats.full_runs == 0
+    mask = twin.mask
+    assert twin.metrics().accuracy == pytest.approx(evaluate(model, batches, mask).accuracy)
+
+
+def test_the_width_rule_holds_a_value_back_until_its_interval_is_narrow():
+    population = [10] * 20
+    wide = ratio_estimate([2, 9, 5], [10, 10, 10], population, "accuracy")
+    assert wide.width == pytest.approx(wide.high - wide.low) and wide.width > 0.06 and not wide.shown
+    narrow = ratio_estimate([8] * 10 + [9] * 9, [10] * 19, population, "accuracy")
+    assert narrow.width <= 0.06 and narrow.shown
+    assert not ratio_estimate([8], [10], population, "accuracy").shown       # no interval yet
+    assert ratio_estimate([8] * 20, population, population, "accuracy").shown  # exact
+    assert "0.06" in wide.rule
+    custom = ratio_estimate([2, 9, 5], [10, 10, 10], population, "accuracy", max_width=1.0)
+    assert custom.shown
+
+
+def test_perplexity_interval_is_computed_on_the_log_scale_by_hand():
+    """The interval of the mean loss R (the log of perplexity) mapped through exp: its ends are exp(R ± half),
+    geometric-symmetric around the value, and the width rule reads the loss scale (a factor 1.10 end to end)."""
+    totals, sizes, population = [40.0, 52.0, 31.0, 47.0], [10, 12, 9, 11], [10, 12, 9, 11, 10, 12, 10, 8]
+    est = ratio_estimate(totals, sizes, population, "perplexity", bounds=(0, math.inf), transform=math.exp)
+    y, m = np.array(totals), np.array(sizes, dtype=float)
+    r = y.sum() / m.sum()
+    mean_size = sum(population) / len(population)
+    variance = (1 - 4 / 8) / (4 * mean_size**2) * ((y - r * m) ** 2).sum() / 3
+    half = student_t.ppf(0.975, 3) * math.sqrt(variance)
+    assert est.value == pytest.approx(math.exp(r))
+    assert est.low == pytest.approx(math.exp(r - half)) and est.high == pytest.approx(math.exp(r + half))
+    assert est.low * est.high == pytest.approx(est.value**2)                  # symmetric on the log scale
+    assert est.log_scale and est.width == pytest.approx(2 * half)
+    assert est.shown == (est.high / est.low <= 1.10 + 1e-12)
+    assert "factor 1.10" in est.rule

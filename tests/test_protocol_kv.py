@@ -29,7 +29,7 @@ def lm(tmp_path_factory):
 
 
 def kv_text(model: str, data: str, kv: str = "", top: str = "") -> str:
-    kv = kv or 'rules = ["duo", "random"]\nfull_shares = [0.25, 0.5]\nsink = 1\nwindow = 3\n'
+    kv = kv or 'rules = ["far-mass", "random"]\nfull_shares = [0.25, 0.5]\nsink = 1\nwindow = 3\n'
     return (f'name = "kvt"\nmodels = ["{model}"]\nrepeats = 2\nbatch_size = 8\n{top}\n'
             f'[data.calib]\nsource = "{data}"\nsize = 8\n\n[data.eval]\nsource = "{data}"\nsize = 12\n\n[kv]\n{kv}')
 
@@ -39,7 +39,8 @@ def test_each_kv_cell_is_the_metric_under_the_plan_made_from_its_rules_scores(lm
     protocol = Protocol.parse(kv_text(model, data), "kvt.toml")
     cells = expand(protocol)
     name = slug(protocol.models[0].name)   # cell keys name the model as a file name
-    assert [c.key for c in cells[:3]] == [f"{name}__dense__r0", f"{name}__duo__f0.25__r0", f"{name}__duo__f0.5__r0"]
+    assert [c.key for c in cells[:3]] == [f"{name}__dense__r0", f"{name}__far-mass__f0.25__r0",
+                                          f"{name}__far-mass__f0.5__r0"]
     assert len(cells) == 1 + 2 * 2 * 2 and {c.kind for c in cells} == {"dense", "kv"}
     out = tmp_path / "run"
     summary = run_protocol(protocol, out, plots=False)
@@ -49,7 +50,7 @@ def test_each_kv_cell_is_the_metric_under_the_plan_made_from_its_rules_scores(lm
     entry = protocol.models[0]
     for repeat in (0, 1):
         rows = build_workspace_for(loaded, entry, protocol, repeat)
-        for rule in ("duo", "random"):
+        for rule in ("far-mass", "random"):
             scores = head_scores(rule, loaded.model, calib=rows.calib_batches, tokenizer=loaded.tokenizer, sink=1,
                                  window=3, seed=repeat)          # the repeat's seed: protocol seed 0 + repeat
             for share in (0.25, 0.5):
@@ -73,7 +74,8 @@ def test_each_kv_cell_is_the_metric_under_the_plan_made_from_its_rules_scores(lm
     assert not torch.equal(KVPlan.read(out / "plans" / f"{name}__random__f0.25__r0.json").full,
                            KVPlan.read(out / "plans" / f"{name}__random__f0.25__r1.json").full)
     table = run["table"]["rows"]
-    assert [(r["criterion"], r["full_share"]) for r in table][:3] == [("dense", 1.0), ("duo", 0.25), ("duo", 0.5)]
+    assert [(r["criterion"], r["full_share"]) for r in table][:3] == [("dense", 1.0), ("far-mass", 0.25),
+                                                                      ("far-mass", 0.5)]
     assert all(r["repeats"] == 2 for r in table[1:]) and "kv bytes / full" in run["table"]["columns"]
     assert run["protocol"]["parameters"]["kv"]["window"] == 3
     assert "| full_share |" in (out / "results.md").read_text()
@@ -84,30 +86,30 @@ def test_the_plan_counts_a_rules_scoring_once_per_repeat(lm):
     model, data = lm
     protocol = Protocol.parse(kv_text(model, data), "kvt.toml")
     work = plan(protocol, time_it=False)[0]
-    # duo: one pass over the 8 calibration rows per repeat; random: none; 9 evaluations of 12 rows
+    # far-mass: one pass over the 8 calibration rows per repeat; random: none; 9 evaluations of 12 rows
     assert work.calib_row_passes == 2 * 8 and work.eval_row_passes == 9 * 12
 
 
 def test_cells_of_other_kinds_keep_their_records_and_a_zero_share_is_kept():
     assert "full_share" not in Cell("m", "his", 0, sparsity=0.5).to_json()
-    assert Cell("m", "duo", 1, full_share=0.0).to_json()["full_share"] == 0.0
-    assert Cell("m", "duo", 1, full_share=0.0).key == "m__duo__f0__r1"
+    assert Cell("m", "far-mass", 1, full_share=0.0).to_json()["full_share"] == 0.0
+    assert Cell("m", "far-mass", 1, full_share=0.0).key == "m__far-mass__f0__r1"
 
 
 @pytest.mark.parametrize("kv, top, key, words, at", [
-    ('rules = ["duo"]\nfull_shares = [0.25]\nwindow = 0\n', "", "kv.window", "window (last keys", "window"),
-    ('rules = ["duo"]\nfull_shares = [0.25]\nsink = -1\n', "", "kv.sink", "must be an integer >= 0", "sink"),
-    ('rules = ["duo"]\nfull_shares = [0.25, 1.5]\n', "", "kv.full_shares", "full share 1.5 must lie in [0, 1]",
+    ('rules = ["far-mass"]\nfull_shares = [0.25]\nwindow = 0\n', "", "kv.window", "window (last keys", "window"),
+    ('rules = ["far-mass"]\nfull_shares = [0.25]\nsink = -1\n', "", "kv.sink", "must be an integer >= 0", "sink"),
+    ('rules = ["far-mass"]\nfull_shares = [0.25, 1.5]\n', "", "kv.full_shares", "full share 1.5 must lie in [0, 1]",
      "full_shares"),
-    ('rules = ["duo"]\nfull_shares = [-0.1]\n', "", "kv.full_shares", "full share -0.1", "full_shares"),
-    ('rules = ["duo", "nope"]\nfull_shares = [0.25]\n', "", "kv.rules", "Unknown KV plan rule 'nope'", "rules"),
+    ('rules = ["far-mass"]\nfull_shares = [-0.1]\n', "", "kv.full_shares", "full share -0.1", "full_shares"),
+    ('rules = ["far-mass", "nope"]\nfull_shares = [0.25]\n', "", "kv.rules", "Unknown KV plan rule 'nope'", "rules"),
     ('rules = []\nfull_shares = [0.25]\n', "", "kv.rules", "distinct rule names", "rules"),
-    ('rules = ["duo"]\nfull_shares = [0.25]\ngroup = "median"\n', "", "kv.group", "accepted: max, mean", "group"),
-    ('rules = ["duo"]\nfull_shares = [0.25]\nwindows = 3\n', "", "kv.windows", "unknown key", "windows"),
-    ('rules = ["duo"]\nfull_shares = [0.25]\n', "sparsities = [0.5]", "sparsities", "no place beside them",
+    ('rules = ["far-mass"]\nfull_shares = [0.25]\ngroup = "median"\n', "", "kv.group", "accepted: max, mean", "group"),
+    ('rules = ["far-mass"]\nfull_shares = [0.25]\nwindows = 3\n', "", "kv.windows", "unknown key", "windows"),
+    ('rules = ["far-mass"]\nfull_shares = [0.25]\n', "sparsities = [0.5]", "sparsities", "no place beside them",
      "sparsities"),
     # a protocol-wide list is every model's: the error names the model's key at the models line (as for any metric)
-    ('rules = ["duo"]\nfull_shares = [0.25]\n', 'metrics = ["agreement"]', "models.0.metrics", "agreement",
+    ('rules = ["far-mass"]\nfull_shares = [0.25]\n', 'metrics = ["agreement"]', "models.0.metrics", "agreement",
      "models"),
 ])
 def test_a_bad_kv_table_is_named_with_its_key_and_line(lm, kv, top, key, words, at):
@@ -125,7 +127,7 @@ def test_kv_on_an_encoder_is_refused_before_anything_loads(monkeypatch, tiny_csv
     import headprune.model.loading as loading
 
     monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
-    text = kv_text("demo", tiny_csv, 'rules = ["duo"]\nfull_shares = [0.25]\n')
+    text = kv_text("demo", tiny_csv, 'rules = ["far-mass"]\nfull_shares = [0.25]\n')
     with pytest.raises(ProtocolError, match=r"kvt.toml, line \d+: key 'kv': model 'demo' \(demo\) is an encoder"):
         Protocol.parse(text, "kvt.toml")
     with pytest.raises(ProtocolError, match="key 'criteria'"):

@@ -11,6 +11,7 @@ import re
 import pytest
 from app_support import metric, open_app, problems, small_env, workspace
 
+from dashboard.ui import estimate_value
 from headprune.evaluation.metrics import evaluate
 from headprune.model.mask import HeadMask
 
@@ -23,16 +24,17 @@ def small_splits():
 
 @pytest.fixture
 def shown_estimates(monkeypatch):
-    """Every running estimate the page draws (the page formats each one with ui.estimate_value)."""
+    """Every running estimate the page draws, with what it drew for it (ui.running_metric's st.metric arguments)."""
     import dashboard.ui as ui
 
-    seen, formatter = [], ui.estimate_value
+    seen, formatter = [], ui.running_metric
 
-    def record(estimate):
-        seen.append(estimate)
-        return formatter(estimate)
+    def record(metric, estimate, previous):
+        drawn = formatter(metric, estimate, previous)
+        seen.append((estimate, drawn, previous))
+        return drawn
 
-    monkeypatch.setattr(ui, "estimate_value", record)
+    monkeypatch.setattr(ui, "running_metric", record)
     return seen
 
 
@@ -49,8 +51,15 @@ def test_a_click_shows_an_estimate_then_the_exact_value_of_a_full_evaluation(sho
     assert not problems(at)
     ws, sd = workspace(at), at.session_state["hp_session"]
     full = evaluate(ws.loaded.model, ws.eval_batches, sd.mask)
-    running = [e for e in shown_estimates if not e.exact]
+    running = [e for e, _, _ in shown_estimates if not e.exact]
     assert running, "no running estimate was shown before the exact value"
+    for estimate, drawn, previous in shown_estimates:   # a number only once its interval is narrow (issue 35)
+        if estimate.shown:
+            assert drawn["value"] == estimate_value(estimate) and drawn["label"] == "accuracy"
+        else:
+            assert drawn["value"] == f":gray[{previous:.4f}]" and "computing" in drawn["label"]
+    dense = ws.metric_of(ws.dense())
+    assert all(p == pytest.approx(dense) for _, _, p in shown_estimates)     # the first click greys the dense value
     done = [e.done for e in running]           # the first batch's at once, later ones at most every 0.3 s
     assert done[0] == 1 and done == sorted(set(done)) and done[-1] < len(ws.eval_batches)
     assert all(e.metric == "accuracy" and e.total == len(ws.eval_batches) for e in running)
@@ -60,7 +69,6 @@ def test_a_click_shows_an_estimate_then_the_exact_value_of_a_full_evaluation(sho
 
 
 def test_estimate_text_says_value_and_interval():
-    from dashboard.ui import estimate_value
     from headprune.evaluation.progressive import Estimate
 
     assert estimate_value(Estimate("accuracy", 0.81, None, None, 1, 16, 32)) == "≈ 0.810"

@@ -10,6 +10,7 @@ from dashboard.ui import manual_help
 from headprune.errors import HeadpruneError
 from headprune.estimate import human_duration
 from headprune.protocol.schedule import folder_protocol, landed_table, status
+from headprune.protocol.smoke import smoke_protocol
 
 REFRESH = 5   # seconds between re-reads of the folder while the page is open
 
@@ -23,6 +24,7 @@ if not folder:
     st.stop()
 try:
     protocol = folder_protocol(folder)
+    protocol = smoke_protocol(protocol, folder) or protocol   # a --smoke run's cells are its stand-ins' (issue 35)
 except HeadpruneError as exc:
     st.error(str(exc))
     st.stop()
@@ -36,8 +38,12 @@ def progress_view() -> None:
     for column, name in zip(columns, ("done", "running", "failed", "pending")):
         column.metric(name, f"{counts[name]} / {report['cells']}")
     left = report["seconds_left"]
-    columns[4].metric("time left", "unknown" if left is None else human_duration(left),
+    finished = counts["done"] == report["cells"]   # nothing left: no "under a second" for a run that has ended
+    columns[4].metric("time left", "none: finished" if finished else "unknown" if left is None else
+                      human_duration(left),
                       help=f"mean measured cell time x cells left / {max(report['workers'], 1)} running worker(s)")
+    if finished:
+        st.success(f"Finished: all {report['cells']} cells are done.", icon=":material/check_circle:")
     st.subheader(f"{protocol.name}: the table so far")
     rows = landed_table(protocol, folder)
     if rows:

@@ -12,7 +12,7 @@ from headprune.views import head_atlas
 ws, sd = page("Every head at a glance", "One small attention map per head for one text: rows are queries (the "
                                         "token attending), columns keys (the token attended to), each map scaled "
                                         "to its own maximum. Greyed: pruned now. Click a head to open it large.")
-text, _ = example_picker(ws, "glance")
+text, _ = example_picker(ws, "att")   # the Attention page's keys: a link's sentence opens here too
 
 maps = None
 with guard("Could not run the model on this text"), st.spinner("Running the model …"):

@@ -14,7 +14,7 @@ if ws.task.kind not in ("lm", "classification"):
     st.info(f"This view compares language models and classifiers; this model's task is {ws.task.kind}.")
     st.stop()
 
-text, targets_from = example_picker(ws, "says")
+text, targets_from = example_picker(ws, "att")   # the Attention page's keys: a link's sentence opens here too
 result = None
 with guard("Could not run this example"), st.spinner("Running the dense and the pruned model …"):
     result = example_comparison(ws, text, sd.mask, targets_from)

@@ -17,10 +17,11 @@ from dashboard.config import (
 )
 from dashboard.store import build_workspace, save_upload
 from dashboard.ui import DEMO_CHOICES, guard, page, progress_bar
+from headprune import viz
 from headprune.data import NAMED_DATA, columns_of
-from headprune.errors import DataError
+from headprune.errors import DataError, HeadpruneError
 from headprune.model.device import DTYPES, parse_device_map
-from headprune.model.loading import NAMED_MODELS, model_source_kind
+from headprune.model.loading import NAMED_MODELS, declared_causal, is_lm_config, model_source_kind, peek_config
 from headprune.model.memory import DEFAULT_SHARE
 
 ws, sd = page("Model & data", "Everything runs locally. The demo needs no network; a Hugging Face id or "
@@ -29,12 +30,22 @@ setup = ws.setup
 DEMO_MODELS = tuple(NAMED_MODELS)   # the registered demos (headprune.demos)
 MODEL_SOURCES = {name: DEMO_CHOICES.get(name, name) for name in DEMO_MODELS} | \
     {"folder": "Local folder", "hub": "Hugging Face model id"}
-DATA_SOURCES = {"demo": "Demo (held-out Rotten Tomatoes reviews)", "upload": "Upload CSV / TSV / JSONL / TXT",
-                "hub": "Hugging Face dataset"}
 DEVICES = {"auto": "auto (GPU if present)", "cpu": "CPU", "cuda": "GPU (CUDA)"}
 PLACEMENTS = {"device": "all on the device above", "auto": "auto (accelerate: every GPU, then CPU, then disk)",
               "json": "a JSON device map"}
 DTYPE_CHOICES = {"saved": "as saved"} | {name: name for name in DTYPES}
+
+
+def language_model(spec: str) -> bool:
+    """Whether ``spec`` is known, before loading, to be a causal language model: a named demo's declaration, a
+    local folder's config.json (its architectures); a hub id or an unreadable folder is not known to be one."""
+    if spec in NAMED_MODELS:
+        return bool(declared_causal(spec))
+    try:
+        config = peek_config(spec) if spec else None
+    except HeadpruneError:
+        return False
+    return bool(config) and is_lm_config(config)
 
 
 def header_of(path: str) -> list[str]:
@@ -68,10 +79,13 @@ elif model_kind == "hub":
 
 st.subheader("Data")
 dkind = "demo" if setup.data in NAMED_DATA else ("hub" if setup.data.startswith("hf:") else "upload")
-data_kind = st.radio("Data source", list(DATA_SOURCES), format_func=DATA_SOURCES.get, horizontal=True,
-                     index=list(DATA_SOURCES).index(dkind), key="md-data-kind")
 # a demo reads its own data set (the LM demo: the reviews as unlabelled text); any other model the labelled rows
 demo_data = model_spec if model_spec in NAMED_DATA else "demo"
+# the demo data named for what it is (demo-circuit's rows are random word blocks, not reviews)
+DATA_SOURCES = {"demo": f"Demo ({NAMED_DATA[demo_data].description})", "upload": "Upload CSV / TSV / JSONL / TXT",
+                "hub": "Hugging Face dataset"}
+data_kind = st.radio("Data source", list(DATA_SOURCES), format_func=DATA_SOURCES.get, horizontal=True,
+                     index=list(DATA_SOURCES).index(dkind), key="md-data-kind")
 # a demo LM also reads the multiple-choice sets registered for it (demo-lm-cloze: acc / acc_norm)
 demo_sets = [demo_data] + [n for n, d in NAMED_DATA.items() if d.task == "multiple_choice" and n.startswith(demo_data)]
 if data_kind == "demo" and len(demo_sets) > 1:
@@ -131,12 +145,16 @@ select_data = role_picker(r2, "Selection data", setup.select_data, "md-select-da
 eval_data = role_picker(r3, "Evaluation data", setup.eval_data, "md-eval-data",
                         "What is reported. An hf: dataset without a split never reads train.")
 r4, r5, r6 = st.columns([2, 1, 1])
-label_map = r4.text_input("Label map (JSON), for models that name their labels only by position (LABEL_0, ...)",
-                          value=setup.label_map or "", key="md-label-map",
-                          placeholder='{"negative": 0, "positive": 1}').strip() or None
-labels_by_position = r5.checkbox("Match label names by position", value=setup.labels_by_position,
-                                 key="md-labels-by-position",
-                                 help="Accept the data's label order as the model's ids (LABEL_0, LABEL_1, ...).")
+label_map, labels_by_position = None, False
+if language_model(model_spec):   # it reads the text alone: no labels to match (the controls would do nothing)
+    r4.caption("A language model predicts the next token of the text: there are no labels to map.")
+else:
+    label_map = r4.text_input("Label map (JSON), for models that name their labels only by position (LABEL_0, ...)",
+                              value=setup.label_map or "", key="md-label-map",
+                              placeholder='{"negative": 0, "positive": 1}').strip() or None
+    labels_by_position = r5.checkbox("Match label names by position", value=setup.labels_by_position,
+                                     key="md-labels-by-position",
+                                     help="Accept the data's label order as the model's ids (LABEL_0, LABEL_1, ...).")
 allow_untrained_head = r6.checkbox("Allow an untrained head", value=setup.allow_untrained_head,
                                    key="md-allow-untrained-head",
                                    help="Go on with a model whose task head was initialised at random on load "
@@ -236,7 +254,7 @@ with left:
 with right:
     st.markdown("**The model as loaded, on the evaluation split**")
     dense = ws.dense().to_dict()
-    st.dataframe(pd.DataFrame({"metric": list(dense), "value": list(dense.values())}),
+    st.dataframe(viz.readable(pd.DataFrame({"metric": list(dense), "value": list(dense.values())})),
                  hide_index=True, width="stretch")
     if ws.dataset.task == "classification":
         counts = pd.Series([names[y] for y in ws.eval.labels]).value_counts()

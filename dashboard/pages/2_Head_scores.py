@@ -4,18 +4,15 @@ import streamlit as st
 
 from dashboard.compute import compute_scores, role_curves, role_table, scoring_estimate, smaller_sizes, stored_roles
 from dashboard.ui import (
-    cancel_button,
-    cancelled_note,
     clickable_grid,
     criterion_picker,
     criterion_settings,
-    estimate_line,
-    guard,
     head_name,
+    long_job,
     page,
-    progress_bar,
     role_marks,
 )
+from dashboard.urlstate import publish
 from headprune import viz
 from headprune.criteria import ScoreMap, get, redundant_pairs
 from headprune.glossary import help_for
@@ -34,15 +31,14 @@ if sd.n_gated:
     under_mask = st.checkbox(f"Score the pruned model ({sd.n_gated} heads pruned on the Prune page)",
                              value=True, key="scores-under-mask")
 
-with guard("Could not estimate how long scoring takes"):
-    estimate_line(scoring_estimate(ws, chosen, params, sd.mask if under_mask else None), smaller_sizes(ws))
-cancelled_note("scores-cancel")
-if st.button("Compute scores", type="primary", disabled=not chosen, key="scores-compute"):
-    with guard("Could not compute the scores"):
-        cancel_button("scores-cancel")
-        bar = progress_bar(f"scoring {', '.join(chosen)} on {len(ws.calib)} calibration texts")
-        sd.scores = compute_scores(ws, chosen, params, sd.mask if under_mask else None, bar)
-        bar.done()
+if chosen:
+    fresh = long_job("scores-compute", "Compute scores",
+                     lambda bar: compute_scores(ws, chosen, params, sd.mask if under_mask else None, bar),
+                     estimate=lambda: scoring_estimate(ws, chosen, params, sd.mask if under_mask else None),
+                     hint=smaller_sizes(ws), what=f"scoring {', '.join(chosen)} on {len(ws.calib)} calibration texts",
+                     failed="Could not compute the scores")
+    if fresh is not None:
+        sd.scores = fresh
 
 scores = {name: s for name, s in sd.scores.items() if s.shape == ws.shape}
 if not scores:
@@ -89,6 +85,7 @@ def heatmaps() -> None:
                                         **role_marks(ws))
                 clickable_grid(fig, f"scores-map-{name}", sd, select)
                 criterion_report(scores[name])
+    publish()        # the sidebar's link follows the click (the address bar already did, in the click's callback)
 
 
 heatmaps()

@@ -25,24 +25,27 @@ from dashboard.ui import (
     cut_lines,
     cut_note,
     estimate_line,
-    estimate_value,
     guard,
     head_name,
     head_options,
+    head_picker,
     heads_left,
     page,
     progress_bar,
     role_marks,
+    running_metric,
     sidebar_counts,
     speed_section,
 )
+from dashboard.urlstate import publish
 from headprune import viz
 from headprune.model.mask import HeadMask
 from headprune.model.sizes import parameters_left
 
 ws, sd = page("Prune", "Click a head to prune it (click again to restore). Only the layers from the changed "
-                       "one upwards are re-run, and the number is estimated as batches arrive (with its 95% "
-                       "interval) until the exact value is in.", live_counts=True)
+                       "one upwards are re-run; while batches arrive (in a fresh random order) the last exact "
+                       "value stays greyed until the running estimate's 95% interval is narrow enough to show it, "
+                       "then the exact value replaces it.", live_counts=True)
 
 
 def toggle(head: tuple[int, int]) -> None:
@@ -50,13 +53,15 @@ def toggle(head: tuple[int, int]) -> None:
     sd.toggle(head, head_name(ws, head))  # MaskError (shown by the caller's guard) for a head cut out of the weights
 
 
-def toggle_button(head: tuple[int, int]) -> None:
+def toggle_button() -> None:
+    """The button acts on the one selected head (the outlined cell), whatever selected it."""
     with guard("Could not toggle that head"):
-        toggle(head)
+        toggle(sd.head)
 
 
 # -- numbers ---------------------------------------------------------------------------------------------
 ESTIMATE_INTERVAL = 0.3  # seconds between two redraws of the running estimate
+LAST_EXACT = "prune-last-exact"  # session key: (workspace key, the last exact headline value shown)
 
 
 def numbers(ws: Workspace, sd: SessionData) -> None:
@@ -68,13 +73,21 @@ def numbers(ws: Workspace, sd: SessionData) -> None:
     c1, c2, c3, c4 = st.columns(4)
     c2.metric("heads left", heads_left(ws, sd), f"-{sd.n_gated}" if sd.n_gated else None, delta_color="off",
               help=f"{ws.n_cut} cut out of the loaded model, {sd.n_gated} pruned here" if ws.n_cut else None)
-    c3.metric("parameters left", f"{params / 1e6:.2f} M", f"{100 * (params - total) / total:+.1f}%",
-              delta_color="off", help="The pruned model's size once the heads are cut, counting the key/value "
-                                      "rows an uneven grouped-query cut holds more than once.")
+    # the arrow follows the sign; red when the cut model would be *bigger*: an uneven grouped-query cut holds
+    # key/value rows more than once, which can outweigh the heads' own rows (see "Cutting these heads out")
+    c3.metric("parameters left", f"{params / 1e6:.2f} M", f"{100 * (params - total) / total:+.1f}%" if sd.n_gated
+              else None, delta_color="inverse",
+              help="The pruned model's size once the heads are cut, counting the key/value rows an uneven "
+                   "grouped-query cut holds more than once: then it can grow (red), see \"Cutting these heads out "
+                   "of the weights\" below.")
     headline, side_metric = c1.empty(), c4.empty()
     side_metric.metric(baseline, f"{dense_value:.4f}")
 
     shown_at = [0.0]
+    # the last exact value of this session (dense before its first change): what stays, greyed, until a running
+    # estimate is precise enough to be shown (progressive.Estimate.shown)
+    last_key, last_exact = st.session_state.get(LAST_EXACT, (ws.key, dense_value))
+    previous = last_exact if last_key == ws.key else dense_value
 
     def show_estimate(estimate) -> None:
         # the exact value is drawn below, with its change against the dense model; the browser shares the CPU
@@ -82,10 +95,7 @@ def numbers(ws: Workspace, sd: SessionData) -> None:
         if estimate.exact or time.monotonic() - shown_at[0] < ESTIMATE_INTERVAL:
             return
         shown_at[0] = time.monotonic()
-        headline.metric(ws.metric, estimate_value(estimate), f"{estimate.done}/{estimate.total} batches",
-                        delta_color="off", delta_arrow="off",
-                        help="Running estimate over the batches evaluated so far (random order) with its 95% "
-                             "interval; replaced by the exact value when the last batch is in.")
+        headline.metric(**running_metric(ws.metric, estimate, previous))
 
     with guard("Could not evaluate this mask"):
         if sd.live is None:
@@ -98,6 +108,7 @@ def numbers(ws: Workspace, sd: SessionData) -> None:
         else:
             metrics, stability = session_metrics(ws, sd, show_estimate)
         value = ws.metric_of(metrics)
+        st.session_state[LAST_EXACT] = (ws.key, value)
         headline.metric(ws.metric, f"{value:.4f}", f"{value - dense_value:+.4f} vs {short}",
                         delta_color="normal" if ws.higher_is_better else "inverse",
                         help=f"{baseline}: {dense_value:.4f}" + ("" if ws.higher_is_better else
@@ -127,14 +138,12 @@ def choices(ws: Workspace, sd: SessionData) -> None:
 
 def one_head_controls(ws: Workspace, sd: SessionData) -> None:
     st.markdown("**Prune or restore one head**")
-    options = head_options(ws)
-    default = options.index(sd.head) if sd.head in options else 0
-    head = st.selectbox("Head", options, index=default, format_func=lambda h: head_name(ws, h)
-                        + (" — cut in the loaded model" if sd.is_cut(h) else
-                           " — pruned" if sd.mask.values[h] == 0 else ""), key="prune-head")
+    head = head_picker(ws, sd, "Head", "prune-head", format_func=lambda h: head_name(ws, h)
+                       + (" — cut in the loaded model" if sd.is_cut(h) else
+                          " — pruned" if sd.mask.values[h] == 0 else ""))
     b1, b2, b3 = st.columns([2, 1, 1])
-    b1.button("Prune / restore", on_click=toggle_button, args=(head,), type="primary", key="prune-toggle",
-              width="stretch", disabled=sd.is_cut(head))
+    b1.button("Prune / restore", on_click=toggle_button, type="primary", key="prune-toggle",
+              width="stretch", disabled=head is None or sd.is_cut(head))
     b2.button("Undo", on_click=sd.undo, disabled=not sd.history, key="prune-undo", width="stretch")
     b3.button("Reset", on_click=sd.reset, disabled=sd.n_gated == 0, key="prune-reset", width="stretch")
 
@@ -248,8 +257,11 @@ def live_view() -> None:
         criterion_controls(ws, sd)
         role_controls(ws, sd)
         options(ws, sd)
+    publish()        # the address bar follows every change made in this fragment
 
 
 if ws.n_cut:
     st.info(cut_note(ws))
+if sd.head is None:    # one head is always outlined here, and it is the one "Prune / restore" acts on
+    sd.head = head_options(ws)[0]
 live_view()

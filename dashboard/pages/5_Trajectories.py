@@ -5,6 +5,7 @@ import json
 import streamlit as st
 
 from dashboard.compute import (
+    LESSON_ROWS,
     chart_metrics,
     chart_spreads,
     open_step,
@@ -14,15 +15,12 @@ from dashboard.compute import (
     trajectories_estimate,
 )
 from dashboard.ui import (
-    cancel_button,
-    cancelled_note,
     criterion_picker,
     criterion_settings,
-    estimate_line,
     guard,
+    long_job,
     page,
     page_path,
-    progress_bar,
 )
 from headprune import viz
 from headprune.trajectory import read_run_file
@@ -51,19 +49,26 @@ with st.expander("Run trajectories", expanded=not sd.trajectories):
                           step=0.01, key="traj-tolerance")
     stability = c6.checkbox("Record stability", value=False, key="traj-stability",
                             disabled=not tracks_stability(ws))
+    rows = None
+    if len(ws.eval) > LESSON_ROWS:   # lesson-sized by default (issue 35): the full split is one click away
+        quick = c5.radio("Evaluation rows", ["quick", "all"], horizontal=True, key="traj-rows",
+                         format_func={"quick": f"{LESSON_ROWS} (quick)", "all": f"all {len(ws.eval)}"}.get,
+                        help=f"By default each step is measured on {LESSON_ROWS} of the {len(ws.eval)} evaluation "
+                             "rows (whole batches drawn with the workspace seed): the demo's default run then takes "
+                             "about two minutes instead of ten. Choose all rows for the final numbers.")
+        rows = LESSON_ROWS if quick == "quick" else None
+        st.caption(f"Measured on **{rows or len(ws.eval)}** of the {len(ws.eval)} evaluation rows"
+                   + (" (quick, for a lesson; choose *all* for the final numbers)." if rows else "."))
     n_runs = len(chosen) * (2 if inverse else 1) + seeds
-    with guard("Could not estimate how long the trajectories take"):
-        estimate_line(trajectories_estimate(ws, chosen, params, inverse, seeds, step, budget, stability),
-                      smaller_sizes(ws))
-    cancelled_note("traj-cancel")
-    if st.button(f"Run {n_runs} trajectories", type="primary", disabled=n_runs == 0, key="traj-run"):
-        with guard("Could not run the trajectories"):
-            cancel_button("traj-cancel")
-            bar = progress_bar("pruning step by step")
-            trajs, spreads = run_trajectories(ws, chosen, params, inverse, seeds, step, budget, tolerance,
-                                              stability, bar)
-            bar.done()
-            sd.trajectories, sd.spreads, sd.tolerance = trajs, spreads, tolerance
+    if n_runs:
+        ran = long_job("traj-run", f"Run {n_runs} trajectories",
+                       lambda bar: run_trajectories(ws, chosen, params, inverse, seeds, step, budget, tolerance,
+                                                    stability, bar, rows),
+                       estimate=lambda: trajectories_estimate(ws, chosen, params, inverse, seeds, step, budget,
+                                                              stability, rows),
+                       hint=smaller_sizes(ws), what="pruning step by step", failed="Could not run the trajectories")
+        if ran is not None:
+            sd.trajectories, sd.spreads, sd.tolerance = *ran, tolerance
 
 with st.expander("Open run files (written by `python -m headprune trajectory --out …` or by Export)"):
     files = st.file_uploader("Run files (JSON)", type=["json"], accept_multiple_files=True, key="traj-files")
@@ -93,7 +98,7 @@ higher = charted.higher_is_better if charted is not None else ws.higher_is_bette
 st.markdown(f"**Area under the curve and stop points** (AUC = mean metric over the pruned range, "
             f"{'higher' if higher else 'lower'} is better; stop point = last ratio before the metric is "
             f"{viz.tolerance_rule(tau, higher)})")
-st.dataframe(viz.trajectory_table(sd.trajectories, tolerance=tau).style.format(precision=4), hide_index=True,
+st.dataframe(viz.readable(viz.trajectory_table(sd.trajectories, tolerance=tau)), hide_index=True,
              width="stretch")
 st.download_button("Download these runs (JSON)", key="traj-download", mime="application/json",
                    file_name="headprune-trajectories.json",

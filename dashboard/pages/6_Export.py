@@ -2,6 +2,7 @@
 
 import json
 
+import pandas as pd
 import streamlit as st
 
 from dashboard.export import (
@@ -35,6 +36,7 @@ from dashboard.ui import (
 from headprune import viz
 
 ws, sd = page("Export")
+better = "normal" if ws.higher_is_better else "inverse"   # a change's colour says good or bad (perplexity: down)
 st.caption(f"The current mask prunes {sd.n_gated} heads (change it on the Prune page)"
            + (f", on top of the {ws.n_cut} cut out of the loaded model." if ws.n_cut else "."))
 
@@ -105,7 +107,7 @@ elif fmt == "uniform":
         c1, c2 = st.columns(2)
         c1.metric(f"{ws.metric} under the mask", f"{compared['mask']:.4f}")
         c2.metric(f"{ws.metric} under the uniform mask", f"{compared['uniform']:.4f}",
-                  f"{compared['uniform'] - compared['mask']:+.4f}")
+                  f"{compared['uniform'] - compared['mask']:+.4f}", delta_color=better)
 built = None if problem else built_model(sd, fmt)
 if not problem and built is None and st.button("Build the pruned model", type="primary", key="export-build"):
     with guard("Could not build the pruned model"):
@@ -117,12 +119,12 @@ if built is not None:
         st.caption(built["rounding"])
     c1, c2 = st.columns([1, 2])
     c1.metric(f"{ws.metric} of the pruned model", f"{built['metric']:.4f}",
-              f"{built['metric'] - ws.metric_of(ws.dense()):+.4f} vs {'as loaded' if ws.n_cut else 'dense'}")
+              f"{built['metric'] - ws.metric_of(ws.dense()):+.4f} vs {'as loaded' if ws.n_cut else 'dense'}",
+              delta_color=better)
     c1.download_button("Pruned model (zip)", built["zip"], file_name=f"headprune-{fmt}-model.zip",
                        mime="application/zip", key="export-model", type="primary", width="stretch")
     c1.caption(f"{len(built['zip']) / 2**20:.1f} MB zipped. {built['note']}")
-    c2.dataframe(viz.size_table(built["size"]).style.format({"removed (%)": "{:.1f}", "MB before": "{:.2f}",
-                                                             "MB after": "{:.2f}"}),
+    c2.dataframe(viz.readable(viz.size_table(built["size"])),
                  hide_index=True, width="stretch")
 
 st.subheader("lm-evaluation-harness")
@@ -153,7 +155,7 @@ else:
                 bar.done()
         rows = harness_rows(harness_runs(ws, sd, tasks))
         if rows:
-            st.dataframe(rows, hide_index=True, width="stretch")
+            st.dataframe(viz.readable(pd.DataFrame(rows)), hide_index=True, width="stretch")
             st.caption(f"lm-evaluation-harness, at most {int(limit)} examples per task, the task's own few-shot "
                        "setting (0 for most); ± is lm-eval's standard error.")
 

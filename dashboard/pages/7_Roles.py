@@ -4,8 +4,17 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from dashboard.compute import ablate_role, arcs_for, roles_for, stored_roles
-from dashboard.ui import clickable_grid, guard, head_name, page, progress_bar
+from dashboard.compute import (
+    ablate_role,
+    ablation_estimate,
+    arcs_for,
+    roles_for,
+    smaller_sizes,
+    stored_ablation,
+    stored_roles,
+)
+from dashboard.ui import clickable_grid, guard, head_name, long_job, page
+from dashboard.urlstate import publish
 from headprune import viz
 from headprune.roles import NO_ROLE, ROLES
 
@@ -16,11 +25,8 @@ report = stored_roles(ws)
 if report is None:
     st.info(f"Scores every head on seven roles from one pass over {len(ws.calib)} calibration texts (parsed for the "
             "syntactic role) and one over eight random probes. Each role's formula and source is listed below.")
-    if st.button("Find head roles", type="primary", key="roles-compute"):
-        with guard("Could not score the head roles"):
-            bar = progress_bar("probes and calibration texts")
-            report = roles_for(ws, None, bar)
-            bar.done()
+    report = long_job("roles-compute", "Find head roles", lambda bar: roles_for(ws, None, bar),
+                      what="probes and calibration texts", failed="Could not score the head roles")
     if report is None:
         st.stop()
 
@@ -64,6 +70,7 @@ def grids() -> None:
             clickable_grid(viz.role_grid(report.scores[name], report.thresholds[name], selected=sd.head,
                                          marks=marks, **options), f"roles-grid-{name}", sd, select)
     head_detail()
+    publish()        # the sidebar's link follows the click (the address bar already did, in the click's callback)
 
 
 def head_detail() -> None:
@@ -107,11 +114,13 @@ present = [r for r in ROLES if counts.get(r)]
 role = c1.selectbox("Role", present, key="roles-ablate-role") if present else None
 mode = c2.radio("Edit", ["prune", "keep"], format_func={"prune": "prune the role", "keep": "keep only the role"}.get,
                 horizontal=True, key="roles-ablate-mode")
-if role is not None and c3.button("Measure", key="roles-ablate"):
-    with guard("Could not measure the ablation"):
-        bar = progress_bar(f"{mode} {role} vs random sets")
-        result = ablate_role(ws, sd, report, role, mode, bar)
-        bar.done()
+if role is not None:
+    with c3:
+        result = long_job("roles-ablate", "Measure", lambda bar: ablate_role(ws, sd, report, role, mode, bar),
+                          done=stored_ablation(ws, sd, role, mode), estimate=lambda: ablation_estimate(ws, sd),
+                          hint=smaller_sizes(ws), what=f"{mode} {role} vs random sets",
+                          failed="Could not measure the ablation")
+    if result is not None:
         st.metric(f"{result['metric']} with {result['n_heads']} {role} heads "
                   f"{'pruned' if mode == 'prune' else 'kept alone'}", f"{result['role_value']:.4f}",
                   delta=f"{result['role_value'] - result['base']:+.4f} vs now ({result['base']:.4f})")

@@ -2,6 +2,7 @@
 
 from dataclasses import replace
 
+import pandas as pd
 import streamlit as st
 
 from dashboard.compute import (
@@ -13,7 +14,8 @@ from dashboard.compute import (
     stored_recovery,
 )
 from dashboard.export import export_formats
-from dashboard.ui import cancel_button, cancelled_note, estimate_line, guard, page, progress_bar
+from dashboard.ui import guard, long_job, page
+from headprune import viz
 from headprune.recovery import DEFAULT_LR, METHODS, RecoverySpec
 
 DEFAULTS = RecoverySpec()   # the widgets open on the library's measured recipe (recovery/spec.py), set nowhere else
@@ -48,29 +50,30 @@ with guard("These settings cannot be used"):
                    max_length=ws.setup.max_length)
 if spec is None:
     st.stop()
-done = stored_recovery(sd, spec, train, int(train_size), fmt)
-cancelled_note("recover-cancel")
-if done is None:
-    with guard("Could not estimate the run"):
-        estimate_line(recovery_estimate(ws, sd, spec, train, int(train_size), fmt),
-                      "Fewer training rows or steps make it shorter.")
-    if st.button("Recover", type="primary", key="recover-run"):
-        cancel_button("recover-cancel")
-        chart, losses = st.empty(), []
 
-        def plot_loss(step: int, loss: float) -> None:
-            losses.append(loss)
-            chart.line_chart({"training loss": losses}, x_label="step", height=220)
 
-        with guard("Could not recover the model"):
-            bar = progress_bar("training")
-            done = run_recovery(ws, sd, spec, train, int(train_size), fmt, bar, plot_loss)
-            bar.done()
+def recover(bar) -> dict:
+    """The run, with its training loss drawn live below the bar (removed when the result's own chart is drawn)."""
+    chart, losses = st.empty(), []
+
+    def plot_loss(step: int, loss: float) -> None:
+        losses.append(loss)
+        chart.line_chart({"training loss": losses}, x_label="step", height=220)
+
+    result = run_recovery(ws, sd, spec, train, int(train_size), fmt, bar, plot_loss)
+    chart.empty()
+    return result
+
+
+done = long_job("recover-run", "Recover", recover, done=stored_recovery(sd, spec, train, int(train_size), fmt),
+                estimate=lambda: recovery_estimate(ws, sd, spec, train, int(train_size), fmt),
+                hint="Fewer training rows or steps make it shorter.", what="training",
+                failed="Could not recover the model")
 
 if done is not None:
     result = done["result"]
     st.subheader("Dense, pruned and recovered")
-    st.table(recovery_table(done))
+    st.table(viz.readable(pd.DataFrame(recovery_table(done))))
     st.caption(f"{result.steps} steps in {result.seconds:.0f} s, {result.trainable_parameters:,} trainable "
                f"parameters ({result.mode} model), on {len(ws.eval)} evaluation texts.")
     st.line_chart({"training loss": [loss for _, loss in result.losses]}, x_label="step", height=220)

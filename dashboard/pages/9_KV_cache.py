@@ -7,6 +7,7 @@ import streamlit as st
 
 from dashboard.compute import kv_group_scores, kv_metrics
 from dashboard.ui import clickable_grid, guard, page, progress_bar
+from dashboard.urlstate import publish
 from headprune import viz
 from headprune.kvcache import KVPlan
 from headprune.kvcache.budgets import BETA_DEFAULT, budget_plan
@@ -55,56 +56,66 @@ with guard("Could not score the key/value heads"):
 if scores is None:   # the error above says why (e.g. rows no longer than S + W for the outside-window mass)
     st.stop()
 
-if budgets:
-    plan = None
-    with guard("Could not allocate the budgets"):
-        plan = budget_plan(scores, ws.adapter.n_heads, int(total), int(sink), float(beta),
-                           meta={"rule": rule, "model": ws.setup.model})
-        st.plotly_chart(viz.kv_budget_grid(plan.budgets().numpy(), scores, title=f"KV budget per key/value head "
-                                           f"(tokens, S + W_g) from the {rule} score"), key="kv-budget-grid",
-                        width="stretch")
-    if plan is None:   # the error above says why (a total too small for S + 1 per group)
-        st.stop()
-else:
-    basis = (ws.key, rule, share, int(sink), int(window))
-    if st.session_state.get("kv-basis") != basis:     # a new rule, share or window: start from the rule's top share
-        st.session_state["kv-basis"] = basis
-        st.session_state["kv-full"] = top_share(np.nan_to_num(scores, nan=-np.inf), share / 100).numpy()
-    full = st.session_state["kv-full"]
+# A head click (or the Switch button) reruns only this fragment: the plan's grid, metric, bytes and exports -- not the
+# scores and settings above (issue 35: a click re-ran the whole page, 35 s on demo-lm).
+@st.fragment
+def plan_view() -> None:
+    if budgets:
+        plan = None
+        with guard("Could not allocate the budgets"):
+            plan = budget_plan(scores, ws.adapter.n_heads, int(total), int(sink), float(beta),
+                               meta={"rule": rule, "model": ws.setup.model})
+            st.plotly_chart(viz.kv_budget_grid(plan.budgets().numpy(), scores, title=f"KV budget per key/value head "
+                                               f"(tokens, S + W_g) from the {rule} score"), key="kv-budget-grid",
+                            width="stretch")
+        if plan is None:   # the error above says why (a total too small for S + 1 per group)
+            st.stop()
+    else:
+        basis = (ws.key, rule, share, int(sink), int(window))
+        if st.session_state.get("kv-basis") != basis:     # a new rule, share or window: start from the rule's top share
+            st.session_state["kv-basis"] = basis
+            st.session_state["kv-full"] = top_share(np.nan_to_num(scores, nan=-np.inf), share / 100).numpy()
+        full = st.session_state["kv-full"]
 
-    def toggle(head: tuple[int, int]) -> None:
-        full[head] = not full[head]
+        def toggle(head: tuple[int, int]) -> None:
+            full[head] = not full[head]
 
-    clickable_grid(viz.kv_plan_grid(scores, full, title=f"{rule} score per key/value head (F full · S streaming)"),
-                   "kv-grid", sd, toggle)
-    heads = [(b, g) for b in range(full.shape[0]) for g in range(full.shape[1])]
-    pick, button = st.columns([3, 1], vertical_alignment="bottom")
-    chosen = pick.selectbox("Key/value head", heads, key="kv-head",
-                            format_func=lambda h: f"layer {h[0]} · key/value head {h[1]}")
-    if button.button("Switch full / streaming", key="kv-toggle"):
-        toggle(chosen)
+        clickable_grid(viz.kv_plan_grid(scores, full, title=f"{rule} score per key/value head (F full · S streaming)"),
+                       "kv-grid", sd, toggle)
+        heads = [(b, g) for b in range(full.shape[0]) for g in range(full.shape[1])]
+        pick, button = st.columns([3, 1], vertical_alignment="bottom")
+        chosen = pick.selectbox("Key/value head", heads, key="kv-head",
+                                format_func=lambda h: f"layer {h[0]} · key/value head {h[1]}")
+        # a callback: it runs before the rerun, so the grid above is drawn with the switch already made
+        button.button("Switch full / streaming", key="kv-toggle", on_click=toggle, args=(chosen,))
 
-    plan = KVPlan(full.copy(), ws.adapter.n_heads, int(sink), int(window), {"rule": rule, "model": ws.setup.model})
-counted = bytes_at(ws.loaded.model, plan, int(length), sd.mask)
-show_metric, show_bytes = st.columns(2)
-with show_metric, guard("Could not evaluate under the plan"):
-    dense = ws.metric_of(ws.dense())
-    under = ws.metric_of(kv_metrics(ws, plan, sd.mask))
-    st.metric(f"{ws.metric} under the plan", f"{under:.4g}", f"{under - dense:+.4g} vs the dense model",
-              delta_color="normal" if ws.higher_is_better else "inverse")
-    st.metric("KV bytes under the plan", f"{counted['plan'] / 2**20:.2f} MiB",
-              f"{counted['ratio']:.0%} of {counted['full_cache'] / 2**20:.2f} MiB", delta_color="off")
-    shape = (f"budgets of {plan.budget_tokens()} tokens in all (W_g {int(plan.group_windows().min())}-"
-             f"{plan.window})" if budgets else f"{int(plan.full.sum())} of {plan.full.numel()} key/value heads full")
-    st.caption(f"{shape} · S = {int(sink)}, W = {plan.window} · {len(ws.eval_batches)} evaluation batches")
-with show_bytes:
-    st.plotly_chart(viz.kv_bytes_figure(counted, int(length)), key="kv-bytes", width="stretch")
+        plan = KVPlan(full.copy(), ws.adapter.n_heads, int(sink), int(window), {"rule": rule, "model": ws.setup.model})
+    counted = bytes_at(ws.loaded.model, plan, int(length), sd.mask)
+    show_metric, show_bytes = st.columns(2)
+    with show_metric, guard("Could not evaluate under the plan"):
+        dense = ws.metric_of(ws.dense())
+        under = ws.metric_of(kv_metrics(ws, plan, sd.mask))
+        st.metric(f"{ws.metric} under the plan", f"{under:.4g}", f"{under - dense:+.4g} vs the dense model",
+                  delta_color="normal" if ws.higher_is_better else "inverse")
+        st.metric("KV bytes under the plan", f"{counted['plan'] / 2**20:.2f} MiB",
+                  f"{counted['ratio']:.0%} of {counted['full_cache'] / 2**20:.2f} MiB", delta_color="off")
+        shape = (f"budgets of {plan.budget_tokens()} tokens in all (W_g {int(plan.group_windows().min())}-"
+                 f"{plan.window})" if budgets else
+                 f"{int(plan.full.sum())} of {plan.full.numel()} key/value heads full")
+        st.caption(f"{shape} · S = {int(sink)}, W = {plan.window} · {len(ws.eval_batches)} evaluation batches")
+    with show_bytes:
+        st.plotly_chart(viz.kv_bytes_figure(counted, int(length)), key="kv-bytes", width="stretch")
 
-export_json, export_tsv = st.columns(2)
-export_json.download_button("Export plan (JSON)", json.dumps(plan.to_json(), indent=1), "kv_plan.json",
-                            mime="application/json", key="kv-export")
-if budgets:   # DuoAttention's layout knows one window
-    export_tsv.caption("DuoAttention's TSV holds one window for every streaming head: export a full / streaming plan.")
-else:
-    export_tsv.download_button("Export DuoAttention TSV", plan.to_duo_tsv(), "full_attention_heads.tsv",
-                               mime="text/tab-separated-values", key="kv-export-tsv")
+    export_json, export_tsv = st.columns(2)
+    export_json.download_button("Export plan (JSON)", json.dumps(plan.to_json(), indent=1), "kv_plan.json",
+                                mime="application/json", key="kv-export")
+    if budgets:   # DuoAttention's layout knows one window
+        export_tsv.caption("DuoAttention's TSV holds one window for every streaming head: export a full / "
+                           "streaming plan.")
+    else:
+        export_tsv.download_button("Export DuoAttention TSV", plan.to_duo_tsv(), "full_attention_heads.tsv",
+                                   mime="text/tab-separated-values", key="kv-export-tsv")
+    publish()        # the plan as clicked: a fragment rerun writes the link too (urlstate)
+
+
+plan_view()

@@ -13,13 +13,28 @@ import time
 from dataclasses import replace
 
 import numpy as np
+from transformers import AutoConfig
 
 from ..kvcache.budgets import BETA_DEFAULT, TEMPERATURE_DEFAULT, budget_plan, check_allocation
 from ..kvcache.cache import generate
+from ..kvcache.duo import DEFAULTS as DUO_DEFAULTS
+from ..kvcache.duo import THRESHOLD, check_duo_params
+from ..kvcache.exports import check_duo_folder, read_duo_folder, write_duo_folder
 from ..kvcache.longctx import DEPTH, DEPTHS, ROWS, TASKS, TOKENS, check_lengths, check_task, measure, parse_numbers
-from ..kvcache.plan import KVPlan, KVPlanError, check_decoder, check_full_share, check_window
+from ..kvcache.plan import FULL_SHARE, KVPlan, KVPlanError, check_decoder, check_full_share, check_window
 from ..kvcache.restrict import restricted
-from ..kvcache.scores import REDUCE, RULES, check_rule, group_scores, head_scores, plan_from_scores
+from ..kvcache.scores import (
+    RAZOR_ECHO_SHARE,
+    RAZOR_INDUCTION_SHARE,
+    REDUCE,
+    RULES,
+    check_rule,
+    group_scores,
+    head_scores,
+    plan_from_scores,
+    razor_share_plan,
+    razor_stripes,
+)
 from ..kvcache.stream import FORMAT, StreamSpec, run_stream, run_stream_seeds
 from ..limits import POSITIVE, POSITIVE_INT, Interval
 from ..model.device import DEVICES
@@ -63,6 +78,93 @@ def read_plan_arg(path: str | None, model: str) -> KVPlan | None:
     return KVPlan.read(path)
 
 
+DUO_OPTIONS = (("--duo-steps", "duo_steps", "steps"), ("--duo-lr", "duo_lr", "lr"),
+               ("--duo-reg", "duo_reg", "reg_weight"), ("--duo-batch", "duo_batch", "batch_size"),
+               ("--duo-length", "duo_length", "length"))
+
+
+def duo_options(args) -> dict:
+    """``--duo-*`` as ``duo.train_gates`` keywords (checked here, before anything loads); only with ``--rule duo``."""
+    given = {key: getattr(args, name) for _, name, key in DUO_OPTIONS if getattr(args, name) is not None}
+    if given and args.rule != "duo":
+        flags = [flag for flag, name, _ in DUO_OPTIONS if getattr(args, name) is not None]
+        raise KVPlanError(f"{', '.join(flags)} train DuoAttention's gates: they apply to --rule duo only, not "
+                          f"--rule {args.rule}.")
+    check_duo_params(**{**DUO_DEFAULTS, **{k: v for k, v in given.items() if k != "length"}})
+    if "length" in given and POSITIVE_INT(given["length"]):
+        raise KVPlanError(f"--duo-length {given['length']!r} {POSITIVE_INT(given['length'])} (tokens per passkey "
+                          "row of the gates' training).")
+    return given
+
+
+def razor_shares(args) -> dict:
+    """``--echo-share`` / ``--induction-share`` (RazorAttention's own selection; the other takes the reference's
+    default) as ``scores.razor_share_plan`` keywords, checked before anything loads; {} when neither is given."""
+    given = {k: v for k, v in (("echo_share", args.echo_share), ("induction_share", args.induction_share))
+             if v is not None}
+    if not given:
+        return {}
+    if args.rule != "razor":
+        raise KVPlanError(f"--echo-share and --induction-share are RazorAttention's (--rule razor), not --rule "
+                          f"{args.rule}'s.")
+    if args.full_share is not None:
+        raise KVPlanError("--echo-share / --induction-share choose RazorAttention's heads by its own two shares; "
+                          "--full-share keeps a share of max(echo, induction) instead. Give one or the other.")
+    shares = {"echo_share": RAZOR_ECHO_SHARE, "induction_share": RAZOR_INDUCTION_SHARE, **given}
+    for name, value in shares.items():
+        problem = FULL_SHARE(value)
+        if problem:
+            raise KVPlanError(f"--{name.replace('_', '-')} {value!r} {problem} (a share of all query heads).")
+    return shares
+
+
+def model_grid(model: str) -> tuple[int, int, int]:
+    """(layers, key/value heads, query heads) from the model's config.json, read without loading weights."""
+    config = peek_config(model)
+    if config is None:
+        try:
+            config = AutoConfig.from_pretrained(model).to_dict()
+        except (OSError, ValueError) as exc:
+            raise KVPlanError(f"--model {model}: its config.json could not be read to check the DuoAttention "
+                              f"folder's grid ({exc}).") from None
+    config = config.get("text_config") or config
+    n_heads = config.get("num_attention_heads")
+    layers = config.get("num_hidden_layers")
+    if not (isinstance(n_heads, int) and isinstance(layers, int)):
+        raise KVPlanError(f"--model {model}: its config.json names no num_attention_heads / num_hidden_layers.")
+    return layers, config.get("num_key_value_heads") or n_heads, n_heads
+
+
+def cmd_from_duo(args) -> dict:
+    """``kvplan --from-duo DIR``: DuoAttention's folder read with its loader's steps and deployed by
+    ``--full-share`` or ``--threshold`` into a plan file (``exports.read_duo_folder``); no weights load."""
+    others = [flag for flag, value in (("--rule", args.rule), ("--export-duo", args.export_duo),
+                                       ("--mask", args.mask)) if value is not None]
+    others += [flag for flag, name, _ in DUO_OPTIONS if getattr(args, name) is not None]
+    if others:
+        raise KVPlanError(f"--from-duo reads a learned pattern; {', '.join(others)} cannot apply to it.")
+    refuse_encoder(args.model)
+    for option in (args.out, args.tsv, args.head_ids):
+        checked_out_file(option)
+    layers, n_kv, n_heads = model_grid(args.model)
+    plan = read_duo_folder(args.from_duo, n_heads, (layers, n_kv), share=args.full_share, threshold=args.threshold)
+    plan.meta.update(model=args.model, versions=versions())
+    return write_plan_files(args, plan, {"rule": "duo-folder", "from_duo": args.from_duo})
+
+
+def write_plan_files(args, plan: KVPlan, summary_: dict) -> dict:
+    plan.write(args.out)
+    if args.tsv:
+        write_atomic(checked_out_file(args.tsv), plan.to_duo_tsv(), "--tsv")
+    if args.head_ids:
+        write_atomic(checked_out_file(args.head_ids), json.dumps(plan.head_ids(), indent=1), "--head-ids")
+    if getattr(args, "export_duo", None):
+        write_duo_folder(plan, args.export_duo)
+    return {"out": args.out, **summary_, "full_kv_heads": int(plan.full.sum()), "kv_heads": plan.full.numel(),
+            "sink": plan.sink, "window": plan.window, "head_ids": plan.head_ids()["full_kv_heads"],
+            "tsv": args.tsv, "head_ids_file": args.head_ids, "export_duo": getattr(args, "export_duo", None)}
+
+
 def check_budget_args(args) -> None:
     """``kvplan --budget``: its options checked, and the options it cannot apply refused, before anything loads."""
     if args.budget is None:
@@ -72,7 +174,9 @@ def check_budget_args(args) -> None:
                               "them out.")
         return
     cannot = [o for o, v in (("--full-share", args.full_share), ("--trajectory", args.trajectory or None),
-                             ("--tsv", args.tsv)) if v is not None]
+                             ("--tsv", args.tsv), ("--export-duo", args.export_duo), ("--from-duo", args.from_duo),
+                             ("--threshold", args.threshold), ("--echo-share", args.echo_share),
+                             ("--induction-share", args.induction_share)) if v is not None]
     if cannot:
         raise KVPlanError(f"{', '.join(cannot)} cannot apply to a budget plan (--budget: every group streams at its "
                           "own window; DuoAttention's TSV and a trajectory know one window). Leave them out, or "
@@ -96,46 +200,77 @@ def cmd_kvplan(args) -> dict:
     if given:
         raise KVPlanError(f"{', '.join(given)} belong to a streaming trajectory: add --trajectory, or leave them out "
                           "to write one plan.")
-    args.full_share = PLAN_SHARE if args.full_share is None else args.full_share
+    if args.threshold is not None and args.full_share is not None:
+        raise KVPlanError("--threshold and --full-share are two ways to deploy gates; give one of them.")
+    if args.threshold is not None and THRESHOLD(args.threshold):
+        raise KVPlanError(f"--threshold {args.threshold!r} {THRESHOLD(args.threshold)}.")
+    if args.from_duo:
+        if args.threshold is None and args.full_share is None:
+            args.full_share = PLAN_SHARE
+        if args.full_share is not None:
+            check_full_share(args.full_share)
+        return cmd_from_duo(args)
+    args.rule = args.rule or DEFAULT_RULE
+    shares = razor_shares(args)
+    if args.threshold is not None and args.rule != "duo":
+        raise KVPlanError(f"--threshold deploys DuoAttention's learned gates (--rule duo or --from-duo); --rule "
+                          f"{args.rule} keeps a --full-share.")
+    args.full_share = PLAN_SHARE if args.full_share is None and args.threshold is None and not shares \
+        else args.full_share
     check_window(args.sink, args.window)
-    check_full_share(args.full_share)
+    if args.full_share is not None:
+        check_full_share(args.full_share)
     check_rule(args.rule)
+    options = duo_options(args)
     refuse_encoder(args.model)
     for option in (args.out, args.tsv, args.head_ids):
         checked_out_file(option)
+    if args.export_duo:
+        check_duo_folder(args.export_duo)
     needs_rows = args.rule not in ("razor", "random")
     check_args(args, calib="this rule" if needs_rows else None)
     loaded, calib, _, info = load_model_and_data(args, calib_size=None if needs_rows else 0)
     check_decoder(loaded.adapter)
     start = time.perf_counter()
+    learned = []
     scores = head_scores(args.rule, loaded.model, calib=calib, tokenizer=loaded.tokenizer, sink=args.sink,
-                         window=args.window, seed=args.seed, mask=load_mask(args, loaded), probe_rows=args.probe_rows)
+                         window=args.window, seed=args.seed, mask=load_mask(args, loaded), probe_rows=args.probe_rows,
+                         duo_options={**options, "progress": tqdm_progress("DuoAttention gates")} if args.rule == "duo"
+                         else None, duo_out=learned)
     meta = {"rule": args.rule, "full_share": args.full_share, "model": args.model, "data": summary(info),
             "mask": args.mask, "seed": args.seed, "query_scores": [[None if s != s else float(s) for s in row]
                                                                    for row in scores],
             "versions": versions()}
+    if learned:
+        meta["duo_training"] = learned[0].to_json()
+    extra = {"rule": args.rule, "group_reduce": args.group}
+    if learned:
+        extra["duo_training"] = {k: v for k, v in learned[0].to_json().items() if k != "gates"}
     if args.budget is not None:
         grouped = group_scores(scores, loaded.adapter.n_heads // loaded.adapter.n_kv_heads, args.group)
         readable = [[float(v) if np.isfinite(v) else None for v in row] for row in grouped]   # JSON has no NaN
         del meta["full_share"]
         plan = budget_plan(grouped, loaded.adapter.n_heads, args.budget, args.sink, args.beta, args.temperature,
                            {**meta, "group_reduce": args.group, "group_scores": readable})
-    else:
-        plan = plan_from_scores(scores, loaded.adapter.n_kv_heads, args.full_share, args.sink, args.window,
-                                args.group, meta)
-    plan.write(args.out)
-    if args.tsv:
-        write_atomic(checked_out_file(args.tsv), plan.to_duo_tsv(), "--tsv")
-    if args.head_ids:
-        write_atomic(checked_out_file(args.head_ids), json.dumps(plan.head_ids(), indent=1), "--head-ids")
-    budgets = {"budget": plan.budget, "budgets": plan.to_json()["budgets"], "beta": args.beta,
-               "temperature": args.temperature} if plan.is_budget else {}
-    return {"out": args.out, "rule": args.rule, "group_reduce": args.group, "full_kv_heads": int(plan.full.sum()),
-            "kv_heads": plan.full.numel(), "sink": args.sink, "window": plan.window, **budgets,
-            "head_ids": plan.head_ids()["full_kv_heads"], "seconds": time.perf_counter() - start,
-            "tsv": args.tsv, "head_ids_file": args.head_ids}
+        extra.update(budget=plan.budget, budgets=plan.to_json()["budgets"], beta=args.beta,
+                     temperature=args.temperature)
+        return write_plan_files(args, plan, {**extra, "seconds": time.perf_counter() - start})
+    share = args.full_share
+    if shares:   # RazorAttention's own selection: the union of its echo and induction shares
+        echo, induction = razor_stripes(loaded.model, loaded.tokenizer, args.window, args.probe_rows, args.seed,
+                                        load_mask(args, loaded))
+        plan = razor_share_plan(echo, induction, loaded.adapter.n_kv_heads, args.sink, args.window, meta=meta,
+                                **shares)
+        return write_plan_files(args, plan, {"rule": "razor", **shares, "seconds": time.perf_counter() - start})
+    if args.threshold is not None:   # DuoAttention's deploy by threshold: the share of groups at or above it
+        grouped = np.nan_to_num(learned[0].gates, nan=-np.inf)
+        share = float((grouped >= args.threshold).mean())
+        meta["threshold"] = args.threshold
+    plan = plan_from_scores(scores, loaded.adapter.n_kv_heads, share, args.sink, args.window, args.group, meta)
+    return write_plan_files(args, plan, {**extra, "seconds": time.perf_counter() - start})
 
 
+DEFAULT_RULE = "far-mass"
 PLAN_SHARE = 0.25   # kvplan's --full-share when not given; a trajectory streams down to 0 unless told
 TRAJECTORY_EVAL = 500   # evaluation rows of a trajectory when --eval-size is not given (a plan reads none)
 
@@ -144,9 +279,18 @@ def cmd_kv_trajectory(args) -> dict:
     """``kvplan --trajectory``: stream the key/value groups one ``--step`` at a time in the rule's order (lowest need
     first), the metric under the exact plan after each step, beside ``--random-orders`` seeded random orders (the
     band); the run file records the order (every step's plan follows from it), the rule, data, mask and versions."""
-    if args.tsv or args.head_ids:
-        raise KVPlanError("--tsv and --head-ids export one plan; a trajectory's run file records the plan at every "
-                          "step (its order). Accepted: --trajectory without them, or one plan without --trajectory.")
+    if args.tsv or args.head_ids or args.export_duo:
+        raise KVPlanError("--tsv, --head-ids and --export-duo export one plan; a trajectory's run file records the "
+                          "plan at every step (its order). Accepted: --trajectory without them, or one plan without "
+                          "--trajectory.")
+    one_plan = [flag for flag, value in (("--from-duo", args.from_duo), ("--threshold", args.threshold),
+                                         ("--echo-share", args.echo_share),
+                                         ("--induction-share", args.induction_share))
+                if value is not None] + [flag for flag, name, _ in DUO_OPTIONS if getattr(args, name) is not None]
+    if one_plan:
+        raise KVPlanError(f"{', '.join(one_plan)} apply to one plan, not to --trajectory (a trajectory's duo order "
+                          "comes from gates trained with the defaults).")
+    args.rule = args.rule or DEFAULT_RULE
     spec = StreamSpec(rule=args.rule, sink=args.sink, window=args.window, step=1 if args.step is None else args.step,
                       full_share=0.0 if args.full_share is None else args.full_share, tolerance=args.tolerance,
                       group=args.group, probe_rows=args.probe_rows, seed=args.seed, model_name=args.model)
@@ -310,10 +454,12 @@ def add_commands(sub) -> None:
     add_model_args(p)
     add_data_args(p, eval_size=0)
     add_mask_arg(p)
-    p.add_argument("--rule", default="duo",
+    p.add_argument("--rule", default=None,
                    help=f"what decides: {', '.join(RULES)} (razor: RazorAttention's echo + induction scores on "
-                        "probes longer than the window; duo: attention mass outside sink + window on calibration "
-                        "rows, DuoAttention's question; random: seeded) or any criterion name (default: duo)")
+                        "probes longer than the window; duo: DuoAttention's gates, learned by distillation on "
+                        "passkeys in the calibration rows' text (the published method; --duo-steps); far-mass: "
+                        "attention mass outside sink + window on calibration rows, a proxy of DuoAttention's "
+                        "question; random: seeded) or any criterion name (default: far-mass)")
     p.add_argument("--full-share", type=float, default=None,
                    help="share of key/value heads keeping the whole cache, in [0, 1] (default: 0.25; with "
                         "--trajectory, where streaming stops: default 0, every group streams)")
@@ -347,6 +493,29 @@ def add_commands(sub) -> None:
                    f"(default: {TEMPERATURE_DEFAULT:g})")
     p.add_argument("--tsv", help="also write DuoAttention's full_attention_heads.tsv layout here")
     p.add_argument("--head-ids", help="also write a JSON of full / streaming head ids here")
+    p.add_argument("--export-duo", metavar="DIR",
+                   help="also write DuoAttention's folder here: full_attention_heads.tsv (the continuous group "
+                        "scores, ordered as the plan keeps them) and config.json (sink_size, recent_size and the "
+                        "sparsity that gives this plan's head set)")
+    d = p.add_argument_group("DuoAttention (--rule duo: gates learned by distillation; --from-duo: a learned folder)")
+    d.add_argument("--from-duo", metavar="DIR",
+                   help="instead of scoring: read DuoAttention's folder (full_attention_heads.tsv + config.json) with "
+                        "its loader's steps and deploy it by --full-share or --threshold; no weights load")
+    d.add_argument("--threshold", type=float,
+                   help="deploy gates by threshold: groups whose gate is >= it keep the whole cache (reference "
+                        "default 0.5), instead of --full-share")
+    p.add_argument("--echo-share", type=float,
+                   help="razor: RazorAttention's own selection, the share of all query heads kept for their echo "
+                        f"scores (reference default {RAZOR_ECHO_SHARE}); with --induction-share, instead of "
+                        "--full-share")
+    p.add_argument("--induction-share", type=float,
+                   help="razor: the share of all query heads kept for their induction scores (reference default "
+                        f"{RAZOR_INDUCTION_SHARE}); the plan keeps the union of both sets full")
+    d.add_argument("--duo-steps", type=int, help=f"optimizer steps of the gates (default: {DUO_DEFAULTS['steps']})")
+    d.add_argument("--duo-lr", type=float, help=f"the gates' learning rate (default: {DUO_DEFAULTS['lr']})")
+    d.add_argument("--duo-reg", type=float, help=f"L1 weight on the gates (default: {DUO_DEFAULTS['reg_weight']})")
+    d.add_argument("--duo-batch", type=int, help=f"passkey rows per step (default: {DUO_DEFAULTS['batch_size']})")
+    d.add_argument("--duo-length", type=int, help="tokens per passkey row (default: the longest calibration row)")
     p.set_defaults(handler=cmd_kvplan)
 
     p = sub.add_parser("generate", help="generate text with the full KV cache and, with --kv-plan, with the plan's "

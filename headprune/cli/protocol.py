@@ -29,7 +29,7 @@ from ..protocol.plan import expand
 from ..protocol.run import RunError, check_out, kept, merge, run_protocol
 from ..protocol.schedule import folder_protocol, own_folder, parse_shard, run_shard, status_text
 from ..protocol.schedule import status as folder_status
-from ..protocol.smoke import check_labels, hub_address, hub_reachable, require_labels, run_smoke
+from ..protocol.smoke import check_labels, hub_address, hub_reachable, require_labels, run_smoke, smoke_protocol
 from .common import add_memory_arg, end_bars, tqdm_progress, warn_user_code
 from .output import add_force_arg
 
@@ -98,6 +98,7 @@ def cmd_run(args) -> dict:
     if args.status or args.merge:
         folder = args.status or args.merge
         protocol = folder_protocol(folder, Protocol.read(args.protocol) if args.protocol else None)
+        protocol = smoke_protocol(protocol, folder) or protocol   # a --smoke run's cells are its stand-ins'
         if args.status:
             report = folder_status(protocol, folder)
             _say(status_text(report))

@@ -52,16 +52,20 @@ class NamedData:
     load: Callable[[], TextDataset]
     labelled: bool = True
     task: str | None = None     # "multiple_choice" for a set of questions (read as is, whatever the task asked)
+    # False for rows that are no language (demo-circuit's random word blocks): a dependency parse of them is
+    # meaningless, so no syntax view (arcs, syntactic profile) is drawn for them
+    language: bool = True
 
 
 NAMED_DATA: dict[str, NamedData] = {}
 
 
 def register_dataset(name: str, description: str, load: Callable[[], TextDataset], labelled: bool = True,
-                     task: str | None = None) -> None:
+                     task: str | None = None, language: bool = True) -> None:
     """Make ``load_data(name)`` return ``load()`` (labelled data is also readable as LM text with task="lm";
-    ``task="multiple_choice"``: a set of questions, see ``headprune.data.choice``)."""
-    NAMED_DATA[name] = NamedData(name, description, load, labelled, task)
+    ``task="multiple_choice"``: a set of questions, see ``headprune.data.choice``; ``language=False``: the rows
+    are not sentences of a language, ``NamedData.language``)."""
+    NAMED_DATA[name] = NamedData(name, description, load, labelled, task, language)
 
 
 def accepted() -> str:

@@ -35,7 +35,7 @@ register_dataset("demo-lm-cloze", "cloze questions from the held-out reviews for
 register_model("demo-circuit", "3-layer Llama LM trained to copy repeated word blocks: an induction circuit "
                "(built offline once)", circuit.ensure_demo_circuit_model, causal=True)
 register_dataset("demo-circuit", "repeated random word blocks, scored on the repeated half",
-                 circuit.demo_circuit_dataset, labelled=False)
+                 circuit.demo_circuit_dataset, labelled=False, language=False)
 register_dataset("demo-circuit-choice", "induction questions for demo-circuit: a block, its repeat cut after a "
                  "word, and four words of the block; the right one follows that word (multiple choice)",
-                 circuit.demo_circuit_choice_dataset, labelled=False, task="multiple_choice")
+                 circuit.demo_circuit_choice_dataset, labelled=False, task="multiple_choice", language=False)

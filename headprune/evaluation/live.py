@@ -189,9 +189,12 @@ class LiveEvaluator:
         self.batches = list(batches)
         self.task = task or task_for(self.model, self.batches)
         self._order = dataset_order(self.batches)
-        # batches are (re)evaluated in a seeded random order so that the ones done so far are a random sample
-        # (headprune.progressive); _pending: the (start layer, mask) of a run that did not finish
-        self._visit = visit_order(len(self.batches), seed)
+        # every run (re)evaluates the batches in a fresh seeded random order, so that the ones done so far are a
+        # random sample whose first estimate is not the same batch's error on every click (headprune.progressive);
+        # the order is per run only: the caches are per batch, so forks and later runs reuse them in any order.
+        # _pending: the (start layer, mask) of a run that did not finish
+        self.seed, self.runs, self._stream, self._forks = seed, 0, (seed,), 0
+        self.last_order: list[int] = []
         self._pending: tuple[int, HeadMask] | None = None
         self.mask = self._checked(mask if mask is not None else HeadMask.ones(self.adapter.grid_shape))
         self.stats = LiveStats()
@@ -255,7 +258,8 @@ class LiveEvaluator:
         """Move to ``mask`` (recomputing from its first changed layer); metrics under it (None without labels).
 
         ``on_estimate`` receives the running headline metric with its 95% interval after every batch
-        (``headprune.progressive``; the last call is exact). A run cut short (an exception, a browser session
+        (``headprune.progressive``; the last call is exact); the batches come in a fresh order on every run
+        (seeded by ``seed`` and the run's number, ``last_order``). A run cut short (an exception, a browser session
         that moved on) is finished by the next call, which recomputes from the lowest layer either run changed.
         """
         mask = self._checked(mask)
@@ -327,6 +331,10 @@ class LiveEvaluator:
         twin._contexts = [list(row) for row in self._contexts]
         twin._logits = list(self._logits)
         twin.stats = LiveStats()
+        # a fork's own stream of orders: seeded by its parent's seed and the number of forks made so far, so two
+        # sessions forked from one source do not see the same first batch on their n-th click either
+        self._forks += 1
+        twin._stream, twin.runs, twin._forks = (*self._stream, self._forks), 0, 0
         return twin
 
     # -- internals ---------------------------------------------------------------------------------------
@@ -362,13 +370,15 @@ class LiveEvaluator:
             self._inputs = [[None] * n_layers for _ in self.batches]
             self._contexts = [[None] * n_layers for _ in self.batches]
             self._logits = [None] * len(self.batches)
+        order = self.last_order = visit_order(len(self.batches), (*self._stream, self.runs))
+        self.runs += 1
         with gate_heads(self.model, mask, self.adapter), autocast(self.device):
-            for step, b in enumerate(self._visit):
+            for step, b in enumerate(order):
                 inputs = self._inputs_of(self.batches[b])
                 out = self._forward_from(b, start, inputs) if self.incremental \
                     else self._logits_of(self.model(**inputs))
                 self._logits[b] = self._kept_output(out.detach(), self.batches[b])
-                if on_estimate is not None and (estimate := self.estimate(self._visit[:step + 1])) is not None:
+                if on_estimate is not None and (estimate := self.estimate(order[:step + 1])) is not None:
                     on_estimate(estimate)
                 if progress is not None:
                     progress((step + 1) / len(self.batches), f"layers {start}-{n_layers - 1}, batch {step + 1}")

@@ -19,16 +19,29 @@ batches the normal 1.96 under-covers: measured 0.85 on the demo), is clipped to 
 correction is 0 and the interval collapses onto the exact value. Batches are length-sorted, so rows inside a batch
 are alike: treating batches (not rows) as the sampled units is what keeps the interval honest. Below two batches no
 interval is given.
+
+Every run draws a fresh order (``visit_order`` with a per-run seed, ``LiveEvaluator``): with one fixed order every
+click would start from the same first batch, and its error would point the same way on every click (issue 35: the
+demo's first batch read 0.875 above a dense 0.840, so every cut first seemed to *raise* accuracy).
+
+When a running value is worth showing (``Estimate.shown``) is our choice, the sources leave it open: once the 95%
+interval's full width on the estimator's own scale is at most ``MAX_WIDTH`` (accuracy: 0.06, i.e. about ±3 points)
+or, for perplexity, ``LOG_MAX_WIDTH`` on the log scale (log 1.10: the interval's ends within a factor 1.10 of each
+other, about ±5 %). Before that a page shows the last exact value and "computing…", never a number whose interval
+spans a factor of forty (demo-lm's 37.8–1626.9 after two batches).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from scipy.stats import t as student_t
+
+MAX_WIDTH = 0.06                 # accuracy-like metrics: widest 95% interval (high - low) worth showing as a number
+LOG_MAX_WIDTH = math.log(1.10)   # perplexity: widest interval of the log (the mean loss), a factor 1.10 end to end
 
 
 @dataclass(frozen=True)
@@ -42,17 +55,35 @@ class Estimate:
     done: int
     total: int
     rows: int
+    width: float | None = None       # high - low on the estimator's own scale (mean loss for perplexity)
+    max_width: float = MAX_WIDTH     # the widest ``width`` shown as a number (module doc)
+    log_scale: bool = False          # the interval was computed for the log of the metric (perplexity)
 
     @property
     def exact(self) -> bool:
         return self.done == self.total
+
+    @property
+    def shown(self) -> bool:
+        """Whether the running value is precise enough to be shown as a number (module doc): exact, or its interval
+        no wider than ``max_width``."""
+        return self.exact or (self.width is not None and self.width <= self.max_width)
+
+    @property
+    def rule(self) -> str:
+        """The width rule in words, for the page that holds a value back."""
+        if self.log_scale:
+            return (f"its 95% interval's ends are within a factor {math.exp(self.max_width):.2f} of each other "
+                    f"(about ±{50 * (math.exp(self.max_width) - 1):.0f} %)")
+        return f"its 95% interval is at most {self.max_width:g} wide"
 
     def covers(self, value: float) -> bool:
         return self.low is not None and self.low <= value <= self.high
 
 
 def ratio_estimate(totals, sizes, population_sizes, metric: str, bounds: tuple[float, float] = (0.0, 1.0),
-                   transform: Callable[[float], float] | None = None, level: float = 0.95) -> Estimate:
+                   transform: Callable[[float], float] | None = None, level: float = 0.95,
+                   max_width: float | None = None) -> Estimate:
     """Ratio estimate and interval (module doc) from the per-batch ``totals`` y_i and ``sizes`` m_i seen so far.
 
     Parameters
@@ -60,7 +91,10 @@ def ratio_estimate(totals, sizes, population_sizes, metric: str, bounds: tuple[f
     totals, sizes : (n,) per-batch totals and sizes of the batches evaluated so far.
     population_sizes : (N,) sizes of every batch of the full set.
     bounds : the range of R (accuracy [0, 1]; LM loss [0, inf)).
-    transform : applied to the value and both ends (exp for perplexity).
+    transform : applied to the value and both ends (exp for perplexity: the interval is computed for the mean
+        loss, i.e. on the log scale of perplexity, and mapped through exp, which is monotone).
+    max_width : the widest interval (on R's scale, before ``transform``) shown as a number; default
+        ``MAX_WIDTH`` without a transform, ``LOG_MAX_WIDTH`` with one.
     """
     y, m = np.asarray(totals, dtype=np.float64), np.asarray(sizes, dtype=np.float64)
     population = np.asarray(population_sizes, dtype=np.float64)
@@ -74,10 +108,12 @@ def ratio_estimate(totals, sizes, population_sizes, metric: str, bounds: tuple[f
         half = float(student_t.ppf(0.5 + level / 2, n - 1)) * math.sqrt(variance)
         low, high = max(bounds[0], ratio - half), min(bounds[1], ratio + half)
     f = transform or (lambda v: v)
+    limit = max_width if max_width is not None else (MAX_WIDTH if transform is None else LOG_MAX_WIDTH)
     return Estimate(metric, f(ratio), None if low is None else f(low), None if high is None else f(high), n, big_n,
-                    int(m.sum()))
+                    int(m.sum()), None if low is None else high - low, limit, transform is not None)
 
 
-def visit_order(n_batches: int, seed: int = 0) -> list[int]:
-    """The seeded random order in which batches are evaluated (a permutation of 0..n_batches-1)."""
+def visit_order(n_batches: int, seed: int | Sequence[int] = 0) -> list[int]:
+    """The seeded random order in which batches are evaluated (a permutation of 0..n_batches-1); ``seed`` may be
+    a sequence (an evaluator's seed and its run number: a fresh order per run)."""
     return [int(i) for i in np.random.default_rng(seed).permutation(n_batches)]

@@ -84,12 +84,13 @@ def check_lengths(task: str, lengths, max_positions: int | None = None) -> list[
 @dataclass
 class PasskeyRows:
     """``input_ids`` (N, L); the last ``answer`` tokens of each row are the targets; ``depth`` and ``distance``
-    (N,): the needle's depth and the tokens from the key's first copy to its second."""
+    (N,): the needle's depth and the tokens from the key's first copy to its second; ``key_tokens``: K."""
 
     input_ids: torch.Tensor
     answer: int
     depth: np.ndarray
     distance: np.ndarray
+    key_tokens: int = KEY_TOKENS
 
 
 def filler_stream(tokenizer, texts: list[str]) -> np.ndarray:
@@ -102,10 +103,16 @@ def filler_stream(tokenizer, texts: list[str]) -> np.ndarray:
 def passkey_rows(tokenizer, texts: list[str], length: int, rows: int, seed: int = 0, depths=DEPTHS,
                  key_tokens: int = KEY_TOKENS, prefix: int = PREFIX_TOKENS) -> PasskeyRows:
     """``rows`` passkey rows of ``length`` tokens (module doc), drawn with ``default_rng((seed, length))``."""
+    return passkey_rows_from(filler_stream(tokenizer, texts), tokenizer, length, rows, seed, depths, key_tokens,
+                             prefix)
+
+
+def passkey_rows_from(stream: np.ndarray, tokenizer, length: int, rows: int, seed: int = 0, depths=DEPTHS,
+                      key_tokens: int = KEY_TOKENS, prefix: int = PREFIX_TOKENS) -> PasskeyRows:
+    """:func:`passkey_rows` with the filler given as a token stream (no special tokens)."""
     if not 1 <= prefix < key_tokens or length < 2 * key_tokens + 1:
         raise KVPlanError(f"A passkey row of {length} tokens cannot hold [BOS] + a {key_tokens}-token key twice "
                           f"with a {prefix}-token cue; use lengths >= {2 * key_tokens + 1}.")
-    stream = filler_stream(tokenizer, texts)
     n_fill = length - 1 - 2 * key_tokens
     if len(stream) < n_fill + 1:
         raise KVPlanError(f"The filler text holds {len(stream)} tokens; a passkey row of {length} needs {n_fill}.")
@@ -125,7 +132,8 @@ def passkey_rows(tokenizer, texts: list[str], length: int, rows: int, seed: int 
         out.append(row)
         depth_of.append(depth)
         distance.append(n_fill - at + key_tokens)
-    return PasskeyRows(torch.as_tensor(np.stack(out)), key_tokens - prefix, np.array(depth_of), np.array(distance))
+    return PasskeyRows(torch.as_tensor(np.stack(out)), key_tokens - prefix, np.array(depth_of), np.array(distance),
+                       key_tokens)
 
 
 @torch.no_grad()

@@ -6,10 +6,18 @@ Rules (``RULES``; any registered pruning criterion's name works too):
             the query's own token) and induction heads (attend to the token after it). Measured as headprune's
             duplicate-token and induction stripes on repeated random-token probes [BOS] + r + r whose block r is
             longer than the window (``roles.probes``), so the copy a head reads lies outside its window.
-            Score = max(echo, induction) per query head.
-``duo``     DuoAttention's question asked directly on calibration rows (Xiao et al. 2024, §3: a streaming head
-            must not need what lies outside its sink + recent window): the attention mass a head puts on keys
-            outside the first S and last W, averaged over real query rows that have such keys (q >= S + W).
+            Score = max(echo, induction) per query head. With separate shares (``razor_share_plan``, the
+            reference's own selection: the top 1 % of heads by echo and the top 14 % by induction by default,
+            mindspore_gs ``RAConfig``) the plan is the union of the two sets instead of a top share of the max.
+``duo``     DuoAttention's identification as published (Xiao et al. 2024, arXiv 2410.10819, §3.2; ``duo``
+            module): one gate per key/value group mixing full and streaming attention, learned by distillation
+            (final hidden states' L2 error on passkey answer tokens + L1 on the gates) on synthetic passkeys in
+            the calibration rows' text; the score is the learned gate (every query head of a group gets it).
+``far-mass`` a proxy for DuoAttention's question, measured instead of learned (a streaming head must not need
+            what lies outside its sink + recent window): the attention mass a head puts on keys outside the
+            first S and last W, averaged over real query rows that have such keys (q >= S + W). kvpress calls
+            the same measure DuoAttention's on-the-fly approximation (``DuoAttentionPress(on_the_fly_scoring=
+            True)``); it is not the published method.
 ``random``  a seeded uniform score (the baseline band).
 criterion   any pruning criterion (``headprune criteria``): its importance score, on the same calibration rows.
 
@@ -32,14 +40,19 @@ from ..model.arch import adapt
 from ..model.capture import stream_attention
 from ..roles.probes import make_probes
 from ..roles.stats import repeat_stripes
-from .plan import KVPlan, KVPlanError, check_full_share, check_window, top_share
+from .duo import train_gates
+from .plan import FULL_SHARE, KVPlan, KVPlanError, check_full_share, check_window, top_share
 
-RULES = ("razor", "duo", "random")
+RULES = ("razor", "duo", "far-mass", "random")
+# RazorAttention's reference defaults (mindspore_gs ``RAConfig``): 1 % echo heads, 14 % induction heads
+RAZOR_ECHO_SHARE, RAZOR_INDUCTION_SHARE = 0.01, 0.14
 # what each rule is: the published method, or a proxy of it (the dashboard's cards say which); a criterion is a proxy
-RULE_KINDS = {"razor": "published (RazorAttention, Tang et al. 2024, §3.2: echo and induction scores; here one share "
-                       "for both kinds and no compensation token)",
-              "duo": "proxy (attention mass outside sink + window: DuoAttention's question asked directly, kvpress's "
-                     "on-the-fly approximation, not DuoAttention's gates learned by distillation)",
+RULE_KINDS = {"razor": "published (RazorAttention, Tang et al. 2024, §3.2: echo and induction scores; one share of "
+                       "max(echo, induction), or the reference's own two shares with --echo-share / "
+                       "--induction-share; no compensation token)",
+              "duo": "published (DuoAttention, Xiao et al. 2024: gates learned by distillation on passkeys)",
+              "far-mass": "proxy (attention mass outside sink + window: DuoAttention's question asked directly, "
+                          "kvpress's on-the-fly kind of approximation, not DuoAttention's learned gates)",
               "random": "baseline (seeded)"}
 CRITERION_KIND = "proxy (a head-pruning criterion's importance read as the group's need for far keys)"
 REDUCE = ("max", "mean")
@@ -56,7 +69,7 @@ def outside_mass(probs: torch.Tensor, valid: torch.Tensor, sink: int, window: in
     return (mass * rows[:, None]).sum((0, 2)).cpu(), int(rows.sum())
 
 
-def duo_scores(model, calib: list[dict], sink: int, window: int, mask=None) -> np.ndarray:
+def far_mass_scores(model, calib: list[dict], sink: int, window: int, mask=None) -> np.ndarray:
     """(L, H) mean attention mass outside sink + window (module doc); NaN for cut or gated heads."""
     adapter = adapt(model)
     sums = torch.zeros(adapter.grid_shape, dtype=torch.float64)
@@ -84,23 +97,64 @@ def duo_scores(model, calib: list[dict], sink: int, window: int, mask=None) -> n
     return np.where(live.numpy(), scores, np.nan)
 
 
-def razor_scores(model, tokenizer, window: int, rows: int = 8, seed: int = 0, mask=None) -> np.ndarray:
-    """(L, H) max(echo, induction) on probes whose repeated block is longer than ``window`` (module doc)."""
+def razor_stripes(model, tokenizer, window: int, rows: int = 8, seed: int = 0, mask=None) -> tuple[np.ndarray,
+                                                                                                   np.ndarray]:
+    """((L, H) echo, (L, H) induction) on probes whose repeated block is longer than ``window`` (module doc); NaN
+    for cut or gated heads."""
     adapter = adapt(model)
     probes = make_probes(model, tokenizer, max(window + 1, 20), rows, seed, causal=True)
     if probes.n <= window:
         raise KVPlanError(f"RazorAttention's probes need a repeated block longer than the window ({window}); this "
                           f"model's context holds blocks of {probes.n} tokens. Use a smaller --window.")
-    scores = np.full(adapter.grid_shape, np.nan)
+    echo, induction = np.full(adapter.grid_shape, np.nan), np.full(adapter.grid_shape, np.nan)
 
     def on_layer(layer, probs):
-        echo, induction, count = repeat_stripes(probs, probes.start, probes.n)
-        scores[adapter.layer_to_block[layer]] = (torch.maximum(echo, induction) / count).cpu().numpy()
+        e, i, count = repeat_stripes(probs, probes.start, probes.n)
+        echo[adapter.layer_to_block[layer]] = (e / count).cpu().numpy()
+        induction[adapter.layer_to_block[layer]] = (i / count).cpu().numpy()
 
     _, alive = stream_attention(model, probes.batch, on_layer, mask)
     for layer, block in enumerate(adapter.layer_to_block):
-        scores[block][~alive[layer].numpy()] = np.nan
-    return scores
+        echo[block][~alive[layer].numpy()] = np.nan
+        induction[block][~alive[layer].numpy()] = np.nan
+    return echo, induction
+
+
+def razor_scores(model, tokenizer, window: int, rows: int = 8, seed: int = 0, mask=None) -> np.ndarray:
+    """(L, H) max(echo, induction) on probes whose repeated block is longer than ``window`` (module doc)."""
+    return np.fmax(*razor_stripes(model, tokenizer, window, rows, seed, mask))
+
+
+def razor_share_plan(echo: np.ndarray, induction: np.ndarray, n_kv_heads: int, sink: int, window: int,
+                     echo_share: float = RAZOR_ECHO_SHARE, induction_share: float = RAZOR_INDUCTION_SHARE,
+                     meta: dict | None = None) -> KVPlan:
+    """RazorAttention's selection with separate shares (reference: ``mindspore_gs`` ``RAConfig`` defaults
+    ``echo_head_ratio=0.01``, ``induction_head_ratio=0.14``; ``RazorAttention._select_top_heads`` then the union):
+    the ``echo_share`` of all query heads with the highest echo scores and the ``induction_share`` with the highest
+    induction scores are retrieval heads; a group keeps the whole cache when any of its query heads is one (GQA)."""
+    check_window(sink, window)
+    for name, share in (("echo share", echo_share), ("induction share", induction_share)):
+        problem = FULL_SHARE(share)
+        if problem:
+            raise KVPlanError(f"RazorAttention {name} {share!r} {problem} (a share of all query heads).")
+    heads = torch.zeros(echo.shape, dtype=torch.bool)
+    for scores, share in ((echo, echo_share), (induction, induction_share)):
+        heads |= top_share(torch.as_tensor(np.nan_to_num(scores, nan=-np.inf)), share)
+    full = heads.view(heads.shape[0], n_kv_heads, -1).any(-1)
+    grouped = group_scores(np.fmax(echo, induction), echo.shape[1] // n_kv_heads)
+    readable = [[float(v) if np.isfinite(v) else None for v in row] for row in grouped]
+    return KVPlan(full, echo.shape[1], sink, window, {**(meta or {}), "echo_share": echo_share,
+                                                      "induction_share": induction_share,
+                                                      "retrieval_query_heads": heads.nonzero().tolist(),
+                                                      "group_scores": readable})
+
+
+def live_heads(model, mask=None) -> np.ndarray:
+    """Bool (L, H): heads present (not cut) and not gated off by ``mask``."""
+    live = adapt(model).live_grid()
+    if mask is not None:
+        live = live & mask.keep_bool()
+    return live.numpy()
 
 
 def random_scores(shape: tuple[int, int], seed: int) -> np.ndarray:
@@ -139,13 +193,21 @@ def check_rule(rule: str) -> None:
 
 
 def head_scores(rule: str, model, *, calib: list[dict], tokenizer=None, sink: int = 4, window: int = 64,
-                seed: int = 0, mask=None, probe_rows: int = 8) -> np.ndarray:
-    """(L, H) query-head scores of ``rule`` (module doc)."""
+                seed: int = 0, mask=None, probe_rows: int = 8, duo_options: dict | None = None,
+                duo_out: list | None = None) -> np.ndarray:
+    """(L, H) query-head scores of ``rule`` (module doc). ``duo_options``: ``duo.train_gates``'s training
+    parameters; ``duo_out``: a list the learned :class:`duo.DuoGates` is appended to (its loss and cost)."""
     check_rule(rule)
     if rule == "razor":
         return razor_scores(model, tokenizer, window, probe_rows, seed, mask)
+    if rule == "far-mass":
+        return far_mass_scores(model, calib, sink, window, mask)
     if rule == "duo":
-        return duo_scores(model, calib, sink, window, mask)
+        learned = train_gates(model, tokenizer, calib, sink=sink, window=window, seed=seed, mask=mask,
+                              **(duo_options or {}))
+        if duo_out is not None:
+            duo_out.append(learned)
+        return learned.query_scores(adapt(model).n_heads, live_heads(model, mask))
     if rule == "random":
         return random_scores(adapt(model).grid_shape, seed)
     return criterion_scores(model, calib, rule, tokenizer=tokenizer, seed=seed, mask=mask)

@@ -33,6 +33,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from ..criteria import get
 from ..estimate import LIVE_STEP, forward_rate, human_duration
 from ..evaluation.harness import metric_tasks
+from ..kvcache.duo import DEFAULTS as DUO_DEFAULTS
 from ..model.arch import adapt
 from ..model.loading import NAMED_MODELS, auto_class, model_source_kind
 from ..model.memory import plan_for
@@ -245,7 +246,7 @@ def plan_model(protocol: Protocol, entry: ModelEntry, cells: list[Cell], time_it
             evals += n_eval
             continue
         if cell.kind == KV:   # the rule scored once per repeat (``kv_work``), one evaluation under each plan
-            calib += 0 if (cell.criterion, cell.repeat) in scored else n_calib * kv_work(ctx, cell.criterion)
+            calib += 0 if (cell.criterion, cell.repeat) in scored else n_calib * kv_work(ctx, cell.criterion, n_calib)
             scored.add((cell.criterion, cell.repeat))
             evals += n_eval
             continue
@@ -290,11 +291,16 @@ def plan_model(protocol: Protocol, entry: ModelEntry, cells: list[Cell], time_it
     return plan
 
 
-def kv_work(ctx: ScoringContext, rule: str) -> float:
-    """Passes over the calibration rows a KV rule's scores cost: duo one (attention captured layer by layer), razor
-    about one (its probes, counted as calibration rows), random none, a criterion its own ``work``."""
-    if rule in ("duo", "razor"):
+def kv_work(ctx: ScoringContext, rule: str, n_calib: int = 1) -> float:
+    """Passes over the calibration rows a KV rule's scores cost: far-mass one (attention captured layer by layer),
+    razor about one (its probes, counted as calibration rows), duo its training (``duo.DEFAULTS``: steps x batch
+    rows, each a reference forward, a gated forward and a backward, about three passes, over the calibration rows'
+    count), random none, a criterion its own ``work``."""
+    if rule in ("far-mass", "razor"):
         return 1.0
+    if rule == "duo":
+        rows = max(1, n_calib)
+        return 3.0 * DUO_DEFAULTS["steps"] * DUO_DEFAULTS["batch_size"] / rows
     if rule == "random":
         return 0.0
     crit = get(rule)

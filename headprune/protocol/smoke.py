@@ -544,10 +544,14 @@ def _source_key(source: str) -> tuple[str, str | None]:
     return source, None
 
 
+def _lm_eval_name(task: str) -> str:
+    return f"smoke_{slug(task).replace('-', '_')}"
+
+
 def _lm_eval_task(task: str, folder: Path, seed: int) -> str:
     """A local multiple-choice lm-eval task ``smoke_<task>`` on stand-in questions (the real task's data needs the
     network); returns its name."""
-    name = f"smoke_{slug(task).replace('-', '_')}"
+    name = _lm_eval_name(task)
     rng = random.Random(seed)
     write_choice_task(folder, name, [(_phrase(rng), [_phrase(rng, 1, 3) for _ in range(4)], i % 4) for i in range(8)])
     return name
@@ -560,9 +564,13 @@ def _smoke_metric(metric: str, renamed: dict) -> str:
     return f"lm-eval:{renamed[task]}/{name}"
 
 
-def build_smoke(protocol: Protocol, folder: Path, online: bool = False) -> SmokeBuild:
-    """The stand-in protocol of ``protocol`` (module doc), its stand-ins written under ``folder``."""
-    folder.mkdir(parents=True, exist_ok=True)
+def build_smoke(protocol: Protocol, folder: Path, online: bool = False, recorded: dict | None = None) -> SmokeBuild:
+    """The stand-in protocol of ``protocol`` (module doc), its stand-ins written under ``folder``.
+
+    ``recorded``: the stand-ins' mark of a smoke run (``SmokeBuild.to_json``): the stand-in protocol is rebuilt
+    from the paths it records, and nothing is read or written (``smoke_protocol``: what a status reads)."""
+    if recorded is None:
+        folder.mkdir(parents=True, exist_ok=True)
     build = SmokeBuild(protocol)
     written: dict[str, tuple[Path, Features, list]] = {}
     # every split each data set is read with, so one stand-in holds them all
@@ -572,6 +580,10 @@ def build_smoke(protocol: Protocol, folder: Path, online: bool = False) -> Smoke
             key, split = _source_key(role.source)
             wanted.setdefault(key, (role, entry, set()))[2].add(split)
     for i, (key, (role, entry, splits)) in enumerate(wanted.items()):
+        if recorded is not None:
+            build.sources[key] = recorded["sources"][key]
+            written[key] = (Path(recorded["sources"][key]["stand_in"]), None, [])
+            continue
         features = source_features(role, entry, online)
         names = list(dict.fromkeys([s for s in features.splits] + [s for s in splits if s]))
         path = write_source(features, names, folder / "data" / slug(key.replace(":", "-")), protocol.seed + 100 * i)
@@ -583,11 +595,17 @@ def build_smoke(protocol: Protocol, folder: Path, online: bool = False) -> Smoke
     entries = []
     for k, entry in enumerate(protocol.models):
         eval_key, _ = _source_key(entry.data["eval"].source)
-        features = written[eval_key][1]
-        model = stand_in_model(entry, features, folder / "models" / slug(entry.name), online, protocol.seed + k)
-        build.models[entry.name] = model.to_json()
-        if model.labels.startswith("not stated"):
-            build.notes.append(f"{entry.name}: labels {model.labels}")
+        if recorded is not None:
+            build.models[entry.name] = recorded["models"][entry.name]
+            model_path = recorded["models"][entry.name]["path"]
+        else:
+            features = written[eval_key][1]
+            model = stand_in_model(entry, features, folder / "models" / slug(entry.name), online, protocol.seed + k)
+            build.models[entry.name] = model.to_json()
+            model_path = model.path
+        labels = build.models[entry.name].get("labels", "")
+        if labels.startswith("not stated"):
+            build.notes.append(f"{entry.name}: labels {labels}")
         roles = {}
         for name, role in entry.data.items():
             key, split = _source_key(role.source)
@@ -597,11 +615,12 @@ def build_smoke(protocol: Protocol, folder: Path, online: bool = False) -> Smoke
         for metric in entry.harness_metrics:
             task, _ = parse_metric(metric)
             if task not in renamed:
-                renamed[task] = _lm_eval_task(task, folder / "lm_eval", protocol.seed + len(renamed))
+                renamed[task] = _lm_eval_name(task) if recorded is not None else \
+                    _lm_eval_task(task, folder / "lm_eval", protocol.seed + len(renamed))
                 build.notes.append(f"lm-eval task {task} stood in for by the local task {renamed[task]}")
         metrics = tuple(_smoke_metric(m, renamed) for m in entry.metrics)
         headline = _smoke_metric(entry.headline, renamed) if entry.headline else None
-        entries.append(dataclasses.replace(entry, model=str(model.path), data=roles, metrics=metrics,
+        entries.append(dataclasses.replace(entry, model=str(model_path), data=roles, metrics=metrics,
                                            headline=headline))
     # repeats, random orders and sparsities exercise their code paths at two; more of them repeat the same work
     repeats = min(protocol.repeats, SMOKE_REPEATS)
@@ -656,6 +675,20 @@ BANNER = ("> **SMOKE RUN** — every model is a tiny random stand-in and every d
 
 STAND_INS = "smoke"                      # OUT/smoke: the stand-ins, marked by MARK
 MARK = "headprune-smoke-stand-ins.json"
+
+
+def smoke_protocol(protocol: Protocol, out: str | Path) -> Protocol | None:
+    """The stand-in protocol a smoke run of ``protocol`` ran into ``out`` (its cells, their fingerprints), rebuilt
+    from the stand-ins' mark without writing anything; None when ``out`` holds no smoke run's stand-ins. A status
+    read against ``protocol`` itself would find none of the smoke cells (issue 35: "0/13 done")."""
+    mark = Path(out).expanduser() / STAND_INS / MARK
+    if not mark.is_file():
+        return None
+    try:
+        recorded = json.loads(mark.read_text(encoding="utf-8"))
+        return build_smoke(protocol, mark.parent, recorded=recorded).protocol
+    except (ValueError, KeyError, TypeError, HeadpruneError):   # a mark of another version: read as a plain run
+        return None
 
 
 def run_smoke(protocol: Protocol, out: str | Path, *, online: bool = False, progress=None, say=None,

@@ -27,8 +27,8 @@ random_boxes = N independent random orders, report_at = ratios, mask_tolerance =
 the last step within τ x dense on the selection rows, with its size, instead of the last step). ``[[paper]]``
 tables carry a paper's values per cell (``PaperValues``), ``[table] baseline`` names the criterion of the "% vs"
 column. Or a ``[kv]`` table alone (no sparsities, trajectory or criteria): KV cache plans of decoders, ``rules``
-(razor, duo, random or criterion names) x ``full_shares`` (shares of key/value heads kept full) at ``sink`` and
-``window`` (``KVPart``), each cell the task's metrics under its plan. Roles are drawn with the protocol's
+(razor, duo, far-mass, random or criterion names) x ``full_shares`` (shares of key/value heads kept full) at
+``sink`` and ``window`` (``KVPart``), each cell the task's metrics under its plan. Roles are drawn with the protocol's
 ``seed`` (roles on one source are disjoint; each repeat re-draws the calibration rows outside the evaluation rows).
 A key this module does not know, or a bad value, is a :class:`ProtocolError` naming the key and its line in the
 file: TOML parsers give no line numbers for keys, so :class:`KeyLines` finds them by scanning the text for the
@@ -366,10 +366,11 @@ PROBE_ROWS = Interval(1, 10_000, integer=True, why="razor's repeated-token probe
 
 @dataclass(frozen=True, kw_only=True)
 class KVPart(Located):
-    """A ``[kv]`` table instead of sparsities: KV cache plans (``headprune.kvcache``). Each rule (razor, duo, random
-    or a criterion name: ``kvcache.scores``) scores the heads once per repeat; a cell per rule x full share x repeat
-    keeps that share of the key/value groups full (the highest group scores, ``plan_from_scores``) and streams the
-    rest (the first ``sink`` and last ``window`` keys, exactly), and reports the task's metrics under that plan.
+    """A ``[kv]`` table instead of sparsities: KV cache plans (``headprune.kvcache``). Each rule (razor, duo,
+    far-mass, random or a criterion name: ``kvcache.scores``) scores the heads once per repeat; a cell per rule x
+    full share x repeat keeps that share of the key/value groups full (the highest group scores,
+    ``plan_from_scores``) and streams the rest (the first ``sink`` and last ``window`` keys, exactly), and reports
+    the task's metrics under that plan.
     random draws one plan per repeat (seed + repeat): its repeats are the band."""
 
     rules: tuple = ()
@@ -382,7 +383,8 @@ class KVPart(Located):
     def __post_init__(self):
         rules = self.rules if isinstance(self.rules, (list, tuple)) else None
         if not rules or any(not isinstance(r, str) for r in rules) or len(set(rules)) < len(rules):
-            raise self.fail("rules", f"expected a list of distinct rule names (razor, duo, random or a criterion), "
+            raise self.fail("rules", f"expected a list of distinct rule names (razor, duo, far-mass, random or a "
+                                     f"criterion), "
                                      f"got {self.rules!r}.")
         for rule in rules:
             try:

@@ -96,24 +96,26 @@ def role_ablation(evaluator: LiveEvaluator, report: RoleReport, role: str, mode:
         raise RoleError(f"Metric '{metric}' is not measured here; measured: {', '.join(base.to_dict())}.")
     higher = HIGHER_IS_BETTER.get(metric, higher)
 
-    def value_when(chosen: np.ndarray) -> float:
-        """Metric with ``chosen`` pruned (prune) or with only ``chosen`` kept among the live heads (keep)."""
+    tell = progress or (lambda fraction, message: None)
+
+    def value_when(chosen: np.ndarray, step: int, what: str) -> float:
+        """Metric with ``chosen`` pruned (prune) or with only ``chosen`` kept among the live heads (keep); the
+        progress of its batches is told as part ``step`` of seeds + 1 (a bar that moves within each set)."""
         drop = chosen if mode == "prune" else live & ~chosen
         keep = base_mask.keep_bool() & ~torch.from_numpy(drop)
-        return float(live_eval.set_mask(HeadMask(keep.float())).to_dict()[metric])
+        batches = (lambda f, m: tell((step + f) / (seeds + 1), f"{what}: {m}")) if progress is not None else None
+        return float(live_eval.set_mask(HeadMask(keep.float()), batches).to_dict()[metric])
 
-    tell = progress or (lambda fraction, message: None)
     tell(0.0, f"{mode} {role}")
-    role_value = value_when(heads)
+    role_value = value_when(heads, 0, f"{mode} {role}")
     rng = np.random.default_rng(seed)
     randoms = []
     pool = others
     for s in range(seeds):
-        tell((s + 1) / (seeds + 1), f"random set {s + 1}/{seeds}")
         chosen = np.zeros_like(heads)
         pick = pool[rng.choice(len(pool), size=min(n, len(pool)), replace=False)]
         chosen[pick[:, 0], pick[:, 1]] = True
-        randoms.append(value_when(chosen))
+        randoms.append(value_when(chosen, s + 1, f"random set {s + 1}/{seeds}"))
     tell(1.0, "done")
     return {"role": role, "mode": mode, "metric": metric, "higher_is_better": higher, "n_heads": n,
             "base": float(base.to_dict()[metric]), "role_value": role_value, "random_values": randoms,

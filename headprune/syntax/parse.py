@@ -194,6 +194,17 @@ def stopword_share(parses: Sequence[Parse], nlp) -> tuple[float, int]:
     return (sum(w in stop for w in alpha) / len(alpha) if alpha else 1.0), len(alpha)
 
 
+def language_problem(texts: Sequence[str], parser=None) -> str | None:
+    """Why ``texts`` are not the parser's language (its own check, ``warn_if_foreign``'s stop-word share over the
+    texts' alphabetic words), or None when they are or are too few (under MIN_WORDS_FOR_LANGUAGE_CHECK words)."""
+    nlp = load_parser(parser)
+    share, n = stopword_share(parse_texts(list(texts), nlp, check_language=False), nlp)
+    if n >= MIN_WORDS_FOR_LANGUAGE_CHECK and share < MIN_STOPWORD_SHARE:
+        return (f"only {share:.0%} of {n} words are '{nlp.lang}' stop words (text in that language has about "
+                f"40%): the data does not look like the language of parser '{pipeline_key(nlp)}'")
+    return None
+
+
 def warn_if_foreign(parses: Sequence[Parse], nlp) -> None:
     share, n = stopword_share(parses, nlp)
     if n >= MIN_WORDS_FOR_LANGUAGE_CHECK and share < MIN_STOPWORD_SHARE:

@@ -1,0 +1,197 @@
+"""The browser's address bar is the view: ``headprune.viewstate.ViewState`` bound to ``st.query_params``.
+
+The one owner of the query string, both ways. ``follow`` reads it on a session's first run (a shared link, or F5:
+a reload is a fresh session) and loads the model and data it names; ``apply`` puts the rest (mask, head, criteria,
+ratio, sentence, role letters, KV plan, lesson step) on the loaded workspace and says in one warning what it
+dropped; ``publish`` writes the view back at once. ``publish`` is called by every page's frame on a full run, by
+each grid click's callback and at the end of every fragment that changes the view: ``st.query_params`` sends its
+change to the browser from whatever run sets it, a fragment's included, so the address bar never lags a click.
+
+A link names only the registered demos (or the model / data the server was started on): never a file or hub id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import streamlit as st
+
+from headprune.criteria import available
+from headprune.data import NAMED_DATA
+from headprune.kvcache.scores import RULES
+from headprune.model.loading import NAMED_MODELS
+from headprune.model.mask import HeadMask
+from headprune.viewstate import CONTROL, MAX_CRITERIA, MAX_SENTENCE, MAX_STEP, KVView, ViewState, ViewStateError
+from headprune.viewstate import LESSON as LESSON_NAME
+
+from .config import Setup, current_setup, use_setup
+
+READ = "hp_link_read"          # session key: the query string was read (a session reads it once)
+PENDING = "hp_link_params"     # session key: the link's keys, applied once a workspace is loaded
+PAGE = "hp_page_url"           # session key: the url path of the page drawn last (None: Home)
+SLOT = "hp_link_slot"          # session key: the sidebar's place for the link and its QR code (ui.share_box)
+SHOW = "hp_link_show"          # session key: how the sidebar draws a link (ui.show_link), set by the page frame
+ROLE_MARKS = "show-role-marks"  # the sidebar's role-letters toggle (its widget key)
+LESSON = "hp_lesson"           # (lesson name, step from 1) of the lesson followed: ui.remember_lesson keeps it
+# widget keys the view reads and sets (the pages own the widgets; these are their keys)
+CRITERIA, PRUNE_CRITERION = "scores-criteria", "prune-crit"
+RATIOS = {"prune": "prune-ratio"}   # the page whose ratio slider a link's ratio is; others: Head scores' slider
+SCORES_RATIO = "scores-ratio"
+SOURCE, TYPED, TYPE_ONE = "att-source", "att-typed", "type one"
+KV_WIDGETS = ("kv-rule", "kv-share", "kv-sink", "kv-window", "kv-length")
+
+
+def link_models() -> list[str]:
+    """Model names a link may load: the registered demos, and the model this server was started on."""
+    return sorted(set(NAMED_MODELS) | {Setup().model})
+
+
+def link_data() -> list[str]:
+    return sorted(set(NAMED_DATA) | {Setup().data})
+
+
+def _names(pages: list[str]) -> dict:
+    return dict(pages=pages, models=link_models(), data=link_data(), criteria=available(), kv_rules=RULES)
+
+
+def _params() -> dict[str, str]:
+    return {key: st.query_params[key] for key in st.query_params}
+
+
+def follow(pages: list[str]) -> str | None:
+    """On a session's first run: load the model and data the query string names and keep its other keys for
+    ``apply``. Returns the url path of the page it names (None: stay)."""
+    if st.session_state.get(READ):
+        return None
+    st.session_state[READ] = True
+    params = _params()
+    if not params:
+        return None
+    state, _ = ViewState.from_query(params, **_names(pages))    # what it dropped is said by ``apply``
+    setup = current_setup()
+    if state.model or state.data:
+        model = state.model or setup.model
+        # a linked demo without data: that demo's own data
+        data = state.data or (model if state.model and model in link_data() else setup.data)
+        use_setup(replace(setup, model=model, data=data, data_label=Path(data).name, text_col=None, pair_col=None,
+                          label_col=None))
+    st.session_state[PENDING] = params
+    return state.page
+
+
+def apply(ws, sd, pages: list[str]) -> None:
+    """Put a link read by ``follow`` on the loaded workspace (once), with one warning naming what was dropped."""
+    params = st.session_state.pop(PENDING, None)
+    if params is None:
+        return
+    kv_shape = (ws.adapter.n_layers, ws.adapter.n_kv_heads) if ws.adapter.causal else None
+    state, problems = ViewState.from_query(params, **_names(pages), shape=ws.shape, kv_shape=kv_shape)
+    if state.mask is not None:
+        cut = [(layer, head) for layer, head in state.mask if sd.is_cut((layer, head))]
+        pruned: dict[int, list[int]] = {}
+        for layer, head in state.mask:
+            pruned.setdefault(layer, []).append(head)
+        sd.set_mask(HeadMask.from_pruned(pruned, ws.shape) & sd.base, "opened from a link")
+        if cut:
+            problems.append(f"{len(cut)} linked heads were already cut out of this model's weights.")
+    if state.head is not None:
+        sd.head = state.head
+    if state.criteria:
+        st.session_state[CRITERIA] = list(state.criteria)
+        st.session_state[PRUNE_CRITERION] = state.criteria[0]
+    if state.ratio is not None:
+        percent = int(round(state.ratio * 20)) * 5      # the sliders move in steps of 5%
+        st.session_state[RATIOS["prune"]] = percent
+        st.session_state[SCORES_RATIO] = min(max(percent, 5), 95)
+    if state.sentence is not None:
+        st.session_state[SOURCE], st.session_state[TYPED] = TYPE_ONE, state.sentence
+    if state.roles is not None:
+        st.session_state[ROLE_MARKS] = state.roles
+    if state.kv is not None:
+        if kv_shape is None:
+            problems.append(f"kv dropped: {ws.setup.model} keeps no key/value cache (an encoder).")
+        else:
+            _apply_kv(ws, state.kv, kv_shape)
+    if problems:
+        st.warning("This link named what cannot be opened here; the rest of it is shown. " + " ".join(problems),
+                   icon="🔗")
+
+
+def _apply_kv(ws, kv: KVView, kv_shape: tuple[int, int]) -> None:
+    for key, value in zip(KV_WIDGETS, (kv.rule, kv.share, kv.sink, kv.window, kv.length)):
+        st.session_state[key] = value
+    if kv.full is not None:
+        full = np.zeros(kv_shape, dtype=bool)
+        for layer, group in kv.full:
+            full[layer, group] = True
+        # the KV page starts from its rule's top share only when these settings are new (its "kv-basis")
+        st.session_state["kv-basis"] = (ws.key, kv.rule, kv.share, kv.sink, kv.window)
+        st.session_state["kv-full"] = full
+
+
+def current(ws, sd) -> ViewState:
+    """The view on screen now, from the session (mask, head) and the widgets' state."""
+    get = st.session_state.get
+    page = get(PAGE)
+    gated = (sd.mask.values == 0) & (sd.base.values != 0)
+    model_ok = ws.setup.model in link_models() and ws.setup.data in link_data()
+    criteria = get(CRITERIA) or list(sd.scores) or None
+    ratio = get(RATIOS.get(page, SCORES_RATIO))
+    # a pasted tab or newline is a space in the link (a link never carries control characters)
+    sentence = CONTROL.sub(" ", get(TYPED) or "").strip()[:MAX_SENTENCE] if get(SOURCE) == TYPE_ONE else ""
+    kv = None
+    if page == "kv-cache" and all(key in st.session_state for key in KV_WIDGETS):
+        full = get("kv-full")
+        heads = tuple(map(tuple, np.argwhere(full).tolist())) if full is not None else None
+        kv = KVView(rule=get("kv-rule"), share=int(get("kv-share")), sink=int(get("kv-sink")),
+                    window=int(get("kv-window")), length=int(get("kv-length")), full=heads)
+    return ViewState(
+        page=page, model=ws.setup.model if model_ok else None, data=ws.setup.data if model_ok else None,
+        mask=tuple(map(tuple, gated.nonzero().tolist())) if bool(gated.any()) else None, head=sd.head,
+        criteria=tuple(criteria)[:MAX_CRITERIA] if criteria else None,
+        ratio=None if ratio is None else int(ratio) / 100,
+        sentence=sentence or None, roles=False if get(ROLE_MARKS) is False else None, kv=kv,
+        **_lesson(get(LESSON)))
+
+
+def _lesson(followed) -> dict:
+    """The lesson keys of the view: the lesson followed, if its name and step are ones a link can carry."""
+    if not isinstance(followed, tuple) or len(followed) != 2:
+        return {}
+    name, step = followed
+    if not (isinstance(name, str) and LESSON_NAME.fullmatch(name) and isinstance(step, int) and 0 <= step <= MAX_STEP):
+        return {}
+    return {"lesson": name, "step": step}
+
+
+def link_query() -> dict[str, str]:
+    """The query string's keys of the view on screen ({} before a workspace is loaded)."""
+    ws, sd = st.session_state.get("hp_workspace"), st.session_state.get("hp_session")
+    if ws is None or sd is None or sd.key != ws.key:
+        return {}
+    kv_full = st.session_state.get("kv-full")
+    try:
+        view = current(ws, sd)
+    except ViewStateError:     # a widget value no link accepts (none known): keep the address bar as it is
+        return {}
+    return view.to_query(ws.shape, None if kv_full is None else kv_full.shape)
+
+
+def publish(draw: bool = True) -> None:
+    """Write the view on screen to the address bar now (nothing when it is there already), and with ``draw`` (not
+    from a widget's callback, which runs before any element exists) redraw the sidebar's link."""
+    params = link_query()
+    if params and {k: st.query_params.get(k) for k in st.query_params} != params:
+        st.query_params.from_dict(params)
+    show = st.session_state.get(SHOW)
+    if draw and show is not None:
+        show(params)
+
+
+def remember(ws, page_url: str | None) -> None:
+    """The page being drawn and its workspace, for ``publish`` from callbacks and fragments."""
+    st.session_state[PAGE] = page_url
+    st.session_state["hp_workspace"] = ws
+

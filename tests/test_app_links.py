@@ -1,0 +1,43 @@
+"""The KV cache page's plan in the link (issue 35), on a tiny saved Llama: the page writes ``kv=`` to the address
+bar, and a fresh session given that query string shows the same plan (rule, share, sink, window, full heads)."""
+
+from __future__ import annotations
+
+import numpy as np
+from app_support import ROOT, open_app, problems
+from conftest import save_tiny_lm
+from streamlit.testing.v1 import AppTest
+
+from dashboard.config import Setup
+from headprune.viewstate import KVView
+
+
+def test_the_kv_plan_goes_to_the_link_and_comes_back(tmp_path):
+    folder, rows = save_tiny_lm(tmp_path / "lm")
+    setup = Setup(model=folder, data=rows, data_label="rows.csv", calib_size=8, eval_size=8, max_length=32)
+    at = open_app("kv", setup)
+    assert not problems(at), problems(at)
+    at.selectbox(key="kv-rule").set_value("random").run()
+    at.number_input(key="kv-window").set_value(4).run()
+    full = at.session_state["kv-full"].copy()
+    full[0, 0] = not full[0, 0]                      # the Switch button on one key/value head
+    at.selectbox(key="kv-head").set_value((0, 0)).run()
+    at.button(key="kv-toggle").click().run()
+    assert not problems(at), problems(at)
+    assert (at.session_state["kv-full"] == full).all()
+    text = at.query_params["kv"]
+    text = text[-1] if isinstance(text, list) else text
+    plan = KVView.parse(text, shape=full.shape)
+    assert (plan.rule, plan.sink, plan.window) == ("random", 4, 4) and plan.share == 25
+    assert set(plan.full) == set(map(tuple, np.argwhere(full).tolist()))
+
+    # a fresh session (a new browser, or F5) given the query string: the same plan on the page
+    again = AppTest.from_file(str(ROOT / "app.py"), default_timeout=600)
+    again.session_state["hp_setup"] = setup
+    for key, value in at.query_params.items():
+        again.query_params[key] = value[-1] if isinstance(value, list) else value
+    again.run()
+    assert not problems(again), problems(again)
+    assert again.title[0].value == "KV cache"
+    assert again.selectbox(key="kv-rule").value == "random" and again.number_input(key="kv-window").value == 4
+    assert (again.session_state["kv-full"] == full).all()

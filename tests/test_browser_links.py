@@ -1,0 +1,119 @@
+"""The address bar is the view (issue 35 items 1-2), in a real browser: one Streamlit server, one Chromium.
+
+A walk on the demo makes the changes a teacher makes (grid click, Prune / restore, ratio slider, typed sentence),
+reads the address bar after each, opens it in a NEW browser context and reloads it (F5): the same view must come
+back (page, heads left, the metric, the selected head, ratio, sentence). One load of the worst hand-edited link
+checks the one-line notice. The codec itself is tested without a browser in tests/test_viewstate.py.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import parse_qs, urlparse
+
+from test_browser import browser, metric_value, server, wait_idle  # noqa: F401 - module fixtures shared
+
+VIEW = {"width": 1500, "height": 1000}
+
+
+def query(page) -> dict[str, str]:
+    return {k: v[-1] for k, v in parse_qs(urlparse(page.url).query).items()}
+
+
+def prune_view(page) -> dict:
+    """What the Prune page shows: heads left, the accuracy, the Head dropdown's text, the ratio slider."""
+    page.get_by_text("heads left").first.wait_for()
+    page.wait_for_function("() => document.body.innerText.includes('vs dense')")   # the exact value is in
+    wait_idle(page)
+    head = page.locator('[data-testid="stSelectbox"] input[aria-label="Head"]').first
+    slider = page.locator('[data-testid="stSlider"] input[type="range"]').first
+    return {"left": metric_value(page, "heads left"), "accuracy": metric_value(page, "accuracy"),
+            "head": head.input_value(), "ratio": slider.input_value(),
+            "title": page.locator("h1").first.inner_text()}
+
+
+def opened_elsewhere(browser, url: str, read) -> tuple[dict, dict]:  # noqa: F811 - the fixture, passed in
+    """``read`` of ``url`` opened in a fresh browser context (no cookies, no session), then after a reload (F5)."""
+    context = browser.new_context(viewport=VIEW)
+    page = context.new_page()
+    page.set_default_timeout(300_000)
+    page.goto(url)
+    fresh = read(page)
+    page.reload()
+    reloaded = read(page)
+    context.close()
+    return fresh, reloaded
+
+
+def test_every_change_reaches_the_link_and_the_link_opens_it(server, browser):  # noqa: F811
+    page = browser.new_page(viewport=VIEW)
+    page.set_default_timeout(300_000)
+    page.goto(f"{server}/?model=demo&data=demo&page=prune")
+    prune_view(page)
+    # a grid click prunes and selects a head that is not the dropdown's first entry; the link follows at once
+    page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .scatterlayer .point').length > 20")
+    box = page.locator(".js-plotly-plot .scatterlayer .point").nth(20).bounding_box()
+    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.wait_for_function("() => document.body.innerText.includes('71 / 72')")
+    page.wait_for_function("() => location.search.includes('head=')")
+    clicked = query(page)["head"]
+    assert query(page)["mask"] == clicked and clicked != "0.0"
+    # Prune / restore acts on the outlined head: it restores it, and a second press prunes it again
+    wait_idle(page)
+    page.get_by_role("button", name="Prune / restore").click()
+    page.wait_for_function("() => document.body.innerText.includes('72 / 72')")
+    wait_idle(page)
+    assert "mask" not in query(page) and query(page)["head"] == clicked
+    page.get_by_role("button", name="Prune / restore").click()
+    page.wait_for_function("() => document.body.innerText.includes('71 / 72')")
+    wait_idle(page)
+    assert query(page)["mask"] == clicked
+    layer, head = clicked.split(".")
+    # the ratio slider: one step right (25% -> 30%)
+    page.locator('[data-testid="stSlider"] input[type="range"]').first.focus()
+    page.keyboard.press("ArrowRight")
+    page.wait_for_function("() => location.search.includes('ratio=0.3')")
+    here = prune_view(page)
+    assert here["head"].startswith(f"layer {layer} · head {head}") and here["ratio"] == "30", here
+    fresh, reloaded = opened_elsewhere(browser, page.url, prune_view)
+    assert fresh == here and reloaded == here, (here, fresh, reloaded)
+
+    # a typed sentence on the Attention page
+    page.get_by_role("link", name="Attention").first.click()
+    page.get_by_text("type one").first.click()
+    box = page.get_by_label("Your sentence")
+    box.fill("The cat sat on the mat.")
+    box.press("Enter")
+    page.wait_for_function("() => location.search.includes('sentence=')")
+    wait_idle(page)
+    assert query(page)["sentence"] == "The cat sat on the mat." and query(page)["page"] == "attention"
+
+    def attention_view(p) -> dict:
+        p.get_by_label("Your sentence").wait_for()
+        wait_idle(p)
+        return {"sentence": p.get_by_label("Your sentence").input_value(), "title": p.locator("h1").first.inner_text(),
+                "head": query(p).get("head")}
+
+    here = attention_view(page)
+    fresh, reloaded = opened_elsewhere(browser, page.url, attention_view)
+    assert fresh == here == reloaded and here["head"] == clicked, (here, fresh, reloaded)
+    page.close()
+
+
+def test_the_worst_hand_edited_link_opens_the_nearest_view_with_one_notice(server, browser):  # noqa: F811
+    page = browser.new_page(viewport=VIEW)
+    page.set_default_timeout(300_000)
+    junk = "x" * 10_000
+    page.goto(f"{server}/?model=/etc/passwd&data=demo&page=nowhere&mask=0.1,9.99&head=99.1&ratio=7&junk={junk}")
+    page.get_by_text("heads left").first.wait_for()
+    wait_idle(page)
+    notice = page.locator('[data-testid="stAlert"]', has_text="This link named").all_inner_texts()
+    assert len(notice) == 1, notice
+    for dropped in ("model='/etc/passwd'", "page='nowhere'", "mask='0.1,9.99'", "head='99.1'", "ratio='7'",
+                    "unknown key"):
+        assert dropped in notice[0], dropped
+    assert page.locator('[data-testid="stException"]').count() == 0
+    assert "Traceback" not in page.inner_text("body")
+    assert re.search(r"72 / 72", page.inner_text("body"))          # nothing pruned: the bad mask was dropped
+    assert "model" not in query(page) or query(page)["model"] == "demo"
+    page.close()
