@@ -1,4 +1,4 @@
-"""The circuit demo's four measurements (README "The circuit demo"; tests/test_circuit.py checks the first three).
+"""The circuit demo's four measurements (docs/tutorials/circuit.md; tests/test_circuit.py checks the first three).
 
     python benchmarks/circuit_report.py [--calib 64] [--eval 192] [--seeds 10]
 

@@ -74,6 +74,35 @@ def size_choice(value: int, current: int) -> int:
     return current if int(value) == int(current) else int(value)
 
 
+# The "?" beside each page's title links to its part of the manual, served offline by `headprune docs` (port 8000
+# by default); HEADPRUNE_DOCS_URL points the links elsewhere (another port, a shared server). tests/test_docs_site.py
+# checks that every target below exists in the built site.
+DOCS_URL = "http://localhost:8000/"
+HELP_PAGES = {   # page title -> its page (and section) of the manual
+    "headprune": "tutorials/dashboard/",
+    "Model & data": "tutorials/dashboard/#model-data",
+    "Head scores": "tutorials/dashboard/#head-scores",
+    "Roles": "tutorials/dashboard/#roles",
+    "Attention": "tutorials/dashboard/#attention",
+    "Prune": "tutorials/dashboard/#prune",
+    "Recover": "tutorials/dashboard/#recover",
+    "Trajectories": "tutorials/dashboard/#trajectories",
+    "Export": "tutorials/dashboard/#export",
+    "KV cache": "tutorials/dashboard/#kv-cache",
+    "Protocol runs": "tutorials/dashboard/#protocol-runs",
+    "Lessons": "tutorials/lessons/",
+    "Every head at a glance": "tutorials/dashboard/#every-head-at-a-glance",
+    "What the pruned model says": "tutorials/dashboard/#what-the-pruned-model-says",
+    "Glossary": "tutorials/dashboard/#glossary",
+}
+
+
+def help_url(title: str) -> str:
+    """The manual's address for the page titled ``title`` (the manual's home for a page it does not list)."""
+    base = os.environ.get("HEADPRUNE_DOCS_URL") or DOCS_URL
+    return base.rstrip("/") + "/" + HELP_PAGES.get(title, "")
+
+
 def current_setup() -> Setup:
     """This browser session's Setup (the start-up defaults on first use)."""
     setup = st.session_state.get("hp_setup")

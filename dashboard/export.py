@@ -68,7 +68,7 @@ def export_formats(ws: DashboardWorkspace) -> dict[str, dict]:
 
 
 def runtime_rows() -> list[dict]:
-    """Which runtime loads which export (the README's table)."""
+    """Which runtime loads which export (docs/how-to/exports.md's table)."""
     return [{"format": name, "what it is": info["what"], "saves compute": "yes" if info["saves_compute"] else "no",
              "loads in": info["loads_in"]} for name, info in FORMATS.items()] + [
         {"format": "(non-uniform mask)", "what it is": "different head counts per layer",

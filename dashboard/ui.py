@@ -26,7 +26,7 @@ from headprune.viewstate import MAX_SENTENCE
 
 from . import urlstate
 from .compute import available_lessons, measure_speed, measured_speed, stored_roles
-from .config import current_setup, demo_setup, use_setup
+from .config import current_setup, demo_setup, help_url, use_setup
 from .session import SessionData, session
 from .store import DashboardWorkspace as Workspace
 from .store import build_workspace, workspace_of
@@ -166,6 +166,12 @@ def page_path(file: str) -> str:
     return str(PAGES_DIR / file)
 
 
+def manual_help(title: str) -> str:
+    """The "?" beside a page's title: a link to that page's part of the manual (``headprune docs``)."""
+    return (f"[This page in the manual]({help_url(title)}) — `python -m headprune docs` serves the manual offline "
+            "(HEADPRUNE_DOCS_URL points the link elsewhere).")
+
+
 def page(title: str, caption: str | None = None, live_counts: bool = False) -> tuple[Workspace, SessionData]:
     """Title the page, make sure a workspace is loaded (the demo by default), draw the sidebar.
 
@@ -173,7 +179,7 @@ def page(title: str, caption: str | None = None, live_counts: bool = False) -> t
     (``sidebar_counts``) so they follow a click that reruns only the fragment. Stops the script with an
     explanation when nothing can be loaded.
     """
-    st.title(title)
+    st.title(title, help=manual_help(title))
     if caption:
         st.caption(caption)
     ws = ensure_workspace()

@@ -1,7 +1,7 @@
 """headprune: score, look at and prune the attention heads of transformers.
 
 The package is layered; each layer imports only the ones below it (``pyproject.toml``'s import-linter contract
-keeps it so, and ``docs/architecture.md`` draws it):
+keeps it so, and ``docs/explanation/architecture.md`` draws it):
 
     cli                      the ``headprune`` command
     workspace | viz          one loaded model + data for the CLI and the dashboard | Plotly figures (draw only)

@@ -40,11 +40,13 @@ def test_home_opens_on_the_demo():
     assert any("demo" in s.value for s in at.success)
     sidebar = " ".join(m.value for m in at.sidebar.markdown)
     assert "6 × 12" in sidebar and "64 / 32" in sidebar
+    assert "](http://localhost:8000/tutorials/dashboard/)" in at.title[0].proto.help   # the "?": the manual's page
 
 
 def test_model_and_data_preview_and_reload():
     at = open_app("model")
     assert not problems(at)
+    assert "](http://localhost:8000/tutorials/dashboard/#model-data)" in at.title[0].proto.help
     preview = at.dataframe[0].value
     assert {"text", "label"} <= set(preview.columns) and set(preview["label"]) <= {"fresh", "rotten"}
     at.number_input(key="md-eval").set_value(40).run()

@@ -14,7 +14,7 @@ from headprune.evaluation.metrics import evaluate
 from headprune.model.mask import HeadMask
 from headprune.workspace import Workspace
 
-INDUCTION = {"1": [0, 1, 4, 5, 6, 7]}   # README "The circuit demo": the six induction heads of layer 1
+INDUCTION = {"1": [0, 1, 4, 5, 6, 7]}   # docs/tutorials/circuit.md: the six induction heads of layer 1
 N = 64
 
 

@@ -6,6 +6,7 @@ import os
 
 import streamlit as st
 
+from dashboard.ui import manual_help
 from headprune.errors import HeadpruneError
 from headprune.estimate import human_duration
 from headprune.protocol.schedule import folder_protocol, landed_table, status
@@ -13,7 +14,7 @@ from headprune.protocol.smoke import smoke_protocol
 
 REFRESH = 5   # seconds between re-reads of the folder while the page is open
 
-st.title("Protocol runs")
+st.title("Protocol runs", help=manual_help("Protocol runs"))
 st.caption("Open the results folder of `headprune run PROTOCOL.toml --out DIR` (any executor: local, pool, slurm "
            "or --shard): the table fills in as cells land.")
 folder = st.text_input("Results folder", value=os.environ.get("HEADPRUNE_RUN", ""), key="runs-folder",

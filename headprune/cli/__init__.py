@@ -15,6 +15,7 @@ import importlib
 import json
 import pkgutil
 import sys
+import textwrap
 
 from ..errors import HeadpruneError, Interrupted
 from .common import check_path_options, end_bars
@@ -35,15 +36,89 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message}\n{self.format_usage()}")
 
 
+# `headprune --help` lists the commands by what they do, each with one example (issue 38): a newcomer reads the
+# group, not twenty names in one line. A command missing here is listed under OTHER (tests/test_docs_reference.py
+# fails on that, so a new command gets its place and example).
+GROUPS = (
+    ("look: the demos, the dashboard, what heads do", (
+        ("demo", "python -m headprune demo --lm"),
+        ("dashboard", "python -m headprune dashboard --port 8501"),
+        ("roles", "python -m headprune roles --model demo --data demo --out roles.json"),
+        ("syntax", "python -m headprune syntax --model demo --data demo --out profile.json"),
+        ("docs", "python -m headprune docs --port 8000"),
+    )),
+    ("score: how much each head matters", (
+        ("criteria", "python -m headprune criteria"),
+        ("score", "python -m headprune score --model demo --data demo --criterion his --out scores.json"),
+        ("select-alpha", "python -m headprune select-alpha --model demo --data demo --out alpha.json"),
+    )),
+    ("prune: masks, step-by-step pruning, smaller models", (
+        ("mask", "python -m headprune mask --scores scores.json --ratio 0.5 --out mask.json"),
+        ("trajectory", "python -m headprune trajectory --model demo --data demo --criterion his --out run.json"),
+        ("prune", "python -m headprune prune --model demo --mask mask.json --out pruned/"),
+    )),
+    ("evaluate: metrics of a model, dense, masked or cut", (
+        ("evaluate", "python -m headprune evaluate --model demo --data demo --mask mask.json"),
+    )),
+    ("protocols: a results table from one TOML file", (
+        ("run", "python -m headprune run protocols/demo.toml --out runs/demo"),
+    )),
+    ("recover: train a pruned model back", (
+        ("recover", "python -m headprune recover --model demo --mask mask.json --epochs 1 --out recovered/"),
+    )),
+    ("KV cache: which heads keep the whole cache", (
+        ("kvplan", "python -m headprune kvplan --model demo-lm --data demo-lm --rule duo --out plan.json"),
+        ("generate", "python -m headprune generate --model demo-lm --prompt 'the film is' --kv-plan plan.json"),
+    )),
+)
+OTHER = "other commands"
+
+
+def command_groups(commands: dict[str, str]) -> list[tuple[str, list[tuple[str, str, str]]]]:
+    """``commands`` (name -> one-line help) grouped as GROUPS says: [(group, [(name, help, example), ...])]; a
+    command GROUPS does not name comes last, under OTHER, without an example."""
+    grouped, placed = [], set()
+    for title, members in GROUPS:
+        rows = [(name, commands[name], example) for name, example in members if name in commands]
+        placed.update(name for name, _ in members)
+        if rows:
+            grouped.append((title, rows))
+    rest = [(name, text, "") for name, text in commands.items() if name not in placed]
+    return grouped + ([(OTHER, rest)] if rest else [])
+
+
+def grouped_help(commands: dict[str, str], width: int = 100) -> str:
+    """The command list of ``headprune --help``: each group's commands with their help and one example."""
+    lines = []
+    for title, rows in command_groups(commands):
+        lines += ["", f"{title}:"]
+        for name, text, example in rows:
+            lines += textwrap.wrap(text, width, initial_indent=f"  {name:<13} ", subsequent_indent=" " * 16)
+            if example:
+                lines.append(f"{'':16}e.g. {example}")
+    return "\n".join(lines[1:])
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="python -m headprune",
-                                     description="Score, look at and prune the attention heads of transformers.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = Parser(prog="python -m headprune", usage="%(prog)s [-h] COMMAND ...",
+                    formatter_class=argparse.RawDescriptionHelpFormatter,
+                    description="Score, look at and prune the attention heads of transformers.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", prog=parser.prog)
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
         if info.name in HELPERS:
             continue
         importlib.import_module(f"{__name__}.{info.name}").add_commands(sub)
+    # argparse would list every command in one flat block; the grouped list replaces it (same names, same help)
+    sub.help = argparse.SUPPRESS
+    parser.epilog = (f"commands, by what they do:\n\n{grouped_help(command_help(sub))}\n\n"
+                     "`python -m headprune COMMAND --help` tells a command's options; the manual (offline): "
+                     "`python -m headprune docs`.")
     return parser
+
+
+def command_help(sub) -> dict[str, str]:
+    """name -> one-line help of every command of the subparsers action ``sub``, in the order they were added."""
+    return {action.dest: action.help or "" for action in sub._choices_actions}
 
 
 def main(argv: list[str] | None = None) -> int:

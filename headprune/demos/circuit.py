@@ -6,7 +6,7 @@ find the earlier r_k and read the word after it. Olsson et al. (2022) show that 
 previous-token head in an early layer (each position writes down the word before it) and induction heads in a later
 one (which match that on the current word and copy the next one). Measured on this build: previous-token heads in
 layer 0, induction heads in layer 1, and layer 2 left to the review sentences. A student can check which heads a
-criterion keeps against that ground truth (README "The circuit demo"; tests/test_circuit.py measures it).
+criterion keeps against that ground truth (docs/tutorials/circuit.md; tests/test_circuit.py measures it).
 
     vocabulary  word level: the VOCAB_WORDS most frequent lower-cased words and punctuation of the training reviews
                 (``corpus.demo_split``), plus <pad> (0), <bos> (1), <eos> (2), <unk> (3); a row reads <bos> words
