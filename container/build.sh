@@ -18,9 +18,10 @@ echo "container: demos built in ${HEADPRUNE_CACHE:-the user cache dir}" >&2
 if [ "${1:-}" = "--check" ]; then
   PORT=$("$PY" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
   LOG=$(mktemp)
-  "$PY" -m headprune dashboard --port "$PORT" --headless >"$LOG" 2>&1 &
+  # its own process group (setsid): `headprune dashboard` runs streamlit as a child, and both must stop at the end
+  setsid "$PY" -m headprune dashboard --port "$PORT" --headless >"$LOG" 2>&1 &
   SERVER=$!
-  trap 'kill $SERVER 2>/dev/null || true; rm -f "$LOG"' EXIT
+  trap 'kill -- -$SERVER 2>/dev/null || true; rm -f "$LOG"' EXIT
   for _ in $(seq 1 120); do
     if "$PY" - "$PORT" <<'PYEOF' 2>/dev/null; then
 import sys, urllib.request
