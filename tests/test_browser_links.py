@@ -20,16 +20,23 @@ def query(page) -> dict[str, str]:
     return {k: v[-1] for k, v in parse_qs(urlparse(page.url).query).items()}
 
 
-def prune_view(page) -> dict:
-    """What the Prune page shows: heads left, the accuracy, the Head dropdown's text, the ratio slider."""
+def prune_view(page, metric: str = "accuracy") -> dict:
+    """What the Prune page shows: heads left, the headline ``metric``, the Head dropdown's text, the ratio slider."""
     page.get_by_text("heads left").first.wait_for()
     page.wait_for_function("() => document.body.innerText.includes('vs dense')")   # the exact value is in
     wait_idle(page)
     head = page.locator('[data-testid="stSelectbox"] input[aria-label="Head"]').first
     slider = page.locator('[data-testid="stSlider"] input[type="range"]').first
-    return {"left": metric_value(page, "heads left"), "accuracy": metric_value(page, "accuracy"),
+    return {"left": metric_value(page, "heads left"), metric: metric_value(page, metric),
             "head": head.input_value(), "ratio": slider.input_value(),
             "title": page.locator("h1").first.inner_text()}
+
+
+def click_grid(page, n: int) -> None:
+    """Click the ``n``-th point of the Prune page's head grid (a plotly scatter, one point per head)."""
+    page.wait_for_function(f"() => document.querySelectorAll('.js-plotly-plot .scatterlayer .point').length > {n}")
+    box = page.locator(".js-plotly-plot .scatterlayer .point").nth(n).bounding_box()
+    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
 
 
 def opened_elsewhere(browser, url: str, read) -> tuple[dict, dict]:  # noqa: F811 - the fixture, passed in
@@ -51,9 +58,7 @@ def test_every_change_reaches_the_link_and_the_link_opens_it(server, browser):  
     page.goto(f"{server}/?model=demo&data=demo&page=prune")
     prune_view(page)
     # a grid click prunes and selects a head that is not the dropdown's first entry; the link follows at once
-    page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .scatterlayer .point').length > 20")
-    box = page.locator(".js-plotly-plot .scatterlayer .point").nth(20).bounding_box()
-    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    click_grid(page, 20)
     page.wait_for_function("() => document.body.innerText.includes('71 / 72')")
     page.wait_for_function("() => location.search.includes('head=')")
     clicked = query(page)["head"]
@@ -116,4 +121,59 @@ def test_the_worst_hand_edited_link_opens_the_nearest_view_with_one_notice(serve
     assert "Traceback" not in page.inner_text("body")
     assert re.search(r"72 / 72", page.inner_text("body"))          # nothing pruned: the bad mask was dropped
     assert "model" not in query(page) or query(page)["model"] == "demo"
+    page.close()
+
+
+def test_a_grid_click_on_the_circuit_demo_reaches_the_link_and_the_link_opens_it(server, browser):  # noqa: F811
+    """demo-circuit (a language model: the headline is perplexity): the link of a grid click opens the same heads
+    left, the same exact perplexity and the same selected head, in a fresh context and after F5."""
+    page = browser.new_page(viewport=VIEW)
+    page.set_default_timeout(300_000)
+    page.goto(f"{server}/?model=demo-circuit&data=demo-circuit&page=prune")
+    dense = prune_view(page, "perplexity")
+    assert dense["left"] == "24 / 24", dense
+    click_grid(page, 10)
+    page.wait_for_function("() => document.body.innerText.includes('23 / 24')")
+    page.wait_for_function("() => location.search.includes('head=')")
+    clicked = query(page)["head"]
+    assert query(page)["mask"] == clicked and clicked != "0.0"
+    layer, head = clicked.split(".")
+    here = prune_view(page, "perplexity")
+    assert here["left"] == "23 / 24" and here["perplexity"] != dense["perplexity"], (dense, here)
+    assert here["head"].startswith(f"layer {layer} · head {head}"), here
+    fresh, reloaded = opened_elsewhere(browser, page.url, lambda p: prune_view(p, "perplexity"))
+    assert fresh == here and reloaded == here, (here, fresh, reloaded)
+    page.close()
+
+
+def test_prune_restore_acts_on_the_clicked_cell_of_the_lm_demo(server, browser):  # noqa: F811
+    """demo-lm: click a grid cell that is not the Head dropdown's current head; Prune / restore then toggles that
+    cell (the outlined head), not the dropdown's former choice."""
+    page = browser.new_page(viewport=VIEW)
+    page.set_default_timeout(300_000)
+    page.goto(f"{server}/?model=demo-lm&data=demo-lm&page=prune")
+    before = prune_view(page, "perplexity")
+    assert before["left"] == "48 / 48", before
+    click_grid(page, 27)
+    page.wait_for_function("() => document.body.innerText.includes('47 / 48')")
+    page.wait_for_function("() => location.search.includes('head=')")
+    clicked = query(page)["head"]
+    assert query(page)["mask"] == clicked
+    layer, head = clicked.split(".")
+    name = f"layer {layer} · head {head}"
+    assert not before["head"].startswith(name), (before, clicked)   # the click moved the selection
+    wait_idle(page)
+    page.get_by_role("button", name="Prune / restore").click()     # restores the clicked head
+    page.wait_for_function("() => document.body.innerText.includes('48 / 48')")
+    wait_idle(page)
+    assert "mask" not in query(page) and query(page)["head"] == clicked
+    restored = prune_view(page, "perplexity")
+    assert restored["head"].startswith(name) and "pruned" not in restored["head"], restored
+    assert restored["perplexity"] == before["perplexity"], (before, restored)   # back to the dense model
+    page.get_by_role("button", name="Prune / restore").click()     # and prunes it again
+    page.wait_for_function("() => document.body.innerText.includes('47 / 48')")
+    wait_idle(page)
+    assert query(page)["mask"] == clicked and query(page)["head"] == clicked
+    pruned = prune_view(page, "perplexity")
+    assert pruned["head"] == f"{name} — pruned", pruned
     page.close()
