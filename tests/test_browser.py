@@ -188,7 +188,9 @@ def test_a_link_with_a_mask_opens_prune_with_it(server, browser):
     page.set_default_timeout(300_000)
     page.goto(f"{server}/?model=demo&data=demo&page=prune&mask=0.0,0.1")
     page.wait_for_function("() => document.body.innerText.includes('70 / 72')")
-    # the address bar keeps the mask, in its compact form (heads 0-1 of layer 0)
+    # the address bar keeps the mask, in its compact form (heads 0-1 of layer 0); the page writes it on its run,
+    # which may land just after the count is drawn
+    page.wait_for_function("() => location.search.includes('mask=')", timeout=60_000)
     assert "mask=0.0-1" in page.url
     page.close()
 
