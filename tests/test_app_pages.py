@@ -66,8 +66,9 @@ def test_head_scores_heatmaps_correlation_and_overlap():
     assert len(grids) == 3                                  # two criteria + the kept-by overlap grid
     assert all(g.shape == (6, 12) for g in grids)
     assert not np.allclose(grids[0].astype(float), grids[1].astype(float))  # two criteria, two rankings
-    corr = next(f for f in figures(at) if f["data"][0].get("texttemplate"))  # the ρ matrix prints its values
-    assert corr["data"][0]["x"] == ["ae", "gnorm"]
+    # the ρ matrix prints its values (a text layer over the heatmap, each in the colour that reads on its cell)
+    corr = next(f for f in figures(at) if len(f["data"]) > 1 and f["data"][1].get("mode") == "text")
+    assert corr["data"][0]["x"] == ["ae", "gnorm"] and len(corr["data"][1]["text"]) == 4
     overlap_before = grids[2].astype(float)
     at.slider(key="scores-ratio").set_value(80).run()
     assert not np.array_equal(head_grids(at)[2].astype(float), overlap_before)
