@@ -377,7 +377,6 @@ def running_metric(metric: str, estimate, previous: float) -> dict:
 
 # -- lessons: the current step's text above every page ------------------------------------------------------------
 
-LESSON_KEY = "hp_lesson"     # session: (lesson name, step from 1) of the lesson being followed
 LESSON_SENTENCE = "hp_lesson_sentence"   # session: a lesson step's sentence, until a view takes it
 
 
@@ -385,7 +384,7 @@ def remember_lesson() -> None:
     """Keep the ``lesson``/``step`` of the address bar in the session (a step's link opens a fresh page load)."""
     name, step = st.query_params.get("lesson"), st.query_params.get("step")
     if name and step and step.isdigit():
-        st.session_state[LESSON_KEY] = (name, int(step))
+        st.session_state[urlstate.LESSON] = (name, int(step))
         if st.query_params.get("sentence"):     # the step's text, for the views that take one (example_picker)
             st.session_state[LESSON_SENTENCE] = st.query_params["sentence"][:MAX_SENTENCE]
 
@@ -398,7 +397,7 @@ def step_href(lesson, step: int) -> str:
 def lesson_panel(ws: Workspace) -> None:
     """The lesson step being followed, above the page: its text, what to look at, its question and the reveal,
     and links to the step before and after (each a full page load of that step's state)."""
-    current = st.session_state.get(LESSON_KEY)
+    current = st.session_state.get(urlstate.LESSON)
     if current is None:
         return
     lessons, _ = available_lessons(list(PAGE_URLS.values()))
@@ -407,7 +406,7 @@ def lesson_panel(ws: Workspace) -> None:
     if lesson is None or not 1 <= k <= len(lesson.steps):
         st.warning(f"This link names lesson {name!r} step {k}, which this server does not have (see the Lessons "
                    "page).", icon="🎓")
-        st.session_state.pop(LESSON_KEY, None)
+        st.session_state.pop(urlstate.LESSON, None)
         return
     step = lesson.steps[k - 1]
     with st.container(border=True, key="lesson-panel"):
