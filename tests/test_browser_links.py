@@ -39,6 +39,23 @@ def click_grid(page, n: int) -> None:
     page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
 
 
+def open_and_click(browser, url: str, n: int, heads: int) -> tuple:  # noqa: F811 - the fixture, passed in
+    """Open ``url`` on the Prune page of a language model with ``heads`` heads, all kept; click the ``n``-th grid
+    point. Returns (page, the view before the click, the clicked head as the link writes it ``layer.head``): the
+    click prunes that head and selects it, and the link's mask is exactly that head."""
+    page = browser.new_page(viewport=VIEW)
+    page.set_default_timeout(300_000)
+    page.goto(url)
+    before = prune_view(page, "perplexity")
+    assert before["left"] == f"{heads} / {heads}", before
+    click_grid(page, n)
+    page.wait_for_function(f"() => document.body.innerText.includes('{heads - 1} / {heads}')")
+    page.wait_for_function("() => location.search.includes('head=')")
+    clicked = query(page)["head"]
+    assert query(page)["mask"] == clicked
+    return page, before, clicked
+
+
 def opened_elsewhere(browser, url: str, read) -> tuple[dict, dict]:  # noqa: F811 - the fixture, passed in
     """``read`` of ``url`` opened in a fresh browser context (no cookies, no session), then after a reload (F5)."""
     context = browser.new_context(viewport=VIEW)
@@ -127,16 +144,8 @@ def test_the_worst_hand_edited_link_opens_the_nearest_view_with_one_notice(serve
 def test_a_grid_click_on_the_circuit_demo_reaches_the_link_and_the_link_opens_it(server, browser):  # noqa: F811
     """demo-circuit (a language model: the headline is perplexity): the link of a grid click opens the same heads
     left, the same exact perplexity and the same selected head, in a fresh context and after F5."""
-    page = browser.new_page(viewport=VIEW)
-    page.set_default_timeout(300_000)
-    page.goto(f"{server}/?model=demo-circuit&data=demo-circuit&page=prune")
-    dense = prune_view(page, "perplexity")
-    assert dense["left"] == "24 / 24", dense
-    click_grid(page, 10)
-    page.wait_for_function("() => document.body.innerText.includes('23 / 24')")
-    page.wait_for_function("() => location.search.includes('head=')")
-    clicked = query(page)["head"]
-    assert query(page)["mask"] == clicked and clicked != "0.0"
+    page, dense, clicked = open_and_click(browser, f"{server}/?model=demo-circuit&data=demo-circuit&page=prune", 10, 24)
+    assert clicked != "0.0"
     layer, head = clicked.split(".")
     here = prune_view(page, "perplexity")
     assert here["left"] == "23 / 24" and here["perplexity"] != dense["perplexity"], (dense, here)
@@ -149,16 +158,7 @@ def test_a_grid_click_on_the_circuit_demo_reaches_the_link_and_the_link_opens_it
 def test_prune_restore_acts_on_the_clicked_cell_of_the_lm_demo(server, browser):  # noqa: F811
     """demo-lm: click a grid cell that is not the Head dropdown's current head; Prune / restore then toggles that
     cell (the outlined head), not the dropdown's former choice."""
-    page = browser.new_page(viewport=VIEW)
-    page.set_default_timeout(300_000)
-    page.goto(f"{server}/?model=demo-lm&data=demo-lm&page=prune")
-    before = prune_view(page, "perplexity")
-    assert before["left"] == "48 / 48", before
-    click_grid(page, 27)
-    page.wait_for_function("() => document.body.innerText.includes('47 / 48')")
-    page.wait_for_function("() => location.search.includes('head=')")
-    clicked = query(page)["head"]
-    assert query(page)["mask"] == clicked
+    page, before, clicked = open_and_click(browser, f"{server}/?model=demo-lm&data=demo-lm&page=prune", 27, 48)
     layer, head = clicked.split(".")
     name = f"layer {layer} · head {head}"
     assert not before["head"].startswith(name), (before, clicked)   # the click moved the selection
