@@ -22,7 +22,6 @@ from headprune.errors import HeadpruneError
 from headprune.evaluation.speed import speed_headline, speed_table
 from headprune.glossary import help_for, role_legend
 from headprune.model.sizes import cut_summary
-from headprune.viewstate import MAX_SENTENCE
 
 from . import urlstate
 from .compute import available_lessons, measure_speed, measured_speed, stored_roles
@@ -186,7 +185,6 @@ def page(title: str, caption: str | None = None, live_counts: bool = False) -> t
     if ws is None:
         st.stop()
     sd = session(ws)
-    remember_lesson()          # before the address bar is rewritten: it may carry ?lesson=NAME&step=K
     urlstate.remember(ws, PAGE_URLS.get(title))
     urlstate.apply(ws, sd, list(PAGE_URLS.values()))
     sidebar(ws, sd, counts=not live_counts)
@@ -205,8 +203,6 @@ PAGE_URLS = {title: url for _, title, _, url in PAGES}
 def follow_link() -> str | None:
     """The page file a shared link (or a reload) opens on a session's first run, after loading the model and data
     it names; None to stay on the page asked for."""
-    if not st.session_state.get(urlstate.READ):
-        remember_lesson()            # before switch_page, which empties the query string
     url = urlstate.follow(list(PAGE_URLS.values()))
     return next((file for file, _, _, path in PAGES if path == url), None)
 
@@ -377,18 +373,6 @@ def running_metric(metric: str, estimate, previous: float) -> dict:
 
 # -- lessons: the current step's text above every page ------------------------------------------------------------
 
-LESSON_SENTENCE = "hp_lesson_sentence"   # session: a lesson step's sentence, until a view takes it
-
-
-def remember_lesson() -> None:
-    """Keep the ``lesson``/``step`` of the address bar in the session (a step's link opens a fresh page load)."""
-    name, step = st.query_params.get("lesson"), st.query_params.get("step")
-    if name and step and step.isdigit():
-        st.session_state[urlstate.LESSON] = (name, int(step))
-        if st.query_params.get("sentence"):     # the step's text, for the views that take one (example_picker)
-            st.session_state[LESSON_SENTENCE] = st.query_params["sentence"][:MAX_SENTENCE]
-
-
 def step_href(lesson, step: int) -> str:
     """The relative link that opens step ``step`` of ``lesson`` (its whole state is in the query string)."""
     return "?" + urlencode(lesson.query(step))
@@ -432,10 +416,8 @@ def lesson_panel(ws: Workspace) -> None:
 def example_picker(ws: Workspace, key: str, default_typed: str = "The film is slow, but the acting is wonderful.",
                    ) -> tuple[object, int | None]:
     """A text to look at: an evaluation row (with its ``targets_from``: demo-circuit scores the repeated half) or the
-    user's own. Returns (text or (text, pair), targets_from); stops the page on an empty typed text."""
-    preset = st.session_state.pop(LESSON_SENTENCE, None)
-    if preset:
-        st.session_state[f"{key}-source"], st.session_state[f"{key}-typed"] = "type one", preset
+    user's own. Returns (text or (text, pair), targets_from); stops the page on an empty typed text. With the
+    Attention page's ``key`` ("att") a link's sentence (``urlstate.apply``) opens here too."""
     source = st.radio("Text", ["from the evaluation set", "type one"], horizontal=True, key=f"{key}-source")
     if source == "type one":
         typed = {} if f"{key}-typed" in st.session_state else {"value": default_typed}   # no double default

@@ -1,8 +1,9 @@
 """The browser's address bar is the view: ``headprune.viewstate.ViewState`` bound to ``st.query_params``.
 
-The one owner of the query string, both ways. ``follow`` reads it on a session's first run (a shared link, or F5:
-a reload is a fresh session) and loads the model and data it names; ``apply`` puts the rest (mask, head, criteria,
-ratio, sentence, role letters, KV plan, lesson step) on the loaded workspace and says in one warning what it
+The one owner of the query string, both ways (nothing else in the dashboard reads ``st.query_params``). ``follow``
+reads it on a session's first run (a shared link, a lesson step's link, or F5: a reload is a fresh session), loads
+the model and data it names and records the lesson step followed; ``apply`` puts the rest (mask, head, criteria,
+ratio, sentence, role letters, KV plan) on the loaded workspace and says in one warning what it
 dropped; ``publish`` writes the view back at once. ``publish`` is called by every page's frame on a full run, by
 each grid click's callback and at the end of every fragment that changes the view: ``st.query_params`` sends its
 change to the browser from whatever run sets it, a fragment's included, so the address bar never lags a click.
@@ -34,7 +35,7 @@ PAGE = "hp_page_url"           # session key: the url path of the page drawn las
 SLOT = "hp_link_slot"          # session key: the sidebar's place for the link and its QR code (ui.share_box)
 SHOW = "hp_link_show"          # session key: how the sidebar draws a link (ui.show_link), set by the page frame
 ROLE_MARKS = "show-role-marks"  # the sidebar's role-letters toggle (its widget key)
-LESSON = "hp_lesson"           # (lesson name, step from 1) of the lesson followed: ui.remember_lesson keeps it
+LESSON = "hp_lesson"           # (lesson name, step from 1) of the lesson followed: ``follow`` reads it from a link
 # widget keys the view reads and sets (the pages own the widgets; these are their keys)
 CRITERIA, PRUNE_CRITERION = "scores-criteria", "prune-crit"
 RATIOS = {"prune": "prune-ratio"}   # the page whose ratio slider a link's ratio is; others: Head scores' slider
@@ -70,6 +71,9 @@ def follow(pages: list[str]) -> str | None:
     if not params:
         return None
     state, _ = ViewState.from_query(params, **_names(pages))    # what it dropped is said by ``apply``
+    if state.lesson is not None and state.step is not None:
+        # the lesson step followed (ui.lesson_panel draws it); its sentence is ``apply``'s, like any link's
+        st.session_state[LESSON] = (state.lesson, state.step)
     setup = current_setup()
     if state.model or state.data:
         model = state.model or setup.model

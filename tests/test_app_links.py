@@ -41,3 +41,34 @@ def test_the_kv_plan_goes_to_the_link_and_comes_back(tmp_path):
     assert again.title[0].value == "KV cache"
     assert again.selectbox(key="kv-rule").value == "random" and again.number_input(key="kv-window").value == 4
     assert (again.session_state["kv-full"] == full).all()
+
+
+def test_a_lesson_steps_link_is_read_by_urlstate_alone_and_its_sentence_opens_every_view(tmp_path):
+    """Issue 35: the address bar has one reader (dashboard/urlstate.py). A lesson step's link names the lesson, the
+    step and a sentence; the session records the step (the panel above the page) and every view that takes one
+    text (the model view here; the Attention page and "What the pruned model says" read the same keys) opens on
+    the link's sentence, not on its own default."""
+    folder, rows = save_tiny_lm(tmp_path / "lm")
+    setup = Setup(model=folder, data=rows, data_label="rows.csv", calib_size=8, eval_size=8, max_length=32)
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=600)
+    at.session_state["hp_setup"] = setup
+    for key, value in {"page": "heads", "lesson": "what-a-head-looks-at", "step": "2",
+                       "sentence": "a cat sat on the mat"}.items():
+        at.query_params[key] = value
+    at.run()
+    assert not problems(at), problems(at)
+    assert at.title[0].value == "Every head at a glance"
+    assert at.session_state["hp_lesson"] == ("what-a-head-looks-at", 2)
+    assert any("step 2 of" in m.value for m in at.markdown)                  # the lesson panel above the page
+    assert at.radio(key="att-source").value == "type one"
+    assert at.text_input(key="att-typed").value == "a cat sat on the mat"
+    # the address bar carries the sentence and the lesson step on (F5 opens the same)
+    sent = {k: (v[-1] if isinstance(v, list) else v) for k, v in at.query_params.items()}
+    assert (sent["sentence"], sent["lesson"], sent["step"]) == ("a cat sat on the mat", "what-a-head-looks-at", "2")
+
+
+def test_only_urlstate_reads_or_writes_the_query_string():
+    """One owner of the address bar (issue 35): no other dashboard module touches ``st.query_params``."""
+    touching = sorted(str(path.relative_to(ROOT)) for path in (ROOT / "dashboard").rglob("*.py")
+                      if "query_params" in path.read_text(encoding="utf-8"))
+    assert touching == ["dashboard/urlstate.py"]
