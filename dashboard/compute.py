@@ -659,14 +659,20 @@ def kv_group_scores(ws: DashboardWorkspace, rule: str, sink: int, window: int, p
     return store().memo(f"kv-scores|{ws.key}|{rule}|{sink}|{window}", compute)
 
 
-def kv_metrics(ws: DashboardWorkspace, plan: KVPlan, mask: HeadMask | None) -> Metrics:
-    """The evaluation metrics with ``plan``'s streaming heads restricted, under ``mask`` (stored per plan)."""
+KV_ROWS = 64   # the KV page's default evaluation rows: a head click's new plan is measured in about 2 s on demo-lm
+
+
+def kv_metrics(ws: DashboardWorkspace, plan: KVPlan | None, mask: HeadMask | None, rows: int | None = None) -> Metrics:
+    """The evaluation metrics with ``plan``'s streaming heads restricted (None: the dense model), under ``mask``
+    (stored per plan). ``rows``: on that many evaluation rows, the batches ``trajectory_batches`` draws (None: all)."""
+    batches = trajectory_batches(ws, rows)
     # a budget plan's per-group windows are part of what the metric depends on
-    windows = plan.group_windows().flatten().tolist() if plan.is_budget else plan.window
-    key = f"kv-metric|{ws.key}|{mask_key(mask)}|{plan.sink}|{windows}|{plan.full.int().flatten().tolist()}"
+    shape = "dense" if plan is None else (plan.sink, plan.group_windows().flatten().tolist() if plan.is_budget
+                                          else plan.window, plan.full.int().flatten().tolist())
+    key = f"kv-metric|{ws.key}|{mask_key(mask)}|{shape}|{len(batches)}"
 
     def compute():
         with compute_slot():
-            return metric_under_plan(ws.loaded.model, ws.eval_batches, plan, mask)
+            return metric_under_plan(ws.loaded.model, batches, plan, mask)
 
     return store().memo(key, compute)

@@ -4,7 +4,7 @@ bar, and a fresh session given that query string shows the same plan (rule, shar
 from __future__ import annotations
 
 import numpy as np
-from app_support import ROOT, open_app, problems
+from app_support import ROOT, metric, open_app, problems, workspace
 from conftest import save_tiny_lm
 from streamlit.testing.v1 import AppTest
 
@@ -72,3 +72,34 @@ def test_only_urlstate_reads_or_writes_the_query_string():
     touching = sorted(str(path.relative_to(ROOT)) for path in (ROOT / "dashboard").rglob("*.py")
                       if "query_params" in path.read_text(encoding="utf-8"))
     assert touching == ["dashboard/urlstate.py"]
+
+
+def test_the_kv_page_measures_a_plan_on_quick_rows_by_default_and_all_rows_one_click_away(tmp_path):
+    """Issue 35: a KV head click in about 2 s on demo-lm: by default each plan is measured on KV_ROWS evaluation rows
+    (seeded whole batches), said on the page; "all" measures every row. Both numbers equal the library's own
+    evaluation of that plan on those batches."""
+    from dashboard.compute import KV_ROWS, trajectory_batches
+    from headprune.kvcache import KVPlan
+    from headprune.kvcache.tasks import metric_under_plan
+
+    folder, rows = save_tiny_lm(tmp_path / "lm", n=120)
+    setup = Setup(model=folder, data=rows, data_label="rows.csv", calib_size=8, eval_size=100, max_length=32)
+    at = open_app("kv", setup)
+    assert not problems(at), problems(at)
+    ws = workspace(at)
+    plan = KVPlan(at.session_state["kv-full"].copy(), ws.adapter.n_heads, 4, 16)
+
+    def shown_and_exact(n_rows):
+        exact = ws.metric_of(metric_under_plan(ws.loaded.model, trajectory_batches(ws, n_rows), plan, None))
+        return float(metric(at, f"{ws.metric} under the plan")), exact
+
+    assert at.radio(key="kv-rows").value == "quick"
+    assert any(f"measured on {KV_ROWS} of the 100 evaluation rows" in c.value for c in at.caption)
+    shown, exact = shown_and_exact(KV_ROWS)
+    assert len(trajectory_batches(ws, KV_ROWS)) < len(ws.eval_batches)
+    assert abs(shown - exact) <= 5e-4 * abs(exact), (shown, exact)
+    at.radio(key="kv-rows").set_value("all").run()
+    assert not problems(at), problems(at)
+    assert any("measured on all 100 evaluation rows" in c.value for c in at.caption)
+    shown, exact = shown_and_exact(None)
+    assert abs(shown - exact) <= 5e-4 * abs(exact), (shown, exact)

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import streamlit as st
 
-from dashboard.compute import kv_group_scores, kv_metrics
+from dashboard.compute import KV_ROWS, kv_group_scores, kv_metrics
 from dashboard.ui import clickable_grid, guard, page, progress_bar
 from dashboard.urlstate import publish
 from headprune import viz
@@ -45,6 +45,14 @@ if budgets:
     beta = right.number_input("β (HeadKV's pool: floor(b / β) per group)", 1.0, 1e6, BETA_DEFAULT, key="kv-beta")
 else:
     share = left.slider("Full heads (%)", 0, 100, 25, 5, key="kv-share")
+rows = None
+if len(ws.eval) > KV_ROWS:   # lesson-sized by default (issue 35: a head click in about 2 s); all rows one click away
+    quick = right.radio("Evaluation rows", ["quick", "all"], horizontal=True, key="kv-rows",
+                        format_func={"quick": f"{KV_ROWS} (quick)", "all": f"all {len(ws.eval)}"}.get,
+                        help=f"By default each plan is measured on {KV_ROWS} of the {len(ws.eval)} evaluation rows "
+                             "(whole batches drawn with the workspace seed, the dense model on the same rows), so a "
+                             "head click answers in about two seconds. Choose all rows for the final numbers.")
+    rows = KV_ROWS if quick == "quick" else None
 st.caption(f"**{rule}**: {RULE_KINDS.get(rule, CRITERION_KIND)}."
            + (f"  \n**budgets**: {BUDGET_KIND}." if budgets else ""))
 
@@ -93,8 +101,8 @@ def plan_view() -> None:
     counted = bytes_at(ws.loaded.model, plan, int(length), sd.mask)
     show_metric, show_bytes = st.columns(2)
     with show_metric, guard("Could not evaluate under the plan"):
-        dense = ws.metric_of(ws.dense())
-        under = ws.metric_of(kv_metrics(ws, plan, sd.mask))
+        dense = ws.metric_of(ws.dense() if rows is None else kv_metrics(ws, None, None, rows))
+        under = ws.metric_of(kv_metrics(ws, plan, sd.mask, rows))
         st.metric(f"{ws.metric} under the plan", f"{under:.4g}", f"{under - dense:+.4g} vs the dense model",
                   delta_color="normal" if ws.higher_is_better else "inverse")
         st.metric("KV bytes under the plan", f"{counted['plan'] / 2**20:.2f} MiB",
@@ -102,7 +110,9 @@ def plan_view() -> None:
         shape = (f"budgets of {plan.budget_tokens()} tokens in all (W_g {int(plan.group_windows().min())}-"
                  f"{plan.window})" if budgets else
                  f"{int(plan.full.sum())} of {plan.full.numel()} key/value heads full")
-        st.caption(f"{shape} · S = {int(sink)}, W = {plan.window} · {len(ws.eval_batches)} evaluation batches")
+        measured = (f"measured on {KV_ROWS} of the {len(ws.eval)} evaluation rows (quick; choose all above for "
+                    "the final numbers)" if rows else f"measured on all {len(ws.eval)} evaluation rows")
+        st.caption(f"{shape} · S = {int(sink)}, W = {plan.window} · {measured}")
     with show_bytes:
         st.plotly_chart(viz.kv_bytes_figure(counted, int(length)), key="kv-bytes", width="stretch")
 
