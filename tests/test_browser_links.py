@@ -69,6 +69,23 @@ def opened_elsewhere(browser, url: str, read) -> tuple[dict, dict]:  # noqa: F81
     return fresh, reloaded
 
 
+def attention_view(page) -> dict:
+    """What the Attention page shows of the view: the typed sentence, the page, the selected head."""
+    page.get_by_label("Your sentence").wait_for()
+    wait_idle(page)
+    return {"sentence": page.get_by_label("Your sentence").input_value(),
+            "title": page.locator("h1").first.inner_text(), "head": query(page).get("head")}
+
+
+def criteria_view(page) -> dict:
+    """What the Head scores page shows of the view: the criteria chips, the page."""
+    page.locator('[data-testid="stMultiSelect"]').first.wait_for()
+    wait_idle(page)
+    chips = page.locator('[data-testid="stMultiSelect"]').first.locator("[data-tag]")   # each chip's label is its name
+    return {"criteria": [chips.nth(i).get_attribute("aria-label") for i in range(chips.count())],
+            "title": page.locator("h1").first.inner_text()}
+
+
 def test_every_change_reaches_the_link_and_the_link_opens_it(server, browser):  # noqa: F811
     page = browser.new_page(viewport=VIEW)
     page.set_default_timeout(300_000)
@@ -109,12 +126,6 @@ def test_every_change_reaches_the_link_and_the_link_opens_it(server, browser):  
     page.wait_for_function("() => location.search.includes('sentence=')")
     wait_idle(page)
     assert query(page)["sentence"] == "The cat sat on the mat." and query(page)["page"] == "attention"
-
-    def attention_view(p) -> dict:
-        p.get_by_label("Your sentence").wait_for()
-        wait_idle(p)
-        return {"sentence": p.get_by_label("Your sentence").input_value(), "title": p.locator("h1").first.inner_text(),
-                "head": query(p).get("head")}
 
     here = attention_view(page)
     fresh, reloaded = opened_elsewhere(browser, page.url, attention_view)
@@ -176,4 +187,50 @@ def test_prune_restore_acts_on_the_clicked_cell_of_the_lm_demo(server, browser):
     assert query(page)["mask"] == clicked and query(page)["head"] == clicked
     pruned = prune_view(page, "perplexity")
     assert pruned["head"] == f"{name} — pruned", pruned
+    page.close()
+
+
+def test_ratio_criteria_and_sentence_on_the_circuit_demo_reach_the_link_and_the_link_opens_them(server, browser):  # noqa: F811
+    """demo-circuit, the kinds of change other than a grid click (issue 35, "Done when"): the ratio slider on Prune,
+    the criteria shown on Head scores (with the page), a typed sentence on Attention. After each, the address bar's
+    URL opened in a new browser context, and F5, show the same state."""
+    page = browser.new_page(viewport=VIEW)
+    page.set_default_timeout(300_000)
+    page.goto(f"{server}/?model=demo-circuit&data=demo-circuit&page=prune")
+    before = prune_view(page, "perplexity")
+    slider = page.locator('[data-testid="stSlider"] input[type="range"]').first
+    slider.focus()
+    page.keyboard.press("ArrowRight")                     # one step of 5 %
+    moved = f"{(int(before['ratio']) + 5) / 100:g}"
+    page.wait_for_function(f"() => new URLSearchParams(location.search).get('ratio') === '{moved}'")
+    here = prune_view(page, "perplexity")
+    assert here["ratio"] == str(int(before["ratio"]) + 5) and here["left"] == "24 / 24", (before, here)
+    fresh, reloaded = opened_elsewhere(browser, page.url, lambda p: prune_view(p, "perplexity"))
+    assert fresh == here == reloaded, (here, fresh, reloaded)
+
+    # the criteria shown: drop the last chip of Head scores' picker (Backspace in its empty input)
+    page.get_by_role("link", name="Head scores").first.click()
+    shown = criteria_view(page)
+    assert shown["title"] == "Head scores" and len(shown["criteria"]) >= 2, shown
+    page.locator('[data-testid="stMultiSelect"] input').first.click()
+    page.keyboard.press("Backspace")
+    page.keyboard.press("Escape")
+    kept = ",".join(shown["criteria"][:-1])
+    page.wait_for_function(f"() => new URLSearchParams(location.search).get('criteria') === '{kept}'")
+    here = criteria_view(page)
+    assert here["criteria"] == shown["criteria"][:-1] and query(page)["page"] == "head-scores", here
+    fresh, reloaded = opened_elsewhere(browser, page.url, criteria_view)
+    assert fresh == here == reloaded, (here, fresh, reloaded)
+
+    # a typed sentence on Attention
+    page.get_by_role("link", name="Attention").first.click()
+    page.get_by_text("type one").first.click()
+    box = page.get_by_label("Your sentence")
+    box.fill("red fox blue sky red fox blue sky")
+    box.press("Enter")
+    page.wait_for_function("() => location.search.includes('sentence=')")
+    here = attention_view(page)
+    assert here["sentence"] == "red fox blue sky red fox blue sky" and query(page)["page"] == "attention", here
+    fresh, reloaded = opened_elsewhere(browser, page.url, attention_view)
+    assert fresh == here == reloaded, (here, fresh, reloaded)
     page.close()

@@ -55,6 +55,8 @@ def test_every_step_opens_its_state_and_its_text(server, browser, name):  # noqa
             page.wait_for_function(f"() => document.body.textContent.includes("
                                    f"'word attention, layer {step.state.head[0]}, head {step.state.head[1]}')")
         if k < len(lesson.steps):
+            # the panel's last line may land after its text (a loaded machine): wait for it, then count
+            page.get_by_role("link", name=f"step {k + 1} →").first.wait_for()
             assert page.get_by_role("link", name=f"step {k + 1} →").count() == 1
     page.close()
 
