@@ -136,6 +136,20 @@ def long_job(key: str, label: str, run: Callable[[Callable[[float, str], None]],
     return result
 
 
+def rows_choice(where, key: str, quick: int, n_rows: int, what: str, saves: str) -> int | None:
+    """The "Evaluation rows" choice of a page whose default is lesson-sized (issue 35): ``quick`` of the ``n_rows``
+    evaluation rows (whole batches drawn with the workspace seed), all of them one click away, drawn in ``where``.
+    Returns the rows to measure on (None: all; no choice is drawn when the split is no larger than ``quick``)."""
+    if n_rows <= quick:
+        return None
+    choice = where.radio("Evaluation rows", ["quick", "all"], horizontal=True, key=key,
+                         format_func={"quick": f"{quick} (quick)", "all": f"all {n_rows}"}.get,
+                         help=f"By default {what} is measured on {quick} of the {n_rows} evaluation rows (whole "
+                              f"batches drawn with the workspace seed): {saves}. Choose all rows for the final "
+                              "numbers.")
+    return quick if choice == "quick" else None
+
+
 # -- page frame -----------------------------------------------------------------------------------------------------
 
 PAGES_DIR = Path(__file__).resolve().parent / "pages"

@@ -69,6 +69,16 @@ def opened_elsewhere(browser, url: str, read) -> tuple[dict, dict]:  # noqa: F81
     return fresh, reloaded
 
 
+def type_sentence(page, text: str) -> None:
+    """Open the Attention page through the sidebar, type ``text`` as its sentence; wait until the link has one."""
+    page.get_by_role("link", name="Attention").first.click()
+    page.get_by_text("type one").first.click()
+    box = page.get_by_label("Your sentence")
+    box.fill(text)
+    box.press("Enter")
+    page.wait_for_function("() => location.search.includes('sentence=')")
+
+
 def attention_view(page) -> dict:
     """What the Attention page shows of the view: the typed sentence, the page, the selected head."""
     page.get_by_label("Your sentence").wait_for()
@@ -118,12 +128,7 @@ def test_every_change_reaches_the_link_and_the_link_opens_it(server, browser):  
     assert fresh == here and reloaded == here, (here, fresh, reloaded)
 
     # a typed sentence on the Attention page
-    page.get_by_role("link", name="Attention").first.click()
-    page.get_by_text("type one").first.click()
-    box = page.get_by_label("Your sentence")
-    box.fill("The cat sat on the mat.")
-    box.press("Enter")
-    page.wait_for_function("() => location.search.includes('sentence=')")
+    type_sentence(page, "The cat sat on the mat.")
     wait_idle(page)
     assert query(page)["sentence"] == "The cat sat on the mat." and query(page)["page"] == "attention"
 
@@ -223,12 +228,7 @@ def test_ratio_criteria_and_sentence_on_the_circuit_demo_reach_the_link_and_the_
     assert fresh == here == reloaded, (here, fresh, reloaded)
 
     # a typed sentence on Attention
-    page.get_by_role("link", name="Attention").first.click()
-    page.get_by_text("type one").first.click()
-    box = page.get_by_label("Your sentence")
-    box.fill("red fox blue sky red fox blue sky")
-    box.press("Enter")
-    page.wait_for_function("() => location.search.includes('sentence=')")
+    type_sentence(page, "red fox blue sky red fox blue sky")
     here = attention_view(page)
     assert here["sentence"] == "red fox blue sky red fox blue sky" and query(page)["page"] == "attention", here
     fresh, reloaded = opened_elsewhere(browser, page.url, attention_view)

@@ -21,6 +21,7 @@ from dashboard.ui import (
     long_job,
     page,
     page_path,
+    rows_choice,
 )
 from headprune import viz
 from headprune.trajectory import read_run_file
@@ -49,14 +50,9 @@ with st.expander("Run trajectories", expanded=not sd.trajectories):
                           step=0.01, key="traj-tolerance")
     stability = c6.checkbox("Record stability", value=False, key="traj-stability",
                             disabled=not tracks_stability(ws))
-    rows = None
-    if len(ws.eval) > LESSON_ROWS:   # lesson-sized by default (issue 35): the full split is one click away
-        quick = c5.radio("Evaluation rows", ["quick", "all"], horizontal=True, key="traj-rows",
-                         format_func={"quick": f"{LESSON_ROWS} (quick)", "all": f"all {len(ws.eval)}"}.get,
-                        help=f"By default each step is measured on {LESSON_ROWS} of the {len(ws.eval)} evaluation "
-                             "rows (whole batches drawn with the workspace seed): the demo's default run then takes "
-                             "about two minutes instead of ten. Choose all rows for the final numbers.")
-        rows = LESSON_ROWS if quick == "quick" else None
+    rows = rows_choice(c5, "traj-rows", LESSON_ROWS, len(ws.eval), "each step",
+                       "the demo's default run then takes about two minutes instead of ten")
+    if len(ws.eval) > LESSON_ROWS:
         st.caption(f"Measured on **{rows or len(ws.eval)}** of the {len(ws.eval)} evaluation rows"
                    + (" (quick, for a lesson; choose *all* for the final numbers)." if rows else "."))
     n_runs = len(chosen) * (2 if inverse else 1) + seeds

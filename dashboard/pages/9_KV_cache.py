@@ -6,7 +6,7 @@ import numpy as np
 import streamlit as st
 
 from dashboard.compute import KV_ROWS, kv_group_scores, kv_metrics
-from dashboard.ui import clickable_grid, guard, page, progress_bar
+from dashboard.ui import clickable_grid, guard, page, progress_bar, rows_choice
 from dashboard.urlstate import publish
 from headprune import viz
 from headprune.kvcache import KVPlan
@@ -45,14 +45,8 @@ if budgets:
     beta = right.number_input("β (HeadKV's pool: floor(b / β) per group)", 1.0, 1e6, BETA_DEFAULT, key="kv-beta")
 else:
     share = left.slider("Full heads (%)", 0, 100, 25, 5, key="kv-share")
-rows = None
-if len(ws.eval) > KV_ROWS:   # lesson-sized by default (issue 35: a head click in about 2 s); all rows one click away
-    quick = right.radio("Evaluation rows", ["quick", "all"], horizontal=True, key="kv-rows",
-                        format_func={"quick": f"{KV_ROWS} (quick)", "all": f"all {len(ws.eval)}"}.get,
-                        help=f"By default each plan is measured on {KV_ROWS} of the {len(ws.eval)} evaluation rows "
-                             "(whole batches drawn with the workspace seed, the dense model on the same rows), so a "
-                             "head click answers in about two seconds. Choose all rows for the final numbers.")
-    rows = KV_ROWS if quick == "quick" else None
+rows = rows_choice(right, "kv-rows", KV_ROWS, len(ws.eval), "each plan (and the dense model beside it)",
+                   "a head click then evaluates its new plan on those rows only")
 st.caption(f"**{rule}**: {RULE_KINDS.get(rule, CRITERION_KIND)}."
            + (f"  \n**budgets**: {BUDGET_KIND}." if budgets else ""))
 
