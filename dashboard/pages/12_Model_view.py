@@ -35,30 +35,29 @@ marks = report.marks()[block_of] if report is not None else np.full(live.shape, 
 names = report.names()[block_of] if report is not None else np.full(live.shape, "", dtype=object)
 
 st.caption(f"{n_layers} × {live.shape[1]} heads on {len(tokens)} tokens · {int((~live).sum())} greyed (pruned)")
-# The maps are one plain image and the click is a row of buttons per layer beside it (st.pills): a Plotly click
+# The maps are one plain image and the click is a row of buttons per layer under it (st.pills): a Plotly click
 # layer over the image cost ~1 s more before the thumbnails showed (benchmarks/bench_model_view.py).
-picture, picker = st.columns([3, 2])
-picture.image(atlas.png(), width=min(56 * live.shape[1], 900),
-              caption="rows: layers 0 (top) to " + str(n_layers - 1) + "; columns: heads 0 (left) to "
-                      + str(live.shape[1] - 1))
+st.image(atlas.png(), width=min(56 * live.shape[1], 900),
+         caption=f"rows: layers 0 (top) to {n_layers - 1}; columns: heads 0 (left) to {live.shape[1] - 1}")
 opened = st.session_state.get("glance-open") or (sd.head if sd.head is not None and not ws.tied else None)
-with picker:
-    st.markdown("**Open a head** (role letters once the Roles page has run)")
-    for layer in range(n_layers):
-        key = f"glance-pick-{layer}"
-        # every row shows the one opened head (a pick in another row clears this one), as the dropdowns do
-        st.session_state[key] = opened[1] if opened is not None and opened[0] == layer else None
+st.markdown("**Open a head:** click its number in its layer's row (role letters once the Roles page has run)")
+for layer in range(n_layers):
+    key = f"glance-pick-{layer}"
+    # every row shows the one opened head (a pick in another row clears this one), as the dropdowns do
+    st.session_state[key] = opened[1] if opened is not None and opened[0] == layer else None
 
-        def picked(layer=layer, key=key) -> None:
-            head = st.session_state.get(key)
-            if head is not None:
-                sd.head = (int(block_of[layer]), head)
-                st.session_state["glance-open"] = (layer, head)
-                urlstate.publish(draw=False)      # the address bar follows the click at once
+    def picked(layer=layer, key=key) -> None:
+        head = st.session_state.get(key)
+        if head is not None:
+            sd.head = (int(block_of[layer]), head)
+            st.session_state["glance-open"] = (layer, head)
+            urlstate.publish(draw=False)      # the address bar follows the click at once
 
-        st.pills(f"layer {layer}", list(range(live.shape[1])), key=key, on_change=picked, label_visibility="visible",
-                 format_func=lambda h, layer=layer: f"{h}{' ' + marks[layer, h] if marks[layer, h] else ''}"
-                                                    f"{'' if live[layer, h] else ' ✕'}")
+    name, row = st.columns([1, 11], vertical_alignment="center")
+    name.markdown(f"layer {layer}")
+    row.pills(f"layer {layer}", list(range(live.shape[1])), key=key, on_change=picked, label_visibility="collapsed",
+              format_func=lambda h, layer=layer: f"{h}{' ' + marks[layer, h] if marks[layer, h] else ''}"
+                                                 f"{'' if live[layer, h] else ' ✕'}")
 if report is not None:
     st.caption("Role letters: " + role_legend() + " (Roles page; the Glossary explains each). ✕: pruned now.")
 else:
