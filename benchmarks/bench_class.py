@@ -124,7 +124,7 @@ async def student(browser, url: str, index: int, delay: float, args, lesson, sha
         if boxes:
             out["errors"].append(f"{boxes} exception/error box(es) on the page")
     except Exception as exc:  # noqa: BLE001 - a student's failure is a result to report, not the benchmark's end
-        out["errors"].append(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+        out["errors"].append(f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}")
         if args.shots:   # what the student saw when it went wrong
             args.shots.mkdir(parents=True, exist_ok=True)
             await page.screenshot(path=str(args.shots / f"student-{index}.png"), full_page=True)
