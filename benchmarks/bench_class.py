@@ -85,9 +85,12 @@ async def idle(page, timeout_ms: float) -> None:
     await page.wait_for_timeout(300)
 
 
-async def student(browser, url: str, index: int, delay: float, args, lesson, shape, metric: str) -> dict:
-    await asyncio.sleep(delay)
+async def student(browser, url: str, index: int, delay: float, args, lesson, shape, metric: str,
+                  seen: dict | None = None) -> dict:
     out = {"student": index, "arrived_s": delay, "clicks": [], "errors": []}
+    if seen is not None:
+        seen[index] = out     # what it did so far, if the run's --deadline stops it
+    await asyncio.sleep(delay)
     context = await browser.new_context(viewport={"width": 1400, "height": 1000})
     page = await context.new_page()
     page.set_default_timeout(args.timeout * 1000)
@@ -182,8 +185,16 @@ async def run_class(url: str, args, lesson, shape, metric: str, server) -> tuple
         sampler.thread.start()
         spread = args.arrive_over / args.students if args.students else 0
         began = time.perf_counter()
-        results = await asyncio.gather(*(student(browser, url, i, i * spread, args, lesson, shape, metric)
-                                         for i in range(args.students)))
+        seen: dict[int, dict] = {}
+        tasks = [asyncio.create_task(student(browser, url, i, i * spread, args, lesson, shape, metric, seen))
+                 for i in range(args.students)]
+        _, pending = await asyncio.wait(tasks, timeout=args.deadline)
+        for task in pending:      # past --deadline: what they did so far counts, the rest is an error
+            task.cancel()
+        results = [seen[i] for i in range(args.students)]
+        for task, out in zip(tasks, results):
+            if task in pending:
+                out["errors"].append(f"unfinished at the {args.deadline:g} s deadline ({len(out['clicks'])} clicks)")
         wall = time.perf_counter() - began
         rss1 = server.memory_info().rss   # every student's session still open
         chromium = chromium_pss_mb()
@@ -211,6 +222,8 @@ def main() -> None:
     parser.add_argument("--model", default="demo", help="the server's start-up model and data (the lesson's own)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds any one wait may take")
+    parser.add_argument("--deadline", type=float, default=1800.0, help="seconds after the first arrival when "
+                                                                       "the run stops and reports what was done")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--shots", type=Path, help="save a screenshot of each student that failed in this folder")
     args = parser.parse_args()
