@@ -238,22 +238,33 @@ def share_box(ws: Workspace) -> None:
         st.caption("Share this view: the link below (and the address bar) opens what is on screen now — page, "
                    "model and data, pruned heads, selected head, criteria, ratio, sentence, role letters and the "
                    "KV plan. A reload keeps it too.")
-    st.session_state[urlstate.SLOT] = st.empty()
+    # two one-element slots, each redrawn in place: a fragment that redraws a block (a container) it did not create
+    # sends the block's children to a delta path the browser may not have when the server is busy, and the page
+    # goes blank ("Cannot set a node at a delta path"; benchmarks/bench_class.py, 10 students at once)
+    link = st.empty()
+    with st.expander("QR code (for a projector)"):
+        st.session_state[urlstate.SLOT] = (link, st.empty())
     st.session_state[urlstate.SHOW] = show_link      # urlstate.publish draws through it (it cannot import ui)
 
 
+LINK_DRAWN = "hp_link_drawn"   # session key: (the slots, the link) show_link drew last
+
+
 def show_link(params: dict[str, str]) -> None:
-    """The link in its sidebar slot: copyable text (the code block's copy button) and a QR code for a projector."""
-    slot = st.session_state.get(urlstate.SLOT)
-    if slot is None:
+    """The link in its sidebar slots: copyable text (the code block's copy button) and a QR code for a projector."""
+    slots = st.session_state.get(urlstate.SLOT)
+    if slots is None:
         return
     url = link_url(params)
-    with slot.container():
-        st.code(url, language=None, wrap_lines=True)
-        with st.expander("QR code (for a projector)"):
-            image = io.BytesIO()
-            segno.make(url, error="m").save(image, kind="png", scale=6, border=2)
-            st.image(image.getvalue(), caption="Scan to open this view", width=220)
+    if st.session_state.get(LINK_DRAWN) == (id(slots), url):
+        return   # drawn in these slots already this run: a redraw would replace the QR image the browser may be
+        #          fetching (its old address then answers 404)
+    st.session_state[LINK_DRAWN] = (id(slots), url)
+    link, qr = slots
+    link.code(url, language=None, wrap_lines=True)
+    image = io.BytesIO()
+    segno.make(url, error="m").save(image, kind="png", scale=6, border=2)
+    qr.image(image.getvalue(), caption="Scan to open this view", width=220)
 
 
 def ensure_workspace() -> Workspace | None:

@@ -53,6 +53,7 @@ MAX_BYTES = 256 * 1024          # a lesson is a page of text; a 10 MB file is a 
 MAX_STEPS = 40
 MAX_TEXT = 4000                 # characters of one text field
 MINUTES = (1, 45)
+MAX_FILES = 200                 # lesson files read from one folder (a class needs a handful)
 LESSON_KEYS = {"title": True, "summary": True, "minutes": True, "model": True, "data": True, "step": True}
 TEXT_KEYS = {"title": True, "text": True, "look": False, "question": False, "answer": False}
 STATE_KEYS = ("page", "mask", "head", "criteria", "ratio", "sentence", "roles")
@@ -259,26 +260,39 @@ def lesson_folders(extra: str | None = None) -> list[Path]:
 def load_lessons(folders: Iterable[Path], *, pages: Iterable[str]) -> tuple[dict[str, Lesson], list[str]]:
     """Every ``*.toml`` lesson of ``folders`` by name, and the error lines of those that could not be used (the
     rest still load). A later folder's lesson of the same name is an error (the first one stays)."""
+    lessons, errors, _ = check_lessons(folders, pages=pages, files=False)
+    return lessons, errors
+
+
+def check_lessons(paths: Iterable[Path], *, pages: Iterable[str], files: bool = True) \
+        -> tuple[dict[str, Lesson], list[str], int]:
+    """(lessons by name, error lines, lesson files read) of ``paths``: each a folder (its ``*.toml`` files, up to
+    MAX_FILES) or, with ``files``, one lesson file (its folder is the one a model folder must lie in). What the
+    Lessons page shows and ``headprune lessons check`` prints: the same lines, the same rules."""
     lessons: dict[str, Lesson] = {}
     errors: list[str] = []
-    pages = list(pages)
-    for folder in folders:
-        folder = Path(folder)
-        if not folder.is_dir():
-            errors.append(f"{folder}: not a folder of lessons.")
+    pages, read = list(pages), 0
+    for path in map(Path, paths):
+        if path.is_dir():
+            batch, folder = sorted(path.glob("*.toml"))[:MAX_FILES], path
+        elif files and path.is_file():
+            batch, folder = [path], path.parent
+        else:
+            errors.append(f"{path}: not a folder of lessons{' or a lesson file' if files else ''}.")
             continue
-        for path in sorted(folder.glob("*.toml"))[:200]:
+        for file in batch:
+            read += 1
             try:
-                lesson = read_lesson(path, pages=pages, folder=folder)
+                lesson = read_lesson(file, pages=pages, folder=folder)
             except LessonError as exc:
                 errors.extend(str(exc).splitlines())
                 continue
             except OSError as exc:
-                errors.append(f"{path}:1: cannot be read ({exc.strerror}).")
+                errors.append(f"{file}:1: cannot be read ({exc.strerror}).")
                 continue
             if lesson.name in lessons:
-                errors.append(f"{path}:1: a lesson named {lesson.name!r} was already loaded from "
+                errors.append(f"{file}:1: a lesson named {lesson.name!r} was already loaded from "
                               f"{lessons[lesson.name].path}; rename one of the files.")
                 continue
             lessons[lesson.name] = lesson
-    return lessons, errors
+    return lessons, errors, read

@@ -25,6 +25,12 @@ from dataclasses import dataclass, fields
 
 from .errors import HeadpruneError
 
+# The dashboard's pages by their address names (``?page=NAME``), in its navigation order. dashboard/ui.py's PAGES
+# gives each its file, title and icon (tests/test_lessons.py checks the two lists agree); they live here too so that
+# the library (``headprune lessons check``) can check a lesson's pages without importing the dashboard.
+PAGE_NAMES = ("model-and-data", "head-scores", "roles", "attention", "prune", "recover", "trajectories", "export",
+              "kv-cache", "runs", "lessons", "heads", "example", "glossary")
+
 KEYS = ("page", "model", "data", "mask", "head", "criteria", "ratio", "sentence", "roles", "kv", "lesson", "step")
 
 MAX_VALUE = 4000          # characters of one value (a compact mask of a 64 x 64 grid fits; 10 kB of junk does not)

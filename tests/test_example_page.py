@@ -79,25 +79,20 @@ def test_cutting_the_induction_heads_turns_the_repeated_half_red():
 
 
 def test_model_view_draws_every_head_in_one_image_and_greys_the_pruned():
-    import base64
-    import io
-
-    from app_support import array, figures
-    from PIL import Image
-
     at = open_app("home", Setup(model="demo-circuit", data="demo-circuit", data_label="demo-circuit"))
     at.session_state["hp_session"].set_mask(HeadMask.from_pruned({1: [0, 1, 4, 5, 6, 7]}, (3, 8)), "test")
     at.switch_page("dashboard/pages/12_Model_view.py").run()
     assert not problems(at), problems(at)
-    atlas = next(f for f in figures(at) if f["layout"].get("images"))
-    heads = next(t for t in atlas["data"] if t.get("name") == "heads")
-    assert len(atlas["layout"]["images"]) == 1 and len(array(heads["customdata"])) == 24   # one image, 24 click points
-    png = Image.open(io.BytesIO(base64.b64decode(atlas["layout"]["images"][0]["source"].split(",", 1)[1])))
-    pixels = np.array(png.convert("RGB")).astype(int)
-    step = (pixels.shape[1] - 3) // 8                      # head_atlas's cell + gap, 8 heads a row
-    for layer in range(3):
-        for head in range(8):
-            y, x = 3 + layer * step, 3 + head * step
-            cell = pixels[y:y + step - 3, x:x + step - 3]
-            grey = (cell[..., 0] == cell[..., 1]).all() and (cell[..., 1] == cell[..., 2]).all()
-            assert grey == (layer == 1 and head in (0, 1, 4, 5, 6, 7)), (layer, head)
+    atlas = [i for i in at.image if i.captions and i.captions[0].startswith("rows: layers")]
+    assert len(atlas) == 1 and len(atlas[0].value) == 1                  # every head in one picture
+    rows = [at.pills(key=f"glance-pick-{layer}") for layer in range(3)]   # one row of 8 heads per layer
+    for layer, row in enumerate(rows):
+        labels = [row.format_func(h) for h in range(8)]
+        assert [label.endswith("✕") for label in labels] == [layer == 1 and h in (0, 1, 4, 5, 6, 7)
+                                                             for h in range(8)], labels
+    # clicking a head opens it large and selects it; the other rows show nothing picked
+    at.pills(key="glance-pick-2").set_value(5).run()
+    assert not problems(at), problems(at)
+    assert [s.value for s in at.subheader] == ["layer 2 · head 5"]
+    assert at.session_state["hp_session"].head == (2, 5)
+    assert [at.pills(key=f"glance-pick-{layer}").value for layer in range(3)] == [None, None, 5]

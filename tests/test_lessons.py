@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from headprune.cli import main as cli_main
 from headprune.lessons import MAX_BYTES, SHIPPED, LessonError, load_lessons, read_lesson
+from headprune.viewstate import PAGE_NAMES
 
 PAGES = ["head-scores", "roles", "attention", "prune", "heads", "example", "glossary", "lessons"]
 
@@ -52,6 +54,8 @@ def line_of(text: str, needle: str, occurrence: int = 1) -> int:
 def test_the_shipped_lessons_load_and_link_to_each_step():
     from dashboard.ui import PAGES as DASHBOARD_PAGES  # the pages a step may open: the dashboard's own list
 
+    # the library's copy of the page names (what `headprune lessons check` checks against) is the dashboard's
+    assert tuple(url for *_, url in DASHBOARD_PAGES) == PAGE_NAMES
     lessons, errors = load_lessons([SHIPPED], pages=[url for *_, url in DASHBOARD_PAGES])
     assert errors == []
     assert {"what-a-head-looks-at", "most-heads-can-go", "induction-heads"} <= set(lessons)
@@ -145,3 +149,31 @@ def test_two_lessons_of_one_name_and_a_missing_folder(tmp_path):
     assert lessons["same"].path.parent == first
     assert any("already loaded" in e and e.startswith(f"{second / 'same.toml'}:1:") for e in errors)
     assert any("not a folder of lessons" in e for e in errors)
+
+
+def test_lessons_check_prints_the_pages_error_lines_and_exits_2_on_a_bad_file(tmp_path, capsys):
+    text = GOOD.replace('page = "prune"', 'page = "nowhere"').replace("ratio = 0.5", "ratio = 7")
+    bad = write(tmp_path, "bad-one", text)
+    write(tmp_path, "fine", GOOD)
+    _, page_lines = load_lessons([tmp_path], pages=PAGE_NAMES)       # what the Lessons page lists
+    assert cli_main(["lessons", "check", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert out == "" and lines[:-1] == [f"error: {line}" for line in page_lines]
+    assert {line.split(":")[2] for line in lines[:-1]} == {str(line_of(text, "nowhere")), str(line_of(text, "= 7"))}
+    assert all(line.startswith(f"error: {bad}:") for line in lines[:-1])
+    assert lines[-1] == "error: 2 problem(s) in 1 file(s); 1 of 2 lesson file(s) are usable."
+    # one file named alone is checked alone; a path that is neither a file nor a folder is an error too
+    assert cli_main(["lessons", "check", str(tmp_path / "fine.toml")]) == 0
+    assert cli_main(["lessons", "check", str(tmp_path / "none")]) == 2
+    assert "not a folder of lessons or a lesson file" in capsys.readouterr().err
+
+
+def test_lessons_check_passes_the_shipped_folder_with_a_summary(capsys):
+    import json
+
+    assert cli_main(["lessons", "check", str(SHIPPED)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    shipped = sorted(SHIPPED.glob("*.toml"))
+    assert result["checked"] == len(shipped) and [x["file"] for x in result["lessons"]] == list(map(str, shipped))
+    assert result["summary"] == f"{len(shipped)} lesson(s) in {len(shipped)} file(s), no errors"

@@ -3,8 +3,9 @@
 import numpy as np
 import streamlit as st
 
+from dashboard import urlstate
 from dashboard.compute import head_maps, stored_roles
-from dashboard.ui import clickable_grid, example_picker, guard, head_name, page
+from dashboard.ui import example_picker, guard, head_name, page
 from headprune import viz
 from headprune.glossary import role_legend
 from headprune.views import head_atlas
@@ -30,32 +31,43 @@ if sd.head is not None and not ws.tied:
 atlas = head_atlas(attention, live, selected=selected)
 
 report = stored_roles(ws)
-marks = report.marks()[block_of] if report is not None else None
+marks = report.marks()[block_of] if report is not None else np.full(live.shape, "", dtype=object)
 names = report.names()[block_of] if report is not None else np.full(live.shape, "", dtype=object)
-hover = np.array([[f"layer {layer}, head {h}" + ("" if live[layer, h] else " · pruned")
-                   + f"<br>max attention {atlas.peak[layer, h]:.2f}" + (f"<br>roles: {names[layer, h]}"
-                                                                        if names[layer, h] else "")
-                   for h in range(live.shape[1])] for layer in range(n_layers)], dtype=object)
-
-
-def pick(cell: tuple[int, int]) -> None:
-    sd.head = (int(block_of[cell[0]]), cell[1])
-    st.session_state["glance-open"] = cell
-
 
 st.caption(f"{n_layers} × {live.shape[1]} heads on {len(tokens)} tokens · {int((~live).sum())} greyed (pruned)")
-fig = viz.atlas_figure(atlas.data_uri(), atlas.shape, hover=hover, marks=marks, tied=ws.tied,
-                       layer_kinds=ws.adapter.layer_kinds)
-clickable_grid(fig, "glance-atlas", sd, pick)
-if report is not None:
-    st.caption("Role letters: " + role_legend() + " (Roles page; the Glossary explains each).")
-else:
-    st.caption("Find the head roles on the **Roles** page to see a role letter on each map.")
-
+# The maps are one plain image and the click is a row of buttons per layer under it (st.pills): a Plotly click
+# layer over the image cost ~1 s more before the thumbnails showed (benchmarks/bench_model_view.py).
+st.image(atlas.png(), width=min(56 * live.shape[1], 900),
+         caption=f"rows: layers 0 (top) to {n_layers - 1}; columns: heads 0 (left) to {live.shape[1] - 1}")
 opened = st.session_state.get("glance-open") or (sd.head if sd.head is not None and not ws.tied else None)
+st.markdown("**Open a head:** click its number in its layer's row (role letters once the Roles page has run)")
+for layer in range(n_layers):
+    key = f"glance-pick-{layer}"
+    # every row shows the one opened head (a pick in another row clears this one), as the dropdowns do
+    st.session_state[key] = opened[1] if opened is not None and opened[0] == layer else None
+
+    def picked(layer=layer, key=key) -> None:
+        head = st.session_state.get(key)
+        if head is not None:
+            sd.head = (int(block_of[layer]), head)
+            st.session_state["glance-open"] = (layer, head)
+            urlstate.publish(draw=False)      # the address bar follows the click at once
+
+    name, row = st.columns([1, 11], vertical_alignment="center")
+    name.markdown(f"layer {layer}")
+    row.pills(f"layer {layer}", list(range(live.shape[1])), key=key, on_change=picked, label_visibility="collapsed",
+              format_func=lambda h, layer=layer: f"{h}{' ' + marks[layer, h] if marks[layer, h] else ''}"
+                                                 f"{'' if live[layer, h] else ' ✕'}")
+if report is not None:
+    st.caption("Role letters: " + role_legend() + " (Roles page; the Glossary explains each). ✕: pruned now.")
+else:
+    st.caption("Find the head roles on the **Roles** page to see a role letter on each head. ✕: pruned now.")
+
 if opened is not None and opened[0] < n_layers:
     layer, head = opened
     st.subheader(f"{head_name(ws, (int(block_of[layer]), head))}" + ("" if live[layer, head] else " (pruned now)"))
+    st.caption(f"max attention {atlas.peak[layer, head]:.2f}" + (f" · roles: {names[layer, head]}"
+                                                                 if names[layer, head] else ""))
     st.plotly_chart(viz.attention_figure(tokens, attention[layer, head],
                                          title=f"token attention, layer {layer}, head {head}"),
                     width="stretch", key="glance-large")

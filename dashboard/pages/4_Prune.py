@@ -100,11 +100,12 @@ def numbers(ws: Workspace, sd: SessionData) -> None:
     with guard("Could not evaluate this mask"):
         if sd.live is None:
             estimate_line(live_estimate(ws), smaller_sizes(ws))
-            with st.status("Preparing live evaluation: one pass over the evaluation set …", expanded=True) as status:
-                bar = progress_bar("caching layer inputs")
-                metrics, stability = session_metrics(ws, sd, show_estimate, bar)
-                bar.done()
-                status.update(label="Live evaluation ready", state="complete", expanded=False)
+            # a progress bar, not an st.status: inside this fragment Streamlit 1.67 sends a status's update to a
+            # stale delta path when its first message has already left (a busy server: 5 of 10 students opening a
+            # lesson link at once got a blank page, "Cannot set a node at a delta path"; streamlit#16281)
+            bar = progress_bar("Preparing live evaluation: one pass over the evaluation set (caching layer inputs)")
+            metrics, stability = session_metrics(ws, sd, show_estimate, bar)
+            bar.done()
         else:
             metrics, stability = session_metrics(ws, sd, show_estimate)
         value = ws.metric_of(metrics)
@@ -188,12 +189,11 @@ def options(ws: Workspace, sd: SessionData) -> None:
                               "the context perturbed) survives dropping 10% of their words (costs a second live "
                               "evaluation).")
         if want and sd.live_stable is None:
-            with guard("Could not prepare stability"), \
-                    st.status("Preparing stability: the evaluation texts with 10% of their words dropped …") as status:
-                bar = progress_bar("caching layer inputs (perturbed texts)")
+            with guard("Could not prepare stability"):   # a bar, not an st.status: see numbers()
+                bar = progress_bar("Preparing stability: caching layer inputs of the evaluation texts with 10% of "
+                                   "their words dropped")
                 enable_stability(ws, sd, bar)
                 bar.done()
-                status.update(label="Stability ready", state="complete", expanded=False)
                 st.rerun()
         elif not want and sd.live_stable is not None:
             sd.live_stable = None

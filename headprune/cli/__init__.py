@@ -46,6 +46,7 @@ GROUPS = (
         ("roles", "python -m headprune roles --model demo --data demo --out roles.json"),
         ("syntax", "python -m headprune syntax --model demo --data demo --out profile.json"),
         ("docs", "python -m headprune docs --port 8000"),
+        ("lessons", "python -m headprune lessons check ~/my-lessons"),
     )),
     ("score: how much each head matters", (
         ("criteria", "python -m headprune criteria"),

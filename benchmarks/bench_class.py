@@ -1,0 +1,267 @@
+"""A class on one machine: N students' browsers on one dashboard server, each following a lesson link and clicking
+five heads. Click → first number, errors, and memory per student.
+
+    python benchmarks/bench_class.py [--students 30] [--arrive-over 60] [--clicks 5] [--think 2]
+                                     [--lesson most-heads-can-go] [--step 2] [--model demo] [--json out.json]
+
+Starts one ``streamlit run app.py`` (``bench_browser.streamlit_server``: the dashboard's default splits unless
+HEADPRUNE_EVAL_SIZE etc. are set) and ONE headless Chromium (/usr/bin/chromium, Playwright's async API) with one
+browser context per student (its own cookies and Streamlit session, as separate laptops). Student i arrives at
+i · arrive-over / N seconds (0: all at once) and
+
+1. opens the lesson step's link (``Lesson.query``: ``/?page=prune&...&lesson=NAME&step=K``) and waits until the
+   step's panel and page are drawn and the page is idle (**open s**: link → idle);
+2. clicks ``--clicks`` heads of the Prune page's grid, distinct per student (``random.Random(seed + i)``), each
+   from an idle page after ``--think`` seconds: **click s** is the mouse click → the page shows the new "heads
+   left" count and a current (not stale) number for the headline metric, the running estimate or the exact value,
+   timed in the browser (``performance.now()`` at the click and when the condition first holds, polled per frame).
+   It also checks that the caption names the clicked head.
+
+Errors counted per student: exception boxes (``stException``) and ``st.error`` boxes on the page, console errors,
+failed requests and HTTP responses >= 400, and any step that timed out. Memory: the server process's RSS (psutil;
+the server is this process's child) before the first student (model loaded by a warm-up visit), peak, and after
+the last student's last click; per student = (after − before) / N. Chromium's: the summed PSS of its processes
+(PSS splits shared pages among them; on a student's laptop in a real class). Both are read with every student still on
+the page (the contexts are closed at the end).
+
+All students' browsers run on this machine too, so their rendering competes with the server for the same cores:
+in a classroom each browser runs on its student's own computer and the numbers here are pessimistic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlencode
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+spec = importlib.util.spec_from_file_location("bench_browser", ROOT / "benchmarks" / "bench_browser.py")
+bench_browser = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench_browser)
+
+# resolves with performance.now() once the page shows `left` heads left and a current number for the headline
+SHOWN = """([left, metric]) => new Promise(resolve => {
+  const current = () => {
+    const read = {};
+    for (const box of document.querySelectorAll('[data-testid="stMetric"]')) {
+      const label = box.querySelector('[data-testid="stMetricLabel"]');
+      const value = box.querySelector('[data-testid="stMetricValue"]');
+      if (label && value) read[label.innerText.trim()] = [value.innerText.trim(), !!box.closest('[data-stale="true"]')];
+    }
+    const l = read['heads left'], v = read[metric];
+    return l && v && l[0] === left && !l[1] && !v[1] && /\\d+\\.\\d+/.test(v[0]);
+  };
+  const check = () => current() ? resolve(performance.now()) : requestAnimationFrame(check);
+  check();
+})"""
+IDLE = ("() => !document.querySelector('[data-stale=\"true\"]') && (!document.querySelector('[data-testid=\"stStatus"
+        "Widget\"]') || !document.querySelector('[data-testid=\"stStatusWidget\"]').innerText.includes('Running'))")
+ERROR_BOXES = ("() => document.querySelectorAll('[data-testid=\"stException\"]').length"
+               " + document.querySelectorAll('[data-testid=\"stAlertContentError\"]').length")
+
+
+def student_heads(index: int, clicks: int, shape: tuple[int, int], seed: int) -> list[tuple[int, int]]:
+    """The heads student ``index`` clicks: distinct, drawn with the student's own seed."""
+    layers, heads = shape
+    return [divmod(cell, heads) for cell in random.Random(seed + index).sample(range(layers * heads), clicks)]
+
+
+async def idle(page, timeout_ms: float) -> None:
+    await page.wait_for_timeout(300)
+    await page.wait_for_function(IDLE, timeout=timeout_ms)
+    await page.wait_for_timeout(300)
+
+
+async def student(browser, url: str, index: int, delay: float, args, lesson, shape, metric: str,
+                  seen: dict | None = None) -> dict:
+    out = {"student": index, "arrived_s": delay, "clicks": [], "errors": []}
+    if seen is not None:
+        seen[index] = out     # what it did so far, if the run's --deadline stops it
+    await asyncio.sleep(delay)
+    context = await browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = await context.new_page()
+    page.set_default_timeout(args.timeout * 1000)
+    page.on("console", lambda m: m.type == "error" and out["errors"].append(f"console: {m.text.splitlines()[0][:200]}"))
+    page.on("requestfailed", lambda r: out["errors"].append(f"request failed: {r.url[:120]} {r.failure}"))
+    page.on("response", lambda r: r.status >= 400 and out["errors"].append(f"HTTP {r.status}: {r.url[:120]}"))
+    try:
+        start = time.perf_counter()
+        await page.goto(f"{url}/?{urlencode(lesson.query(args.step))}")
+        await page.get_by_text(f"step {args.step} of {len(lesson.steps)}").first.wait_for()
+        await page.get_by_text("parameters left").first.wait_for()
+        await idle(page, args.timeout * 1000)
+        out["open_s"] = time.perf_counter() - start
+        total = shape[0] * shape[1]
+        points = page.locator(".js-plotly-plot .scatterlayer .point")
+        await page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .scatterlayer .point')"
+                                     f".length >= {total}")
+        for k, (layer, head) in enumerate(student_heads(index, args.clicks, shape, args.seed), start=1):
+            await page.wait_for_timeout(args.think * 1000)
+            point = points.nth(layer * shape[1] + head)
+            await point.scroll_into_view_if_needed()
+            box = await point.bounding_box()
+            shown = page.evaluate(SHOWN, [f"{total - k} / {total}", metric])   # armed before the click
+            clicked = await page.evaluate("() => performance.now()")
+            await page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+            first = await asyncio.wait_for(shown, args.timeout)
+            await idle(page, args.timeout * 1000)
+            toggled = await page.get_by_text(f"toggled layer {layer} · head {head}").count()
+            out["clicks"].append({"layer": layer, "head": head, "first_s": (first - clicked) / 1000,
+                                  "toggled": bool(toggled)})
+            if not toggled:
+                out["errors"].append(f"click {k}: the caption does not name layer {layer}, head {head}")
+        boxes = await page.evaluate(ERROR_BOXES)
+        if boxes:
+            out["errors"].append(f"{boxes} exception/error box(es) on the page")
+    except Exception as exc:  # noqa: BLE001 - a student's failure is a result to report, not the benchmark's end
+        out["errors"].append(f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}")
+        if args.shots:   # what the student saw when it went wrong
+            args.shots.mkdir(parents=True, exist_ok=True)
+            await page.screenshot(path=str(args.shots / f"student-{index}.png"), full_page=True)
+    # the context stays open, as a student stays on the page: its server session is alive when memory is read
+    return out
+
+
+def server_process(url: str):
+    import psutil
+
+    port = url.rsplit(":", 1)[1]
+    return next(p for p in psutil.Process().children(recursive=True)
+                if "streamlit" in " ".join(p.cmdline()) and port in p.cmdline())
+
+
+def chromium_pss_mb() -> float:
+    import psutil
+
+    total = 0
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "chrom" in p.name():
+                info = p.memory_full_info()
+                total += getattr(info, "pss", info.rss)
+        except psutil.Error:
+            pass
+    return total / 2**20
+
+
+class Sampler:
+    """The peak RSS of one process, sampled every 0.2 s in a thread."""
+
+    def __init__(self, proc):
+        self.proc, self.peak, self.stop = proc, 0, threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self):
+        while not self.stop.is_set():
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+            time.sleep(0.2)
+
+
+async def run_class(url: str, args, lesson, shape, metric: str, server) -> tuple[list[dict], dict]:
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=bench_browser.CHROMIUM, args=bench_browser.CHROMIUM_ARGS)
+        # one visit first: the server loads the model and data once (a teacher opens the page before class)
+        warm = await student(browser, url, -1, 0, argparse.Namespace(**{**vars(args), "clicks": 0}), lesson, shape,
+                             metric)
+        if warm["errors"]:
+            raise RuntimeError(f"the warm-up visit failed: {warm['errors']}")
+        rss0 = server.memory_info().rss
+        sampler = Sampler(server)
+        sampler.thread.start()
+        spread = args.arrive_over / args.students if args.students else 0
+        began = time.perf_counter()
+        seen: dict[int, dict] = {}
+        tasks = [asyncio.create_task(student(browser, url, i, i * spread, args, lesson, shape, metric, seen))
+                 for i in range(args.students)]
+        _, pending = await asyncio.wait(tasks, timeout=args.deadline)
+        for task in pending:      # past --deadline: what they did so far counts, the rest is an error
+            task.cancel()
+        results = [seen[i] for i in range(args.students)]
+        for task, out in zip(tasks, results):
+            if task in pending:
+                out["errors"].append(f"unfinished at the {args.deadline:g} s deadline ({len(out['clicks'])} clicks)")
+        wall = time.perf_counter() - began
+        rss1 = server.memory_info().rss   # every student's session still open
+        chromium = chromium_pss_mb()
+        sampler.stop.set()
+        await browser.close()
+    return results, {"rss0_mb": rss0 / 2**20, "rss_mb": rss1 / 2**20, "peak_mb": max(sampler.peak, rss1) / 2**20,
+                     "per_student_mb": (rss1 - rss0) / 2**20 / max(args.students, 1), "chromium_pss_mb": chromium,
+                     "wall_s": wall, "warm_open_s": warm.get("open_s")}
+
+
+def percentile(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--students", type=int, default=30)
+    parser.add_argument("--arrive-over", type=float, default=60.0, help="seconds over which students arrive "
+                                                                         "(0: all at once)")
+    parser.add_argument("--clicks", type=int, default=5)
+    parser.add_argument("--think", type=float, default=2.0, help="seconds a student waits before each click")
+    parser.add_argument("--lesson", default="most-heads-can-go")
+    parser.add_argument("--step", type=int, default=2, help="the lesson's step (from 1); it must open the Prune page")
+    parser.add_argument("--model", default="demo", help="the server's start-up model and data (the lesson's own)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=180.0, help="seconds any one wait may take")
+    parser.add_argument("--deadline", type=float, default=1800.0, help="seconds after the first arrival when "
+                                                                       "the run stops and reports what was done")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--shots", type=Path, help="save a screenshot of each student that failed in this folder")
+    args = parser.parse_args()
+    from headprune.lessons import SHIPPED, load_lessons, named_shape
+    from headprune.viewstate import PAGE_NAMES
+
+    lessons, errors = load_lessons([SHIPPED], pages=PAGE_NAMES)
+    lesson = lessons[args.lesson]
+    if lesson.steps[args.step - 1].state.page != "prune":
+        sys.exit(f"step {args.step} of {args.lesson} opens {lesson.steps[args.step - 1].state.page}, not prune")
+    shape = named_shape(lesson.model)
+    metric = "perplexity" if lesson.model in ("demo-lm", "demo-circuit") else "accuracy"
+    env = {"HEADPRUNE_MODEL": args.model, "HEADPRUNE_DATA": args.model, "MALLOC_ARENA_MAX": "2"}
+    with tempfile.TemporaryDirectory() as tmp, \
+            bench_browser.streamlit_server(ROOT, env, Path(tmp) / "server.log", start_timeout=300) as url:
+        server = server_process(url)
+        results, memory = asyncio.run(run_class(url, args, lesson, shape, metric, server))
+    clicks = [c["first_s"] for r in results for c in r["clicks"]]
+    opens = [r["open_s"] for r in results if "open_s" in r]
+    errors = [f"student {r['student']}: {e}" for r in results for e in r["errors"]]
+    load = os.getloadavg()
+    print(f"{args.students} students, {args.lesson} step {args.step} ({lesson.model}), {args.clicks} clicks each, "
+          f"arriving over {args.arrive_over:g} s, think {args.think:g} s; one Chromium, one context per student; "
+          f"{os.cpu_count()} CPUs, load average {load[0]:.1f} / {load[1]:.1f} at the end")
+    if clicks:
+        print(f"click → first number: p50 {statistics.median(clicks):.2f} s, p90 {percentile(clicks, 0.9):.2f} s, "
+              f"max {max(clicks):.2f} s over {len(clicks)} clicks")
+    if opens:
+        print(f"link → page idle: p50 {statistics.median(opens):.1f} s, max {max(opens):.1f} s "
+              f"(warm-up visit {memory['warm_open_s']:.1f} s)")
+    print(f"errors: {len(errors)}" + "".join(f"\n  {e}" for e in errors[:20]))
+    print(f"server RSS: {memory['rss0_mb']:.0f} MB before, {memory['rss_mb']:.0f} MB after, peak "
+          f"{memory['peak_mb']:.0f} MB; {memory['per_student_mb']:.0f} MB per student; Chromium PSS "
+          f"{memory['chromium_pss_mb']:.0f} MB; wall {memory['wall_s']:.0f} s")
+    if args.json:
+        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "students": results,
+                                         "memory": memory, "load": load}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
