@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -97,7 +96,6 @@ def breakdown(eval_size: int, clicks: int) -> None:
     print(f"  embedding {t_embed:.3f} s | 12 blocks + final norm {t_blocks - t_embed:.3f} s | "
           f"LM head (B,T,V) {t_head:.3f} s | loss of the full logits {t_loss:.3f} s")
     print(f"  LM head + loss as before: {t_head + t_loss:.3f} s; chunked over real targets: {t_chunked:.3f} s")
-    del out, logits
 
     live = LiveEvaluator(model, batches)
     print(f"live evaluator: LM head chunked: {live.chunked_head}; {live.fast_path_note}; "
@@ -105,9 +103,10 @@ def breakdown(eval_size: int, clicks: int) -> None:
     n_layers, n_heads = live.adapter.grid_shape
     for i in range(clicks):
         layer = round(i * (n_layers - 1) / max(clicks - 1, 1))
-        first = []
+        first: list[float] = []
         t0 = time.perf_counter()
-        live.toggle(layer, i % n_heads, on_estimate=lambda e, t0=t0: first.append(time.perf_counter() - t0))
+        live.toggle(layer, i % n_heads,
+                    on_estimate=lambda _e, t0=t0, first=first: first.append(time.perf_counter() - t0))
         total = time.perf_counter() - t0
         print(f"  click layer {layer:2d}: first batch {first[0] if first else float('nan'):.2f} s, "
               f"all {len(batches)} batches {total:.2f} s, perplexity {live.metrics().perplexity:.1f}")
