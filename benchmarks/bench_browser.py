@@ -180,14 +180,15 @@ def timed_click(page, layer: int, head: int, n_heads: int, left: str, metric: st
 
 def run(model: str, eval_size: int, clicks_per_layer: int, roots: dict[str, Path], log: Path,
         url: str | None = None, python: str = sys.executable, watcher: str | None = "none",
-        env: dict | None = None) -> dict[str, list[dict]]:
+        env: dict | None = None, data: str | None = None) -> dict[str, list[dict]]:
     """Clicks on the Prune page of one server per entry of ``roots`` (name -> checkout), all up at once and
     clicked in turn, the same head on each: a change in the machine's load hits every checkout alike.
-    ``python`` and ``watcher`` start the servers (see ``streamlit_server``); ``env`` is added to theirs."""
+    ``python`` and ``watcher`` start the servers (see ``streamlit_server``); ``env`` is added to theirs; ``data``:
+    the data served (default ``model``, for the demos)."""
     from playwright.sync_api import sync_playwright
 
-    env = {**(env or {}), "HEADPRUNE_MODEL": model, "HEADPRUNE_DATA": model, "HEADPRUNE_EVAL_SIZE": str(eval_size),
-           "HEADPRUNE_CALIB_SIZE": "64"}
+    env = {**(env or {}), "HEADPRUNE_MODEL": model, "HEADPRUNE_DATA": data or model,
+           "HEADPRUNE_EVAL_SIZE": str(eval_size), "HEADPRUNE_CALIB_SIZE": "64"}
     clicks: dict[str, list[dict]] = {name: [] for name in roots}
     with ExitStack() as stack:
         urls = {name: stack.enter_context(nullcontext(url) if url else

@@ -423,3 +423,66 @@ def test_core_replay_is_on_for_decoders_and_exact(one_thread):
         assert got.perplexity == pytest.approx(evaluate(model, batches, live.mask).perplexity, rel=1e-5)
     off = LiveEvaluator(model, batches, fast_paths=False)
     assert not off._core_replay
+
+
+def _hand_lm_row_stats(model, batches, mask) -> torch.Tensor:
+    """Per-row [Σ next-token loss, targets, correct] of the dense gated forward, from its full float64 log-softmax."""
+    rows = []
+    with torch.no_grad(), gate_heads(model, mask):
+        for batch in batches:
+            logp = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.double()
+            logp = logp.log_softmax(-1)
+            for r in range(len(logp)):
+                loss = tokens = correct = 0.0
+                for t in range(logp.shape[1] - 1):
+                    y = int(batch["labels"][r, t + 1])
+                    if y != -100:
+                        loss, tokens = loss - float(logp[r, t, y]), tokens + 1
+                        correct += float(int(logp[r, t].argmax()) == y)
+                rows.append([loss, tokens, correct])
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_chunked_lm_head_with_the_layer_cache_equals_a_dense_gated_evaluation(arch, one_thread):
+    """Live toggles on an LM (layer cache + core replay + the head run on real targets only, in chunks) give the
+    per-row losses of a plain forward with the heads gated, computed here by hand."""
+    from headprune.evaluation.live import LiveEvaluator
+
+    model, batches = tiny_decoder(arch, "lm"), _lm_batches()
+    live = LiveEvaluator(model, batches)
+    assert live.chunked_head and live._core_replay
+    for layer, head in [(2, 1), (0, 3), (3, 5), (2, 1)]:
+        live.toggle(layer, head)
+        torch.testing.assert_close(live.logits, _hand_lm_row_stats(model, batches, live.mask), rtol=1e-5, atol=1e-5)
+
+
+def test_lm_row_stats_chunked_equals_the_dense_stats_in_any_chunk_and_on_a_kept_tail():
+    from headprune.model.task import lm_row_stats, lm_row_stats_chunked
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8, 120)
+    hidden, batch = torch.randn(3, 12, 8), _lm_batches(1)[0]
+    for chunk in (1, 5, 1000):
+        for tail in (12, 4):  # a forward with logits_to_keep gives the last positions only
+            got = lm_row_stats_chunked(hidden[:, -tail:], head, batch["labels"], chunk=chunk)
+            torch.testing.assert_close(got, lm_row_stats(head(hidden[:, -tail:]), batch["labels"]),
+                                       rtol=1e-6, atol=1e-6)
+
+
+def test_chunked_lm_head_switches_itself_off_when_the_model_changes_the_logits_after_its_head(one_thread):
+    """Gemma-style final soft-capping is applied to whatever the head returns: the start-up check sees it."""
+    from transformers import AutoModelForCausalLM
+
+    from headprune.evaluation.live import LiveEvaluator
+    from headprune.evaluation.metrics import evaluate
+    from headprune.testing import tiny_decoder_config
+
+    config = tiny_decoder_config("gemma3")
+    config.final_logit_softcapping = 0.5
+    torch.manual_seed(0)
+    model, batches = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval(), _lm_batches()
+    live = LiveEvaluator(model, batches)
+    assert not live.chunked_head and "chunked LM head off" in live.fast_path_note
+    got = live.toggle(1, 2)
+    assert got.perplexity == pytest.approx(evaluate(model, batches, live.mask).perplexity, rel=1e-5)

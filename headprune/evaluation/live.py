@@ -25,6 +25,11 @@ Two further savings, both exact up to float rounding and both checked against th
 * **core replay** (decoders, ModernBERT: families whose attention core applies O itself, where the split layers
   above do not apply) -- the same cached context, used by standing in for the toggled layer's core with O of
   that context (``modwrap.wrapped_forward``); the rest of the layer is its own code.
+* **chunked LM head** (causal LMs) -- the output head is skipped inside the forward (it returns the hidden states
+  it is given) and ``task.lm_row_stats_chunked`` applies it afterwards to the positions with a real next token
+  only, ``CHUNK_POSITIONS`` at a time: no (B, T, V) logits and no (B, T, V) log-softmax are materialised. With
+  GPT-2's 50,257 words that head and its loss were most of a click (docs/results/live-estimates.md). A model
+  that changes the logits after its head (Gemma's soft-capping) fails the start-up check and keeps its own head.
 
 Cost: a toggle in layer l costs roughly (L - l - 1) layers + one O/feed-forward pass + one cheap last layer,
 versus L layers for a full evaluation. Memory: two (tokens x hidden) float tensors per layer and evaluation row.
@@ -55,10 +60,10 @@ from ..errors import DataError, MaskError
 from ..model.arch import adapt
 from ..model.device import autocast
 from ..model.gating import BEFORE_GATE, gate_heads
-from ..model.hooks import StandIn, attached, pre_hook, structural_copy, wrapped_forward
+from ..model.hooks import StandIn, attached, passthrough, pre_hook, structural_copy, wrapped_forward
 from ..model.layers import input_of, layer_stand_ins, replay_stand_ins
 from ..model.mask import HeadMask
-from ..model.task import IGNORE_INDEX, Task, lm_row_stats, task_for
+from ..model.task import IGNORE_INDEX, Task, lm_row_stats, lm_row_stats_chunked, task_for
 from .metrics import (
     Metrics,
     choice_predictions,
@@ -215,12 +220,14 @@ class LiveEvaluator:
         self._core_replay = self.incremental and fast_paths and self._runners is None and \
             self.adapter.core_applies_output
         self.first_token = False  # the first pass is the model's plain forward: the reference for the checks
+        self.chunked_head = False
         # _inputs[b][l]: input of layer l on batch b under self.mask; _contexts[b][l]: context entering O.
         self._inputs: list[list[torch.Tensor | None]] = []
         self._contexts: list[list[torch.Tensor | None]] = []
         self._logits: list[torch.Tensor] = []
         self._run(0, self.mask, progress)
         self._check_fast_paths()
+        self._check_chunked_head()
 
     # -- public ------------------------------------------------------------------------------------------
     @property
@@ -346,10 +353,20 @@ class LiveEvaluator:
         return output.logits
 
     def _kept_output(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
-        """What is kept of a batch's output: float32 logits on CPU, or an LM's per-row next-token sums."""
+        """What is kept of a batch's output: float32 logits on CPU, or an LM's per-row next-token sums (with the
+        chunked head, ``logits`` are the hidden states that enter the output head)."""
+        if self.chunked_head:
+            return lm_row_stats_chunked(logits, self.model.get_output_embeddings(), batch["labels"])
         if self.task.is_lm:
             return lm_row_stats(logits, batch["labels"].to(logits.device))
         return logits.float().cpu()
+
+    def _batch_output(self, b: int, start: int, inputs: dict) -> torch.Tensor:
+        """What is kept of batch ``b``'s output (``_kept_output``), run from layer ``start``."""
+        skipped = {self.model.get_output_embeddings(): passthrough(0, "input")} if self.chunked_head else {}
+        with wrapped_forward(skipped):
+            out = self._forward_from(b, start, inputs) if self.incremental else self._logits_of(self.model(**inputs))
+        return self._kept_output(out.detach(), self.batches[b])
 
     def _checked(self, mask: HeadMask) -> HeadMask:
         if not isinstance(mask, HeadMask) or mask.shape != self.adapter.grid_shape:
@@ -374,10 +391,7 @@ class LiveEvaluator:
         self.runs += 1
         with gate_heads(self.model, mask, self.adapter), autocast(self.device):
             for step, b in enumerate(order):
-                inputs = self._inputs_of(self.batches[b])
-                out = self._forward_from(b, start, inputs) if self.incremental \
-                    else self._logits_of(self.model(**inputs))
-                self._logits[b] = self._kept_output(out.detach(), self.batches[b])
+                self._logits[b] = self._batch_output(b, start, self._inputs_of(self.batches[b]))
                 if on_estimate is not None and (estimate := self.estimate(order[:step + 1])) is not None:
                     on_estimate(estimate)
                 if progress is not None:
@@ -463,22 +477,38 @@ class LiveEvaluator:
         """Re-run batch 0 from its last layer with that layer's core replayed from its cached context; keep the
         shortcut only if it reproduces the plain forward (e.g. a core that applies more than O after the
         attention would not)."""
-        last = self.adapter.n_layers - 1
-        saved = ([t for t in self._inputs[0]], [t for t in self._contexts[0]])
-        batch = self.batches[0]
-        try:
-            with torch.no_grad(), gate_heads(self.model, self.mask, self.adapter), autocast(self.device):
-                fast = self._kept_output(self._forward_from(0, last, self._inputs_of(batch)).detach(), batch)
-        except Exception:  # noqa: BLE001 - a core whose callers expect another return shape: no shortcut
-            fast = None
-        self._inputs[0], self._contexts[0] = list(saved[0]), list(saved[1])
-        reference = self._logits[0]
-        if fast is None:
+        agrees = self._replay_agrees()
+        if agrees is None:
             self._core_replay = False
             self.fast_path_note = "core replay off: the attention core's callers expect another output"
-            return
-        tol = 5e-2 if self.device.type == "cuda" else 1e-4
-        if not (fast.shape == reference.shape and torch.allclose(fast.double(), reference.double(), atol=tol,
-                                                                 rtol=tol)):
+        elif not agrees:
             self._core_replay = False
             self.fast_path_note = "core replay off: O of the cached context disagrees with the model's own forward"
+
+    def _replay_agrees(self) -> bool | None:
+        """Whether batch 0 re-run from its last layer (or in full, without the layer cache) under the current
+        shortcuts gives the kept output of the plain first pass; None when the re-run raises. The caches of
+        batch 0 are left as they were."""
+        start = self.adapter.n_layers - 1 if self.incremental else 0
+        saved = ([t for t in self._inputs[0]], [t for t in self._contexts[0]])
+        try:
+            with torch.no_grad(), gate_heads(self.model, self.mask, self.adapter), autocast(self.device):
+                fast = self._batch_output(0, start, self._inputs_of(self.batches[0]))
+        except Exception:  # noqa: BLE001 - a module whose callers expect another return shape: no shortcut
+            fast = None
+        self._inputs[0], self._contexts[0] = list(saved[0]), list(saved[1])
+        if fast is None:
+            return None
+        reference = self._logits[0]
+        tol = 5e-2 if self.device.type == "cuda" else 1e-4
+        return fast.shape == reference.shape and torch.allclose(fast.double(), reference.double(), atol=tol, rtol=tol)
+
+    def _check_chunked_head(self) -> None:
+        """Use the chunked LM head (module doc) if the model has an output head and the re-run agrees."""
+        if not self.task.is_lm or self.model.get_output_embeddings() is None:
+            return
+        self.chunked_head = True
+        if not self._replay_agrees():
+            self.chunked_head = False
+            self.fast_path_note = ((self.fast_path_note + "; ") if self.fast_path_note else "") + \
+                "chunked LM head off: the model changes the logits after its output head"

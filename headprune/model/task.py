@@ -182,6 +182,41 @@ def lm_row_stats(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return torch.stack([token_loss.double().sum(-1), real.double().sum(-1), correct.double().sum(-1)], dim=-1).cpu()
 
 
+# Positions scored at once by ``lm_row_stats_chunked``: bounds its logits at 1,024 x V float32 (206 MB with GPT-2's
+# 50,257 words, 16 MB with demo-lm's 4,096), where a (32, 128, V) batch held 823 MB of logits and as much again of
+# log-softmax.
+CHUNK_POSITIONS = 1024
+
+
+@torch.no_grad()
+def lm_row_stats_chunked(hidden: torch.Tensor, output_head, labels: torch.Tensor,
+                         chunk: int = CHUNK_POSITIONS) -> torch.Tensor:
+    """``lm_row_stats`` from the hidden states that enter the output head, without a (B, T, V) logits tensor.
+
+    Only positions with a real next-token target go through ``output_head`` (padding and each row's last position
+    are skipped), ``chunk`` positions at a time, so at most (chunk, V) logits exist at once instead of the (B, T, V)
+    logits plus their float32 log-softmax. Same per-row sums as ``lm_row_stats(output_head(hidden), labels)`` up to
+    float rounding (tests/test_live.py). ``hidden`` may cover only the last T' <= T positions, as there.
+    """
+    labels = labels[:, labels.shape[1] - hidden.shape[1]:].to(hidden.device)
+    targets = labels[:, 1:]
+    rows, cols = (targets != IGNORE_INDEX).nonzero(as_tuple=True)
+    picked, wanted = hidden[:, :-1][rows, cols], targets[rows, cols]
+    loss = torch.empty(len(rows), dtype=torch.float64, device=hidden.device)
+    correct = torch.empty(len(rows), dtype=torch.float64, device=hidden.device)
+    for start in range(0, len(rows), chunk):
+        z = output_head(picked[start:start + chunk])
+        z = z.float() if z.dtype in (torch.float16, torch.bfloat16) else z
+        y = wanted[start:start + chunk]
+        loss[start:start + chunk] = F.cross_entropy(z, y, reduction="none").double()
+        correct[start:start + chunk] = (z.argmax(-1) == y).double()
+    stats = torch.zeros(hidden.shape[0], 3, dtype=torch.float64, device=hidden.device)
+    stats[:, 0].index_add_(0, rows, loss)
+    stats[:, 1].index_add_(0, rows, torch.ones_like(loss))
+    stats[:, 2].index_add_(0, rows, correct)
+    return stats.cpu()
+
+
 def lm_metrics(stats: torch.Tensor) -> dict:
     """Token-weighted dataset metrics from ``lm_row_stats`` rows: loss, perplexity = exp(loss), next-token
     accuracy, rows ``n`` and target ``tokens`` (module doc)."""
