@@ -84,8 +84,9 @@ def vocabulary() -> list[str]:
     return [w for w, _ in counts.most_common(VOCAB_WORDS)]
 
 
-def make_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
-    """Word-level tokenizer: lower-cases, splits words and punctuation, reads a row as <bos> words (<unk> else)."""
+def make_tokenizer(words: list[str], context: int = CONTEXT) -> PreTrainedTokenizerFast:
+    """Word-level tokenizer: lower-cases, splits words and punctuation, reads a row as <bos> words (<unk> else);
+    ``context``: its model_max_length (the long-context demo reuses it at 4,096)."""
     pad, bos, eos, unk = SPECIAL_TOKENS
     vocab = {token: i for i, token in enumerate([*SPECIAL_TOKENS, *words])}
     tok = Tokenizer(models.WordLevel(vocab, unk_token=unk))
@@ -93,7 +94,7 @@ def make_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, vocab[bos])])
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=pad, bos_token=bos, eos_token=eos, unk_token=unk,
-                                   model_max_length=CONTEXT)
+                                   model_max_length=context)
 
 
 def repeat_rows(words: list[str], rows: int, seed: int) -> TextDataset:
