@@ -59,6 +59,22 @@ def train_steps(model, batches: list[dict], optimizer, loss_of, progress, what: 
     model.eval()
 
 
+def train_llama(config, batches: list[dict], seed: int, learning_rate: float, weight_decay: float, loss_of, progress,
+                what: str = "training"):
+    """A LlamaForCausalLM of ``config`` initialised under ``torch.manual_seed(seed)`` and trained by
+    :func:`train_steps` with AdamW (betas (0.9, 0.98); weight decay on matrices only, not on norm scales)."""
+    from transformers import LlamaForCausalLM  # deferred: only the decoder demos train one
+
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM._from_config(config, attn_implementation="sdpa")
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=learning_rate, betas=(0.9, 0.98))
+    train_steps(model, batches, optimizer, loss_of, progress, what)
+    return model
+
+
 @contextmanager
 def exclusive_lock(lock_path: Path):
     """An exclusive file lock (POSIX), so concurrent processes build the demo once; no lock elsewhere."""

@@ -32,13 +32,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig
 
 from ..data import TextDataset
 from ..evaluation.metrics import evaluate
 from ..model.task import IGNORE_INDEX, Task
 from ..provenance import versions
-from .build import build_cached, cache_dir, read_info, stderr_progress, train_steps
+from .build import build_cached, cache_dir, read_info, stderr_progress, train_llama
 from .circuit import SPECIAL_TOKENS, make_tokenizer
 from .corpus import SEED
 
@@ -194,14 +194,8 @@ def train(progress=stderr_progress) -> tuple[torch.nn.Module, object, dict]:
         start, cpu_start = time.time(), time.process_time()
         tokenizer = make_tokenizer(vocabulary(), context=CONTEXT)
         batches = training_batches()
-        torch.manual_seed(SEED)
-        model = LlamaForCausalLM._from_config(model_config(len(tokenizer)), attn_implementation="sdpa")
-        decay = [p for p in model.parameters() if p.dim() >= 2]
-        no_decay = [p for p in model.parameters() if p.dim() < 2]
-        optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY},
-                                       {"params": no_decay, "weight_decay": 0.0}],
-                                      lr=LEARNING_RATE, betas=(0.9, 0.98))
-        train_steps(model, batches, optimizer, Task("lm").loss, progress, "training")
+        model = train_llama(model_config(len(tokenizer)), batches, SEED, LEARNING_RATE, WEIGHT_DECAY, Task("lm").loss,
+                            progress)
         train_seconds, train_cpu = time.time() - start, time.process_time() - cpu_start
         check = heldout_check(model)
     finally:
