@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 from platformdirs import user_cache_dir
+from transformers import LlamaForCausalLM
 
 from ..data import model_inputs
 
@@ -63,8 +64,6 @@ def train_llama(config, batches: list[dict], seed: int, learning_rate: float, we
                 what: str = "training"):
     """A LlamaForCausalLM of ``config`` initialised under ``torch.manual_seed(seed)`` and trained by
     :func:`train_steps` with AdamW (betas (0.9, 0.98); weight decay on matrices only, not on norm scales)."""
-    from transformers import LlamaForCausalLM  # deferred: only the decoder demos train one
-
     torch.manual_seed(seed)
     model = LlamaForCausalLM._from_config(config, attn_implementation="sdpa")
     decay = [p for p in model.parameters() if p.dim() >= 2]
