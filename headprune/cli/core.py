@@ -11,6 +11,7 @@ from pathlib import Path
 from ..demos.circuit import demo_circuit_info, ensure_demo_circuit_model
 from ..demos.classifier import demo_info, ensure_demo_model
 from ..demos.lm import demo_lm_info, ensure_demo_lm_model
+from ..demos.needle import demo_long_info, ensure_demo_long_model
 from ..errors import HeadpruneError
 from ..evaluation.harness import APPLY, HarnessError, HarnessSpec, resolve_tasks, run_lm_eval
 from ..evaluation.metrics import evaluate
@@ -44,8 +45,13 @@ from .kvcache import add_long_context_args, check_long_context, evaluate_long_co
 
 
 def cmd_demo(args) -> dict:
-    if args.lm and args.circuit:
-        raise HeadpruneError("Choose one demo: --lm or --circuit, not both.")
+    if sum(map(bool, (args.lm, args.circuit, args.long))) > 1:
+        raise HeadpruneError("Choose one demo: --lm, --circuit or --long, not two of them.")
+    if args.long:
+        path = ensure_demo_long_model(progress=tqdm_progress("long-context demo training"))
+        info = demo_long_info()
+        return {"model_path": str(path), **{k: info[k] for k in (
+            "heldout_accuracy", "context", "rope_theta", "parameters", "train_cpu_seconds", "build_seconds")}}
     if args.circuit:
         path = ensure_demo_circuit_model(progress=tqdm_progress("circuit demo training"))
         info = demo_circuit_info()
@@ -251,6 +257,10 @@ def add_commands(sub) -> None:
     p.add_argument("--circuit", action="store_true",
                    help="the circuit demo: a 3-layer Llama LM trained to copy repeated word blocks, whose induction "
                         "circuit is known (model 'demo-circuit', data 'demo-circuit')")
+    p.add_argument("--long", action="store_true",
+                   help="the long-context demo: a 3-layer Llama LM trained to retrieve a key over 1k-4k tokens of "
+                        "filler, for KV plans at long contexts (model 'demo-long', data 'demo-long'; evaluate "
+                        "--long-context passkey)")
     p.set_defaults(handler=cmd_demo)
 
     p = sub.add_parser("evaluate", help="the task's metric set (accuracy, F1, macro-F1, MCC; Pearson, Spearman; "

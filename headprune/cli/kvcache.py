@@ -139,7 +139,8 @@ def cmd_from_duo(args) -> dict:
     """``kvplan --from-duo DIR``: DuoAttention's folder read with its loader's steps and deployed by
     ``--full-share`` or ``--threshold`` into a plan file (``exports.read_duo_folder``); no weights load."""
     others = [flag for flag, value in (("--rule", args.rule), ("--export-duo", args.export_duo),
-                                       ("--mask", args.mask)) if value is not None]
+                                       ("--mask", args.mask), ("--compensation", args.compensation or None))
+              if value is not None]
     others += [flag for flag, name, _ in DUO_OPTIONS if getattr(args, name) is not None]
     if others:
         raise KVPlanError(f"--from-duo reads a learned pattern; {', '.join(others)} cannot apply to it.")
@@ -161,7 +162,8 @@ def write_plan_files(args, plan: KVPlan, summary_: dict) -> dict:
     if getattr(args, "export_duo", None):
         write_duo_folder(plan, args.export_duo)
     return {"out": args.out, **summary_, "full_kv_heads": int(plan.full.sum()), "kv_heads": plan.full.numel(),
-            "sink": plan.sink, "window": plan.window, "head_ids": plan.head_ids()["full_kv_heads"],
+            "sink": plan.sink, "window": plan.window, "compensation": plan.compensation,
+            "head_ids": plan.head_ids()["full_kv_heads"],
             "tsv": args.tsv, "head_ids_file": args.head_ids, "export_duo": getattr(args, "export_duo", None)}
 
 
@@ -191,6 +193,20 @@ def check_budget_args(args) -> None:
                      args.sink, args.beta, args.temperature)
 
 
+def check_compensation(args) -> None:
+    """``--compensation`` (RazorAttention's compensation token) belongs to --rule razor, and to an output that can
+    hold it (the plan JSON, --head-ids): DuoAttention's TSV and folder have no place for it."""
+    if not args.compensation:
+        return
+    if args.rule != "razor":
+        raise KVPlanError(f"--compensation is RazorAttention's compensation token (--rule razor), not --rule "
+                          f"{args.rule}'s.")
+    cannot = [flag for flag, value in (("--tsv", args.tsv), ("--export-duo", args.export_duo)) if value]
+    if cannot:
+        raise KVPlanError(f"{', '.join(cannot)}: DuoAttention's files have no compensation token, so the plan "
+                          "would stream without it there. Leave them out, or leave --compensation out.")
+
+
 def cmd_kvplan(args) -> dict:
     check_budget_args(args)
     if args.trajectory:
@@ -211,6 +227,7 @@ def cmd_kvplan(args) -> dict:
             check_full_share(args.full_share)
         return cmd_from_duo(args)
     args.rule = args.rule or DEFAULT_RULE
+    check_compensation(args)
     shares = razor_shares(args)
     if args.threshold is not None and args.rule != "duo":
         raise KVPlanError(f"--threshold deploys DuoAttention's learned gates (--rule duo or --from-duo); --rule "
@@ -252,6 +269,7 @@ def cmd_kvplan(args) -> dict:
         del meta["full_share"]
         plan = budget_plan(grouped, loaded.adapter.n_heads, args.budget, args.sink, args.beta, args.temperature,
                            {**meta, "group_reduce": args.group, "group_scores": readable})
+        plan.compensation = args.compensation
         extra.update(budget=plan.budget, budgets=plan.to_json()["budgets"], beta=args.beta,
                      temperature=args.temperature)
         return write_plan_files(args, plan, {**extra, "seconds": time.perf_counter() - start})
@@ -261,12 +279,14 @@ def cmd_kvplan(args) -> dict:
                                         load_mask(args, loaded))
         plan = razor_share_plan(echo, induction, loaded.adapter.n_kv_heads, args.sink, args.window, meta=meta,
                                 **shares)
+        plan.compensation = args.compensation
         return write_plan_files(args, plan, {"rule": "razor", **shares, "seconds": time.perf_counter() - start})
     if args.threshold is not None:   # DuoAttention's deploy by threshold: the share of groups at or above it
         grouped = np.nan_to_num(learned[0].gates, nan=-np.inf)
         share = float((grouped >= args.threshold).mean())
         meta["threshold"] = args.threshold
     plan = plan_from_scores(scores, loaded.adapter.n_kv_heads, share, args.sink, args.window, args.group, meta)
+    plan.compensation = args.compensation
     return write_plan_files(args, plan, {**extra, "seconds": time.perf_counter() - start})
 
 
@@ -285,7 +305,8 @@ def cmd_kv_trajectory(args) -> dict:
                           "--trajectory.")
     one_plan = [flag for flag, value in (("--from-duo", args.from_duo), ("--threshold", args.threshold),
                                          ("--echo-share", args.echo_share),
-                                         ("--induction-share", args.induction_share))
+                                         ("--induction-share", args.induction_share),
+                                         ("--compensation", args.compensation or None))
                 if value is not None] + [flag for flag, name, _ in DUO_OPTIONS if getattr(args, name) is not None]
     if one_plan:
         raise KVPlanError(f"{', '.join(one_plan)} apply to one plan, not to --trajectory (a trajectory's duo order "
@@ -508,6 +529,10 @@ def add_commands(sub) -> None:
                    help="razor: RazorAttention's own selection, the share of all query heads kept for their echo "
                         f"scores (reference default {RAZOR_ECHO_SHARE}); with --induction-share, instead of "
                         "--full-share")
+    p.add_argument("--compensation", action="store_true",
+                   help="razor: RazorAttention's compensation token -- each streaming group also attends to one entry "
+                        "whose key and value are the means of the keys it dropped, weighted by their number (Tang "
+                        "et al. 2024, §3.3); recorded in the plan, applied by evaluate / generate")
     p.add_argument("--induction-share", type=float,
                    help="razor: the share of all query heads kept for their induction scores (reference default "
                         f"{RAZOR_INDUCTION_SHARE}); the plan keeps the union of both sets full")

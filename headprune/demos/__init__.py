@@ -5,6 +5,7 @@
     classifier.py  "demo": MiniLM-L6 fine-tuned on the reviews (encoder, 6 x 12 heads)
     lm.py          "demo-lm": a 6-layer Llama LM with grouped-query attention trained on the same rows
     circuit.py     "demo-circuit": a 3-layer Llama LM whose repeated-block task needs an induction circuit
+    needle.py      "demo-long": a 3-layer Llama LM that retrieves a key over 1k-4k tokens of filler (passkey)
 
 Importing this package registers each demo as a named model (``headprune.model.loading.register_model``) and a
 named data set (``headprune.data.register_dataset``), the way ``arch`` families register; ``headprune``'s own
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from ..data import register_dataset
 from ..model.loading import register_model
-from . import circuit, classifier, lm
+from . import circuit, classifier, lm, needle
 from .corpus import fine_tuning, held_out
 
 register_model("demo", "MiniLM-L6 sentiment classifier fine-tuned on Rotten Tomatoes (built offline once)",
@@ -39,3 +40,7 @@ register_dataset("demo-circuit", "repeated random word blocks, scored on the rep
 register_dataset("demo-circuit-choice", "induction questions for demo-circuit: a block, its repeat cut after a "
                  "word, and four words of the block; the right one follows that word (multiple choice)",
                  circuit.demo_circuit_choice_dataset, labelled=False, task="multiple_choice", language=False)
+register_model("demo-long", "3-layer Llama LM trained to retrieve a key over 1k-4k tokens of filler: the passkey "
+               "task at long contexts (built offline once)", needle.ensure_demo_long_model, causal=True)
+register_dataset("demo-long", "filler texts for demo-long: the haystack of evaluate --long-context passkey",
+                 needle.demo_long_dataset, labelled=False, language=False)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 from platformdirs import user_cache_dir
+from transformers import LlamaForCausalLM
 
 from ..data import model_inputs
 
@@ -57,6 +58,20 @@ def train_steps(model, batches: list[dict], optimizer, loss_of, progress, what: 
         if step % 20 == 0 or step == len(batches) - 1:
             progress(0.9 * (step + 1) / len(batches), f"{what} step {step + 1}/{len(batches)}, loss {loss:.3f}")
     model.eval()
+
+
+def train_llama(config, batches: list[dict], seed: int, learning_rate: float, weight_decay: float, loss_of, progress,
+                what: str = "training"):
+    """A LlamaForCausalLM of ``config`` initialised under ``torch.manual_seed(seed)`` and trained by
+    :func:`train_steps` with AdamW (betas (0.9, 0.98); weight decay on matrices only, not on norm scales)."""
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM._from_config(config, attn_implementation="sdpa")
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=learning_rate, betas=(0.9, 0.98))
+    train_steps(model, batches, optimizer, loss_of, progress, what)
+    return model
 
 
 @contextmanager

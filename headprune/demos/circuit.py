@@ -42,13 +42,13 @@ from pathlib import Path
 import numpy as np
 import torch
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaConfig, PreTrainedTokenizerFast
 
 from ..data import TextDataset, make_batches
 from ..evaluation.metrics import evaluate
 from ..model.task import IGNORE_INDEX, Task
 from ..provenance import versions
-from .build import build_cached, cache_dir, read_info, stderr_progress, train_steps
+from .build import build_cached, cache_dir, read_info, stderr_progress, train_llama
 from .corpus import SEED, demo_split, reviews
 
 RECIPE = "demo-circuit-llama-v2"   # bump when anything below changes: the cache folder is named after it
@@ -84,8 +84,9 @@ def vocabulary() -> list[str]:
     return [w for w, _ in counts.most_common(VOCAB_WORDS)]
 
 
-def make_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
-    """Word-level tokenizer: lower-cases, splits words and punctuation, reads a row as <bos> words (<unk> else)."""
+def make_tokenizer(words: list[str], context: int = CONTEXT) -> PreTrainedTokenizerFast:
+    """Word-level tokenizer: lower-cases, splits words and punctuation, reads a row as <bos> words (<unk> else);
+    ``context``: its model_max_length (the long-context demo reuses it at 4,096)."""
     pad, bos, eos, unk = SPECIAL_TOKENS
     vocab = {token: i for i, token in enumerate([*SPECIAL_TOKENS, *words])}
     tok = Tokenizer(models.WordLevel(vocab, unk_token=unk))
@@ -93,7 +94,7 @@ def make_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, vocab[bos])])
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=pad, bos_token=bos, eos_token=eos, unk_token=unk,
-                                   model_max_length=CONTEXT)
+                                   model_max_length=context)
 
 
 def repeat_rows(words: list[str], rows: int, seed: int) -> TextDataset:
@@ -188,14 +189,8 @@ def train(progress=stderr_progress) -> tuple[torch.nn.Module, object, dict]:
         words = vocabulary()
         tokenizer = make_tokenizer(words)
         batches = training_batches(tokenizer, words)
-        torch.manual_seed(SEED)
-        model = LlamaForCausalLM._from_config(model_config(len(tokenizer)), attn_implementation="sdpa")
-        decay = [p for p in model.parameters() if p.dim() >= 2]
-        no_decay = [p for p in model.parameters() if p.dim() < 2]
-        optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY},
-                                       {"params": no_decay, "weight_decay": 0.0}],
-                                      lr=LEARNING_RATE, betas=(0.9, 0.98))
-        train_steps(model, batches, optimizer, Task("lm").loss, progress, "training")
+        model = train_llama(model_config(len(tokenizer)), batches, SEED, LEARNING_RATE, WEIGHT_DECAY, Task("lm").loss,
+                            progress)
         train_seconds, train_cpu = time.time() - start, time.process_time() - cpu_start
         metrics = evaluate(model, make_batches(tokenizer, demo_circuit_dataset(), 64, CONTEXT), task=Task("lm"))
     finally:

@@ -19,7 +19,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
 
 from .plan import KVPlanError
-from .restrict import CONFIG_KEY, KVPart, SplitKV
+from .restrict import CONFIG_KEY, Dropped, KVPart, SplitKV
 
 MODES = ("full", "restricted", "mixed")
 GROWTH, MIN_GROWTH = 0.25, 256   # a full buffer grows by a quarter of itself, at least 256 tokens
@@ -29,14 +29,36 @@ class Ring:
     """The S + W slots of the streaming heads sharing one window W: (B, n, S + W, d) keys and values. Position
     p < S sits in slot p (the sinks), a later one in slot S + (p - S) mod W (a ring: the new key overwrites position
     p - W, which no query from p on can see); ``slot_positions`` holds each slot's position. The attention function
-    masks by position, so the ring's order does not matter."""
+    masks by position, so the ring's order does not matter. With ``compensation`` (RazorAttention's token,
+    ``restrict`` module doc) the ring also keeps the float64 sums of every key and value it dropped and their count
+    (``dropped``): 2 x d numbers per head beside its S + W slots, whatever the length."""
 
-    def __init__(self, heads: list[int], sink: int, window: int, like: torch.Tensor):
+    def __init__(self, heads: list[int], sink: int, window: int, like: torch.Tensor, compensation: bool = False):
         b, _, _, d = like.shape
         self.heads, self.sink, self.window = heads, sink, window
         slots = sink + window
         self.k_buf, self.v_buf = like.new_zeros(b, len(heads), slots, d), like.new_zeros(b, len(heads), slots, d)
         self.slot_positions = torch.full((slots,), -1, dtype=torch.long, device=like.device)
+        self.dropped = None
+        if compensation:
+            zeros = like.new_zeros(b, len(heads), d, dtype=torch.float64)
+            self.dropped = Dropped(zeros, zeros.clone(), 0)
+
+    def fold(self, keys: torch.Tensor, values: torch.Tensor, new_pos: torch.Tensor, length: int, end: int) -> None:
+        """Add to ``dropped`` the keys that leave the window once the tokens up to ``end`` are in: positions
+        S <= p <= end - 1 - W not dropped before (those held, p >= length - W, and the new ones)."""
+        held_k, held_v, held_pos = self.views(length)
+        last = end - 1 - self.window
+        for k, v, pos in ((held_k, held_v, held_pos), (keys, values, new_pos)):
+            leaving = (pos >= self.sink) & (pos <= last)
+            if bool(leaving.any()):
+                self.dropped.k_sum += k[:, :, leaving].double().sum(-2)
+                self.dropped.v_sum += v[:, :, leaving].double().sum(-2)
+                self.dropped.count += int(leaving.sum())
+
+    def snapshot(self) -> Dropped | None:
+        d = self.dropped
+        return None if d is None else Dropped(d.k_sum.clone(), d.v_sum.clone(), d.count)
 
     def held(self, length: int) -> int:
         """Slots in use after ``length`` tokens: they fill in order until all S + W are."""
@@ -70,8 +92,9 @@ class MixedLayer(CacheLayerMixin):
     is_sliding = False
 
     def __init__(self, kv_stream: list[bool], sink: int, window: int | None = None,
-                 kv_windows: list[int] | None = None):
+                 kv_windows: list[int] | None = None, compensation: bool = False):
         super().__init__()
+        self.compensation = compensation
         self.full_heads = [j for j, s in enumerate(kv_stream) if not s]
         kv_windows = [window] * len(kv_stream) if kv_windows is None else kv_windows
         by_window: dict[int, list[int]] = {}
@@ -93,7 +116,8 @@ class MixedLayer(CacheLayerMixin):
                               "prompt on its own (or use the restricted full cache, mode='restricted').")
         self.full_k_buf = key_states.new_zeros(b, len(self.full_heads), 0, d)
         self.full_v_buf = key_states.new_zeros(b, len(self.full_heads), 0, d)
-        self.rings = [Ring(heads, self.sink, window, key_states) for window, heads in self.windows.items()]
+        self.rings = [Ring(heads, self.sink, window, key_states, self.compensation)
+                      for window, heads in self.windows.items()]
         self.is_initialized = True
 
     # -- what the layer holds (views of the buffers) ---------------------------------------------------------------
@@ -150,14 +174,19 @@ class MixedLayer(CacheLayerMixin):
             new_k, new_v = key_states[:, ring.heads], value_states[:, ring.heads]
             if t_new > 1:
                 # queries of a chunk may need keys its own later tokens push out of the ring: this step reads the
-                # held keys and the whole chunk (a copy, once per chunk), the ring keeps what later queries can see
+                # held keys and the whole chunk (a copy, once per chunk), the ring keeps what later queries can see;
+                # a compensation token reads what was dropped before the chunk (the chunk's own drops per query)
                 k, v, positions = ring.views(self.length)
                 k, v = torch.cat([k, new_k], dim=-2), torch.cat([v, new_v], dim=-2)
                 positions = torch.cat([positions, new_pos])
+                dropped = ring.snapshot()
+            if ring.dropped is not None:
+                ring.fold(new_k, new_v, new_pos, self.length, end)
             ring.write(new_k, new_v, new_pos, end)
             if t_new == 1:   # the one new query sees every slot held: the ring after the write is what it reads
                 k, v, positions = ring.views(end)
-            parts.append(KVPart(ring.heads, k, v, positions, ring.window))
+                dropped = ring.dropped
+            parts.append(KVPart(ring.heads, k, v, positions, ring.window, dropped))
         self.length = end
         split = SplitKV(parts, end)
         return split, split
@@ -172,12 +201,14 @@ class MixedLayer(CacheLayerMixin):
         return -1
 
     def tensors(self, allocated: bool = False) -> list[torch.Tensor]:
-        """The keys/values held (views), or with ``allocated`` the buffers behind them (spare capacity included)."""
+        """The keys/values held (views), or with ``allocated`` the buffers behind them (spare capacity included);
+        a compensation token's running sums count in both."""
         if not self.is_initialized:
             return []
+        sums = [t for r in self.rings if r.dropped is not None for t in (r.dropped.k_sum, r.dropped.v_sum)]
         if allocated:
-            return [self.full_k_buf, self.full_v_buf] + [t for r in self.rings for t in (r.k_buf, r.v_buf)]
-        return [self.full_k, self.full_v] + [t for r in self.rings for t in r.views(self.length)[:2]]
+            return [self.full_k_buf, self.full_v_buf] + [t for r in self.rings for t in (r.k_buf, r.v_buf)] + sums
+        return [self.full_k, self.full_v] + [t for r in self.rings for t in r.views(self.length)[:2]] + sums
 
 
 class MixedCache(Cache):
@@ -185,8 +216,9 @@ class MixedCache(Cache):
 
     def __init__(self, model):
         specs = getattr(model.config, CONFIG_KEY)
-        super().__init__(layers=[MixedLayer(specs[i]["kv_stream"], specs[i]["sink"],
-                                            kv_windows=specs[i]["kv_windows"]) for i in range(len(specs))])
+        super().__init__(layers=[MixedLayer(specs[i]["kv_stream"], specs[i]["sink"], kv_windows=specs[i]["kv_windows"],
+                                            compensation=specs[i].get("compensation", False))
+                                 for i in range(len(specs))])
 
 
 def cache_bytes(cache: Cache, allocated: bool = False) -> int:

@@ -100,6 +100,7 @@ def check_duo_folder(folder: str | Path) -> Path:
 def write_duo_folder(plan: KVPlan, folder: str | Path) -> dict:
     """DuoAttention's folder (module doc): ``full_attention_heads.tsv`` and ``config.json``. Files are written
     beside their final names and renamed into place; returns what config.json says."""
+    plan.refuse_compensation("DuoAttention's folder")
     folder = check_duo_folder(folder)
     folder.mkdir(exist_ok=True)
     values = duo_tsv_values(plan)

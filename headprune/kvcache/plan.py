@@ -27,6 +27,12 @@ every group its own window: group g keeps the S sinks and its last W_g keys, a b
 
 Full and all-streaming plans are its two extremes (every budget null; every budget S + W). Version 1 files load
 as before; any other version is refused (a newer headprune's file is not read as an older one).
+
+Either version may say ``"compensation": true``: RazorAttention's compensation token (Tang et al. 2024, arXiv
+2407.15891, §3.3, Eq. 4-5): each streaming group also holds ONE entry summarising the keys it dropped (every
+position p with S <= p <= q - W at query q): key and value are the MEAN of the dropped keys and values, attended
+with weight N_d (the number dropped), i.e. its logit gets + log N_d. A file without the key streams as before
+(no compensation); a value that is not true / false is refused.
 """
 
 from __future__ import annotations
@@ -82,9 +88,13 @@ class KVPlan:
     meta: dict = field(default_factory=dict)
     windows: torch.Tensor | None = None
     budget: int | None = None
+    compensation: bool = False   # RazorAttention's compensation token for every streaming group (module doc)
 
     def __post_init__(self):
         self.full = torch.as_tensor(self.full, dtype=torch.bool)
+        if not isinstance(self.compensation, bool):
+            raise KVPlanError(f'A KV plan\'s "compensation" is true or false (RazorAttention\'s compensation token); '
+                              f"got {self.compensation!r}.")
         if self.windows is not None:
             self.check_budgets()
         check_window(self.sink, self.window)
@@ -160,7 +170,7 @@ class KVPlan:
 
     def with_window(self, sink: int, window: int) -> KVPlan:
         """The same full / streaming grid at one sink and window (a budget plan's own windows are dropped)."""
-        return KVPlan(self.full.clone(), self.n_heads, sink, window, dict(self.meta))
+        return KVPlan(self.full.clone(), self.n_heads, sink, window, dict(self.meta), compensation=self.compensation)
 
     # -- fitting a model -----------------------------------------------------------------------------------------
     def check_fits(self, adapter) -> None:
@@ -175,15 +185,17 @@ class KVPlan:
 
     # -- files ---------------------------------------------------------------------------------------------------
     def to_json(self) -> dict:
+        # written only when set, so a plan without the token is byte for byte the file it always was
+        extra = {"compensation": True} if self.compensation else {}
         if self.is_budget:
             budgets = [[None if f else self.sink + int(w) for f, w in zip(frow.tolist(), wrow.tolist())]
                        for frow, wrow in zip(self.full, self.windows)]
             return {"format": FORMAT, "version": 2, "kind": "budgets", "shape": list(self.shape),
                     "n_heads": self.n_heads, "sink": self.sink, "budget": self.budget, "budgets": budgets,
-                    **self.meta}
+                    **extra, **self.meta}
         full = {str(layer): [int(g) for g in torch.nonzero(row).flatten()] for layer, row in enumerate(self.full)}
         return {"format": FORMAT, "version": 1, "shape": list(self.shape), "n_heads": self.n_heads,
-                "sink": self.sink, "window": self.window, "full": full, **self.meta}
+                "sink": self.sink, "window": self.window, "full": full, **extra, **self.meta}
 
     @classmethod
     def from_json(cls, obj) -> KVPlan:
@@ -215,8 +227,9 @@ class KVPlan:
                                   f"got {groups!r}.")
             full[int(key), groups] = True
         meta = {k: v for k, v in obj.items() if k not in ("format", "version", "shape", "n_heads", "sink", "window",
-                                                          "full")}
-        return cls(full, obj["n_heads"], obj.get("sink", 4), obj.get("window", 64), meta)
+                                                          "full", "compensation")}
+        return cls(full, obj["n_heads"], obj.get("sink", 4), obj.get("window", 64), meta,
+                   compensation=obj.get("compensation", False))
 
     @classmethod
     def budgets_from_json(cls, obj: dict) -> KVPlan:
@@ -244,8 +257,9 @@ class KVPlan:
         full = torch.tensor([[v is None for v in row] for row in rows], dtype=torch.bool)
         windows = torch.tensor([[0 if v is None else v - sink for v in row] for row in rows], dtype=torch.long)
         meta = {k: v for k, v in obj.items() if k not in ("format", "version", "kind", "shape", "n_heads", "sink",
-                                                          "budget", "budgets")}
-        return cls(full, obj["n_heads"], sink, 1, meta, windows=windows, budget=obj.get("budget"))
+                                                          "budget", "budgets", "compensation")}
+        return cls(full, obj["n_heads"], sink, 1, meta, windows=windows, budget=obj.get("budget"),
+                   compensation=obj.get("compensation", False))
 
     def write(self, path: str | Path) -> None:
         # whole or not at all, through the one module that owns outputs: its temporary name is its own, so a
@@ -270,7 +284,15 @@ class KVPlan:
         if self.is_budget:
             raise KVPlanError("DuoAttention's full_attention_heads.tsv holds one window for every streaming head; "
                               "a budget plan's groups each have their own. Export its JSON (the budgets) instead.")
+        self.refuse_compensation("DuoAttention's full_attention_heads.tsv")
         return "".join("\t".join("1.0" if v else "0.0" for v in row.tolist()) + "\n" for row in self.full)
+
+    def refuse_compensation(self, where: str) -> None:
+        """An export whose reader has no compensation token would stream without it: refused, not dropped."""
+        if self.compensation:
+            raise KVPlanError(f"This plan streams with RazorAttention's compensation token; {where} has no place for "
+                              "it (its streaming heads would drop the far keys without it). Export the plan JSON, or "
+                              "make the plan without --compensation.")
 
     def head_ids(self) -> dict:
         """A JSON of head ids other tools read: full and streaming (layer, kv head) pairs, and the query heads
@@ -279,6 +301,7 @@ class KVPlan:
         return {"full_kv_heads": pairs(self.full), "streaming_kv_heads": pairs(~self.full),
                 "full_query_heads": pairs(self.query_full()), "streaming_query_heads": pairs(~self.query_full()),
                 "sink": self.sink, "window": self.window, "shape": list(self.shape), "n_heads": self.n_heads,
+                **({"compensation": True} if self.compensation else {}),
                 **({"budgets": self.to_json()["budgets"], "budget": self.budget} if self.is_budget else {})}
 
     # -- memory ----------------------------------------------------------------------------------------------------

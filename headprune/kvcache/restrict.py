@@ -13,6 +13,15 @@ either one tensor (B, H_kv, T_k, d) at positions 0..T_k-1 -- the ordinary cache 
 -- or a :class:`SplitKV` from ``cache.MixedCache``, where streaming heads hold only their S + W keys with their
 positions. A budget plan's groups each stream at their own window W_g; the restriction is per query head. Queries
 are the last T_q positions. Rows are right-padded (headprune's batches), so a position is a token index.
+
+A plan with ``compensation`` (RazorAttention's compensation token, Tang et al. 2024, arXiv 2407.15891, §3.3): a
+streaming head at query q also attends to one extra entry standing for the keys it dropped, D(q) = {p : S <= p <= q
+- W}: key k^ and value v^ the means of the dropped keys and values (Eq. 4), its exponentiated logit weighted by N_d =
+|D(q)| (Eq. 5: N_d exp(q k^) beside exp(q k_m) of each kept key), i.e. logit q k^ x scaling + log N_d. Keys are
+taken after the rotary embedding, as the paper's Algorithm 1 does. The dense path sums D(q) by prefix sums over the
+positions; the mixed cache keeps the running sums of what its rings dropped (``cache.Ring``), so both attend the
+same entry. Computed with the eager arithmetic (SDPA has no extra per-query entry); returned probabilities are
+those of the real keys (the entry's share is the rest).
 """
 
 from __future__ import annotations
@@ -34,15 +43,27 @@ CONFIG_KEY = "headprune_kv"
 
 
 @dataclass
+class Dropped:
+    """What a streaming part has dropped outside the keys it hands over: the sums of those keys and values
+    (B, n, d), float64, and how many positions they hold (the compensation token's running state)."""
+
+    k_sum: torch.Tensor
+    v_sum: torch.Tensor
+    count: int
+
+
+@dataclass
 class KVPart:
     """Keys and values of some physical key/value heads of one layer: (B, n, K, d) at ``positions`` (K,);
-    ``window``: None for full heads (every position 0..T-1), else their streaming window W."""
+    ``window``: None for full heads (every position 0..T-1), else their streaming window W; ``dropped``: with a
+    compensation token, the keys dropped before these (the attention adds those of ``positions`` a query drops)."""
 
     heads: list[int]
     k: torch.Tensor
     v: torch.Tensor
     positions: torch.Tensor
     window: int | None
+    dropped: Dropped | None = None
 
 
 @dataclass
@@ -58,6 +79,57 @@ def window_allowed(q_pos: torch.Tensor, k_pos: torch.Tensor, sink: int, window: 
     """Bool (T_q, T_k): key position p is visible to query position q for a streaming head (causal, sink, window)."""
     q, k = q_pos[:, None], k_pos[None, :]
     return (k <= q) & ((k < sink) | (k > q - window))
+
+
+def dropped_by(q_pos: torch.Tensor, k_pos: torch.Tensor, sink: int, window) -> torch.Tensor:
+    """Bool (T_q, T_k): key position p is one a streaming head dropped at query q (S <= p <= q - W)."""
+    q, k = q_pos[:, None], k_pos[None, :]
+    return (k >= sink) & (k <= q - window)
+
+
+def compensation_entry(k_sum: torch.Tensor, v_sum: torch.Tensor, count: torch.Tensor, dtype: torch.dtype):
+    """RazorAttention's entry from the dropped keys' and values' sums (B, n, T_q, d) and their count (.., n, T_q):
+    (mean key, mean value, log N_d) -- log 0 = -inf where a query dropped nothing (the entry then weighs 0) -- or
+    None when no query dropped anything (the plain restriction, exactly)."""
+    if not bool((count > 0).any()):
+        return None
+    mean = lambda total: (total / count.clamp(min=1)[..., None]).to(dtype)  # noqa: E731
+    log_weight = torch.where(count > 0, count.double().log(), float("-inf"))
+    return mean(k_sum), mean(v_sum), log_weight
+
+
+def dense_compensation(spec: dict, key: torch.Tensor, value: torch.Tensor, t_q: int):
+    """The compensation entry per streaming key/value head and query over a full key tensor (positions 0..T_k-1):
+    D(q) = S..q - W_h is a prefix of the positions, so its sums are read from cumulative sums (float64)."""
+    t_k, sink = key.shape[2], spec["sink"]
+    stream = torch.tensor(spec["kv_stream"], dtype=torch.bool, device=key.device)
+    windows = torch.tensor(spec["kv_windows"], dtype=torch.long, device=key.device)
+    q_pos = torch.arange(t_k - t_q, t_k, device=key.device)
+    last = q_pos[None, :] - windows[:, None]                                   # (n, T_q): the last dropped p
+    count = torch.where(stream[:, None], (last - sink + 1).clamp(min=0), 0)    # (n, T_q)
+    if not bool((count > 0).any()):
+        return None
+    index = (last - sink).clamp(min=0)[None, :, :, None]                       # (1, n, T_q, 1)
+
+    def sums(states):
+        prefix = states[:, :, sink:].double().cumsum(-2)
+        if prefix.shape[-2] == 0:
+            return states.new_zeros(*states.shape[:2], t_q, states.shape[-1], dtype=torch.float64)
+        taken = prefix.gather(-2, index.clamp(max=prefix.shape[-2] - 1).expand(states.shape[0], -1, -1,
+                                                                                 states.shape[-1]))
+        return taken * (count > 0)[None, :, :, None]
+
+    return compensation_entry(sums(key), sums(value), count[None], key.dtype)
+
+
+def split_compensation(part: KVPart, q_pos: torch.Tensor, sink: int, dtype: torch.dtype):
+    """The compensation entry of a mixed cache's streaming part: what it dropped before (``part.dropped``) plus
+    the positions it hands over that each query drops."""
+    drop = dropped_by(q_pos, part.positions.to(q_pos.device), sink, part.window).double()   # (T_q, K)
+    k_sum = part.dropped.k_sum[:, :, None] + drop @ part.k.double()
+    v_sum = part.dropped.v_sum[:, :, None] + drop @ part.v.double()
+    count = (part.dropped.count + drop.sum(-1))[None, None].expand(1, part.k.shape[1], -1)
+    return compensation_entry(k_sum, v_sum, count, dtype)
 
 
 def base_allowed(attention_mask: torch.Tensor | None, t_q: int, k_pos: torch.Tensor) -> torch.Tensor:
@@ -134,9 +206,13 @@ def check_arguments(kwargs: dict) -> None:
                           "ignored. Use a model without them, or no --kv-plan.")
 
 
-def eager_core(module, query, key, value, allowed, scaling: float, dropout: float, softcap=None, s_aux=None):
+def eager_core(module, query, key, value, allowed, scaling: float, dropout: float, softcap=None, s_aux=None,
+               entry=None):
     """transformers' eager arithmetic op for op (Gemma 2's logit soft-capping before the mask; gpt-oss's learned
-    sink logit as one extra column of the softmax, dropped after it), ``allowed`` as the mask."""
+    sink logit as one extra column of the softmax, dropped after it), ``allowed`` as the mask; ``entry``: a
+    compensation entry (:func:`compensation_entry`), one more column per query (``compensated_core``)."""
+    if entry is not None:
+        return compensated_core(module, query, key, value, allowed, scaling, dropout, softcap, s_aux, entry)
     groups = query.shape[1] // key.shape[1]
     mask = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device)
     mask.masked_fill_(~allowed, torch.finfo(query.dtype).min)
@@ -156,6 +232,31 @@ def eager_core(module, query, key, value, allowed, scaling: float, dropout: floa
     return out.transpose(1, 2).contiguous(), weights
 
 
+def compensated_core(module, query, key, value, allowed, scaling, dropout, softcap, s_aux, entry):
+    """:func:`eager_core` with RazorAttention's entry as one more softmax column: logit (q . k^) x scaling (soft-capped
+    like the others) + log N_d, its probability times v^ added to the output (module doc)."""
+    groups = query.shape[1] // key.shape[1]
+    mean_k, mean_v, log_weight = entry
+    mask = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device)
+    mask.masked_fill_(~allowed, torch.finfo(query.dtype).min)
+    weights = torch.matmul(query, repeat_kv(key, groups).transpose(2, 3)) * scaling
+    extra = (query * repeat_kv(mean_k, groups)).sum(-1, keepdim=True) * scaling      # (B, H, T_q, 1)
+    if softcap is not None:
+        weights = torch.tanh(weights / softcap) * softcap
+        extra = torch.tanh(extra / softcap) * softcap
+    extra = extra + log_weight.repeat_interleave(groups, dim=1)[..., None].to(extra.dtype)
+    columns = [weights + mask, extra]
+    if s_aux is not None:
+        columns.append(s_aux.reshape(1, -1, 1, 1).expand(query.shape[0], -1, query.shape[-2], -1))
+    combined = torch.cat(columns, dim=-1)
+    probs = F.softmax(combined - combined.max(dim=-1, keepdim=True).values, dim=-1, dtype=torch.float32)
+    probs = F.dropout(probs.to(query.dtype), p=dropout, training=module.training)
+    t_k = key.shape[2]
+    out = torch.matmul(probs[..., :t_k], repeat_kv(value, groups)) + probs[..., t_k:t_k + 1] * repeat_kv(mean_v,
+                                                                                                         groups)
+    return out.transpose(1, 2).contiguous(), probs[..., :t_k]
+
+
 def eager_kv_attention(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0,
                        softcap=None, s_aux=None, **kwargs):
     """transformers' eager attention (repeat_kv, QK^T x scaling + mask, float32 softmax, x V) with the plan's
@@ -163,8 +264,10 @@ def eager_kv_attention(module, query, key, value, attention_mask, scaling: float
     check_arguments(kwargs)
     if isinstance(key, SplitKV):   # generation over a mixed cache: outputs only (probabilities need the full cache)
         return split_attention(module, query, key, attention_mask, scaling, softcap, s_aux), None
-    allowed = dense_allowed(layer_spec(module), query, key.shape[2], attention_mask)
-    return eager_core(module, query, key, value, allowed, scaling, dropout, softcap, s_aux)
+    spec = layer_spec(module)
+    allowed = dense_allowed(spec, query, key.shape[2], attention_mask)
+    entry = dense_compensation(spec, key, value, query.shape[2]) if spec.get("compensation") else None
+    return eager_core(module, query, key, value, allowed, scaling, dropout, softcap, s_aux, entry)
 
 
 def sdpa_kv_attention(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0,
@@ -175,10 +278,12 @@ def sdpa_kv_attention(module, query, key, value, attention_mask, scaling: float,
     check_arguments(kwargs)
     if isinstance(key, SplitKV):
         return split_attention(module, query, key, attention_mask, scaling, softcap, s_aux), None
-    allowed = dense_allowed(layer_spec(module), query, key.shape[2], attention_mask)
-    if softcap is not None or s_aux is not None:
+    spec = layer_spec(module)
+    allowed = dense_allowed(spec, query, key.shape[2], attention_mask)
+    entry = dense_compensation(spec, key, value, query.shape[2]) if spec.get("compensation") else None
+    if softcap is not None or s_aux is not None or entry is not None:
         return eager_core(module, query, key, value, allowed, scaling, dropout if module.training else 0.0, softcap,
-                          s_aux)[0], None
+                          s_aux, entry)[0], None
     groups = query.shape[1] // key.shape[1]
     out = F.scaled_dot_product_attention(query, repeat_kv(key, groups), repeat_kv(value, groups), attn_mask=allowed,
                                          dropout_p=dropout if module.training else 0.0, scale=scaling)
@@ -205,10 +310,11 @@ def split_attention(module, query: torch.Tensor, kv: SplitKV, attention_mask, sc
         allowed = base_allowed(attention_mask, t_q, k_pos)
         if part.window is not None:
             allowed = allowed & window_allowed(q_pos, k_pos, spec["sink"], part.window)[None, None]
-        if softcap is not None or s_aux is not None:
+        entry = None if part.dropped is None else split_compensation(part, q_pos, spec["sink"], query.dtype)
+        if softcap is not None or s_aux is not None or entry is not None:
             sinks = None if s_aux is None else s_aux[rows]
             out[:, rows] = eager_core(module, query[:, rows], part.k, part.v, allowed, scaling, 0.0, softcap,
-                                      sinks)[0].transpose(1, 2)
+                                      sinks, entry)[0].transpose(1, 2)
             continue
         # a decode step usually sees every key it holds: no mask then lets SDPA take its fastest kernel
         out[:, rows] = F.scaled_dot_product_attention(query[:, rows], part.k, part.v,
@@ -237,8 +343,22 @@ def layer_specs(adapter, plan: KVPlan) -> dict[int, dict]:
         kv_windows = [int(windows[block.index, g]) for g in block.kv_sources]
         positions = block.kv_of_position()
         specs[layer] = {"stream": [kv_stream[j] for j in positions], "windows": [kv_windows[j] for j in positions],
-                        "kv_stream": kv_stream, "kv_windows": kv_windows, "sink": plan.sink}
+                        "kv_stream": kv_stream, "kv_windows": kv_windows, "sink": plan.sink,
+                        "compensation": plan.compensation}
     return specs
+
+
+def refuse_sliding(config) -> None:
+    """A compensation token sums every key a streaming head drops; a layer whose own sliding window already hides
+    keys would need that window in the sums too (the mixed cache keeps one running sum), so such models are refused
+    with the token, not compensated for keys they never saw."""
+    config = getattr(config, "text_config", None) or config
+    types = getattr(config, "layer_types", None) or []
+    sliding = any(t != "full_attention" for t in types) if types else \
+        bool(getattr(config, "sliding_window", None)) and getattr(config, "use_sliding_window", True) is not False
+    if sliding:
+        raise KVPlanError("RazorAttention's compensation token (the plan's \"compensation\") is not implemented for "
+                          "models with sliding-window attention layers; use the plan without it.")
 
 
 @contextmanager
@@ -251,6 +371,8 @@ def restricted(model, plan: KVPlan, adapter=None):
     """
     adapter = adapter or adapt(model)
     plan.check_fits(adapter)
+    if plan.compensation:
+        refuse_sliding(model.config)
     copy = structural_copy(model)
     setattr(copy.config, CONFIG_KEY, layer_specs(adapt(copy), plan))
     eager = getattr(model.config, "_attn_implementation", None) == "eager"

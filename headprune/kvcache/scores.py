@@ -9,6 +9,7 @@ Rules (``RULES``; any registered pruning criterion's name works too):
             Score = max(echo, induction) per query head. With separate shares (``razor_share_plan``, the
             reference's own selection: the top 1 % of heads by echo and the top 14 % by induction by default,
             mindspore_gs ``RAConfig``) the plan is the union of the two sets instead of a top share of the max.
+            Its compensation token (§3.3) is an option of the plan (``KVPlan.compensation``, ``restrict``).
 ``duo``     DuoAttention's identification as published (Xiao et al. 2024, arXiv 2410.10819, §3.2; ``duo``
             module): one gate per key/value group mixing full and streaming attention, learned by distillation
             (final hidden states' L2 error on passkey answer tokens + L1 on the gates) on synthetic passkeys in
@@ -49,7 +50,7 @@ RAZOR_ECHO_SHARE, RAZOR_INDUCTION_SHARE = 0.01, 0.14
 # what each rule is: the published method, or a proxy of it (the dashboard's cards say which); a criterion is a proxy
 RULE_KINDS = {"razor": "published (RazorAttention, Tang et al. 2024, §3.2: echo and induction scores; one share of "
                        "max(echo, induction), or the reference's own two shares with --echo-share / "
-                       "--induction-share; no compensation token)",
+                       "--induction-share; its compensation token for the streaming heads with --compensation)",
               "duo": "published (DuoAttention, Xiao et al. 2024: gates learned by distillation on passkeys)",
               "far-mass": "proxy (attention mass outside sink + window: DuoAttention's question asked directly, "
                           "kvpress's on-the-fly kind of approximation, not DuoAttention's learned gates)",
