@@ -5,8 +5,12 @@ no traceback, nothing created or deleted."""
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 import torch
+from conftest import tiny_protocol
 from test_fuzz_inputs import no_weights  # noqa: F401 - the fixture: a refusal comes before any weights load
 
 from headprune.cli import main
@@ -110,3 +114,108 @@ def test_shard_values_outside_ascii_whole_numbers_or_the_bound_are_refused(shard
     path = _protocol(tmp_path, tiny_model_dir, tiny_csv)
     line = _refused(["run", path, "--out", tmp_path / "out", f"--shard={shard}"], capsys)
     assert "--shard" in line and "Accepted: I/N" in line and not (tmp_path / "out").exists()
+
+
+# -- a results folder read as untrusted input (run --merge, run --status) --------------------------------------------
+
+DENSE_CELL, RANDOM_CELL = "cells/{m}__dense__r0.json", "cells/{m}__random__s0.5__r0.json"
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory, tiny_model_dir, tiny_csv, one_thread) -> dict:
+    """A finished run of a one-criterion protocol (2 cells, about a second): {"out": folder, "slug": model slug}."""
+    root = tmp_path_factory.mktemp("results")
+    protocol = tiny_protocol(root / "p.toml", tiny_model_dir, tiny_csv, name="tiny", sparsities="[0.5]")
+    assert main(["run", protocol, "--out", str(root / "out"), "--no-plots"]) == 0
+    cells = sorted(p.name for p in (root / "out" / "cells").iterdir())
+    return {"out": root / "out", "slug": cells[0].split("__")[0]}
+
+
+def _edit(folder, name, change):
+    path = folder / name
+    record = json.loads(path.read_text()) if path.exists() else None
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(change(record)))
+
+
+def _cell(name, change):
+    return lambda folder, m: _edit(folder, name.format(m=m), change)
+
+
+def _pending(name, change):
+    """The random cell not computed, and ``name`` (its claim or failure file) written by ``change``."""
+    def apply(folder, m):
+        (folder / RANDOM_CELL.format(m=m)).unlink()
+        _edit(folder, name.format(m=m), lambda _: change)
+    return apply
+
+
+def _without(key):
+    return lambda r: {k: v for k, v in r.items() if k != key}
+
+
+FOLDERS = {   # what a hand, another tool or a copy may leave in a results folder: (change, words the error says)
+    "cell without metrics": (_cell(RANDOM_CELL, _without("metrics")), "'metrics' is missing"),
+    "metrics that are text": (_cell(RANDOM_CELL, lambda r: {**r, "metrics": "0.9"}), "object of numbers"),
+    "a metric that is text": (_cell(DENSE_CELL, lambda r: {**r, "metrics": {**r["metrics"], "accuracy": "high"}}),
+                              "object of numbers"),
+    "a metric left out": (_cell(DENSE_CELL, lambda r: {**r, "metrics": _without("accuracy")(r["metrics"])}),
+                          "lack accuracy"),
+    "a cell naming another model": (_cell(RANDOM_CELL, lambda r: {**r, "model": "other"}), "'model' is"),
+    "a cell of another repeat": (_cell(RANDOM_CELL, lambda r: {**r, "repeat": "0"}), "(this cell's)"),
+    "a cell that is a list": (_cell(DENSE_CELL, lambda r: [r]), "not a JSON object"),
+    "roles without the evaluation role": (_cell(DENSE_CELL, lambda r: {**r, "roles": {}}), "evaluation role"),
+    "an unknown task": (_cell(DENSE_CELL, lambda r: {**r, "task": "poetry"}), "one of classification"),
+    "loaded as null": (_cell(DENSE_CELL, lambda r: {**r, "loaded": None}), "'loaded' is NoneType"),
+    "seconds as text": (_cell(DENSE_CELL, lambda r: {**r, "seconds": "1s"}), "'seconds' is str"),
+    "a marker whose source is a number": (_cell(".headprune-run.json", lambda r: {**r, "source": 5}),
+                                          "names no protocol file"),
+    "a marker whose source is null": (_cell(".headprune-run.json", lambda r: {**r, "source": None}),
+                                      "names no protocol file"),
+    "a failure that is a list": (_pending("failed/{m}__random__s0.5__r0.json", ["boom"]), "not a JSON object"),
+    "a failure whose error is a number": (_pending("failed/{m}__random__s0.5__r0.json", {"error": 7}),
+                                          "'error' is int"),
+    "a claim {}": (_pending("claims/{m}__random__s0.5__r0.json", {}), "'host' is missing"),
+    "a claim whose pid is text": (_pending("claims/{m}__random__s0.5__r0.json",
+                                           {"host": "h", "pid": "abc", "since": 1.0}), "a process id"),
+    "a claim whose pid is 2**80": (_pending("claims/{m}__random__s0.5__r0.json",
+                                            {"host": "h", "pid": 2 ** 80, "since": 1.0}), "a process id"),
+    "a claim whose pid is 0": (_pending("claims/{m}__random__s0.5__r0.json",
+                                        {"host": "h", "pid": 0, "since": 1.0}), "a process id"),
+    "a claim whose start is 1e300": (_pending("claims/{m}__random__s0.5__r0.json",
+                                              {"host": "h", "pid": 1, "since": 1e300}), "seconds since 1970"),
+    "a claim whose host is a list": (_pending("claims/{m}__random__s0.5__r0.json",
+                                              {"host": [], "pid": 1, "since": 1.0}), "a host name"),
+}
+STATUS_ONLY = {"a claim {}", "a claim whose pid is text", "a claim whose pid is 2**80", "a claim whose pid is 0",
+               "a claim whose start is 1e300", "a claim whose host is a list"}   # --merge stops at the missing cell
+
+
+def _snapshot(folder) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("case", list(FOLDERS))
+@pytest.mark.parametrize("flag", ["--merge", "--status"])
+def test_a_results_folder_is_read_as_untrusted_input(case, flag, results, tmp_path, capsys):
+    if flag == "--merge" and case in STATUS_ONLY:
+        pytest.skip("--merge refuses the folder for its missing cell first (the claim is --status's)")
+    folder = tmp_path / "out"
+    shutil.copytree(results["out"], folder)
+    change, words = FOLDERS[case]
+    change(folder, results["slug"])
+    before = _snapshot(folder)
+    code = main(["run", flag, str(folder)])
+    out, err = capsys.readouterr()
+    assert code == 2 and "Traceback" not in err, err
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and words in errors[0] and "Accepted" in errors[0], err
+    assert _snapshot(folder) == before   # nothing written, nothing deleted
+
+
+def test_the_untouched_results_folder_merges_and_reports(results, tmp_path, capsys):
+    """The reader accepts every file a run wrote: the unchanged copy merges and its status is 2 of 2 done."""
+    folder = tmp_path / "out"
+    shutil.copytree(results["out"], folder)
+    assert main(["run", "--status", str(folder)]) == 0 and "2 done" in capsys.readouterr().err
+    assert main(["run", "--merge", str(folder), "--no-plots"]) == 0
