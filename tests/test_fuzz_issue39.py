@@ -219,3 +219,81 @@ def test_the_untouched_results_folder_merges_and_reports(results, tmp_path, caps
     shutil.copytree(results["out"], folder)
     assert main(["run", "--status", str(folder)]) == 0 and "2 done" in capsys.readouterr().err
     assert main(["run", "--merge", str(folder), "--no-plots"]) == 0
+
+
+# -- files headprune wrote, read back: score files whose own fields are not what `score` writes ----------------------
+
+SAP_FILE = {"criterion": "sap", "layers": 3, "heads": 4, "scores": [[-3.0, -2.0, -1.0, 0.0]] * 3,
+            "higher_is_more_important": True, "params": {"k": 0, "sparsity": 0.5, "layer_threshold": 0},
+            "best_k": 1, "sap_mask": {"pruned": {"0": [0, 1, 2, 3], "1": [0, 1]}, "shape": [3, 4]},
+            "sap_dropped_layers": [], "per_sparsity": {"0.25": {"best_k": 2, "mask": {
+                "pruned": {"0": [0, 1, 2]}, "shape": [3, 4], "dropped_layers": []}}}}
+KWON_FILE = {"criterion": "kwon", "layers": 3, "heads": 4, "scores": [[0.0, 3.0, 1.0, 2.0], [11.0, 5.0, 4.0, 6.0],
+                                                                       [8.0, 9.0, 10.0, 7.0]],
+             "higher_is_more_important": True, "params": {"budget": 0.5, "tune": True},
+             "kwon_mask": {"pruned": {"0": [0, 1, 2, 3], "1": [1, 2]}, "shape": [3, 4],
+                           "scales": {"1": {"0": 0.99}, "2": {"3": 1.01}}}}
+
+
+def _score_file(tmp_path, base: dict, change) -> str:
+    obj = json.loads(json.dumps(base))
+    change(obj)
+    path = tmp_path / "scores.json"
+    path.write_text(json.dumps(obj))
+    return str(path)
+
+
+def _set(*keys_value):
+    *keys, value = keys_value
+
+    def change(obj):
+        for key in keys[:-1]:
+            obj = obj[key]
+        obj[keys[-1]] = value
+    return change
+
+
+SCORE_FILES = {   # (the file as written, the change, --sparsity asked, words the error says)
+    "sap params a list": (SAP_FILE, _set("params", [0.5]), 0.5, '"params" is list'),
+    "sap params null": (SAP_FILE, _set("params", None), 0.5, '"params" is NoneType'),
+    "sap params text": (SAP_FILE, _set("params", "sparsity=0.5"), 0.5, '"params" is str'),
+    "sap sparsity text": (SAP_FILE, _set("params", "sparsity", "half"), 0.5, '"sparsity" is a number'),
+    "sap level without its mask": (SAP_FILE, _set("per_sparsity", "0.25", "mask", None), 0.25, "holds its mask"),
+    "sap level a list": (SAP_FILE, _set("per_sparsity", "0.25", []), 0.25, "holds its mask"),
+    "sap own level without its mask": (SAP_FILE, _set("sap_mask", "gone"), 0.5, "holds its mask"),
+    "sap levels a list": (SAP_FILE, _set("per_sparsity", [0.25]), 0.25, '"per_sparsity" is an object'),
+    "sap level key not a number": (SAP_FILE, _set("per_sparsity", {"half": {}}), 0.25, '"per_sparsity" is an obj'),
+    "kwon params a list": (KWON_FILE, _set("params", [0.5]), 0.5, '"params" is list'),
+    "kwon params null": (KWON_FILE, _set("params", None), 0.5, '"params" is NoneType'),
+    "kwon budget text": (KWON_FILE, _set("params", "budget", "half"), 0.5, '"budget" is a number'),
+    "kwon budget null": (KWON_FILE, _set("params", "budget", None), 0.5, '"budget" is a number'),
+    "kwon mask text": (KWON_FILE, _set("kwon_mask", "pruned"), 0.5, '"kwon_mask" is a mask'),
+}
+
+
+@pytest.mark.parametrize("case", list(SCORE_FILES))
+def test_mask_refuses_a_score_file_whose_own_fields_are_not_what_score_writes(case, tmp_path, capsys):
+    base, change, sparsity, words = SCORE_FILES[case]
+    path = _score_file(tmp_path, base, change)
+    line = _refused(["mask", "--scores", path, "--sparsity", sparsity, "--out", tmp_path / "mask.json"], capsys)
+    assert words in line and "Accepted" in line and not (tmp_path / "mask.json").exists()
+
+
+@pytest.mark.parametrize("base, sparsity, pruned", [(SAP_FILE, 0.5, 6), (SAP_FILE, 0.25, 3), (KWON_FILE, 0.5, 6)])
+def test_mask_reads_the_score_files_as_written(base, sparsity, pruned, tmp_path, capsys):
+    """The checks refuse nothing `score` writes: each level's own mask is what `mask --sparsity` writes."""
+    path = _score_file(tmp_path, base, lambda obj: None)
+    assert main(["mask", "--scores", path, "--sparsity", str(sparsity), "--out", str(tmp_path / "m.json")]) == 0
+    written = json.loads((tmp_path / "m.json").read_text())
+    assert written["pruned_heads"] == pruned == sum(len(h) for h in written["pruned"].values())
+
+
+@pytest.mark.parametrize("key", ["²", "٣", "1_0", " 1", "-0", "0x1"])
+def test_a_kv_plan_layer_key_outside_ascii_digits_is_refused(key, tmp_path):
+    from headprune.kvcache.plan import KVPlan, KVPlanError
+
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({"format": "headprune-kv-plan", "version": 1, "shape": [2, 2], "n_heads": 4,
+                                "sink": 2, "window": 8, "full": {key: [0]}}))
+    with pytest.raises(KVPlanError, match="names layer"):
+        KVPlan.read(path)
