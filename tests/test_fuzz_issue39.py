@@ -297,3 +297,39 @@ def test_a_kv_plan_layer_key_outside_ascii_digits_is_refused(key, tmp_path):
                                 "sink": 2, "window": 8, "full": {key: [0]}}))
     with pytest.raises(KVPlanError, match="names layer"):
         KVPlan.read(path)
+
+
+# -- limits: a protocol file nested past the parser's stack, or with one enormous line -------------------------------
+
+@pytest.mark.parametrize("value", ["[" * 3000 + "]" * 3000, "{a = " * 3000 + "1" + "}" * 3000, "[" * 33 + "]" * 33,
+                                   "[{a = " * 17 + "1" + "}]" * 17], ids=["arrays-3000", "tables-3000", "arrays-33",
+                                                                        "mixed-34"])
+def test_toml_nested_past_the_depth_limit_is_refused(value, tmp_path, tiny_model_dir, tiny_csv, capsys):
+    path = _protocol(tmp_path, tiny_model_dir, tiny_csv)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(f"\nx = {value}\n")
+    line = _refused(["run", path, "--plan", "--no-timing"], capsys)
+    assert "nested" in line and "at most 32 levels" in line
+
+
+def test_brackets_in_strings_and_comments_do_not_count_as_nesting():
+    from headprune.protocol.spec import toml_depth
+
+    text = 'a = [[1], [2]]\n[[criteria]]\nb = "[[[[" # [[[[\nc = \'\'\'[[[\n{{\'\'\'\nd = { x = { y = "}}" } }\n'
+    assert toml_depth(text) == 2 and toml_depth("e = '[[[' \n") == 0
+
+
+@pytest.mark.parametrize("line", ["[" + " " * 1_000_000, "# " + "a" * 1_000_000, 'note = "' + "[a" * 500_000 + '"',
+                                  "x = {" + ", " * 500_000], ids=["header-spaces", "comment", "string", "inline"])
+def test_a_one_megabyte_line_is_read_in_bounded_time(line, tmp_path, tiny_model_dir, tiny_csv, capsys):
+    """The key-line scan (KeyLines) skips lines past MAX_SCANNED_LINE and scans headers without backtracking: a
+    1 MB line costs the parser's time, not minutes (the regex it replaced was polynomial on "[" and spaces)."""
+    import time
+
+    path = _protocol(tmp_path, tiny_model_dir, tiny_csv)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("\n" + line + "\n")
+    start = time.perf_counter()
+    code = main(["run", path, "--plan", "--no-timing"])
+    capsys.readouterr()
+    assert time.perf_counter() - start < 30 and code in (0, 2)   # a comment plans; the rest are refused
