@@ -5,8 +5,12 @@ no traceback, nothing created or deleted."""
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 import torch
+from conftest import tiny_protocol
 from test_fuzz_inputs import no_weights  # noqa: F401 - the fixture: a refusal comes before any weights load
 
 from headprune.cli import main
@@ -110,3 +114,222 @@ def test_shard_values_outside_ascii_whole_numbers_or_the_bound_are_refused(shard
     path = _protocol(tmp_path, tiny_model_dir, tiny_csv)
     line = _refused(["run", path, "--out", tmp_path / "out", f"--shard={shard}"], capsys)
     assert "--shard" in line and "Accepted: I/N" in line and not (tmp_path / "out").exists()
+
+
+# -- a results folder read as untrusted input (run --merge, run --status) --------------------------------------------
+
+DENSE_CELL, RANDOM_CELL = "cells/{m}__dense__r0.json", "cells/{m}__random__s0.5__r0.json"
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory, tiny_model_dir, tiny_csv, one_thread) -> dict:
+    """A finished run of a one-criterion protocol (2 cells, about a second): {"out": folder, "slug": model slug}."""
+    root = tmp_path_factory.mktemp("results")
+    protocol = tiny_protocol(root / "p.toml", tiny_model_dir, tiny_csv, name="tiny", sparsities="[0.5]")
+    assert main(["run", protocol, "--out", str(root / "out"), "--no-plots"]) == 0
+    cells = sorted(p.name for p in (root / "out" / "cells").iterdir())
+    return {"out": root / "out", "slug": cells[0].split("__")[0]}
+
+
+def _edit(folder, name, change):
+    path = folder / name
+    record = json.loads(path.read_text()) if path.exists() else None
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(change(record)))
+
+
+def _cell(name, change):
+    return lambda folder, m: _edit(folder, name.format(m=m), change)
+
+
+def _pending(name, change):
+    """The random cell not computed, and ``name`` (its claim or failure file) written by ``change``."""
+    def apply(folder, m):
+        (folder / RANDOM_CELL.format(m=m)).unlink()
+        _edit(folder, name.format(m=m), lambda _: change)
+    return apply
+
+
+def _without(key):
+    return lambda r: {k: v for k, v in r.items() if k != key}
+
+
+FOLDERS = {   # what a hand, another tool or a copy may leave in a results folder: (change, words the error says)
+    "cell without metrics": (_cell(RANDOM_CELL, _without("metrics")), "'metrics' is missing"),
+    "metrics that are text": (_cell(RANDOM_CELL, lambda r: {**r, "metrics": "0.9"}), "object of numbers"),
+    "a metric that is text": (_cell(DENSE_CELL, lambda r: {**r, "metrics": {**r["metrics"], "accuracy": "high"}}),
+                              "object of numbers"),
+    "a metric left out": (_cell(DENSE_CELL, lambda r: {**r, "metrics": _without("accuracy")(r["metrics"])}),
+                          "lack accuracy"),
+    "a cell naming another model": (_cell(RANDOM_CELL, lambda r: {**r, "model": "other"}), "'model' is"),
+    "a cell of another repeat": (_cell(RANDOM_CELL, lambda r: {**r, "repeat": "0"}), "(this cell's)"),
+    "a cell that is a list": (_cell(DENSE_CELL, lambda r: [r]), "not a JSON object"),
+    "roles without the evaluation role": (_cell(DENSE_CELL, lambda r: {**r, "roles": {}}), "evaluation role"),
+    "an unknown task": (_cell(DENSE_CELL, lambda r: {**r, "task": "poetry"}), "one of classification"),
+    "loaded as null": (_cell(DENSE_CELL, lambda r: {**r, "loaded": None}), "'loaded' is NoneType"),
+    "seconds as text": (_cell(DENSE_CELL, lambda r: {**r, "seconds": "1s"}), "'seconds' is str"),
+    "a marker whose source is a number": (_cell(".headprune-run.json", lambda r: {**r, "source": 5}),
+                                          "names no protocol file"),
+    "a marker whose source is null": (_cell(".headprune-run.json", lambda r: {**r, "source": None}),
+                                      "names no protocol file"),
+    "a failure that is a list": (_pending("failed/{m}__random__s0.5__r0.json", ["boom"]), "not a JSON object"),
+    "a failure whose error is a number": (_pending("failed/{m}__random__s0.5__r0.json", {"error": 7}),
+                                          "'error' is int"),
+    "a claim {}": (_pending("claims/{m}__random__s0.5__r0.json", {}), "'host' is missing"),
+    "a claim whose pid is text": (_pending("claims/{m}__random__s0.5__r0.json",
+                                           {"host": "h", "pid": "abc", "since": 1.0}), "a process id"),
+    "a claim whose pid is 2**80": (_pending("claims/{m}__random__s0.5__r0.json",
+                                            {"host": "h", "pid": 2 ** 80, "since": 1.0}), "a process id"),
+    "a claim whose pid is 0": (_pending("claims/{m}__random__s0.5__r0.json",
+                                        {"host": "h", "pid": 0, "since": 1.0}), "a process id"),
+    "a claim whose start is 1e300": (_pending("claims/{m}__random__s0.5__r0.json",
+                                              {"host": "h", "pid": 1, "since": 1e300}), "seconds since 1970"),
+    "a claim whose host is a list": (_pending("claims/{m}__random__s0.5__r0.json",
+                                              {"host": [], "pid": 1, "since": 1.0}), "a host name"),
+}
+STATUS_ONLY = {"a claim {}", "a claim whose pid is text", "a claim whose pid is 2**80", "a claim whose pid is 0",
+               "a claim whose start is 1e300", "a claim whose host is a list"}   # --merge stops at the missing cell
+
+
+def _snapshot(folder) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("case", list(FOLDERS))
+@pytest.mark.parametrize("flag", ["--merge", "--status"])
+def test_a_results_folder_is_read_as_untrusted_input(case, flag, results, tmp_path, capsys):
+    if flag == "--merge" and case in STATUS_ONLY:
+        pytest.skip("--merge refuses the folder for its missing cell first (the claim is --status's)")
+    folder = tmp_path / "out"
+    shutil.copytree(results["out"], folder)
+    change, words = FOLDERS[case]
+    change(folder, results["slug"])
+    before = _snapshot(folder)
+    code = main(["run", flag, str(folder)])
+    out, err = capsys.readouterr()
+    assert code == 2 and "Traceback" not in err, err
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and words in errors[0] and "Accepted" in errors[0], err
+    assert _snapshot(folder) == before   # nothing written, nothing deleted
+
+
+def test_the_untouched_results_folder_merges_and_reports(results, tmp_path, capsys):
+    """The reader accepts every file a run wrote: the unchanged copy merges and its status is 2 of 2 done."""
+    folder = tmp_path / "out"
+    shutil.copytree(results["out"], folder)
+    assert main(["run", "--status", str(folder)]) == 0 and "2 done" in capsys.readouterr().err
+    assert main(["run", "--merge", str(folder), "--no-plots"]) == 0
+
+
+# -- files headprune wrote, read back: score files whose own fields are not what `score` writes ----------------------
+
+SAP_FILE = {"criterion": "sap", "layers": 3, "heads": 4, "scores": [[-3.0, -2.0, -1.0, 0.0]] * 3,
+            "higher_is_more_important": True, "params": {"k": 0, "sparsity": 0.5, "layer_threshold": 0},
+            "best_k": 1, "sap_mask": {"pruned": {"0": [0, 1, 2, 3], "1": [0, 1]}, "shape": [3, 4]},
+            "sap_dropped_layers": [], "per_sparsity": {"0.25": {"best_k": 2, "mask": {
+                "pruned": {"0": [0, 1, 2]}, "shape": [3, 4], "dropped_layers": []}}}}
+KWON_FILE = {"criterion": "kwon", "layers": 3, "heads": 4, "scores": [[0.0, 3.0, 1.0, 2.0], [11.0, 5.0, 4.0, 6.0],
+                                                                       [8.0, 9.0, 10.0, 7.0]],
+             "higher_is_more_important": True, "params": {"budget": 0.5, "tune": True},
+             "kwon_mask": {"pruned": {"0": [0, 1, 2, 3], "1": [1, 2]}, "shape": [3, 4],
+                           "scales": {"1": {"0": 0.99}, "2": {"3": 1.01}}}}
+
+
+def _score_file(tmp_path, base: dict, change) -> str:
+    obj = json.loads(json.dumps(base))
+    change(obj)
+    path = tmp_path / "scores.json"
+    path.write_text(json.dumps(obj))
+    return str(path)
+
+
+def _set(*keys_value):
+    *keys, value = keys_value
+
+    def change(obj):
+        for key in keys[:-1]:
+            obj = obj[key]
+        obj[keys[-1]] = value
+    return change
+
+
+SCORE_FILES = {   # (the file as written, the change, --sparsity asked, words the error says)
+    "sap params a list": (SAP_FILE, _set("params", [0.5]), 0.5, '"params" is list'),
+    "sap params null": (SAP_FILE, _set("params", None), 0.5, '"params" is NoneType'),
+    "sap params text": (SAP_FILE, _set("params", "sparsity=0.5"), 0.5, '"params" is str'),
+    "sap sparsity text": (SAP_FILE, _set("params", "sparsity", "half"), 0.5, '"sparsity" is a number'),
+    "sap level without its mask": (SAP_FILE, _set("per_sparsity", "0.25", "mask", None), 0.25, "holds its mask"),
+    "sap level a list": (SAP_FILE, _set("per_sparsity", "0.25", []), 0.25, "holds its mask"),
+    "sap own level without its mask": (SAP_FILE, _set("sap_mask", "gone"), 0.5, "holds its mask"),
+    "sap levels a list": (SAP_FILE, _set("per_sparsity", [0.25]), 0.25, '"per_sparsity" is an object'),
+    "sap level key not a number": (SAP_FILE, _set("per_sparsity", {"half": {}}), 0.25, '"per_sparsity" is an obj'),
+    "kwon params a list": (KWON_FILE, _set("params", [0.5]), 0.5, '"params" is list'),
+    "kwon params null": (KWON_FILE, _set("params", None), 0.5, '"params" is NoneType'),
+    "kwon budget text": (KWON_FILE, _set("params", "budget", "half"), 0.5, '"budget" is a number'),
+    "kwon budget null": (KWON_FILE, _set("params", "budget", None), 0.5, '"budget" is a number'),
+    "kwon mask text": (KWON_FILE, _set("kwon_mask", "pruned"), 0.5, '"kwon_mask" is a mask'),
+}
+
+
+@pytest.mark.parametrize("case", list(SCORE_FILES))
+def test_mask_refuses_a_score_file_whose_own_fields_are_not_what_score_writes(case, tmp_path, capsys):
+    base, change, sparsity, words = SCORE_FILES[case]
+    path = _score_file(tmp_path, base, change)
+    line = _refused(["mask", "--scores", path, "--sparsity", sparsity, "--out", tmp_path / "mask.json"], capsys)
+    assert words in line and "Accepted" in line and not (tmp_path / "mask.json").exists()
+
+
+@pytest.mark.parametrize("base, sparsity, pruned", [(SAP_FILE, 0.5, 6), (SAP_FILE, 0.25, 3), (KWON_FILE, 0.5, 6)])
+def test_mask_reads_the_score_files_as_written(base, sparsity, pruned, tmp_path, capsys):
+    """The checks refuse nothing `score` writes: each level's own mask is what `mask --sparsity` writes."""
+    path = _score_file(tmp_path, base, lambda obj: None)
+    assert main(["mask", "--scores", path, "--sparsity", str(sparsity), "--out", str(tmp_path / "m.json")]) == 0
+    written = json.loads((tmp_path / "m.json").read_text())
+    assert written["pruned_heads"] == pruned == sum(len(h) for h in written["pruned"].values())
+
+
+@pytest.mark.parametrize("key", ["²", "٣", "1_0", " 1", "-0", "0x1"])
+def test_a_kv_plan_layer_key_outside_ascii_digits_is_refused(key, tmp_path):
+    from headprune.kvcache.plan import KVPlan, KVPlanError
+
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({"format": "headprune-kv-plan", "version": 1, "shape": [2, 2], "n_heads": 4,
+                                "sink": 2, "window": 8, "full": {key: [0]}}))
+    with pytest.raises(KVPlanError, match="names layer"):
+        KVPlan.read(path)
+
+
+# -- limits: a protocol file nested past the parser's stack, or with one enormous line -------------------------------
+
+@pytest.mark.parametrize("value", ["[" * 3000 + "]" * 3000, "{a = " * 3000 + "1" + "}" * 3000, "[" * 33 + "]" * 33,
+                                   "[{a = " * 17 + "1" + "}]" * 17], ids=["arrays-3000", "tables-3000", "arrays-33",
+                                                                        "mixed-34"])
+def test_toml_nested_past_the_depth_limit_is_refused(value, tmp_path, tiny_model_dir, tiny_csv, capsys):
+    path = _protocol(tmp_path, tiny_model_dir, tiny_csv)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(f"\nx = {value}\n")
+    line = _refused(["run", path, "--plan", "--no-timing"], capsys)
+    assert "nested" in line and "at most 32 levels" in line
+
+
+def test_brackets_in_strings_and_comments_do_not_count_as_nesting():
+    from headprune.protocol.spec import toml_depth
+
+    text = 'a = [[1], [2]]\n[[criteria]]\nb = "[[[[" # [[[[\nc = \'\'\'[[[\n{{\'\'\'\nd = { x = { y = "}}" } }\n'
+    assert toml_depth(text) == 2 and toml_depth("e = '[[[' \n") == 0
+
+
+@pytest.mark.parametrize("line", ["[" + " " * 1_000_000, "# " + "a" * 1_000_000, 'note = "' + "[a" * 500_000 + '"',
+                                  "x = {" + ", " * 500_000], ids=["header-spaces", "comment", "string", "inline"])
+def test_a_one_megabyte_line_is_read_in_bounded_time(line, tmp_path, tiny_model_dir, tiny_csv, capsys):
+    """The key-line scan (KeyLines) skips lines past MAX_SCANNED_LINE and scans headers without backtracking: a
+    1 MB line costs the parser's time, not minutes (the regex it replaced was polynomial on "[" and spaces)."""
+    import time
+
+    path = _protocol(tmp_path, tiny_model_dir, tiny_csv)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("\n" + line + "\n")
+    start = time.perf_counter()
+    code = main(["run", path, "--plan", "--no-timing"])
+    capsys.readouterr()
+    assert time.perf_counter() - start < 30 and code in (0, 2)   # a comment plans; the rest are refused

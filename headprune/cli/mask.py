@@ -96,23 +96,55 @@ def sap_level(scores: ScoreMap, sparsity: float) -> dict:
         raise MaskCommandError(f"--sparsity reads SAP's (or SAP+CF's) per-sparsity selection; this score file is "
                                f"'{scores.criterion}'. Use --ratio or --count, or score with --criterion sap or "
                                "sap-cf.")
-    levels = {float(k): v for k, v in (scores.meta.get("per_sparsity") or {}).items()}
-    if sparsity in levels:
-        return levels[sparsity]
+    levels = scores.meta.get("per_sparsity") or {}
+    if not isinstance(levels, dict) or not all(isinstance(k, str) and number_text(k) for k in levels):
+        raise unreadable(scores, '"per_sparsity" is an object {"<sparsity>": level}')
+    levels = {float(k): v for k, v in levels.items()}
     mask_key, dropped_key = OWN_SELECTION[scores.criterion]
-    if scores.params.get("sparsity") is not None and float(scores.params["sparsity"]) == sparsity:
-        return {"best_k": scores.meta.get("best_k"), "k_sweep": scores.meta.get("k_sweep", {}),
-                "mask": {**scores.meta[mask_key], "dropped_layers": scores.meta.get(dropped_key, [])}}
-    have = sorted(set(levels) | ({float(scores.params["sparsity"])} if "sparsity" in scores.params else set()))
+    own = scores.params.get("sparsity")
+    if own is not None and (not isinstance(own, (int, float)) or isinstance(own, bool)):
+        raise unreadable(scores, 'its params\' "sparsity" is a number')
+    if sparsity in levels:
+        level = levels[sparsity]
+    elif own is not None and float(own) == sparsity:
+        level = {"best_k": scores.meta.get("best_k"), "k_sweep": scores.meta.get("k_sweep", {}),
+                 "mask": {**scores.meta[mask_key], "dropped_layers": scores.meta.get(dropped_key, [])}
+                 if isinstance(scores.meta.get(mask_key), dict) else None}
+    else:
+        level = None
+    if level is not None:
+        if not isinstance(level, dict) or not isinstance(level.get("mask"), dict):
+            raise unreadable(scores, f"its level at sparsity {sparsity:g} holds its mask (an object)")
+        return level
+    have = sorted(set(levels) | ({float(own)} if own is not None else set()))
     raise MaskCommandError(f"--sparsity {sparsity}: this {scores.criterion} score file holds the levels "
                            f"{', '.join(map(str, have)) or 'none'}. Score again with `python -m headprune score "
                            f"--criterion {scores.criterion} --sap-sparsities {sparsity}` (several: "
                            "comma-separated).")
 
 
+def number_text(text: str) -> bool:
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
+
+
+def unreadable(scores: ScoreMap, accepted: str) -> MaskCommandError:
+    """The error of a score file whose ``criterion``'s own fields are not what headprune writes."""
+    return MaskCommandError(f"--sparsity: this {scores.criterion} score file is not one headprune wrote: "
+                            f"{accepted}. Accepted: the JSON of `python -m headprune score --criterion "
+                            f"{scores.criterion} --out FILE`; score again.")
+
+
 def kwon_level(scores: ScoreMap, sparsity: float) -> dict:
     """Kwon et al.'s final mask (rearranged, with tuned scales) in a ``kwon`` score file scored at budget
     1 − ``sparsity``; MaskCommandError naming the budget it holds otherwise."""
+    budget = scores.params.get("budget")
+    if not isinstance(budget, (int, float)) or isinstance(budget, bool) or not 0 < budget <= 1:
+        raise unreadable(scores, 'its params\' "budget" is a number in (0, 1]')
+    if "kwon_mask" in scores.meta and not isinstance(scores.meta["kwon_mask"], dict):
+        raise unreadable(scores, 'its "kwon_mask" is a mask (an object)')
     mask = kwon_mask(scores, sparsity)
     if mask is None:
         budget = scores.params.get("budget")

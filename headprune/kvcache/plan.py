@@ -220,7 +220,7 @@ class KVPlan:
         if not isinstance(obj["full"], dict):
             raise KVPlanError('KV plan "full" must be an object {"<layer>": [group, ...]}.')
         for key, groups in obj["full"].items():
-            if not str(key).isdigit() or not int(key) < shape[0]:
+            if not (str(key).isascii() and str(key).isdigit()) or not int(key) < shape[0]:   # int('²') raises
                 raise KVPlanError(f"KV plan names layer {key!r}; the plan's layers are 0..{shape[0] - 1}.")
             if not isinstance(groups, list) or any(NON_NEGATIVE_INT(g) is not None or g >= shape[1] for g in groups):
                 raise KVPlanError(f"KV plan layer {key}: groups must be a list of integers in 0..{shape[1] - 1}, "

@@ -14,6 +14,11 @@ A claim is **stale**, and may be taken over, when its holder is gone: no heartbe
 Taking over renames the stale claim to a tombstone first (``os.rename`` is atomic: of two workers trying, one
 succeeds and the other sees the file gone), then creates a fresh claim as usual. A cell's result is written by the
 runner (``run.write_atomic``), only whole; the claim is removed after that.
+
+Every file of a results folder is read as untrusted input (a folder may be copied, hand-edited or another tool's):
+``read_folder_json`` is the one reader. A file that is missing or not JSON (a claim being created this instant is
+empty) reads as absent; a JSON file without the fields headprune writes, or with values of the wrong kind, is a
+``FolderError`` naming the file, the field and what is accepted, never a traceback from deep in the run.
 """
 
 from __future__ import annotations
@@ -24,12 +29,88 @@ import socket
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..errors import HeadpruneError
 
 HEARTBEAT = 10.0      # seconds between touches of a held claim
 STALE_AFTER = 120.0   # a claim whose heartbeat is older than this is the claim of a dead or cut-off holder
 TAIL_LINES = 12       # lines of a failure's traceback kept in failed/<key>.json
+
+
+MAX_PID = 2 ** 31 - 1    # what os.kill takes (a C int); Linux's pids stay far below it
+LATEST_TIME = 1e11       # seconds since 1970 (year 5138): a later "since" is no clock's, and time.localtime overflows
+
+Check = tuple[Callable[[object], bool], str]   # (is the value acceptable, what is accepted: said in the error)
+
+
+class FolderError(HeadpruneError):
+    """A results folder's file that is not what headprune writes there."""
+
+
+def number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def text(value) -> bool:
+    return isinstance(value, str)
+
+
+def texts(value) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def read_folder_json(path: Path, what: str, fields: dict[str, Check], optional: dict[str, Check] | None = None
+                     ) -> dict | None:
+    """The JSON object at ``path`` (a ``what`` of a results folder), checked field by field: ``fields`` must be
+    present and pass their check, ``optional`` pass theirs where present. None when the file is missing or not JSON
+    (module doc); a FolderError when it is JSON but not such an object."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):   # gone, or being written this instant (empty): nobody we can name
+        return None
+    except RecursionError:          # nested past Python's stack: no file headprune writes
+        record = "a value nested too deep"
+    return check_record(record, path, what, fields, optional)
+
+
+def check_record(record, path: Path, what: str, fields: dict[str, Check], optional: dict[str, Check] | None = None
+                 ) -> dict:
+    """``record`` (read from ``path``) checked as ``read_folder_json`` checks it; returned as it is."""
+    if not isinstance(record, dict):
+        problem = f"holds {_kind(record)}, not a JSON object"
+    else:
+        problem = next((f"its {name!r} is missing" if name not in record else
+                        f"its {name!r} is {_kind(record[name])}, not {wanted}"
+                        for name, (ok, wanted) in fields.items() if name not in record or not ok(record[name])),
+                       None)
+        problem = problem or next((f"its {name!r} is {_kind(record[name])}, not {wanted}"
+                                   for name, (ok, wanted) in (optional or {}).items()
+                                   if name in record and not ok(record[name])), None)
+    if problem:
+        raise not_written(path, problem, what)
+    return record
+
+
+def not_written(path: Path, problem: str, what: str) -> FolderError:
+    """The error of a results folder's file ``path`` that is not the ``what`` headprune writes there."""
+    return FolderError(f"{path}: {problem}; it is not a {what} headprune writes. Accepted: the file as `headprune "
+                       "run` wrote it; move it out of the folder (its cell then counts as not computed) or restore it.")
+
+
+def _kind(value) -> str:
+    shown = repr(value)
+    return f"{type(value).__name__} {shown[:40]}{'...' if len(shown) > 40 else ''}"
+
+
+CLAIM = {"host": (text, "a host name"),
+         "pid": (lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_PID,
+                 f"a process id (a whole number from 1 to {MAX_PID})"),
+         "since": (lambda v: number(v) and 0 <= v <= LATEST_TIME,
+                   f"a time in seconds since 1970 (0 to {LATEST_TIME:.0e})")}
+FAILURE = {"error": (text, "the error's text")}
 
 
 def host() -> str:
@@ -79,13 +160,14 @@ def claim_path(out: Path, key: str) -> Path:
 
 def read_claim(out: Path, key: str) -> Holder | None:
     path = claim_path(out, key)
+    record = read_folder_json(path, "claim", CLAIM, {"worker": (text, "a worker's name")})
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
         heartbeat = path.stat().st_mtime
-    except (OSError, ValueError):   # gone, or being created this instant (empty): nobody we can name
+    except OSError:   # released since it was read
         return None
-    return Holder(key, record["host"], int(record["pid"]), record.get("worker", ""), float(record["since"]),
-                  heartbeat)
+    if record is None:
+        return None
+    return Holder(key, record["host"], record["pid"], record.get("worker", ""), float(record["since"]), heartbeat)
 
 
 def _create(path: Path, worker: str) -> bool:
@@ -188,10 +270,9 @@ def write_failure(out: Path, key: str, record: dict) -> None:
 
 
 def read_failure(out: Path, key: str) -> dict | None:
-    try:
-        return json.loads((out / "failed" / f"{key}.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+    """``key``'s failure record ({"error": text, "tail": lines, ...}), None when it has none."""
+    return read_folder_json(out / "failed" / f"{key}.json", "failure record", FAILURE,
+                            {"tail": (texts, "a list of lines")})
 
 
 def taken(out: Path) -> list[tuple[str, int]]:

@@ -50,12 +50,13 @@ from .. import outdir
 from ..criteria.sap import layer_rule_json
 from ..estimate import TimeEstimate
 from ..model.mask import HeadMask
+from ..model.task import KINDS as TASKS
 from ..model.task import Task
 from ..outdir import OutError
 from ..provenance import versions
 from ..trajectory import Trajectory, spread
 from . import cells as adapter
-from .claims import read_failure
+from .claims import check_record, not_written, number, read_failure, read_folder_json, text
 from .compute import CellComputer, RunError, as_json, fingerprint, read_json, write_atomic
 from .plan import DENSE, KV, RECOVERED, TOLERANCE, Cell, expand, slug
 from .spec import ModelEntry, Protocol
@@ -119,9 +120,44 @@ def clear_stale(out: Path, protocol: Protocol) -> None:
 
 
 def finished(out: Path, protocol: Protocol, entry: ModelEntry, cell: Cell) -> dict | None:
-    """The cell's record when ``out`` holds it for this protocol's settings, else None."""
-    record = read_json(out / "cells" / f"{cell.key}.json")
-    return record if record and record.get("fingerprint") == fingerprint(protocol, entry, cell) else None
+    """The cell's record when ``out`` holds it for this protocol's settings, else None (another settings'
+    fingerprint: computed again). A record of these settings is read as untrusted input (``claims`` module doc):
+    it names this cell, and holds what the table, plots and run file read of it, or it is a FolderError."""
+    path = out / "cells" / f"{cell.key}.json"
+    record = read_folder_json(path, "cell record", {"fingerprint": (text, "a sha256")})
+    if record is None or record["fingerprint"] != fingerprint(protocol, entry, cell):
+        return None
+    check_record(record, path, "cell record", cell_fields(protocol, cell),
+                 {"seconds": (number, "seconds"), "saved_mask": (lambda v: isinstance(v, dict), "an object"),
+                  "n_classes": (lambda v: v is None or isinstance(v, int), "a number of classes")})
+    if "metrics" in record:   # every metric the table reports of this cell (the model's metric set)
+        names = adapter.task_metrics(Task(record["task"]), entry, *eval_of(record))
+        missing = [m for m in names if m not in record["metrics"]]
+        if missing:
+            raise not_written(path, f"its 'metrics' lack {', '.join(missing)} (of {', '.join(names)})",
+                              "cell record")
+    return record
+
+
+def cell_fields(protocol: Protocol, cell: Cell) -> dict:
+    """What ``finished`` checks in ``cell``'s record: the cell it names, and the fields the table reads."""
+    fields = {name: (lambda v, want=want: v == want and type(v) is type(want), f"{want!r} (this cell's)")
+              for name, want in cell.to_json().items() if name in ("model", "criterion", "repeat", "sparsity",
+                                                                     "inverse", "kind", "key")}
+    fields |= {"task": (lambda v: v in TASKS, f"one of {', '.join(TASKS)}"),
+               "loaded": (lambda v: isinstance(v, dict), "an object (the model as loaded)"),
+               "roles": (lambda v: isinstance(v, dict) and isinstance(v.get("eval"), dict) and "source" in v["eval"],
+                         "an object with the evaluation role's source")}
+    if protocol.trajectory is not None and cell.kind != DENSE:
+        fields["trajectory"] = (lambda v: isinstance(v, dict), "an object (the trajectory)")
+    else:
+        fields["metrics"] = (lambda v: isinstance(v, dict) and all(number(x) for x in v.values()),
+                             "an object of numbers by metric")
+    if cell.kind == KV:
+        fields["kv_bytes"] = (lambda v: isinstance(v, dict) and number(v.get("ratio")), "an object with a ratio")
+    if cell.tolerance:
+        fields["sparsity_reached"] = (number, "the pruned share reached")
+    return fields
 
 
 def kept(out: str | Path, protocol: Protocol) -> int:

@@ -301,7 +301,11 @@ def folder_protocol(out: str | Path, given: Protocol | None = None) -> Protocol:
             raise RunError(f"{out} holds the results of {marker.get('source')} (name {marker.get('name')}), not of "
                            f"{given.source} (name {given.name}).")
         return given
-    source = marker.get("source", "")
+    source = marker.get("source")
+    if not isinstance(source, str) or not source.strip():   # a marker is a results folder's file: untrusted
+        raise RunError(f"{out}'s run marker ({outdir.MARKER}) names no protocol file (its source is "
+                       f"{str(source)[:40]!r}). Accepted: give the protocol file too, e.g. `headprune run "
+                       f"PROTOCOL.toml --status {out}`.")
     try:
         protocol = Protocol.read(source)
     except HeadpruneError:

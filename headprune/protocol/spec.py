@@ -89,9 +89,42 @@ def metric_names() -> tuple[str, ...]:
 
 # -- where a key is written -------------------------------------------------------------------------------------
 
-_HEADER = re.compile(r"^\s*(\[\[?)\s*([^\[\]]+?)\s*\]\]?\s*(#.*)?$")
+MAX_SCANNED_LINE = 4096   # longer lines are left to the TOML parser: a key written there is named by its table's line
+MAX_TOML_DEPTH = 32       # arrays and inline tables nested deeper are refused before parsing (the parser recurses)
+_TOML_TOKEN = re.compile(r'"""(?:\\.|[^\\])*?"""' r"|'''.*?'''" r'|"(?:\\.|[^"\\\n])*"'
+                         r"|'[^'\n]*'|#[^\n]*|[\[\]{}]", re.S)   # strings, comments, then the brackets
 _KEY = re.compile(r"""^\s*((?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*'))*)\s*=""")
 _INLINE_KEY = re.compile(r"""[{,]\s*([A-Za-z0-9_-]+|"[^"]*")\s*=""")
+
+
+def _header(line: str) -> tuple[str, str] | None:
+    """("[" or "[[", the dotted name) of a table header line, else None (a scan by hand: the regex it replaces,
+    ``^\\s*(\\[\\[?)\\s*([^\\[\\]]+?)\\s*\\]\\]?\\s*(#.*)?$``, backtracked in polynomial time on "[" and spaces)."""
+    stripped = line.strip()
+    if not stripped.startswith("["):
+        return None
+    opening = "[[" if stripped.startswith("[[") else "["
+    close = stripped.find("]")
+    name = stripped[len(opening):close].strip() if close > 0 else ""
+    if not name or "[" in name:
+        return None
+    rest = stripped[close + 1:]
+    rest = (rest[1:] if rest.startswith("]") else rest).lstrip()
+    return (opening, name) if not rest or rest.startswith("#") else None
+
+
+def toml_depth(text: str) -> int:
+    """The deepest nesting of arrays and inline tables in TOML ``text`` (brackets outside strings and comments;
+    a table header counts its own brackets, 1 or 2)."""
+    depth = deepest = 0
+    for token in _TOML_TOKEN.finditer(text):
+        kind = token.group()
+        if kind in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif kind in "]}":
+            depth -= 1
+    return deepest
 
 
 def _split_dotted(text: str) -> list[str]:
@@ -117,11 +150,13 @@ class KeyLines:
                 if in_string in line:
                     in_string = None
                 continue
-            header = _HEADER.match(line)
+            if len(line) > MAX_SCANNED_LINE:   # the scan's time stays linear in the file (a 1 MB line: milliseconds)
+                continue
+            header = _header(line)
             if header:
-                names = tuple(_split_dotted(header.group(2)))
+                names = tuple(_split_dotted(header[1]))
                 path = self._resolve(names, arrays)
-                if header.group(1) == "[[":
+                if header[0] == "[[":
                     arrays[names] = arrays.get(names, -1) + 1
                     path = self._resolve(names, arrays)
                 table = path
@@ -916,7 +951,11 @@ def _read_lm_eval(obj: Mapping, top: Located, where, folder: Path) -> dict:
 
 
 def parse_toml(text: str) -> dict:
-    """TOML text as a dict: ``tomllib`` (Python 3.11+), else the ``toml`` package."""
+    """TOML text as a dict: ``tomllib`` (Python 3.11+), else the ``toml`` package. Arrays or inline tables nested
+    deeper than ``MAX_TOML_DEPTH`` are a ValueError (the parsers recurse: 3,000 levels are a RecursionError)."""
+    depth = toml_depth(text)
+    if depth > MAX_TOML_DEPTH:
+        raise ValueError(f"arrays or inline tables nested {depth} deep; accepted: at most {MAX_TOML_DEPTH} levels")
     try:
         import tomllib  # deferred: Python 3.11+ only (3.10 falls back to toml)
     except ModuleNotFoundError:  # Python 3.10: streamlit depends on the `toml` package

@@ -64,7 +64,11 @@ class ScoreMap:
         scores = np.array([[np.nan if v is None else v for v in row] for row in obj["scores"]], dtype=float)
         meta = {k: v for k, v in obj.items()
                 if k not in ("criterion", "layers", "heads", "scores", "higher_is_more_important", "params")}
-        return cls(scores, obj["criterion"], obj.get("params", {}), meta)
+        params = obj.get("params", {})
+        if not isinstance(params, dict):   # a file read back may be hand-edited: params are read by name
+            raise ValueError(f'its "params" is {type(params).__name__} {str(params)[:40]!r}, not an object '
+                             '{"name": value}')
+        return cls(scores, obj["criterion"], params, meta)
 
     def importance(self) -> np.ndarray:
         """Rank of each live head scaled to [0, 1]: 0 = pruned first, 1 = kept longest; NaN where pruned."""
