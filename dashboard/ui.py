@@ -344,19 +344,17 @@ def sidebar(ws: Workspace, sd: SessionData, counts: bool = True) -> None:
         if counts:
             sidebar_counts(ws, sd)
         if stored_roles(ws) is not None:
-            st.toggle("Head roles on the grids", value=True, key=ROLE_MARKS_KEY,
+            st.toggle("Head roles on the grids", value=True, key=urlstate.ROLE_MARKS,
                       help="Letters in the cells: " + role_legend() + " (Roles page; the Glossary explains each).")
         if ws.setup.model != "demo" or ws.setup.data != "demo":
             st.button("Use the demo", on_click=use_setup, args=(demo_setup(ws.setup),), key="sidebar-demo")
 
 
-ROLE_MARKS_KEY = "show-role-marks"
-
 
 def role_marks(ws: Workspace) -> dict:
     """``marks``/``roles`` arguments for a head grid once the head roles are known and shown, else {}."""
     report = stored_roles(ws)
-    if report is None or not st.session_state.get(ROLE_MARKS_KEY, True):
+    if report is None or not st.session_state.get(urlstate.ROLE_MARKS, True):
         return {}
     return {"marks": report.marks(), "roles": report.names()}
 

@@ -69,6 +69,11 @@ def test_marks_on_prune_and_prune_a_role():
     grid = next(f for f in figures(at) if any(t.get("name") == "heads" for t in f["data"]))
     texts = next(t for t in grid["data"] if t.get("name") == "heads")["text"]
     assert set(texts) <= {"", "✕"}
+    # the toggle reaches the link, and the link opens a fresh session with the letters hidden (issue 35 item 1)
+    assert at.query_params["roles"] in (["0"], "0")
+    fresh = open_link(**{k: at.query_params[k] for k in at.query_params})
+    assert not problems(fresh), problems(fresh)
+    assert fresh.toggle(key="show-role-marks").value is False
 
 
 def open_link(**params) -> AppTest:

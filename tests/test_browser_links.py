@@ -234,3 +234,29 @@ def test_ratio_criteria_and_sentence_on_the_circuit_demo_reach_the_link_and_the_
     fresh, reloaded = opened_elsewhere(browser, page.url, attention_view)
     assert fresh == here == reloaded, (here, fresh, reloaded)
     page.close()
+
+
+def kv_view(page) -> dict:
+    """What the KV cache page shows of the view: the plan's bytes and metric, its F/S grid letters."""
+    page.get_by_text("KV bytes under the plan").first.wait_for()
+    wait_idle(page)
+    letters = ("() => [...document.querySelectorAll('.js-plotly-plot')].flatMap(p => p.data)"
+               ".filter(t => t.type === 'scatter' && t.text).map(t => Array.from(t.text).join(''))")
+    return {"bytes": metric_value(page, "KV bytes under the plan"),
+            "metric": metric_value(page, "perplexity under the plan"), "grid": page.evaluate(letters),
+            "title": page.locator("h1").first.inner_text()}
+
+
+def test_a_kv_plan_click_reaches_the_link_and_the_link_opens_it(server, browser):  # noqa: F811
+    page = browser.new_page(viewport=VIEW)
+    page.set_default_timeout(300_000)
+    page.goto(f"{server}/?model=demo-lm&data=demo-lm&page=kv-cache")
+    before = kv_view(page)
+    click_grid(page, 0)
+    page.wait_for_function(f"() => !document.body.innerText.includes('{before['bytes']}')")
+    page.wait_for_function("() => location.search.includes('kv=')")
+    here = kv_view(page)
+    assert here["bytes"] != before["bytes"] and here["grid"] != before["grid"], (before, here)
+    fresh, reloaded = opened_elsewhere(browser, page.url, kv_view)
+    assert fresh == here == reloaded, (here, fresh, reloaded)
+    page.close()
