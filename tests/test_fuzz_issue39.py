@@ -333,3 +333,29 @@ def test_a_one_megabyte_line_is_read_in_bounded_time(line, tmp_path, tiny_model_
     code = main(["run", path, "--plan", "--no-timing"])
     capsys.readouterr()
     assert time.perf_counter() - start < 30 and code in (0, 2)   # a comment plans; the rest are refused
+
+
+# -- issue 39, limits: numbers and files that reached a tensor or a dict method unchecked ---------------------------
+
+@pytest.mark.parametrize("option, value, named", [("--probe-rows", 0, "a probe count 0"),
+                                                   ("--sink", 10**20, "KV plan sink 100000000000000000000"),
+                                                   ("--window", 10**20, "KV plan window 100000000000000000000")])
+def test_kvplan_sizes_past_their_limits_are_refused_before_weights_load(option, value, named, tmp_path, capsys):
+    argv = ["kvplan", "--model", "/nonexistent-model", "--data", "demo-lm", option, value,
+            "--out", tmp_path / "plan.json"]
+    try:
+        line = _refused(argv, capsys)
+    except SystemExit as exit_:     # argparse's own refusal (an option's type): exit 2, its message on stderr
+        err = capsys.readouterr().err
+        assert exit_.code == 2 and "Traceback" not in err, err
+        line = next(ln for ln in err.splitlines() if "error:" in ln)
+    assert named in line and ("1,048,576" in line or "[1, 4096]" in line), line
+    assert not (tmp_path / "plan.json").exists()
+
+
+@pytest.mark.parametrize("config", ["[1, 2]", '{"architectures": 5}', '{"architectures": [7]}', '"text"'])
+def test_a_config_json_that_is_not_a_configuration_is_refused(config, no_weights, tmp_path, capsys):  # noqa: F811
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(config)
+    line = _refused(["evaluate", "--model", tmp_path / "m", "--data", "demo"], capsys)
+    assert "is not a model configuration" in line and "JSON object" in line, line

@@ -194,9 +194,9 @@ def test_top_share_picks_the_highest_scores():
 
 
 @pytest.mark.parametrize("kwargs, words", [
-    ({"sink": 0, "window": 0}, "window 0 must be an integer >= 1"),
-    ({"sink": -1, "window": 4}, "sink -1 must be an integer >= 0"),
-    ({"sink": 1, "window": 2.5}, "window 2.5 must be an integer >= 1"),
+    ({"sink": 0, "window": 0}, "window 0 must be an integer in \\[1, 1,048,576\\]"),
+    ({"sink": -1, "window": 4}, "sink -1 must be an integer in \\[0, 1,048,576\\]"),
+    ({"sink": 1, "window": 2.5}, "window 2.5 must be an integer in \\[1, 1,048,576\\]"),
 ])
 def test_bad_window_or_sink(kwargs, words):
     with pytest.raises(KVPlanError, match=words):

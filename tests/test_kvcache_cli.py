@@ -65,14 +65,14 @@ def test_kvplan_evaluate_and_generate(lm_dir, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["kvplan", "--window", "0"], "window 0 must be an integer >= 1"),
-    (["kvplan", "--sink", "-1"], "sink -1 must be an integer >= 0"),
+    (["kvplan", "--window", "0"], "window 0 must be an integer in [1, 1,048,576]"),
+    (["kvplan", "--sink", "-1"], "sink -1 must be an integer in [0, 1,048,576]"),
     (["kvplan", "--full-share", "1.5"], "--full-share 1.5 must lie in [0, 1]"),
     (["kvplan", "--rule", "nope"], "Unknown KV plan rule 'nope'"),
     (["kvplan", "--model", "demo"], "--model demo is an encoder"),
     (["evaluate", "--model", "demo", "--kv-plan", "plan.json"], "--model demo is an encoder"),
     (["generate", "--model", "demo", "--prompt", "hi"], "--model demo is an encoder"),
-    (["kvplan", "--trajectory", "--window", "0"], "window 0 must be an integer >= 1"),
+    (["kvplan", "--trajectory", "--window", "0"], "window 0 must be an integer in [1, 1,048,576]"),
     (["kvplan", "--trajectory", "--step", "0"], "Step 0 must be a positive integer"),
     (["kvplan", "--trajectory", "--full-share", "-0.5"], "--full-share -0.5 must lie in [0, 1]"),
     (["kvplan", "--trajectory", "--rule", "nope"], "Unknown KV plan rule 'nope'"),
@@ -106,7 +106,7 @@ def test_plan_for_another_grid_is_refused(lm_dir, tmp_path, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({**KVPlan(torch.ones(4, 2, dtype=torch.bool), 8).to_json(), "window": 0}))
     code, err = run(capsys, "evaluate", "--model", model, "--data", data, "--kv-plan", str(bad))
-    assert code == 2 and "window 0 must be an integer >= 1" in err
+    assert code == 2 and "window 0 must be an integer in [1, 1,048,576]" in err
 
 
 def test_kvplan_trajectory_streams_each_group_and_records_every_plan(lm_dir, tmp_path, capsys):

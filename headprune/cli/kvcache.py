@@ -41,6 +41,7 @@ from ..model.device import DEVICES
 from ..model.loading import declared_causal, load_model, peek_config
 from ..outdir import write_atomic
 from ..provenance import versions
+from ..roles.base import PROBE_ROWS
 from ..trajectory import spread
 from ..workspace import DefaultSize
 from .common import (
@@ -50,6 +51,7 @@ from .common import (
     add_model_args,
     build_workspace,
     check_args,
+    checked,
     load_mask,
     load_model_and_data,
     metric_choice,
@@ -489,7 +491,8 @@ def add_commands(sub) -> None:
     p.add_argument("--group", default="max", choices=REDUCE,
                    help="GQA: a group's score from its query heads' (default: max, the group streams only if no "
                         "query head of it needs far keys)")
-    p.add_argument("--probe-rows", type=int, default=8, help="razor: repeated-token probes (default: 8)")
+    p.add_argument("--probe-rows", type=checked(PROBE_ROWS, "a probe count"), default=8,
+                   help="razor: repeated-token probes (default: 8)")
     p.add_argument("--out", required=True, help="plan file to write (JSON); with --trajectory the run file")
     g = p.add_argument_group("streaming trajectory (--trajectory: stream the next head, measure, repeat)")
     g.add_argument("--trajectory", action="store_true",

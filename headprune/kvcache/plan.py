@@ -44,12 +44,14 @@ from pathlib import Path
 import torch
 
 from ..errors import HeadpruneError
-from ..limits import NON_NEGATIVE_INT, POSITIVE_INT, UNIT
+from ..limits import NON_NEGATIVE_INT, POSITIVE_INT, TOKENS_PER_ROW, UNIT, Interval
 from ..outdir import write_atomic
 
 FORMAT = "headprune-kv-plan"
-SINK = NON_NEGATIVE_INT       # attention sinks: 0, 1, 2, ... first keys
-WINDOW = POSITIVE_INT         # recent window: at least the key itself
+# a sink or window past the longest row any command accepts keeps every key: bounded there, so a number like 10**20
+# is refused before it reaches a tensor (it overflowed the restriction's int64 comparison)
+SINK = Interval(0, TOKENS_PER_ROW.high, integer=True, why="no row is longer")
+WINDOW = Interval(1, TOKENS_PER_ROW.high, integer=True, why="no row is longer")
 FULL_SHARE = UNIT             # share of key/value heads kept full
 VERSIONS = (1, 2)             # 1: full / streaming at one window; 2: per-group budgets
 

@@ -108,9 +108,15 @@ def peek_config(spec: str) -> dict | None:
     else:
         return None
     try:
-        return json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+        config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None   # load_model names the problem
+    architectures = config.get("architectures") or [] if isinstance(config, dict) else None
+    if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
+        raise ModelLoadError(f"{Path(folder) / 'config.json'} is not a model configuration: a config.json is a JSON "
+                             "object whose 'architectures' (if any) is a list of class names, as save_pretrained "
+                             "writes it.")
+    return config
 
 
 def is_lm_config(config: dict) -> bool:
