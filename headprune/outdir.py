@@ -44,9 +44,12 @@ class OutError(HeadpruneError):
 def write_atomic(path: Path, text: str | bytes, what: str = "--out") -> None:
     """``text`` to ``path`` whole or not at all: a temporary file in the same folder (named after ``path``, ending
     in :data:`TEMP_SUFFIX`) renamed over ``path`` (``os.replace`` is atomic on one file system)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     data = text.encode("utf-8") if isinstance(text, str) else text
-    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
+    try:    # a folder that cannot be made or written to (read-only, a file in the way) is the user's to fix
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
+    except OSError as exc:
+        raise OutError(f"Could not write {path}: {exc.strerror or exc}. Accepted: a writable {what}.") from exc
     try:
         with os.fdopen(handle, "wb") as f:
             f.write(data)

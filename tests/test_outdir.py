@@ -214,3 +214,23 @@ def test_a_cancelled_run_says_what_it_kept_and_how_to_resume(tmp_path, tiny_mode
     if sig == signal.SIGINT:   # the command said resumes: the kept cells are read, not computed again
         assert main(shlex.split(command)[1:]) == 0
         assert len(list((out / "cells").glob("*.json"))) == 101
+
+
+def test_a_folder_that_cannot_be_written_is_an_out_error_not_a_traceback(tmp_path, monkeypatch):
+    """Issue 39: ``--out`` in a read-only folder raised PermissionError from the temporary file's creation, and a
+    file standing where the folder should be raised from mkdir. (Root ignores a folder's mode, so the read-only case
+    is the OS error itself.)"""
+    from headprune.outdir import OutError, write_atomic
+
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(OutError, match="Could not write .*Accepted: a writable --out"):
+        write_atomic(tmp_path / "file" / "plan.json", "{}")
+    assert (tmp_path / "file").read_text() == "mine"
+
+    def read_only(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("headprune.outdir.tempfile.mkstemp", read_only)
+    with pytest.raises(OutError, match="Permission denied"):
+        write_atomic(tmp_path / "plan.json", "{}")
+    assert list(tmp_path.iterdir()) == [tmp_path / "file"]

@@ -98,7 +98,7 @@ def test_cells_of_other_kinds_keep_their_records_and_a_zero_share_is_kept():
 
 @pytest.mark.parametrize("kv, top, key, words, at", [
     ('rules = ["far-mass"]\nfull_shares = [0.25]\nwindow = 0\n', "", "kv.window", "window (last keys", "window"),
-    ('rules = ["far-mass"]\nfull_shares = [0.25]\nsink = -1\n', "", "kv.sink", "must be an integer in [0, 1,048,576]", "sink"),
+    ('rules = ["far-mass"]\nfull_shares = [0.25]\nsink = -1\n', "", "kv.sink", "integer in [0, 1,048,576]", "sink"),
     ('rules = ["far-mass"]\nfull_shares = [0.25, 1.5]\n', "", "kv.full_shares", "full share 1.5 must lie in [0, 1]",
      "full_shares"),
     ('rules = ["far-mass"]\nfull_shares = [-0.1]\n', "", "kv.full_shares", "full share -0.1", "full_shares"),
