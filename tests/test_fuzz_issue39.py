@@ -359,3 +359,22 @@ def test_a_config_json_that_is_not_a_configuration_is_refused(config, no_weights
     (tmp_path / "m" / "config.json").write_text(config)
     line = _refused(["evaluate", "--model", tmp_path / "m", "--data", "demo"], capsys)
     assert "is not a model configuration" in line and "JSON object" in line, line
+
+
+# -- issue 39, generate: options that ran for minutes, crashed the sampler or were ignored --------------------------
+
+@pytest.mark.parametrize("extra, words", [
+    (["--temperature", "1e-45"], "applies to sampling only"),                     # was ignored without a word
+    (["--sample", "--temperature", "1e-45"], "must lie in [0.01, 100]"),          # was a RuntimeError in the sampler
+    (["--max-new-tokens", str(10**9)], "must be an integer in [1, 1,048,576]"),   # ran for minutes
+    (["--prompt", "   "], "--prompt is empty"),                                   # became [bos, eos] silently
+    (["--prompt", "caf\udcc3"], "not valid UTF-8"),                               # bytes the shell passed as-is
+])
+def test_generate_refuses_what_it_cannot_do_before_weights_load(extra, words, capsys):
+    line = _refused(["generate", "--model", "/nonexistent-model", "--prompt", "the film", *extra], capsys)
+    assert words in line, line
+
+
+def test_generate_refuses_more_tokens_than_the_models_positions(capsys):
+    line = _refused(["generate", "--model", "demo-lm", "--prompt", "the film", "--max-new-tokens", 5000], capsys)
+    assert "exceeds the model's 128 positions" in line and "at most 124" in line, line

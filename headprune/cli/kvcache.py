@@ -36,9 +36,10 @@ from ..kvcache.scores import (
     razor_stripes,
 )
 from ..kvcache.stream import FORMAT, StreamSpec, run_stream, run_stream_seeds
-from ..limits import POSITIVE, POSITIVE_INT, Interval
+from ..limits import POSITIVE_INT, Interval
 from ..model.device import DEVICES
 from ..model.loading import declared_causal, load_model, peek_config
+from ..model.tokenizer import model_context
 from ..outdir import write_atomic
 from ..provenance import versions
 from ..roles.base import PROBE_ROWS
@@ -60,6 +61,10 @@ from .common import (
 )
 from .output import checked_out_file, write_json
 
+# generate's limits: new tokens are also bounded by the model's positions once it is loaded; below 0.01 the
+# logits / T overflow in the sampler (greedy decoding, without --sample, is the limit T -> 0)
+NEW_TOKENS = Interval(1, 1_048_576, integer=True, why="tokens to generate; the model's positions bound it too")
+TEMPERATURE = Interval(0.01, 100, why="for the most likely token, decode greedily (leave out --sample)")
 RANDOM_ORDERS = Interval(0, 1000, integer=True, why="each random order is a whole trajectory, run one after another")
 RANDOM_ORDERS_DEFAULT = 3
 
@@ -350,12 +355,26 @@ def cmd_kv_trajectory(args) -> dict:
     return write_json(result, args.out, command="kvplan")
 
 
-def cmd_generate(args) -> dict:
-    for name, value, limit in (("--max-new-tokens", args.max_new_tokens, POSITIVE_INT),
-                               ("--temperature", args.temperature, POSITIVE)):
-        problem = limit(value)
+def check_generate_args(args) -> None:
+    """Refuse what ``generate`` cannot do as asked, before any weights load."""
+    if args.temperature is not None and not args.sample:
+        raise KVPlanError(f"--temperature {args.temperature!r} applies to sampling only: add --sample, or leave it "
+                          "out for greedy decoding.")
+    for name, value, limit in (("--max-new-tokens", args.max_new_tokens, NEW_TOKENS),
+                               ("--temperature", args.temperature, TEMPERATURE)):
+        problem = limit(value) if value is not None else None
         if problem:
             raise KVPlanError(f"{name} {value!r} {problem}.")
+    try:
+        args.prompt.encode("utf-8")
+    except UnicodeEncodeError:     # the shell passed bytes that are not UTF-8 (kept as surrogates by Python)
+        raise KVPlanError("--prompt is not valid UTF-8 text; pass the prompt as UTF-8.") from None
+    if not args.prompt.strip():
+        raise KVPlanError("--prompt is empty: give the text to continue (at least one word).")
+
+
+def cmd_generate(args) -> dict:
+    check_generate_args(args)
     refuse_encoder(args.model)
     plan = read_plan_arg(args.kv_plan, args.model)
     loaded = load_model(args.model, args.device, device_map=args.device_map, dtype=args.dtype)
@@ -365,7 +384,13 @@ def cmd_generate(args) -> dict:
     if plan is not None:
         plan.check_fits(loaded.adapter)
     ids = loaded.tokenizer(args.prompt, return_tensors="pt")["input_ids"].to(loaded.device)
-    options = {"sample": args.sample, "temperature": args.temperature, "seed": args.seed}
+    context = model_context(loaded.model)
+    if context is not None and ids.shape[1] + args.max_new_tokens > context:
+        raise KVPlanError(f"--max-new-tokens {args.max_new_tokens} after a prompt of {ids.shape[1]} tokens exceeds "
+                          f"the model's {context} positions (max_position_embeddings); ask for at most "
+                          f"{max(context - ids.shape[1], 0)}.")
+    options = {"sample": args.sample, "temperature": 1.0 if args.temperature is None else args.temperature,
+               "seed": args.seed}
     full = generate(loaded.model, ids, args.max_new_tokens, mode="full", **options)
     decode = lambda tokens: loaded.tokenizer.decode(tokens, skip_special_tokens=True)  # noqa: E731
     result = {"model": args.model, "prompt_tokens": int(ids.shape[1]), "decoding": "sampling" if args.sample
@@ -553,7 +578,9 @@ def add_commands(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate (default: 32)")
     p.add_argument("--kv-plan", help="cache plan file (headprune kvplan): streaming heads keep sink + window")
     p.add_argument("--sample", action="store_true", help="sample (seeded) instead of greedy decoding")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default: 1.0)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help=f"sampling temperature, with --sample only, in [{TEMPERATURE.low}, {TEMPERATURE.high:g}] "
+                        "(default: 1.0)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
     p.add_argument("--device", default="auto", choices=DEVICES, help="where to run (default: auto)")
     p.set_defaults(handler=cmd_generate)
