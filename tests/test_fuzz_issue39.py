@@ -353,11 +353,14 @@ def test_kvplan_sizes_past_their_limits_are_refused_before_weights_load(option, 
     assert not (tmp_path / "plan.json").exists()
 
 
-@pytest.mark.parametrize("config", ["[1, 2]", '{"architectures": 5}', '{"architectures": [7]}', '"text"'])
-def test_a_config_json_that_is_not_a_configuration_is_refused(config, no_weights, tmp_path, capsys):  # noqa: F811
+@pytest.mark.parametrize("config", ["[1, 2]", '{"architectures": 5}', '{"architectures": [7]}', '"text"',
+                                    '{"model_type": "llama", "text_config": [1]}'])
+@pytest.mark.parametrize("command", [["evaluate", "--data", "demo"], ["generate", "--prompt", "the film"]])
+def test_a_config_json_that_is_not_a_configuration_is_refused(config, command, no_weights, tmp_path,  # noqa: F811
+                                                              capsys):
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text(config)
-    line = _refused(["evaluate", "--model", tmp_path / "m", "--data", "demo"], capsys)
+    line = _refused([*command, "--model", tmp_path / "m"], capsys)
     assert "is not a model configuration" in line and "JSON object" in line, line
 
 

@@ -81,9 +81,8 @@ def declared_causal(spec: str) -> bool | None:
     folder's ``config.json`` (``model_type``); None when nothing says (a hub id: checked once loaded)."""
     if spec in NAMED_MODELS:
         return NAMED_MODELS[spec].causal
-    try:
-        config = json.loads((Path(spec).expanduser() / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    config = folder_config(Path(spec).expanduser())
+    if config is None:
         return None
     model_type = (config.get("text_config") or {}).get("model_type") or config.get("model_type")
     return None if not model_type else model_type not in ENCODER_TYPES
@@ -107,15 +106,23 @@ def peek_config(spec: str) -> dict | None:
         folder = user_path(spec, "--model", "a model folder", ModelLoadError)
     else:
         return None
+    return folder_config(Path(folder))
+
+
+def folder_config(folder: Path) -> dict | None:
+    """A folder's config.json, the one reader of it before weights load: None when it is missing or not JSON
+    (load_model names the problem); ModelLoadError when it is JSON but not a configuration."""
     try:
-        config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None   # load_model names the problem
     architectures = config.get("architectures") or [] if isinstance(config, dict) else None
-    if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
-        raise ModelLoadError(f"{Path(folder) / 'config.json'} is not a model configuration: a config.json is a JSON "
-                             "object whose 'architectures' (if any) is a list of class names, as save_pretrained "
-                             "writes it.")
+    text_config = config.get("text_config") or {} if isinstance(config, dict) else None
+    if (not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures)
+            or not isinstance(text_config, dict)):
+        raise ModelLoadError(f"{folder / 'config.json'} is not a model configuration: a config.json is a JSON "
+                             "object whose 'architectures' (if any) is a list of class names and whose "
+                             "'text_config' (if any) is an object, as save_pretrained writes it.")
     return config
 
 
