@@ -206,6 +206,18 @@ def check_arguments(kwargs: dict) -> None:
                           "ignored. Use a model without them, or no --kv-plan.")
 
 
+def capped_logits(query, key, allowed, scaling: float, softcap):
+    """(query heads per key/value head, QK^T x scaling soft-capped where the model caps, the additive mask of
+    ``allowed``): the steps :func:`eager_core` and :func:`compensated_core` share, in transformers' order."""
+    groups = query.shape[1] // key.shape[1]
+    mask = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device)
+    mask.masked_fill_(~allowed, torch.finfo(query.dtype).min)
+    weights = torch.matmul(query, repeat_kv(key, groups).transpose(2, 3)) * scaling
+    if softcap is not None:
+        weights = torch.tanh(weights / softcap) * softcap
+    return groups, weights, mask
+
+
 def eager_core(module, query, key, value, allowed, scaling: float, dropout: float, softcap=None, s_aux=None,
                entry=None):
     """transformers' eager arithmetic op for op (Gemma 2's logit soft-capping before the mask; gpt-oss's learned
@@ -213,12 +225,7 @@ def eager_core(module, query, key, value, allowed, scaling: float, dropout: floa
     compensation entry (:func:`compensation_entry`), one more column per query (``compensated_core``)."""
     if entry is not None:
         return compensated_core(module, query, key, value, allowed, scaling, dropout, softcap, s_aux, entry)
-    groups = query.shape[1] // key.shape[1]
-    mask = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device)
-    mask.masked_fill_(~allowed, torch.finfo(query.dtype).min)
-    weights = torch.matmul(query, repeat_kv(key, groups).transpose(2, 3)) * scaling
-    if softcap is not None:
-        weights = torch.tanh(weights / softcap) * softcap
+    groups, weights, mask = capped_logits(query, key, allowed, scaling, softcap)
     weights = weights + mask
     if s_aux is not None:
         sinks = s_aux.reshape(1, -1, 1, 1).expand(query.shape[0], -1, query.shape[-2], -1)
@@ -235,14 +242,10 @@ def eager_core(module, query, key, value, allowed, scaling: float, dropout: floa
 def compensated_core(module, query, key, value, allowed, scaling, dropout, softcap, s_aux, entry):
     """:func:`eager_core` with RazorAttention's entry as one more softmax column: logit (q . k^) x scaling (soft-capped
     like the others) + log N_d, its probability times v^ added to the output (module doc)."""
-    groups = query.shape[1] // key.shape[1]
     mean_k, mean_v, log_weight = entry
-    mask = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device)
-    mask.masked_fill_(~allowed, torch.finfo(query.dtype).min)
-    weights = torch.matmul(query, repeat_kv(key, groups).transpose(2, 3)) * scaling
+    groups, weights, mask = capped_logits(query, key, allowed, scaling, softcap)
     extra = (query * repeat_kv(mean_k, groups)).sum(-1, keepdim=True) * scaling      # (B, H, T_q, 1)
     if softcap is not None:
-        weights = torch.tanh(weights / softcap) * softcap
         extra = torch.tanh(extra / softcap) * softcap
     extra = extra + log_weight.repeat_interleave(groups, dim=1)[..., None].to(extra.dtype)
     columns = [weights + mask, extra]
