@@ -196,7 +196,7 @@ def lm_row_stats_chunked(hidden: torch.Tensor, output_head, labels: torch.Tensor
     Only positions with a real next-token target go through ``output_head`` (padding and each row's last position
     are skipped), ``chunk`` positions at a time, so at most (chunk, V) logits exist at once instead of the (B, T, V)
     logits plus their float32 log-softmax. Same per-row sums as ``lm_row_stats(output_head(hidden), labels)`` up to
-    float rounding (tests/test_live.py). ``hidden`` may cover only the last T' <= T positions, as there.
+    float rounding (tests/test_decoders.py). ``hidden`` may cover only the last T' <= T positions, as there.
     """
     labels = labels[:, labels.shape[1] - hidden.shape[1]:].to(hidden.device)
     targets = labels[:, 1:]
