@@ -49,6 +49,7 @@ import numpy as np
 from .. import outdir
 from ..criteria.sap import layer_rule_json
 from ..estimate import TimeEstimate
+from ..evaluation.stability import STABILITY_METRICS
 from ..model.mask import HeadMask
 from ..model.task import KINDS as TASKS
 from ..model.task import Task
@@ -594,6 +595,22 @@ def pool_note(protocol: Protocol) -> str:
             "tolerance = τ }` runs the paper's, `pool = P` sets another pool.\n")
 
 
+def left_out_note(protocol: Protocol, records: dict[str, dict | None]) -> str:
+    """Said under the table for each model whose protocol lists a stability measure its task cannot give: a
+    language model or a regression head gives no answers to compare (``cells.answering``), so the table leaves the
+    measure out of that model's rows -- said, not silent."""
+    lines = []
+    for entry in protocol.models:
+        asked = [m for m in entry.metrics if m in STABILITY_METRICS]
+        kinds = sorted({r["task"] for r in records.values() if r is not None and r["model"] == entry.name
+                        and not adapter.answering(Task(r["task"]))})
+        if asked and kinds:
+            lines.append(f"\n> **{', '.join(asked)} not reported for {entry.name}:** its task is {' / '.join(kinds)}, "
+                         "which gives no answers to compare; the stability measures need a classifier or multiple "
+                         "choice.\n")
+    return "".join(lines)
+
+
 def records_of(protocol: Protocol, out: Path) -> dict[str, dict | None]:
     """Every cell's record in ``out`` by key (None: not finished for this protocol's settings)."""
     entries = {m.name: m for m in protocol.models}
@@ -619,8 +636,9 @@ def merge(protocol: Protocol, out: str | Path, *, computed: list[str] = (), memo
     write_atomic(out / "results.csv", table_csv(rows, columns))
     averages, papers = average_rows(protocol, records, rows), paper_rows(protocol, rows)
     sizes = size_rows(protocol, records)
-    write_atomic(out / "results.md", table_markdown(rows, columns) + sections_markdown(averages, papers, sizes)
-                 + pool_note(protocol))
+    table = (table_markdown(rows, columns) + sections_markdown(averages, papers, sizes) + pool_note(protocol)
+             + left_out_note(protocol, records))
+    write_atomic(out / "results.md", table)
     plotted, notes = write_plots(protocol, records, rows, out) if plots else ([], ["plots not asked for"])
     first = {m.name: next(r for r in records.values() if r["model"] == m.name) for m in protocol.models}
     models = [{**m.to_json(), **first[m.name]["loaded"], "roles": first[m.name]["roles"]} for m in protocol.models]
@@ -636,4 +654,4 @@ def merge(protocol: Protocol, out: str | Path, *, computed: list[str] = (), memo
     write_atomic(out / "run.json", as_json(run))
     return {"out": str(out), "results": ["results.csv", "results.md"], "plots": plotted, "notes": notes,
             "cells": len(records), "computed": len(computed), "reused": len(run["reused"]),
-            "table": table_markdown(rows, columns) + sections_markdown(averages, papers, sizes)}
+            "table": table}
