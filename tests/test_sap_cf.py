@@ -128,13 +128,18 @@ def test_a_pool_smaller_than_its_target_is_refused_with_its_key_and_line():
     assert pool_fraction(0.5, 0.0) == 0.75 and pool_fraction(0.0, 0.0) == 0.0 and pool_fraction(0.5, 0.9) == 0.9
 
 
-def test_mask_sparsity_reads_cf_s_own_selection(tmp_path, sensitive_model_dir, one_thread):
-    loaded = load_model(str(sensitive_model_dir), "cpu")
+def self_labelled_context(model_dir) -> ScoringContext:
+    """24 sentences labelled by the model's own answers, as one calibration batch with its raw texts."""
+    loaded = load_model(str(model_dir), "cpu")
     texts = sentences(24, seed=5, min_words=4)
     batch = dict(loaded.tokenizer(texts, padding=True, return_tensors="pt"))
     with torch.no_grad():
         batch["labels"] = loaded.model(**batch).logits.argmax(-1)
-    ctx = ScoringContext(loaded.model, [batch], tokenizer=loaded.tokenizer, texts=texts)
+    return ScoringContext(loaded.model, [batch], tokenizer=loaded.tokenizer, texts=texts)
+
+
+def test_mask_sparsity_reads_cf_s_own_selection(tmp_path, sensitive_model_dir, one_thread):
+    ctx = self_labelled_context(sensitive_model_dir)
     scores = get("sap-cf")(ctx, {"k": 2, "sparsity": 0.25})
     path = tmp_path / "cf.json"
     path.write_text(json.dumps(scores.to_json()), encoding="utf-8")
@@ -161,12 +166,7 @@ def test_the_papers_pool_is_saps_own_candidates_at_the_target(sensitive_model_di
     """cf_pool = "paper" (issue 39): CF filters the heads with cnt ≥ S·R at the R SAP lowers from 0.5 (by 0.05)
     until the target qualifies -- computed here from the recorded counters -- and prunes the target's count of
     them by ascending recorded degradation."""
-    loaded = load_model(str(sensitive_model_dir), "cpu")
-    texts = sentences(24, seed=5, min_words=4)
-    batch = dict(loaded.tokenizer(texts, padding=True, return_tensors="pt"))
-    with torch.no_grad():
-        batch["labels"] = loaded.model(**batch).logits.argmax(-1)
-    ctx = ScoringContext(loaded.model, [batch], tokenizer=loaded.tokenizer, texts=texts)
+    ctx = self_labelled_context(sensitive_model_dir)
     for sparsity, n in ((0.25, 3), (0.5, 6)):
         meta = get("sap-cf")(ctx, {"k": 2, "sparsity": sparsity, "cf_pool": "paper"}).meta
         counters = np.array([[np.nan if v is None else v for v in row] for row in meta["counters"]])

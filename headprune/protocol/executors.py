@@ -28,6 +28,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -200,11 +201,9 @@ def array_executor_class():
     submitit submits a lone call as a plain job (no ``--array``, an id without ``_<task>``); a protocol of one unit
     would then be the only run whose task is not ``<job>_0``. Same steps as submitit's own array branch (1.5):
     the pickled call, one sbatch with ``map_count``, the pickle filed under the task's id."""
-    import uuid
-
     import submitit  # the cluster extra: optional (check_slurm said so before any model loads)
-    from submitit.core.utils import JobPaths
-    from submitit.slurm.slurm import SlurmJob
+    from submitit.core.utils import JobPaths  # the cluster extra, as above
+    from submitit.slurm.slurm import SlurmJob  # the cluster extra, as above
 
     class ArrayExecutor(submitit.SlurmExecutor):
         def _internal_process_submissions(self, delayed_submissions):
