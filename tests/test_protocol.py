@@ -674,9 +674,13 @@ def test_the_recovery_demo_protocol_runs_from_the_command_line(tmp_path, capsys,
             assert cell["roles"]["eval"]["size"] == 200
 
 
-def test_sap_cf_target_tables_say_their_pool_is_headprunes_construction():
+def test_sap_cf_target_tables_name_their_pool():
     from headprune.protocol.run import pool_note
 
-    note = pool_note(Protocol.read(PROTOCOLS / "sap_fig5.toml"))
+    fig5 = Protocol.read(PROTOCOLS / "sap_fig5.toml")
+    note = pool_note(fig5)   # the paper protocols filter SAP's own candidates (issue 39)
+    assert "CF's candidate pool is the paper's" in note and "cnt ≥ S·R" in note and "s + (1 − s)/2" not in note
+    widened = Protocol.parse(fig5.text.replace('cf_pool = "paper"', 'cf_pool = "widened"'), "w.toml")
+    note = pool_note(widened)
     assert "s + (1 − s)/2" in note and "headprune's construction" in note and "cnt ≥ S·R" in note
     assert pool_note(Protocol.read(PROTOCOLS / "hies_table1.toml")) == ""

@@ -128,13 +128,18 @@ def test_a_pool_smaller_than_its_target_is_refused_with_its_key_and_line():
     assert pool_fraction(0.5, 0.0) == 0.75 and pool_fraction(0.0, 0.0) == 0.0 and pool_fraction(0.5, 0.9) == 0.9
 
 
-def test_mask_sparsity_reads_cf_s_own_selection(tmp_path, sensitive_model_dir, one_thread):
-    loaded = load_model(str(sensitive_model_dir), "cpu")
+def self_labelled_context(model_dir) -> ScoringContext:
+    """24 sentences labelled by the model's own answers, as one calibration batch with its raw texts."""
+    loaded = load_model(str(model_dir), "cpu")
     texts = sentences(24, seed=5, min_words=4)
     batch = dict(loaded.tokenizer(texts, padding=True, return_tensors="pt"))
     with torch.no_grad():
         batch["labels"] = loaded.model(**batch).logits.argmax(-1)
-    ctx = ScoringContext(loaded.model, [batch], tokenizer=loaded.tokenizer, texts=texts)
+    return ScoringContext(loaded.model, [batch], tokenizer=loaded.tokenizer, texts=texts)
+
+
+def test_mask_sparsity_reads_cf_s_own_selection(tmp_path, sensitive_model_dir, one_thread):
+    ctx = self_labelled_context(sensitive_model_dir)
     scores = get("sap-cf")(ctx, {"k": 2, "sparsity": 0.25})
     path = tmp_path / "cf.json"
     path.write_text(json.dumps(scores.to_json()), encoding="utf-8")
@@ -155,3 +160,37 @@ def test_score_refuses_a_pool_below_a_requested_level_before_loading(sensitive_m
     assert main(["score", "--model", str(sensitive_model_dir), "--data", labelled_csv, "--criterion", "sap-cf",
                  "--param", "pool=0.3", "--sap-sparsities", "0.25,0.5"]) == 2
     assert "pool=0.3" in capsys.readouterr().err
+
+
+def test_the_papers_pool_is_saps_own_candidates_at_the_target(sensitive_model_dir, one_thread):
+    """cf_pool = "paper" (issue 39): CF filters the heads with cnt ≥ S·R at the R SAP lowers from 0.5 (by 0.05)
+    until the target qualifies -- computed here from the recorded counters -- and prunes the target's count of
+    them by ascending recorded degradation."""
+    ctx = self_labelled_context(sensitive_model_dir)
+    for sparsity, n in ((0.25, 3), (0.5, 6)):
+        meta = get("sap-cf")(ctx, {"k": 2, "sparsity": sparsity, "cf_pool": "paper"}).meta
+        counters = np.array([[np.nan if v is None else v for v in row] for row in meta["counters"]])
+        r = 0.5
+        while np.sum(counters >= meta["S"] * r) < n and r > 0:   # by hand: §4.1's lowering of R
+            r = max(0.0, round(r - 0.05, 10))
+        by_hand = {(int(l), int(h)) for l, h in zip(*np.nonzero(counters >= meta["S"] * r))}
+        pool = {tuple(h) for h in meta["pool"]}
+        assert pool == by_hand and len(pool) >= n and meta["ratio_used"] == pytest.approx(r)
+        assert meta["pool_fraction"] == 0.0 and meta["pool_rule"].startswith("the paper's")
+        degradation = {tuple(map(int, k.split(","))): v for k, v in meta["degradation"].items()}
+        pruned = {tuple(h) for h in meta["selected"]}
+        assert set(degradation) == pool and len(pruned) == n and pruned <= pool
+        assert max(degradation[h] for h in pruned) <= min([degradation[h] for h in pool - pruned], default=np.inf)
+        assert HeadMask.from_json(meta["mask"], (3, 4)).n_pruned == n
+
+
+def test_cf_pool_is_refused_where_it_cannot_apply():
+    cf = get("sap-cf")
+    with pytest.raises(CriterionError, match="cf_pool='paper' applies to pool = 0 only"):
+        cf.resolve_params({"sparsity": 0.5, "pool": 0.8, "cf_pool": "paper"})
+    with pytest.raises(CriterionError, match="cf_pool='widened' applies to a target sparsity only"):
+        cf.resolve_params({"sparsity": 0, "cf_pool": "widened"})
+    with pytest.raises(CriterionError, match="cf_pool='x': accepted values are paper, widened"):
+        cf.resolve_params({"cf_pool": "x"})
+    assert cf.resolve_params({"sparsity": 0, "cf_pool": "paper"})["cf_pool"] == "paper"   # the tolerance mode's
+    assert pool_fraction(0.5, 0.0, "paper") == 0.0 and pool_fraction(0.5, 0.0, "widened") == 0.75

@@ -330,3 +330,51 @@ def test_a_unit_that_raises_is_recorded_on_its_cells_and_the_other_units_go_on(t
     monkeypatch.setattr(adapter, "load_model_for", original)
     assert sorted(run_shard(protocol, out, (0, 1))["computed"]) == sorted(repeat_1)   # the rerun: only those
     assert status(protocol, out)["counts"] == {"done": len(keys), "running": 0, "failed": 0, "pending": 0}
+
+
+def stand_in_sbatch(tmp_path, monkeypatch, *, refuse: str | None = None) -> Path:
+    """An ``sbatch`` (and ``srun``) on PATH: records its arguments and prints a job id, or prints ``refuse`` on
+    stderr and exits 1 as a real sbatch refusing a partition or a --mem does. Returns the arguments' file."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "sbatch-args.txt"
+    answer = f'echo "{refuse}" >&2\nexit 1' if refuse else 'echo "Submitted batch job 123"'
+    (bin_dir / "sbatch").write_text(f'#!/bin/sh\necho "$@" >> "{calls}"\n{answer}\n', encoding="utf-8")
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 0\n", encoding="utf-8")
+    for tool in ("sbatch", "srun"):
+        (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return calls
+
+
+def test_a_one_unit_protocol_is_submitted_as_a_job_array_of_one_task(tmp_path, capsys, no_model, monkeypatch):
+    pytest.importorskip("submitit")
+    calls = stand_in_sbatch(tmp_path, monkeypatch)
+    protocol = Protocol.read(tiny_protocol(tmp_path / "one.toml", "m", "d.csv", name="one", sparsities="[0.5]"))
+    assert len(units(protocol)) == 1
+    out = tmp_path / "out"
+    assert main(["run", protocol.source, "--out", str(out), "--executor", "slurm", "--mem", "8G"]) == 0
+    assert "submitted 1 shard(s): 123_0" in capsys.readouterr().err
+    script = Path(calls.read_text(encoding="utf-8").split()[0])   # the one sbatch call: the script submitit wrote
+    assert calls.read_text(encoding="utf-8").count("\n") == 1
+    lines = script.read_text(encoding="utf-8").splitlines()
+    assert "#SBATCH --array=0-0%1" in lines and "#SBATCH --mem=8G" in lines
+    assert (out / "jobs" / "123_0" / "123_0_submitted.pkl").is_file()   # the pickled call, where task 0 reads it
+    assert (out / "jobs" / "123" / "123_submission.sh").is_file()
+
+
+@pytest.mark.parametrize("refusal", ["sbatch: error: invalid partition specified: x",
+                                     "sbatch: error: Memory specification can not be satisfied"])
+def test_sbatch_refusing_the_array_is_one_error_line(tmp_path, capsys, no_model, monkeypatch, refusal):
+    pytest.importorskip("submitit")
+    calls = stand_in_sbatch(tmp_path, monkeypatch, refuse=refusal)
+    protocol = tiny(tmp_path, "m", "d.csv")
+    out = tmp_path / "out"
+    assert main(["run", protocol.source, "--out", str(out), "--executor", "slurm", "--slurm-partition", "x",
+                 "--mem", "10T"]) == 2
+    err = capsys.readouterr().err
+    assert calls.is_file()   # sbatch was asked
+    said = [line for line in err.splitlines() if line.strip()]
+    assert said == [f"error: the job array was not submitted: {refusal}. Check --slurm-partition, --mem, --time and "
+                    "--slurm-arg against the cluster (sinfo lists its partitions)."], err
+    assert "Traceback" not in err and not (out / "jobs").exists()   # no pickles or script left from the refused call

@@ -148,3 +148,22 @@ def test_protocol_cells_report_both_measures_as_evaluated_alone(tmp_path, tiny_m
                                                                        mask))
     assert run["cells"][next(k for k in run["cells"] if "dense" in k)]["metrics"]["agreement"] == 100.0
     assert "agreement" in summary["table"].splitlines()[0] and "stability" in summary["table"].splitlines()[0]
+
+
+def test_stability_measures_asked_of_a_language_model_are_said_to_be_left_out(tmp_path, one_thread):
+    """A language model gives no answers to compare: the table leaves the measures out and says why beneath it
+    (issue 39: it was silent); a classifier's table in the test above carries no such line."""
+    from conftest import save_tiny_lm
+
+    folder, rows = save_tiny_lm(tmp_path / "lm", n=24)
+    text = (f'name = "lmst"\nmodels = ["{folder}"]\nsparsities = [0.5]\nbatch_size = 8\n'
+            f'metrics = ["task", "agreement", "stability"]\n\n'
+            f'[data.calib]\nsource = "{rows}"\nsize = 8\n\n[data.eval]\nsource = "{rows}"\nsize = 8\n\n'
+            '[[criteria]]\nname = "random"\n')
+    (tmp_path / "lmst.toml").write_text(text, encoding="utf-8")
+    out = tmp_path / "out"
+    summary = run_protocol(Protocol.read(tmp_path / "lmst.toml"), out, plots=False)
+    header = summary["table"].splitlines()[0]
+    assert "agreement" not in header and "stability" not in header and "perplexity" in header
+    note = f"> **agreement, stability not reported for {folder}:** its task is lm, which gives no answers to compare"
+    assert note in summary["table"] and note in (out / "results.md").read_text(encoding="utf-8")

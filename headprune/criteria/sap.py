@@ -31,15 +31,23 @@
        round(pool·N) heads when ``pool`` > 0. On the demo (128 calibration reviews, defaults) the k sweep keeps
        k = 7 and R = 0.5 gives 19 candidates; CF accepts all 19 (0.828 → 0.805, floor 0.745).
      * target (``sparsity`` = s > 0, Fig. 5's SAP+CF at 0.25/0.5/0.75): CF prunes the first round(s·N) heads of its
-       degradation ranking (no tolerance stop). The paper does not say how CF meets a target; a pool of exactly
-       round(s·N) heads (SAP's own selection) would leave CF nothing to choose, its mask SAP's whatever it measured.
-       Our pool rule, documented: SAP's ranking at a larger target -- R lowered from ``ratio`` as SAP does to reach
-       a sparsity (§4.1, "we gradually decrease R"), until round(pool·N) heads qualify, with the k SAP picks at
-       the target s. ``pool`` = 0 (auto) is halfway between the target and every head, p = s + (1 − s)/2
-       (0.25 → 0.625, 0.5 → 0.75, 0.75 → 0.875): CF picks its target among (1 + s)/(2s) times as many heads
-       (2.5x at 0.25, 1.5x at 0.5, 1.17x at 0.75), and SAP's most syntax-relevant heads, (1 − s)/2 of the grid,
-       are never candidates, so SAP keeps its say ("SAP provides coarse-grained pruning ..., while CF refines
-       the process", §4.2). A ``pool`` below ``sparsity`` is an
+       degradation ranking (no tolerance stop). The paper does not say how CF meets a target. Two pools
+       (``cf_pool``):
+       - "paper": SAP's own candidates at the target, the paper's CF input (§3.4, "the set of head pruning
+         candidates"): every head with cnt ≥ S·R at the R SAP used for s (``ratio``, lowered by ``ratio_step``
+         until round(s·N) heads qualify, §4.1). It always holds the target (at R = 0 every live head qualifies);
+         CF chooses among the heads above S·R at ``ratio`` when more qualify than the target, else among the
+         heads the last step of R let in (often few beyond the target: then CF's mask is close to SAP's).
+       - "widened" (the default of the criterion; the paper protocols ask for "paper"): a pool of exactly
+         round(s·N) heads (SAP's own selection) would leave CF nothing to choose, its mask SAP's whatever it
+         measured. Our pool rule, documented, headprune's construction: SAP's ranking at a larger target -- R
+         lowered from ``ratio`` as SAP does to reach a sparsity (§4.1, "we gradually decrease R"), until
+         round(pool·N) heads qualify, with the k SAP picks at the target s. ``pool`` = 0 (auto) is halfway between
+         the target and every head, p = s + (1 − s)/2 (0.25 → 0.625, 0.5 → 0.75, 0.75 → 0.875): CF picks its
+         target among (1 + s)/(2s) times as many heads (2.5x at 0.25, 1.5x at 0.5, 1.17x at 0.75), and SAP's most
+         syntax-relevant heads, (1 − s)/2 of the grid, are never candidates, so SAP keeps its say ("SAP provides
+         coarse-grained pruning ..., while CF refines the process", §4.2).
+       A ``pool`` > 0 sets the pool itself (with ``cf_pool`` given: refused); a ``pool`` below ``sparsity`` is an
        error (CriterionError; a protocol names the key and its line).
 §3.4 Whole-layer rule ("if the number of pruned heads in a layer exceeds a certain threshold, the entire layer is
      pruned"). Our reading: with ``layer_threshold`` = n > 0, a layer with more than n pruned heads is dropped: its
@@ -153,12 +161,25 @@ def select_for_sparsity(counters: np.ndarray, total: float, n_prune: int, ratio:
         ratio = max(0.0, round(ratio - step, 10))
 
 
-def pool_fraction(sparsity: float, pool: float) -> float:
+CF_POOLS = ("paper", "widened")   # CF's pool at a target sparsity when ``pool`` = 0 (module doc, §3.4)
+
+
+def pool_fraction(sparsity: float, pool: float, cf_pool: str = "widened") -> float:
     """CF's candidate pool as a fraction of the grid (module doc, §3.4): ``pool`` when set, else (0, auto) halfway
-    between the target ``sparsity`` and every head; 0 for the tolerance mode's S·R candidates (``sparsity`` 0)."""
-    if pool > 0 or sparsity <= 0:
+    between the target ``sparsity`` and every head ("widened"); 0 for SAP's own S·R candidates (the tolerance mode,
+    ``sparsity`` 0, and ``cf_pool`` "paper" at a target: their count is known once SAP has counted)."""
+    if pool > 0 or sparsity <= 0 or cf_pool == "paper":
         return pool
     return sparsity + (1.0 - sparsity) / 2
+
+
+def pool_rule(sparsity: float, pool: float, cf_pool: str = "widened") -> str:
+    """Which pool CF filters, in words (said under a protocol's table and in a score file's meta)."""
+    if pool > 0:
+        return f"SAP's first round({pool:g}·N) heads (pool = {pool:g})"
+    if sparsity <= 0 or cf_pool == "paper":
+        return "the paper's: SAP's own candidates, the heads with cnt ≥ S·R (§3.4)"
+    return "widened: SAP's ranking at s + (1 − s)/2 of the heads, headprune's construction"
 
 
 def check_pool(sparsity: float, pool: float) -> str | None:
@@ -458,8 +479,12 @@ class SAPCandidateFiltering(_SapBase):
                                 "ranking of the pool (0 = the paper's mode: prune while the metric stays ≥ "
                                 "tolerance, the sparsity reached is CF's result)", float, FRACTION),
               "pool": Param(0.0, "candidate pool, a fraction of the heads: SAP's first round(pool·N) heads (0 = "
-                                 "auto: halfway between the target sparsity and every head; with sparsity 0, the "
-                                 "heads with cnt ≥ S·R)", float, UNIT),
+                                 "auto: cf_pool's rule at a target sparsity; with sparsity 0, the heads with "
+                                 "cnt ≥ S·R)", float, UNIT),
+              "cf_pool": Param("widened", "CF's pool at a target sparsity when pool = 0: 'paper' (SAP's own "
+                                          "candidates, cnt ≥ S·R at the R SAP used for the target) or 'widened' "
+                                          "(SAP's ranking at s + (1 − s)/2 of the heads, headprune's construction)",
+                               str, choices=CF_POOLS),
               "tolerance": Param(0.9, "keep at least this fraction of the dense calibration metric (sparsity 0)",
                                  float, Interval(0, 1, closed="right"))}
 
@@ -474,7 +499,7 @@ class SAPCandidateFiltering(_SapBase):
         live = adapt(ctx.model).live_grid()
         if ctx.mask is not None:
             live &= ctx.mask.keep_bool()
-        fraction = pool_fraction(params["sparsity"], params["pool"])
+        fraction = pool_fraction(params["sparsity"], params["pool"], params["cf_pool"])
         already = ctx.mask.n_pruned if ctx.mask is not None else 0
         n_pool = int(live.sum()) if fraction <= 0 else min(max(round(fraction * live.numel()) - already, 0),
                                                             int(live.sum()))
@@ -486,6 +511,15 @@ class SAPCandidateFiltering(_SapBase):
         problem = check_pool(resolved["sparsity"], resolved["pool"])
         if problem:
             raise CriterionError(f"Parameter pool={resolved['pool']!r}: {problem}.")
+        if given and "cf_pool" in given and resolved["pool"] > 0:   # refused, never ignored: pool sets the pool
+            raise CriterionError(f"Parameter cf_pool={given['cf_pool']!r} applies to pool = 0 only; pool="
+                                 f"{resolved['pool']!r} sets CF's pool itself (SAP's first round(pool·N) heads). "
+                                 "Give one of the two.")
+        # a written sparsity = 0 only: a protocol checks its params before each cell gives its sparsity
+        if given and given.get("cf_pool") == "widened" and given.get("sparsity", None) == 0:
+            raise CriterionError("Parameter cf_pool='widened' applies to a target sparsity only; with sparsity=0 "
+                                 "(the paper's tolerance mode) CF's pool is SAP's own candidates, cnt >= S·R. Give "
+                                 "a sparsity > 0, or leave cf_pool out.")
         if given and "tolerance" in given and resolved["sparsity"] > 0:   # refused, never ignored
             raise CriterionError(f"Parameter tolerance={given['tolerance']!r} applies to sparsity 0 only (the "
                                  "paper's mode: prune while the metric stays >= tolerance x dense); with sparsity="
@@ -498,13 +532,14 @@ class SAPCandidateFiltering(_SapBase):
         """(SAP at the target with its best k, stats, arcs, CF's pool, the number of heads to prune or None for
         the tolerance mode): the pool rule of the module doc."""
         result, stats, data = self._sap(ctx, p)
-        fraction = pool_fraction(p["sparsity"], p["pool"])
+        fraction = pool_fraction(p["sparsity"], p["pool"], p["cf_pool"])
         base = ctx.mask if ctx.mask is not None else HeadMask.ones(result.mask.shape)
-        if fraction <= 0:
-            return result, stats, data, list(result.selected), None
+        n_target = round(p["sparsity"] * base.values.numel()) - base.n_pruned if p["sparsity"] > 0 else None
+        if fraction <= 0:   # SAP's own candidates: cnt ≥ S·R at the R SAP used (at the target, or ``ratio``)
+            pool = select_heads(result.counters, result.total, result.ratio)
+            return result, stats, data, pool, None if n_target is None else max(min(n_target, len(pool)), 0)
         n_pool = round(fraction * base.values.numel()) - base.n_pruned
         pool, _ = select_for_sparsity(result.counters, result.total, n_pool, p["ratio"], p["ratio_step"])
-        n_target = round(p["sparsity"] * base.values.numel()) - base.n_pruned if p["sparsity"] > 0 else None
         return result, stats, data, pool, None if n_target is None else max(min(n_target, len(pool)), 0)
 
     def filtered(self, ctx: ScoringContext, p: dict) -> tuple[SapResult, DependencyStats, ArcData, list[Head],
@@ -525,7 +560,9 @@ class SAPCandidateFiltering(_SapBase):
         out = {}
         for level in levels:
             # the resolved default tolerance is no user's choice: left out, as a given one at a level is refused
-            p = {**{k: v for k, v in resolved.items() if k != "tolerance"},
+            # so is a default cf_pool (a given one beside a pool > 0 is refused)
+            p = {**{k: v for k, v in resolved.items() if k != "tolerance"
+                    and not (k == "cf_pool" and v == self.params["cf_pool"].default)},
                  "sparsity": self.params["sparsity"].parse("sparsity", level)}
             result, _, _, _, cf = self.filtered(ctx, self.resolve_params(p))
             out[float(level)] = SapResult(result.k, result.counters, result.total, cf.selected, result.ratio,
@@ -542,7 +579,8 @@ class SAPCandidateFiltering(_SapBase):
             scores[l, h] = position
         meta = {**self._meta(result, stats, data), "mask": cf.mask.to_json(), "selected": _heads_json(cf.selected),
                 "dropped_layers": cf.dropped_layers, "dense_metric": cf.dense, "floor": cf.floor,
-                "pool": _heads_json(pool), "pool_fraction": pool_fraction(p["sparsity"], p["pool"]),
+                "pool": _heads_json(pool), "pool_fraction": pool_fraction(p["sparsity"], p["pool"], p["cf_pool"]),
+                "pool_rule": pool_rule(p["sparsity"], p["pool"], p["cf_pool"]),
                 "mode": "target" if p["sparsity"] > 0 else "tolerance",
                 "sparsity_reached": cf.mask.n_pruned / cf.mask.values.numel(),
                 "metric_trace": cf.trace, "degradation": {f"{l},{h}": d for (l, h), d in cf.degradation.items()},

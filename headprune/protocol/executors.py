@@ -19,13 +19,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -179,16 +182,47 @@ def check_slurm() -> None:
 def slurm_executor(out: Path, *, partition: str | None = None, gpus_per_task: int | None = None,
                    cpus_per_task: int | None = None, mem: str | None = None, minutes: int | None = None,
                    array_parallelism: int | None = None, extra: dict | None = None):
-    """A ``submitit.SlurmExecutor`` writing its job folders under ``out/jobs``, with the given sbatch options
-    (``extra``: any other ``#SBATCH --KEY=VALUE``)."""
-    import submitit  # the cluster extra: optional (check_slurm said so before any model loads)
-
-    executor = submitit.SlurmExecutor(folder=out / "jobs" / "%A_%a")
+    """A submitit SLURM executor writing its job folders under ``out/jobs``, with the given sbatch options
+    (``extra``: any other ``#SBATCH --KEY=VALUE``); a ``map_array`` of one call is still a job array (see
+    :func:`array_executor_class`)."""
+    # %j: an array task's id is "<job>_<task>", so each task gets out/jobs/<job>_<task>/. Not "%A_%a": submitit
+    # formats the folder with the bare job id while it files the sbatch script, which has no "_<task>" to fill %a
+    executor = array_executor_class()(folder=out / "jobs" / "%j")
     given = {"partition": partition, "gpus_per_task": gpus_per_task, "cpus_per_task": cpus_per_task, "mem": mem,
              "time": minutes, "array_parallelism": array_parallelism}
     executor.update_parameters(job_name="headprune", additional_parameters=dict(extra or {}),
                                **{k: v for k, v in given.items() if v is not None})
     return executor
+
+
+def array_executor_class():
+    """``submitit.SlurmExecutor`` whose ``map_array`` of ONE call is a job array of one task (``--array=0-0``).
+
+    submitit submits a lone call as a plain job (no ``--array``, an id without ``_<task>``); a protocol of one unit
+    would then be the only run whose task is not ``<job>_0``. Same steps as submitit's own array branch (1.5):
+    the pickled call, one sbatch with ``map_count``, the pickle filed under the task's id."""
+    import submitit  # the cluster extra: optional (check_slurm said so before any model loads)
+    from submitit.core.utils import JobPaths  # the cluster extra, as above
+    from submitit.slurm.slurm import SlurmJob  # the cluster extra, as above
+
+    class ArrayExecutor(submitit.SlurmExecutor):
+        def _internal_process_submissions(self, delayed_submissions):
+            if len(delayed_submissions) != 1:
+                return super()._internal_process_submissions(delayed_submissions)
+            folder = JobPaths.get_first_id_independent_folder(self.folder)
+            folder.mkdir(parents=True, exist_ok=True)
+            pickle_path = folder / f"{uuid.uuid4().hex}.pkl"
+            delayed_submissions[0].set_timeout(self.parameters.get("time", 5), self.max_num_timeout)
+            delayed_submissions[0].dump(pickle_path)
+            array = submitit.SlurmExecutor(self.folder, self.max_num_timeout, python=self.python)
+            array.update_parameters(**self.parameters)
+            array.parameters["map_count"] = 1
+            first = array._submit_command(self._submitit_command_str)
+            job = SlurmJob(folder=self.folder, job_id=f"{first.job_id}_0", tasks=list(range(first.num_tasks)))
+            job.paths.move_temporary_file(pickle_path, "submitted_pickle")
+            return [job]
+
+    return ArrayExecutor
 
 
 def submit(protocol: Protocol, out: str | Path, executor, shards: int, *, wait: bool = False, memory_budget=None,
@@ -200,8 +234,8 @@ def submit(protocol: Protocol, out: str | Path, executor, shards: int, *, wait: 
     say = say or (lambda text: None)
     out = Path(out)
     n = shards
-    jobs = executor.map_array(_array_task, [protocol.text] * n, [protocol.source] * n, [str(out)] * n,
-                              [(i, n) for i in range(n)], [memory_budget] * n, [threads] * n)
+    jobs = submit_array(executor, out, [protocol.text] * n, [protocol.source] * n, [str(out)] * n,
+                        [(i, n) for i in range(n)], [memory_budget] * n, [threads] * n)
     ids = [job.job_id for job in jobs]
     say(f"submitted {n} shard(s): {', '.join(ids)}; logs under {out}/jobs; `headprune run --status {out}` follows "
         "them")
@@ -219,6 +253,31 @@ def submit(protocol: Protocol, out: str | Path, executor, shards: int, *, wait: 
     except RunError as exc:
         return {"jobs": ids, "failed": failed, "merged": False, "note": str(exc)}
     return {**summary, "jobs": ids, "failed": failed, "merged": True}
+
+
+def submit_array(executor, out: Path, *columns: list) -> list:
+    """``executor.map_array`` of :func:`_array_task`; a submission the scheduler refuses (``sbatch`` exits non-zero:
+    a partition, a ``--mem``, an account it does not know) is a RunError carrying sbatch's own words, and the
+    call's pickles and sbatch script submitit left in ``out/jobs`` are removed (nothing was submitted)."""
+    from submitit.core.utils import FailedJobError, FailedSubmissionError  # submit's executors are submitit's
+
+    jobs_dir = out / "jobs"
+    existed = jobs_dir.is_dir()
+    before = set(jobs_dir.rglob("*")) if existed else set()
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):   # submitit prints sbatch's stderr too: said once, below
+            return executor.map_array(_array_task, *columns)
+    except (FailedJobError, FailedSubmissionError, OSError) as exc:   # sbatch exited non-zero / said no job id
+        for path in sorted(set(jobs_dir.rglob("*")) - before, key=lambda p: len(p.parts), reverse=True):
+            if path.is_symlink() or path.is_file():
+                path.unlink()
+            elif path.is_dir() and not any(path.iterdir()):
+                path.rmdir()
+        if not existed and jobs_dir.is_dir() and not any(jobs_dir.iterdir()):
+            jobs_dir.rmdir()
+        said = " ".join(str(exc).split()) or type(exc).__name__
+        raise RunError(f"the job array was not submitted: {said}. Check --slurm-partition, --mem, --time and "
+                       "--slurm-arg against the cluster (sinfo lists its partitions).") from None
 
 
 def _array_task(text: str, source: str, out: str, shard: tuple[int, int], memory_budget, threads) -> dict:

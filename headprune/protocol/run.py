@@ -47,8 +47,9 @@ from pathlib import Path
 import numpy as np
 
 from .. import outdir
-from ..criteria.sap import layer_rule_json
+from ..criteria.sap import layer_rule_json, pool_rule
 from ..estimate import TimeEstimate
+from ..evaluation.stability import STABILITY_METRICS
 from ..model.mask import HeadMask
 from ..model.task import KINDS as TASKS
 from ..model.task import Task
@@ -582,16 +583,44 @@ def run_protocol(protocol: Protocol, out: str | Path, *, memory_budget=None, pro
 
 
 def pool_note(protocol: Protocol) -> str:
-    """Said under the table when sap-cf runs at target sparsities with the automatic pool: that pool is headprune's
-    construction, not the paper's (criteria/sap.py, §3.4)."""
-    auto = [c.label for c in protocol.criteria if c.name == "sap-cf" and not c.params.get("pool")
-            and c.params.get("sparsity", None) != 0 and any(s > 0 for s in protocol.sparsities)]
-    if not auto:
+    """Said under the table for each sap-cf criterion at target sparsities: which pool CF filtered
+    (``sap.pool_rule``), and whose construction it is (criteria/sap.py module doc, §3.4)."""
+    if not any(s > 0 for s in protocol.sparsities):
         return ""
-    return (f"\n> **{', '.join(auto)} at a target sparsity s:** CF's candidate pool is SAP's ranking at "
-            "s + (1 − s)/2 of the heads -- headprune's construction. The paper's CF (§3.4) filters SAP's own "
-            "candidates (cnt ≥ S·R) under a tolerance and gives no target mode; `params = { sparsity = 0, "
-            "tolerance = τ }` runs the paper's, `pool = P` sets another pool.\n")
+    notes = []
+    for c in protocol.criteria:
+        if c.name != "sap-cf" or c.params.get("sparsity", None) == 0:
+            continue
+        pool, cf_pool = c.params.get("pool", 0.0), c.params.get("cf_pool", "widened")
+        said = f"\n> **{c.label} at a target sparsity s:** CF's candidate pool is {pool_rule(0.5, pool, cf_pool)}"
+        if pool > 0:
+            notes.append(said + ".\n")
+        elif cf_pool == "paper":
+            notes.append(said + ", at the R SAP used for s (R lowered from `ratio` until s of the heads qualify, "
+                         "§4.1). The paper gives CF a tolerance, not a target: pruning the first s of CF's ranking "
+                         "is headprune's reading.\n")
+        else:
+            notes.append(said + ". The paper's CF (§3.4) filters SAP's own candidates (cnt ≥ S·R) under a "
+                         "tolerance and gives no target mode; `cf_pool = \"paper\"` filters SAP's own candidates "
+                         "at each target, `params = { sparsity = 0, tolerance = τ }` runs the paper's tolerance "
+                         "mode, `pool = P` sets another pool.\n")
+    return "".join(notes)
+
+
+def left_out_note(protocol: Protocol, records: dict[str, dict | None]) -> str:
+    """Said under the table for each model whose protocol lists a stability measure its task cannot give: a
+    language model or a regression head gives no answers to compare (``cells.answering``), so the table leaves the
+    measure out of that model's rows -- said, not silent."""
+    lines = []
+    for entry in protocol.models:
+        asked = [m for m in entry.metrics if m in STABILITY_METRICS]
+        kinds = sorted({r["task"] for r in records.values() if r is not None and r["model"] == entry.name
+                        and not adapter.answering(Task(r["task"]))})
+        if asked and kinds:
+            lines.append(f"\n> **{', '.join(asked)} not reported for {entry.name}:** its task is {' / '.join(kinds)}, "
+                         "which gives no answers to compare; the stability measures need a classifier or multiple "
+                         "choice.\n")
+    return "".join(lines)
 
 
 def records_of(protocol: Protocol, out: Path) -> dict[str, dict | None]:
@@ -619,8 +648,9 @@ def merge(protocol: Protocol, out: str | Path, *, computed: list[str] = (), memo
     write_atomic(out / "results.csv", table_csv(rows, columns))
     averages, papers = average_rows(protocol, records, rows), paper_rows(protocol, rows)
     sizes = size_rows(protocol, records)
-    write_atomic(out / "results.md", table_markdown(rows, columns) + sections_markdown(averages, papers, sizes)
-                 + pool_note(protocol))
+    table = (table_markdown(rows, columns) + sections_markdown(averages, papers, sizes) + pool_note(protocol)
+             + left_out_note(protocol, records))
+    write_atomic(out / "results.md", table)
     plotted, notes = write_plots(protocol, records, rows, out) if plots else ([], ["plots not asked for"])
     first = {m.name: next(r for r in records.values() if r["model"] == m.name) for m in protocol.models}
     models = [{**m.to_json(), **first[m.name]["loaded"], "roles": first[m.name]["roles"]} for m in protocol.models]
@@ -636,4 +666,4 @@ def merge(protocol: Protocol, out: str | Path, *, computed: list[str] = (), memo
     write_atomic(out / "run.json", as_json(run))
     return {"out": str(out), "results": ["results.csv", "results.md"], "plots": plotted, "notes": notes,
             "cells": len(records), "computed": len(computed), "reused": len(run["reused"]),
-            "table": table_markdown(rows, columns) + sections_markdown(averages, papers, sizes)}
+            "table": table}
