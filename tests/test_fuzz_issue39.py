@@ -378,6 +378,70 @@ def test_generate_refuses_what_it_cannot_do_before_weights_load(extra, words, ca
     assert words in line, line
 
 
-def test_generate_refuses_more_tokens_than_the_models_positions(capsys):
-    line = _refused(["generate", "--model", "demo-lm", "--prompt", "the film", "--max-new-tokens", 5000], capsys)
+def _never_load(*args, **kwargs):
+    raise AssertionError("weights loaded before the refusal")
+
+
+def test_generate_refuses_more_tokens_than_the_models_positions(monkeypatch, capsys):
+    """Past the positions config.json declares: refused before weights load; within them but past them with the
+    prompt: refused once the prompt is tokenised (demo-lm: 128 positions, a 4-token prompt)."""
+    import headprune.cli.kvcache as cli_kv
+
+    with monkeypatch.context() as patch:
+        patch.setattr(cli_kv, "load_model", _never_load)
+        line = _refused(["generate", "--model", "demo-lm", "--prompt", "the film", "--max-new-tokens", 5000], capsys)
+    assert "does not fit the model's 128 positions" in line, line
+    line = _refused(["generate", "--model", "demo-lm", "--prompt", "the film", "--max-new-tokens", 126], capsys)
     assert "exceeds the model's 128 positions" in line and "at most 124" in line, line
+
+
+@pytest.fixture(scope="module")
+def lm_folder(tmp_path_factory) -> str:
+    from conftest import save_tiny_lm
+
+    return save_tiny_lm(tmp_path_factory.mktemp("tiny_llama"))[0]      # 128 positions
+
+
+def test_generation_stops_at_end_of_text_and_a_huge_window_allocates_little(lm_folder):
+    """Independent reference: the same greedy run without an end token; with token k of it declared end-of-text the
+    run is its prefix up to that token's first occurrence. A plan window of 10**9 (W >= every length) generates
+    exactly the full cache's tokens while its rings hold at most RING_START slots, not S + 10**9."""
+    from transformers import AutoModelForCausalLM
+
+    from headprune.kvcache.cache import RING_START, generate
+    from headprune.kvcache.plan import KVPlan
+    from headprune.kvcache.restrict import restricted
+
+    model = AutoModelForCausalLM.from_pretrained(lm_folder).eval()
+    ids = torch.tensor([[5, 9, 17, 3, 22]])
+    free = generate(model, ids, 12).tokens
+    eos = free[6]
+    stopped = generate(model, ids, 12, eos_token_id=eos).tokens
+    assert stopped == free[:free.index(eos) + 1] and len(stopped) < 12
+    plan = KVPlan(torch.tensor([[True, False]] * 4), 8, sink=2, window=10**6)
+    with restricted(model, plan) as copy:
+        mixed = generate(copy, ids, 12, mode="mixed")
+    assert mixed.tokens == free
+    d = model.config.hidden_size // model.config.num_attention_heads
+    assert mixed.kv_bytes_allocated <= 4 * 2 * 2 * (RING_START + 17) * d * 4     # layers x (K, V) x groups x slots
+
+
+@pytest.mark.parametrize("window", [10**6, 7])
+def test_rings_that_grow_from_a_few_slots_generate_what_preallocated_ones_do(window, lm_folder, monkeypatch):
+    """RING_START = 3: the rings grow (3, 6, 12, ... up to S + W) while generating; the tokens are those of rings
+    allocated whole (RING_START past S + W), with a window that wraps (7) and one that never does (10**6)."""
+    from transformers import AutoModelForCausalLM
+
+    import headprune.kvcache.cache as cache
+    from headprune.kvcache.plan import KVPlan
+    from headprune.kvcache.restrict import restricted
+
+    model = AutoModelForCausalLM.from_pretrained(lm_folder).eval()
+    ids = torch.tensor([[5, 9, 17, 3, 22, 8, 11]])
+    plan = KVPlan(torch.tensor([[True, False]] * 4), 8, sink=2, window=window)
+    runs = []
+    for start in (3, 4096):
+        monkeypatch.setattr(cache, "RING_START", start)
+        with restricted(model, plan) as copy:
+            runs.append(cache.generate(copy, ids, 14, mode="mixed").tokens)
+    assert runs[0] == runs[1] and len(runs[0]) == 14

@@ -376,6 +376,13 @@ def check_generate_args(args) -> None:
 def cmd_generate(args) -> dict:
     check_generate_args(args)
     refuse_encoder(args.model)
+    # the context a folder declares bounds the new tokens before any weights load (the prompt is counted after)
+    config = peek_config(args.model) or {}
+    declared = (config.get("text_config") or config).get("max_position_embeddings") or config.get("n_positions")
+    if isinstance(declared, int) and args.max_new_tokens >= declared:
+        raise KVPlanError(f"--max-new-tokens {args.max_new_tokens} does not fit the model's {declared} positions "
+                          f"(max_position_embeddings) with a prompt: ask for at most {declared} minus the prompt's "
+                          "tokens.")
     plan = read_plan_arg(args.kv_plan, args.model)
     loaded = load_model(args.model, args.device, device_map=args.device_map, dtype=args.dtype)
     check_decoder(loaded.adapter)
@@ -391,13 +398,15 @@ def cmd_generate(args) -> dict:
                           f"{max(context - ids.shape[1], 0)}.")
     options = {"sample": args.sample, "temperature": 1.0 if args.temperature is None else args.temperature,
                "seed": args.seed}
-    full = generate(loaded.model, ids, args.max_new_tokens, mode="full", **options)
+    # generation stops at the tokenizer's end of text, as a chat or a completion would (None: runs to the limit)
+    stop = {"eos_token_id": loaded.tokenizer.eos_token_id}
+    full = generate(loaded.model, ids, args.max_new_tokens, mode="full", **options, **stop)
     decode = lambda tokens: loaded.tokenizer.decode(tokens, skip_special_tokens=True)  # noqa: E731
     result = {"model": args.model, "prompt_tokens": int(ids.shape[1]), "decoding": "sampling" if args.sample
               else "greedy", **options, "full_cache": {**full.to_dict(), "text": decode(full.tokens)}}
     if plan is not None:
         with restricted(loaded.model, plan) as copy:
-            mixed = generate(copy, ids, args.max_new_tokens, mode="mixed", **options)
+            mixed = generate(copy, ids, args.max_new_tokens, mode="mixed", **options, **stop)
         block = loaded.adapter.blocks[0]
         length = int(ids.shape[1]) + args.max_new_tokens - 1
         ideal = plan.ideal_bytes(length, block.head_size, next(loaded.model.parameters()).element_size())

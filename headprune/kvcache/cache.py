@@ -25,6 +25,10 @@ MODES = ("full", "restricted", "mixed")
 GROWTH, MIN_GROWTH = 0.25, 256   # a full buffer grows by a quarter of itself, at least 256 tokens
 
 
+# slots a ring allocates before any token arrives (more as positions need them, up to S + W)
+RING_START = 4096
+
+
 class Ring:
     """The S + W slots of the streaming heads sharing one window W: (B, n, S + W, d) keys and values. Position
     p < S sits in slot p (the sinks), a later one in slot S + (p - S) mod W (a ring: the new key overwrites position
@@ -36,13 +40,26 @@ class Ring:
     def __init__(self, heads: list[int], sink: int, window: int, like: torch.Tensor, compensation: bool = False):
         b, _, _, d = like.shape
         self.heads, self.sink, self.window = heads, sink, window
-        slots = sink + window
+        # a window longer than any generation (W = 10**9) must not allocate S + W slots up front: start with at most
+        # RING_START slots and grow by doubling up to S + W as positions arrive (slots fill in order, see held)
+        slots = min(sink + window, RING_START)
         self.k_buf, self.v_buf = like.new_zeros(b, len(heads), slots, d), like.new_zeros(b, len(heads), slots, d)
         self.slot_positions = torch.full((slots,), -1, dtype=torch.long, device=like.device)
         self.dropped = None
         if compensation:
             zeros = like.new_zeros(b, len(heads), d, dtype=torch.float64)
             self.dropped = Dropped(zeros, zeros.clone(), 0)
+
+    def grow(self, needed: int) -> None:
+        """Room for slot ``needed - 1``: the buffers doubled (at most S + W) until it fits."""
+        have = self.k_buf.shape[2]
+        if needed <= have:
+            return
+        size = min(max(needed, 2 * have), self.sink + self.window)
+        extra = size - have
+        pad = lambda t: torch.cat([t, t.new_zeros(*t.shape[:2], extra, t.shape[3])], dim=2)  # noqa: E731
+        self.k_buf, self.v_buf = pad(self.k_buf), pad(self.v_buf)
+        self.slot_positions = torch.cat([self.slot_positions, self.slot_positions.new_full((extra,), -1)])
 
     def fold(self, keys: torch.Tensor, values: torch.Tensor, new_pos: torch.Tensor, length: int, end: int) -> None:
         """Add to ``dropped`` the keys that leave the window once the tokens up to ``end`` are in: positions
@@ -73,6 +90,8 @@ class Ring:
         keep = (new_pos < self.sink) | (new_pos >= end - self.window)
         pos = new_pos[keep]
         slots = torch.where(pos < self.sink, pos, self.sink + (pos - self.sink) % self.window)
+        if slots.numel():
+            self.grow(int(slots.max()) + 1)
         self.k_buf[:, :, slots] = keys[:, :, keep]
         self.v_buf[:, :, slots] = values[:, :, keep]
         self.slot_positions[slots] = pos
@@ -272,12 +291,13 @@ class Generation:
 @torch.no_grad()
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, mode: str = "full", sample: bool = False,
              temperature: float = 1.0, seed: int = 0, cache: Cache | None = None,
-             prefill_chunk: int | None = None) -> Generation:
+             prefill_chunk: int | None = None, eos_token_id: int | None = None) -> Generation:
     """Generate after ``input_ids`` (1, T) with greedy decoding or seeded sampling.
 
     ``model``: the loaded model for ``mode="full"``, a ``restrict.restricted`` copy for ``"restricted"`` (ordinary
     cache, restriction by mask) and ``"mixed"`` (:class:`MixedCache`). ``cache``: a pre-filled cache to continue
     (``fill_random``), else a new one. ``prefill_chunk``: prompt tokens per forward (bounds the T_q x T_k masks).
+    ``eos_token_id``: generation stops after this token (end of text), kept as the last of ``tokens``.
     """
     cache = new_cache(model, mode) if cache is None else cache
     gen = torch.Generator().manual_seed(seed)
@@ -295,7 +315,7 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, mode: str =
             token = last.argmax(-1, keepdim=True)
         tokens.append(int(token))
         times.append(time.perf_counter() - start)
-        if i + 1 == max_new_tokens:
+        if i + 1 == max_new_tokens or (eos_token_id is not None and tokens[-1] == eos_token_id):
             break
         start = time.perf_counter()
         logits = model(input_ids=token, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
