@@ -88,6 +88,17 @@ def test_sap_cf_with_a_sparsity_and_a_tolerance_is_refused(params, tiny_model_di
     assert "tolerance" in line and "sparsity 0 only" in line
 
 
+@pytest.mark.parametrize("extra", [[], ["--param", "sparsity=0"]])
+@pytest.mark.usefixtures("no_weights")
+def test_sap_cf_widened_pool_without_a_target_is_refused(extra, tiny_model_dir, tiny_csv, capsys):
+    """cf_pool = 'widened' builds CF's pool around a target sparsity; with none given (the default 0: the paper's
+    tolerance mode) it cannot apply, written or not."""
+    argv = ["score", "--model", tiny_model_dir, "--data", tiny_csv, "--criterion", "sap-cf",
+            "--param", "cf_pool=widened", *extra]
+    line = _refused(argv, capsys)
+    assert "cf_pool='widened' applies to a target sparsity only" in line, line
+
+
 @pytest.mark.parametrize("kind", ["file", "folder"])
 def test_a_kv_plan_never_replaces_a_users_tmp_file_or_folder(kind, tmp_path):
     """kvplan --out plan.json beside the user's plan.json.tmp: the plan goes through outdir.write_atomic (its own

@@ -127,10 +127,10 @@ def test_plan_checks_the_bert_rows_expected_config_against_the_models_config(tmp
 
 def _first_sharp_drop(ratios, values, drop, window):
     """The inflection point written out plainly: the first i whose next points within ``window`` (at least one)
-    include one more than drop x values[0] below values[i]."""
+    are all more than drop x values[0] below values[i]."""
     for i in range(len(values) - 1):
         ahead = [j for j in range(i + 1, len(values)) if ratios[j] - ratios[i] <= window + 1e-12] or [i + 1]
-        if any(values[i] - values[j] > drop * abs(values[0]) for j in ahead):
+        if all(values[i] - values[j] > drop * abs(values[0]) for j in ahead):
             return i
     return len(values) - 1
 
@@ -141,7 +141,11 @@ def test_inflection_detector_finds_the_first_sharp_drop():
     ratios = [i / 10 for i in range(11)]
     flat_then_cliff = [0.9, 0.9, 0.89, 0.9, 0.88, 0.87, 0.6, 0.5, 0.4, 0.3, 0.2]
     assert inflection_index(ratios, flat_then_cliff, drop=0.05, window=0.1) == 5      # 0.87 -> 0.60
-    assert inflection_index(ratios, flat_then_cliff, drop=0.05, window=0.25) == 4     # 0.88 -> 0.60 within 0.2
+    # a wider window: at 0.88 the next point (0.87) is no sharp drop yet; the fall starts after 0.87
+    assert inflection_index(ratios, flat_then_cliff, drop=0.05, window=0.25) == 5
+    # a single noisy point the curve recovers from (the demo's first step on 64 selection rows: 0.859 -> 0.812)
+    noisy_then_cliff = [0.859, 0.812, 0.859, 0.844, 0.859, 0.844, 0.6, 0.5, 0.4, 0.3, 0.2]
+    assert inflection_index(ratios, noisy_then_cliff, drop=0.05, window=0.2) == 5
     assert inflection_index(ratios, [0.9] * 11, drop=0.05, window=0.1) == 10          # no drop: the end
     rng = __import__("random").Random(0)
     for _ in range(50):   # against the plain loop on random curves and parameters

@@ -242,7 +242,8 @@ def no_model(monkeypatch):
     (["--workers", "2"], "--workers goes with --executor pool"),
     (["--executor", "pool", "--shard", "0/2"], "does not go with --executor pool"),
     (["--mem", "4G"], "--mem goes with --executor slurm"),
-    (["--executor", "slurm", "--slurm-arg", "account"], "is not KEY=VALUE"),
+    (["--executor", "slurm", "--time", "60", "--slurm-arg", "account"], "is not KEY=VALUE"),
+    (["--executor", "slurm", "--mem", "8G"], "--executor slurm needs --time MINUTES"),   # not submitit's 5 minutes
 ])
 def test_bad_flags_are_refused_before_any_model_loads(tmp_path, capsys, no_model, flags, needle, monkeypatch):
     monkeypatch.setattr("shutil.which", lambda name: "/usr/bin/" + name)   # an sbatch to get past that check
@@ -254,7 +255,7 @@ def test_bad_flags_are_refused_before_any_model_loads(tmp_path, capsys, no_model
 
 def test_slurm_without_submitit_or_sbatch_says_what_to_use_instead(tmp_path, capsys, no_model, monkeypatch):
     protocol = tiny(tmp_path, "m", "d.csv")
-    argv = ["run", protocol.source, "--out", str(tmp_path / "out"), "--executor", "slurm"]
+    argv = ["run", protocol.source, "--out", str(tmp_path / "out"), "--executor", "slurm", "--time", "60"]
     monkeypatch.setattr("shutil.which", lambda name: None)
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -353,12 +354,12 @@ def test_a_one_unit_protocol_is_submitted_as_a_job_array_of_one_task(tmp_path, c
     protocol = Protocol.read(tiny_protocol(tmp_path / "one.toml", "m", "d.csv", name="one", sparsities="[0.5]"))
     assert len(units(protocol)) == 1
     out = tmp_path / "out"
-    assert main(["run", protocol.source, "--out", str(out), "--executor", "slurm", "--mem", "8G"]) == 0
+    assert main(["run", protocol.source, "--out", str(out), "--executor", "slurm", "--mem", "8G", "--time", "90"]) == 0
     assert "submitted 1 shard(s): 123_0" in capsys.readouterr().err
     script = Path(calls.read_text(encoding="utf-8").split()[0])   # the one sbatch call: the script submitit wrote
     assert calls.read_text(encoding="utf-8").count("\n") == 1
     lines = script.read_text(encoding="utf-8").splitlines()
-    assert "#SBATCH --array=0-0%1" in lines and "#SBATCH --mem=8G" in lines
+    assert "#SBATCH --array=0-0%1" in lines and "#SBATCH --mem=8G" in lines and "#SBATCH --time=90" in lines
     assert (out / "jobs" / "123_0" / "123_0_submitted.pkl").is_file()   # the pickled call, where task 0 reads it
     assert (out / "jobs" / "123" / "123_submission.sh").is_file()
 
@@ -371,7 +372,7 @@ def test_sbatch_refusing_the_array_is_one_error_line(tmp_path, capsys, no_model,
     protocol = tiny(tmp_path, "m", "d.csv")
     out = tmp_path / "out"
     assert main(["run", protocol.source, "--out", str(out), "--executor", "slurm", "--slurm-partition", "x",
-                 "--mem", "10T"]) == 2
+                 "--mem", "10T", "--time", "60"]) == 2
     err = capsys.readouterr().err
     assert calls.is_file()   # sbatch was asked
     said = [line for line in err.splitlines() if line.strip()]

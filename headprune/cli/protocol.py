@@ -69,6 +69,12 @@ def check_flags(args) -> None:
     if slurm and args.executor != "slurm":
         raise RunError(f"--{slurm[0].replace('_', '-')} goes with --executor slurm (it was --executor "
                        f"{args.executor}).")
+    if args.executor == "slurm" and args.time is None:
+        # submitit writes its own #SBATCH --time=5 when none is given: five minutes stop most units mid-cell, and a
+        # guess of ours could exceed the partition's limit (the array then waits forever): the user says
+        raise RunError("--executor slurm needs --time MINUTES, each array task's wall-clock limit (without it "
+                       "submitit asks SLURM for 5 minutes, which stops most units mid-cell). `headprune run P.toml "
+                       "--plan` estimates the cells' time; a task runs one unit (or 1/--shards of them).")
 
 
 def slurm_extra(pairs: list[str]) -> dict:
@@ -234,7 +240,7 @@ def add_commands(sub) -> None:
     g.add_argument("--gpus-per-task", type=int, help="slurm: GPUs per array task")
     g.add_argument("--cpus-per-task", type=int, help="slurm: CPUs per array task")
     g.add_argument("--mem", help="slurm: memory per task, e.g. 32G")
-    g.add_argument("--time", type=int, help="slurm: minutes per task")
+    g.add_argument("--time", type=int, help="slurm: minutes per task (required with --executor slurm)")
     g.add_argument("--slurm-array-parallelism", type=int, help="slurm: tasks running at once")
     g.add_argument("--slurm-arg", action="append", metavar="KEY=VALUE",
                    help="slurm: any other #SBATCH --KEY=VALUE (repeatable)")

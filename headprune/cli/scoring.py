@@ -99,6 +99,10 @@ def cmd_criteria(args) -> dict:
 def cmd_score(args) -> dict:
     crit, params = _checked(args)
     levels = sap_levels(args.sap_sparsities, crit, params)
+    if not levels and "sparsity" in crit.params and "sparsity" not in params:
+        # no sweep gives a sparsity later: the default is the one that runs, so the parameters are checked at it
+        # (sap-cf's cf_pool = 'widened' applies to a target sparsity; without one it would be ignored)
+        crit.resolve_params({**params, "sparsity": crit.params["sparsity"].default})
     loaded, calib, _, info = load_model_and_data(args)
     texts = calibration_texts(info["calib_data"], calib)
     start = time.perf_counter()

@@ -516,7 +516,7 @@ class SAPCandidateFiltering(_SapBase):
                                  f"{resolved['pool']!r} sets CF's pool itself (SAP's first round(pool·N) heads). "
                                  "Give one of the two.")
         # a written sparsity = 0 only: a protocol checks its params before each cell gives its sparsity
-        if given and given.get("cf_pool") == "widened" and given.get("sparsity", None) == 0:
+        if given and given.get("cf_pool") == "widened" and "sparsity" in given and resolved["sparsity"] == 0:
             raise CriterionError("Parameter cf_pool='widened' applies to a target sparsity only; with sparsity=0 "
                                  "(the paper's tolerance mode) CF's pool is SAP's own candidates, cnt >= S·R. Give "
                                  "a sparsity > 0, or leave cf_pool out.")
