@@ -330,6 +330,26 @@ def test_brackets_in_strings_and_comments_do_not_count_as_nesting():
     assert toml_depth(text) == 2 and toml_depth("e = '[[[' \n") == 0
 
 
+@pytest.mark.parametrize("value", ["[" + ".".join(["a"] * 500_000) + "]", "x." * 33 + "y = 1",
+                                   "[" + ".".join(['"q"'] * 40) + "]"], ids=["header-500000", "key-34", "quoted-40"])
+def test_a_dotted_key_of_too_many_parts_is_refused_before_parsing(value, tmp_path, tiny_model_dir, tiny_csv, capsys):
+    """tomllib is quadratic in a dotted key's parts (500,000: minutes); past MAX_KEY_PARTS it is refused unparsed."""
+    path = _protocol(tmp_path, tiny_model_dir, tiny_csv)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(f"\n{value}\n")
+    line = _refused(["run", path, "--plan", "--no-timing"], capsys)
+    assert "dotted key or table header of" in line and "at most 32" in line, line
+
+
+def test_numbers_dates_strings_and_comments_are_no_dotted_keys():
+    """Independent count: the parts of each chain written out; a float or date-time is a chain of 2, a string 1."""
+    from headprune.protocol.spec import longest_key
+
+    values = "z = [" + ", ".join(["0.5"] * 40) + "]\nw = 1979-05-27T07:32:00.999\n"
+    assert longest_key(values) == 2
+    assert longest_key('k = "' + "a." * 40 + '"\n# ' + "b." * 40 + "\n[c . d . e]\n" + values) == 3
+
+
 @pytest.mark.parametrize("line", ["[" + " " * 1_000_000, "# " + "a" * 1_000_000, 'note = "' + "[a" * 500_000 + '"',
                                   "x = {" + ", " * 500_000], ids=["header-spaces", "comment", "string", "inline"])
 def test_a_one_megabyte_line_is_read_in_bounded_time(line, tmp_path, tiny_model_dir, tiny_csv, capsys):

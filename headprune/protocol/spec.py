@@ -91,6 +91,7 @@ def metric_names() -> tuple[str, ...]:
 
 MAX_SCANNED_LINE = 4096   # longer lines are left to the TOML parser: a key written there is named by its table's line
 MAX_TOML_DEPTH = 32       # arrays and inline tables nested deeper are refused before parsing (the parser recurses)
+MAX_KEY_PARTS = 32        # a dotted key or header of more parts is refused before parsing (tomllib: quadratic in it)
 _TOML_TOKEN = re.compile(r'"""(?:\\.|[^\\])*?"""' r"|'''.*?'''" r'|"(?:\\.|[^"\\\n])*"'
                          r"|'[^'\n]*'|#[^\n]*|[\[\]{}]", re.S)   # strings, comments, then the brackets
 _KEY = re.compile(r"""^\s*((?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*'))*)\s*=""")
@@ -125,6 +126,32 @@ def toml_depth(text: str) -> int:
         elif kind in "]}":
             depth -= 1
     return deepest
+
+
+# a dotted-key chain, token by token: quoted strings and comments (skipped whole), a dot, a bare word, anything else
+_KEY_TOKEN = re.compile(r'"""(?:\\.|[^\\])*?"""' r"|'''.*?'''" r'|"(?:\\.|[^"\\\n])*"' r"|'[^'\n]*'|#[^\n]*"
+                        r"|\.|[A-Za-z0-9_+:-]+|\S", re.S)
+
+
+def longest_key(text: str) -> int:
+    """The most parts of a dotted chain (``a.b.c``: 3) outside comments, strings counting as one part. A number
+    (``0.5``, a date-time's ``00.999``) is a chain of 2, so only keys and headers come near ``MAX_KEY_PARTS``."""
+    if text.count(".") < MAX_KEY_PARTS:   # the common case: no chain can be that long
+        return 0
+    longest = parts = 0
+    expect_part = True
+    for token in _KEY_TOKEN.finditer(text):
+        kind = token.group()
+        if kind == ".":
+            expect_part = True
+            continue
+        if kind[0] == "#" or not (kind[0].isalnum() or kind[0] in "_+-:\"'"):
+            parts, expect_part = 0, True     # a comment, a bracket, "=", ",": the chain ends
+            continue
+        parts = parts + 1 if expect_part and parts else 1
+        expect_part = False
+        longest = max(longest, parts)
+    return longest
 
 
 def _split_dotted(text: str) -> list[str]:
@@ -956,6 +983,9 @@ def parse_toml(text: str) -> dict:
     depth = toml_depth(text)
     if depth > MAX_TOML_DEPTH:
         raise ValueError(f"arrays or inline tables nested {depth} deep; accepted: at most {MAX_TOML_DEPTH} levels")
+    parts = longest_key(text)
+    if parts > MAX_KEY_PARTS:
+        raise ValueError(f"a dotted key or table header of {parts} parts; accepted: at most {MAX_KEY_PARTS}")
     try:
         import tomllib  # deferred: Python 3.11+ only (3.10 falls back to toml)
     except ModuleNotFoundError:  # Python 3.10: streamlit depends on the `toml` package
