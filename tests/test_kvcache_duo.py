@@ -101,6 +101,24 @@ def test_an_exported_plan_loads_in_duoattention_with_the_same_heads_at_its_share
     assert torch.equal(back.full, plan.full) and (back.sink, back.window) == (4, 16)
 
 
+@pytest.mark.parametrize("kind", ["file", "folder"])
+def test_the_duo_export_never_replaces_a_users_tmp_file_or_folder(kind, tmp_path):
+    """The export writes through outdir.write_atomic (unique temporaries): a user's ".<name>.tmp" beside the files
+    is left as it was, whether a file or a folder (before: replaced, or IsADirectoryError)."""
+    plan = plan_from_scores(SCORES["continuous"], 2, 0.25, 4, 16)
+    for name in (TSV, "config.json"):
+        mine = tmp_path / f".{name}.tmp"
+        if kind == "file":
+            mine.write_text("mine")
+        else:
+            mine.mkdir()
+    write_duo_folder(plan, tmp_path)
+    for name in (TSV, "config.json"):
+        mine = tmp_path / f".{name}.tmp"
+        assert (mine.read_text() == "mine") if kind == "file" else mine.is_dir()
+    assert duo_loader(tmp_path, 0.75)[1:] == (4, 16)
+
+
 def test_reading_a_duo_folder_refuses_another_grid_and_a_window_of_zero(tmp_path):
     plan = plan_from_scores(SCORES["continuous"], 2, 0.25, 4, 16)
     write_duo_folder(plan, tmp_path)

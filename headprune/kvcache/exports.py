@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from ..limits import NON_NEGATIVE_INT, POSITIVE_INT
+from ..outdir import write_atomic
 from .plan import KVPlan, KVPlanError, check_full_share, check_window, top_share
 
 TSV, CONFIG = "full_attention_heads.tsv", "config.json"
@@ -113,9 +114,9 @@ def write_duo_folder(plan: KVPlan, folder: str | Path) -> dict:
                       "--sparsity <sparsity> for the plan's own head set"}
     for name, text in ((TSV, "\n".join("\t".join(repr(float(v)) for v in row) for row in values) + "\n"),
                        (CONFIG, json.dumps(config, indent=1))):
-        tmp = folder / f".{name}.tmp"
-        tmp.write_text(text)
-        tmp.replace(folder / name)
+        # the one writer of outputs: a uniquely named temporary beside the file, renamed over it (a user's
+        # ".full_attention_heads.tsv.tmp" is never touched)
+        write_atomic(folder / name, text, what="--export-duo folder")
     return config
 
 
