@@ -21,10 +21,11 @@ from pathlib import Path
 import streamlit as st
 
 from headprune.data import ROLES, parse_label_map
+from headprune.estimate import measure_live_size
 from headprune.model.loading import NAMED_MODELS, LoadedModel, load_model
 from headprune.model.mask import HeadMask
 from headprune.model.sizes import parameter_counts
-from headprune.workspace import Workspace
+from headprune.workspace import DefaultSize, Workspace
 
 from .config import Setup
 from .threads import compute_slot
@@ -149,6 +150,7 @@ def build_workspace(setup: Setup, progress: Progress | None = None) -> Dashboard
             labels_by_position=setup.labels_by_position, allow_untrained_head=setup.allow_untrained_head,
             max_length=setup.max_length, batch_size=setup.batch_size, seed=setup.seed, loaded=loaded,
             progress=lambda f, m: report(0.6 + 0.1 * f, f"{setup.data_label}: {m}"))
+        ws = sized_for_clicks(ws, setup)
         ws.setup, ws.counts = setup, parameter_counts(loaded.model)
         with compute_slot():
             ws.dense(progress=lambda f, m: report(0.7 + 0.3 * f, f"evaluating the model as loaded: {m}"))
@@ -156,6 +158,18 @@ def build_workspace(setup: Setup, progress: Progress | None = None) -> Dashboard
         return ws
 
     return store().memo(f"ws|{setup.key}", build)
+
+
+def sized_for_clicks(ws: DashboardWorkspace, setup: Setup) -> DashboardWorkspace:
+    """``ws`` evaluating on what a click can re-evaluate in time on this machine (``estimate.measure_live_size``): a
+    default evaluation size shrinks to the rows a full pass covers in 20 s, and batches to what one forward covers
+    in 2 s; a size the user chose is kept (its batches may still shrink). The demos keep their split: it fits."""
+    if not ws.eval_batches:
+        return ws
+    with compute_slot():
+        size, basis = measure_live_size(ws.loaded.model, ws.eval_batches, ws.batch_size)
+    rows = size.rows if isinstance(setup.eval_size, DefaultSize) else len(ws.eval)
+    return ws.with_eval_rows(rows, size.batch_rows, size.note(len(ws.eval), basis))
 
 
 def save_upload(name: str, data: bytes) -> str:

@@ -19,6 +19,11 @@ KL's intact pass plus its partial ablated passes, HIES's α sweep), so
     lm-eval       t ≈ r · N_requests          N_requests: tokens of every request lm-eval will score (context +
                                               continuation of each choice, ``harness.count_requests``)
 
+A click's live re-evaluation on a big model (``live_size``, issue 36): a click in layer 0 costs about one full
+pass, r · N_eval, so the dashboard evaluates on the evaluation rows that pass takes at most ``LIVE_CLICK_SECONDS``
+(20 s: the exact number), in batches that take at most ``LIVE_FIRST_SECONDS`` each (2 s: the first running
+estimate comes after the first batch); models whose whole split fits keep it and its batches (the demos).
+
 with S_score = 1 for a static criterion and n_steps / 2 for one re-scored after every step on a model that shrinks
 to nothing (a mean of half the model), and LIVE_STEP = 1/2: a step's re-evaluation runs the layers from the first
 changed one up, half the model on average over layers (``LiveEvaluator``). The first pass of a trajectory is
@@ -44,6 +49,9 @@ from .scoring import ScoringContext, get
 from .trajectory import TrajectorySpec
 
 LIVE_STEP = 0.5      # share of a full pass one trajectory step re-evaluates (module doc)
+LIVE_CLICK_SECONDS = 20.0   # a click's exact number on the dashboard, at most (module doc, ``live_size``)
+LIVE_FIRST_SECONDS = 2.0    # one evaluation batch, at most: the first running estimate follows it
+MIN_LIVE_ROWS = 16          # fewer rows than this say too little about a metric to be worth the wait saved
 LONG = 600.0         # seconds: past this the dashboard suggests smaller sizes
 
 
@@ -105,6 +113,54 @@ def forward_rate(model, batches: list[dict], memory_budget: int | str | None = N
         seconds = time.perf_counter() - start
     rows, length = inputs["input_ids"].shape
     return seconds / max(rows * length, 1), f"one forward of {rows} rows × {length} tokens: {seconds:.2f} s"
+
+
+@dataclass(frozen=True)
+class LiveSize:
+    """How many evaluation rows a live click re-evaluates, in batches of how many rows (``live_size``)."""
+
+    rows: int
+    batch_rows: int
+    seconds_per_row: float   # a full forward of one row at the measured rate
+    shrunk: bool             # whether the rule took fewer rows or smaller batches than it was given
+
+    def note(self, of_rows: int, basis: str) -> str:
+        """The sentence a page shows: what was chosen, why, and how to get all rows."""
+        if not self.shrunk:
+            return ""
+        click = self.rows * self.seconds_per_row
+        return (f"Live numbers use {self.rows} of the {of_rows} evaluation rows, {self.batch_rows} a batch: chosen "
+                f"so a click's exact number takes about {human_duration(click)} here (at most "
+                f"{LIVE_CLICK_SECONDS:.0f} s, {basis}). Set the evaluation examples in the sidebar for more.")
+
+
+def live_size(seconds_per_token: float, tokens_per_row: float, n_rows: int, batch_rows: int,
+              click_seconds: float | None = None, first_seconds: float | None = None) -> LiveSize:
+    """The module doc's rule: all ``n_rows`` when a full pass over them fits ``click_seconds``, else as many as fit
+    (at least ``MIN_LIVE_ROWS``, at most ``n_rows``); ``batch_rows`` a batch when one fits ``first_seconds``, else
+    as many as fit (at least 1). None: ``LIVE_CLICK_SECONDS`` / ``LIVE_FIRST_SECONDS`` (read at the call)."""
+    click_seconds = LIVE_CLICK_SECONDS if click_seconds is None else click_seconds
+    first_seconds = LIVE_FIRST_SECONDS if first_seconds is None else first_seconds
+    per_row = max(seconds_per_token * tokens_per_row, 1e-12)
+    rows = n_rows if per_row * n_rows <= click_seconds else \
+        min(n_rows, max(MIN_LIVE_ROWS, int(click_seconds // per_row)))
+    batch = batch_rows if per_row * batch_rows <= first_seconds else max(1, int(first_seconds // per_row))
+    batch = min(batch, max(rows, 1))
+    return LiveSize(rows, batch, per_row, rows < n_rows or batch < batch_rows)
+
+
+RATE_ROWS = 4   # rows of the first evaluation batch ``measure_live_size`` times (a big model: about a second)
+
+
+def measure_live_size(model, eval_batches: list[dict], batch_rows: int) -> tuple[LiveSize, str]:
+    """``live_size`` at this machine's measured rate: a forward of ``RATE_ROWS`` rows of the first batch timed
+    twice, the faster kept (a busy moment is not the machine's rate), tokens per row counted with padding (what a
+    pass computes); (size, what was timed)."""
+    first = eval_batches[0]
+    piece = {k: v[:RATE_ROWS] if torch.is_tensor(v) else v for k, v in first.items()}
+    seconds_per_token, basis = min(forward_rate(model, [piece]) for _ in range(2))
+    n_rows = sum(len(b["input_ids"]) for b in eval_batches)
+    return live_size(seconds_per_token, tokens(eval_batches) / max(n_rows, 1), n_rows, batch_rows), basis
 
 
 def _rate(model, batches, rate, memory_budget):

@@ -32,6 +32,7 @@ module objects over the same weight tensors, no hooks) and gate that.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -220,6 +221,7 @@ class Workspace:
     sources: dict = field(default_factory=dict)   # role -> data spec it was read from
     source_data: dict = field(default_factory=dict, repr=False)   # data spec -> its rows, aligned (repeats redraw)
     notes: list[str] = field(default_factory=list)  # what was chosen for the user: splits, label mappings
+    eval_note: str = ""   # why evaluation uses fewer rows or smaller batches than asked (``with_eval_rows``)
     _dense: Metrics | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -381,6 +383,18 @@ class Workspace:
         exclude = [i for i, h in enumerate(row_hashes(source)) if h in taken]
         calib = redraw_calibration(source, len(self.calib), self.seed, repeat, exclude)
         return calib, make_batches(self.loaded.tokenizer, calib, self.batch_size, self.max_length)
+
+    def with_eval_rows(self, rows: int, batch_rows: int, note: str = "") -> Workspace:
+        """This workspace evaluating on the first ``rows`` rows of its evaluation split (a seeded random draw
+        already: the split is a slice of one permutation), batched ``batch_rows`` a batch; the calibration and
+        selection rows are unchanged, the metrics of the model as loaded are computed anew on those rows.
+        ``note`` joins :attr:`notes` (what was chosen and why)."""
+        if rows >= len(self.eval) and batch_rows >= self.batch_size:
+            return self
+        part = self.eval.subset(range(min(rows, len(self.eval))))
+        batches = make_batches(self.loaded.tokenizer, part, batch_rows, self.max_length) if len(part) else []
+        return dataclasses.replace(self, eval=part, eval_batches=batches, notes=self.notes + ([note] if note else []),
+                                   eval_note=note, _dense=None, _lock=threading.Lock())
 
     # -- metrics of the model as loaded --------------------------------------------------------------------
     def dense(self, progress: Progress | None = None) -> Metrics:

@@ -221,6 +221,8 @@ def grid(ws: Workspace, sd: SessionData) -> None:
     clickable_grid(fig, "prune-grid", sd, toggle)
     if ws.tied:
         st.caption("ALBERT shares one attention block across all layers: each column is one head in every layer.")
+    if ws.eval_note:   # a big model: the rows and batches a click re-evaluates in time here (store.sized_for_clicks)
+        st.caption(ws.eval_note)
     if sd.live is not None:
         note = sd.live.fallback_reason or (f"Live cache {sd.live.cache_megabytes():.0f} MB; a change in layer l "
                                            "re-runs layers l and up.")
