@@ -312,10 +312,18 @@ def live_evaluator(ws: DashboardWorkspace, batches: list[dict], mask: HeadMask, 
     the data to start, and memory only for the layers from its lowest changed layer up. Each fork gates its own
     hook-free structural copy of the model.
     """
-    live = source_evaluator(ws, name, batches, progress).fork()
-    if live.mask != mask:
+    source = source_evaluator(ws, name, batches, progress)
+    if source.mask == mask:
+        return source.fork()
+
+    def at_mask() -> LiveEvaluator:
+        live = source.fork()
         move_live(live, mask, progress)
-    return live
+        return live
+
+    # sessions opening one link start at one mask (a lesson step: a class of 30 at once): its evaluator is
+    # computed once, kept in the store, and every such session forks it instead of re-running the model itself
+    return store().memo(f"{_live_key(ws, name)}|{mask_key(mask)}", at_mask).fork()
 
 
 def move_live(live, mask: HeadMask, progress: Progress | None = None, on_estimate=None):

@@ -64,3 +64,28 @@ def test_the_prune_page_says_when_a_click_uses_fewer_rows(monkeypatch):
                for c in at.caption)
     rows = evaluate(ws.loaded.model, ws.eval_batches, task=ws.task)
     assert float(metric(at, "dense accuracy")) == pytest.approx(rows.accuracy, abs=1e-4)
+
+
+def test_sessions_opening_one_link_share_its_evaluation():
+    """A class opening one lesson link starts 30 sessions at one mask: the first computes that mask's evaluator
+    (one pass), the others fork it (no pass); each equals a full evaluation under the mask (independent)."""
+    from app_support import open_app, small_env
+
+    from dashboard.compute import live_evaluator
+    from dashboard.store import mask_key, store
+    from headprune.model.mask import HeadMask
+
+    with small_env():
+        at = open_app("home")
+    ws = store().get(f"ws|{at.session_state['hp_setup'].key}")
+    mask = HeadMask.ones(ws.shape).prune(1, 3).prune(4, 7)
+    first, second = live_evaluator(ws, ws.eval_batches, mask), live_evaluator(ws, ws.eval_batches, mask)
+    shared = store().get(f"live|{ws.key}|evaluation|{mask_key(mask)}")
+    assert shared.stats.full_runs + shared.stats.partial_runs == 1          # one pass, for both sessions
+    assert first.stats.layers_run == second.stats.layers_run == 0 and first is not second
+    full = evaluate(ws.loaded.model, ws.eval_batches, mask, task=ws.task)
+    for live in (first, second):
+        assert live.mask == mask and live.metrics().accuracy == pytest.approx(full.accuracy)
+        assert live.metrics().loss == pytest.approx(full.loss, abs=1e-5)
+    first.toggle(0, 0)                                  # a session's own click moves its fork only
+    assert second.mask == mask and shared.mask == mask
