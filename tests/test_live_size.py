@@ -48,8 +48,9 @@ def test_a_workspace_on_fewer_rows_evaluates_exactly_those_rows(tiny_model_dir, 
 def test_the_prune_page_says_when_a_click_uses_fewer_rows(monkeypatch):
     """A machine too slow for the whole split (the limits lowered so even the demo does not fit): the page's live
     numbers use MIN_LIVE_ROWS rows one a batch, it says so, and its dense value is that of those rows."""
-    import headprune.estimate as estimate
     from app_support import metric, open_app, problems, small_env
+
+    import headprune.estimate as estimate
 
     monkeypatch.setattr(estimate, "LIVE_CLICK_SECONDS", 1e-9)
     monkeypatch.setattr(estimate, "LIVE_FIRST_SECONDS", 1e-9)
