@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import time
 import traceback
 from collections.abc import Callable
@@ -262,9 +261,10 @@ def show_link(params: dict[str, str]) -> None:
     st.session_state[LINK_DRAWN] = (id(slots), url)
     link, qr = slots
     link.code(url, language=None, wrap_lines=True)
-    image = io.BytesIO()
-    segno.make(url, error="m").save(image, kind="png", scale=6, border=2)
-    qr.image(image.getvalue(), caption="Scan to open this view", width=220)
+    # a data: URL, not PNG bytes: bytes become a media file that the next link's redraw deletes while a browser may
+    # still be fetching it (a class of 30: QR images answered 404); a data: URL travels inside the page
+    qr.image(segno.make(url, error="m").png_data_uri(scale=6, border=2), caption="Scan to open this view",
+             width=220)
 
 
 def ensure_workspace() -> Workspace | None:

@@ -103,3 +103,29 @@ def test_the_kv_page_measures_a_plan_on_quick_rows_by_default_and_all_rows_one_c
     assert any("measured on all 100 evaluation rows" in c.value for c in at.caption)
     shown, exact = shown_and_exact(None)
     assert abs(shown - exact) <= 5e-4 * abs(exact), (shown, exact)
+
+
+def _sidebar_images(node) -> list:
+    found = []
+    for child in (node.children.values() if isinstance(node.children, dict) else node.children or []):
+        if getattr(child, "type", None) == "image":
+            found.append(child)
+        if hasattr(child, "children"):
+            found += _sidebar_images(child)
+    return found
+
+
+def test_the_qr_code_is_the_shown_link_inside_the_page():
+    """The QR image travels as a data: URL (a media file was deleted by the next redraw while browsers fetched it:
+    404s in a class of 30) and encodes exactly the link shown above it (segno on that text: independent)."""
+    import segno
+
+    from dashboard.ui import link_url
+
+    at = open_app("home")
+    link = at.sidebar.code[0].value
+    images = [img for el in _sidebar_images(at.sidebar) for img in el.proto.imgs
+              if img.caption == "Scan to open this view"]
+    assert len(images) == 1 and images[0].url.startswith("data:image/png;base64,")
+    assert images[0].url == segno.make(link, error="m").png_data_uri(scale=6, border=2)
+    assert link == link_url({"model": "demo", "data": "demo"})
