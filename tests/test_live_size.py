@@ -13,8 +13,8 @@ from headprune.workspace import Workspace
 @pytest.mark.parametrize("rate, tokens, rows, batch, want", [
     # (seconds per token, tokens a row, rows, batch rows) -> (rows, batch rows, shrunk)
     (1e-5, 40, 500, 32, (500, 32, False)),    # a demo: 0.2 s a pass, 13 ms a batch: all as given
-    (2e-3, 64, 500, 32, (156, 15, True)),     # 0.128 s a row: 20 // 0.128 = 156 rows, 2 // 0.128 = 15 a batch
-    (2e-3, 64, 100, 32, (100, 15, True)),     # all 100 rows fit 12.8 s; the batches do not fit 2 s
+    (2e-3, 64, 500, 32, (117, 7, True)),      # 0.128 s a row: 15 // 0.128 = 117 rows, 1 // 0.128 = 7 a batch
+    (2e-3, 64, 100, 32, (100, 7, True)),      # all 100 rows fit 12.8 s; the batches do not fit 1 s
     (1.0, 64, 500, 32, (MIN_LIVE_ROWS, 1, True)),   # 64 s a row: never fewer than MIN_LIVE_ROWS, one a batch
     (1.0, 64, 5, 32, (5, 1, True)),           # ... nor more than there are
 ])
@@ -25,7 +25,7 @@ def test_the_rule_on_stated_costs(rate, tokens, rows, batch, want):
     note = size.note(rows, "timed")
     assert (note == "") == (not size.shrunk)
     if size.shrunk:
-        assert f"{size.rows} of the {rows} evaluation rows, {size.batch_rows} a batch" in note and "20 s" in note
+        assert f"{size.rows} of the {rows} evaluation rows, {size.batch_rows} a batch" in note and "15 s" in note
 
 
 def test_a_workspace_on_fewer_rows_evaluates_exactly_those_rows(tiny_model_dir, tiny_csv, one_thread):
