@@ -2,7 +2,8 @@
 five heads. Click → first number, errors, and memory per student.
 
     python benchmarks/bench_class.py [--students 30] [--arrive-over 60] [--clicks 5] [--think 2]
-                                     [--lesson most-heads-can-go] [--step 2] [--model demo] [--json out.json]
+                                     [--lesson most-heads-can-go] [--step 2] [--model demo] [--browser-nice 19]
+                                     [--json out.json]
 
 Starts one ``streamlit run app.py`` (``bench_browser.streamlit_server``: the dashboard's default splits unless
 HEADPRUNE_EVAL_SIZE etc. are set) and ONE headless Chromium (/usr/bin/chromium, Playwright's async API) with one
@@ -174,7 +175,8 @@ async def run_class(url: str, args, lesson, shape, metric: str, server) -> tuple
     from playwright.async_api import async_playwright
 
     async with async_playwright() as p:
-        browser = await p.chromium.launch(executable_path=bench_browser.CHROMIUM, args=bench_browser.CHROMIUM_ARGS)
+        browser = await p.chromium.launch(executable_path=chromium_path(args.browser_nice),
+                                          args=bench_browser.CHROMIUM_ARGS)
         # one visit first: the server loads the model and data once (a teacher opens the page before class)
         warm = await student(browser, url, -1, 0, argparse.Namespace(**{**vars(args), "clicks": 0}), lesson, shape,
                              metric)
@@ -205,6 +207,17 @@ async def run_class(url: str, args, lesson, shape, metric: str, server) -> tuple
                      "wall_s": wall, "warm_open_s": warm.get("open_s")}
 
 
+def chromium_path(niceness: int) -> str:
+    """Chromium itself, or (``--browser-nice N`` > 0) a wrapper running it at that niceness: the students' browsers
+    then take the CPU the server leaves, as on their own laptops, where they do not compete with it at all."""
+    if niceness <= 0:
+        return bench_browser.CHROMIUM
+    wrapper = Path(tempfile.mkdtemp(prefix="bench-class-")) / "chromium"
+    wrapper.write_text(f'#!/bin/sh\nexec nice -n {int(niceness)} {bench_browser.CHROMIUM} "$@"\n', encoding="utf-8")
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
 def percentile(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
@@ -224,6 +237,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds any one wait may take")
     parser.add_argument("--deadline", type=float, default=1800.0, help="seconds after the first arrival when "
                                                                        "the run stops and reports what was done")
+    parser.add_argument("--browser-nice", type=int, default=0, help="run Chromium at this niceness (e.g. 19: the "
+                        "server first, as when each browser runs on its student's own computer)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--shots", type=Path, help="save a screenshot of each student that failed in this folder")
     args = parser.parse_args()
@@ -246,7 +261,8 @@ def main() -> None:
     errors = [f"student {r['student']}: {e}" for r in results for e in r["errors"]]
     load = os.getloadavg()
     print(f"{args.students} students, {args.lesson} step {args.step} ({lesson.model}), {args.clicks} clicks each, "
-          f"arriving over {args.arrive_over:g} s, think {args.think:g} s; one Chromium, one context per student; "
+          f"arriving over {args.arrive_over:g} s, think {args.think:g} s; one Chromium (nice {args.browser_nice}), "
+          f"one context per student; evaluation rows {os.environ.get('HEADPRUNE_EVAL_SIZE', 'default')}; "
           f"{os.cpu_count()} CPUs, load average {load[0]:.1f} / {load[1]:.1f} at the end")
     if clicks:
         print(f"click → first number: p50 {statistics.median(clicks):.2f} s, p90 {percentile(clicks, 0.9):.2f} s, "
