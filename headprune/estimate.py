@@ -133,7 +133,7 @@ class LiveSize:
             return ""
         click = self.rows * self.seconds_per_row
         return (f"Live numbers use {self.rows} of the {of_rows} evaluation rows, {self.batch_rows} a batch: chosen "
-                f"so a click's exact number takes about {human_duration(click)} here (at most "
+                f"so a click's exact number takes {human_duration(click)} here (at most "
                 f"{LIVE_CLICK_SECONDS:.0f} s, {basis}). Set the evaluation examples in the sidebar for more.")
 
 
