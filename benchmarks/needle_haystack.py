@@ -5,7 +5,8 @@ the inverse plan (those groups streamed, the others full), and RazorAttention's 
 then ``kvcache.longctx.measure`` (the ``evaluate --long-context passkey`` task) at every length, ``--rows`` rows
 per length spread over the depths. Calibration: far-mass on passkey rows of ``--calib-length`` tokens (seed 1, not
 the evaluation's seed 0: it needs rows where a head reads far); duo trains its gates on passkeys in the demo's
-filler (its own rows, ``--calib-length``); razor on its repeated-token probes. Writes one JSON (``--json``).
+filler (its own rows, ``--calib-length``); razor on its repeated-token probes. Writes one JSON (``--json``) and
+prints the dense table by depth and the plan table by length (markdown, the cells' row counts in brackets).
 
     nice -n 10 python benchmarks/needle_haystack.py --json niah.json
 """
@@ -83,7 +84,26 @@ def main(argv=None) -> int:
                k for k in plans if k != "dense")].shape))}
     with open(args.json, "w") as handle:
         json.dump(out, handle, indent=1)
+    print(markdown(out))
     return 0
+
+
+def markdown(out: dict) -> str:
+    """The dense table by depth and the plan table by length (rows in brackets), as in kv-long-context.md."""
+    lengths = out["lengths"]
+    cells = {(row["plan"], row["length"]): row for row in out["table"]}
+    head = "| {} | " + " | ".join(f"L = {n:,}" for n in lengths) + " |"
+    rule = "|---|" + "---|" * len(lengths)
+    lines = [head.format("depth"), rule]
+    for depth in [f"{d:g}" for d in out["depths"]] + ["all"]:
+        values = [cells[("dense", n)]["accuracy"] if depth == "all" else cells[("dense", n)]["by_depth"][depth]
+                  for n in lengths]
+        lines.append(f"| {depth} | " + " | ".join(f"{v:.2f}" for v in values) + " |")
+    lines += ["", head.format(f"plan (S = {out['sink']})"), rule]
+    for plan in dict.fromkeys(row["plan"] for row in out["table"]):
+        lines.append(f"| {plan} | " + " | ".join(
+            f"{cells[(plan, n)]['accuracy']:.2f} ({cells[(plan, n)]['rows']})" for n in lengths) + " |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

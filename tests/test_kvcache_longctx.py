@@ -211,3 +211,29 @@ def test_bad_long_context_input_is_refused_before_loading(argv, words, lm_dir, c
     model = [] if "--model" in argv else ["--model", lm_dir[0]]
     code, err = run(capsys, "evaluate", *model, "--data", lm_dir[1], *argv)
     assert code == 2 and err.startswith("error: ") and words in err, err
+
+
+def test_needle_benchmark_table_shows_each_measured_cell(lm, monkeypatch):
+    """benchmarks/needle_haystack.py's printed tables: the dense row by depth and every plan x length cell read back
+    equal the numbers ``measure`` returned (the docs' tables are pasted from this print)."""
+    import sys
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    sys.modules.pop("needle_haystack", None)
+    import needle_haystack
+
+    model, tok, texts = lm
+    plans = {"dense": None, "narrow": KVPlan(torch.zeros(4, 2, dtype=torch.bool), 8, sink=1, window=2)}
+    depths = (0.0, 0.5, 1.0)
+    table = measure(model, tok, "passkey", [16, 32], plans, texts, rows=6, depths=depths)
+    out = {"lengths": [16, 32], "depths": list(depths), "sink": 1, "table": table}
+    lines = needle_haystack.markdown(out).splitlines()
+    cells = {(r["plan"], r["length"]): r for r in table}
+    parsed = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in lines if line}
+    for depth in ("0", "0.5", "1"):
+        assert parsed[depth] == [f"{cells['dense', n]['by_depth'][depth]:.2f}" for n in (16, 32)]
+    assert parsed["all"] == [f"{cells['dense', n]['accuracy']:.2f}" for n in (16, 32)]
+    for plan in plans:
+        assert parsed[plan] == [f"{cells[plan, n]['accuracy']:.2f} (6)" for n in (16, 32)]
+    assert lines[0] == "| depth | L = 16 | L = 32 |" and "| plan (S = 1) | L = 16 | L = 32 |" in lines
