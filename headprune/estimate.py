@@ -157,11 +157,12 @@ RATE_ROWS = 4   # rows of the first evaluation batch ``measure_live_size`` times
 
 def measure_live_size(model, eval_batches: list[dict], batch_rows: int) -> tuple[LiveSize, str]:
     """``live_size`` at this machine's measured rate: a forward of ``RATE_ROWS`` rows of the first batch timed
-    twice, the faster kept (a busy moment is not the machine's rate), tokens per row counted with padding (what a
-    pass computes); (size, what was timed)."""
+    three times, the fastest kept (a busy moment, or a fresh process's first calls, is not the machine's rate: one
+    slow timing would shrink even a demo's split), tokens per row counted with padding (what a pass computes);
+    (size, what was timed)."""
     first = eval_batches[0]
     piece = {k: v[:RATE_ROWS] if torch.is_tensor(v) else v for k, v in first.items()}
-    seconds_per_token, basis = min(forward_rate(model, [piece]) for _ in range(2))
+    seconds_per_token, basis = min(forward_rate(model, [piece]) for _ in range(3))
     n_rows = sum(len(b["input_ids"]) for b in eval_batches)
     return live_size(seconds_per_token, tokens(eval_batches) / max(n_rows, 1), n_rows, batch_rows), basis
 
