@@ -1,9 +1,9 @@
 """A class on one machine: N students' browsers on one dashboard server, each following a lesson link and clicking
 five heads. Click → first number, errors, and memory per student.
 
-    python benchmarks/bench_class.py [--students 30] [--arrive-over 60] [--clicks 5] [--think 2]
-                                     [--lesson most-heads-can-go] [--step 2] [--model demo] [--browser-nice 19]
-                                     [--json out.json]
+    python benchmarks/bench_class.py [--students 30] [--arrive-over 60] [--clicks 5] [--think 3-8]
+                                     [--lesson most-heads-can-go] [--step 2] [--model demo] [--eval-size 128]
+                                     [--nice-browser] [--json out.json]
 
 Starts one ``streamlit run app.py`` (``bench_browser.streamlit_server``: the dashboard's default splits unless
 HEADPRUNE_EVAL_SIZE etc. are set) and ONE headless Chromium (/usr/bin/chromium, Playwright's async API) with one
@@ -13,7 +13,8 @@ i · arrive-over / N seconds (0: all at once) and
 1. opens the lesson step's link (``Lesson.query``: ``/?page=prune&...&lesson=NAME&step=K``) and waits until the
    step's panel and page are drawn and the page is idle (**open s**: link → idle);
 2. clicks ``--clicks`` heads of the Prune page's grid, distinct per student (``random.Random(seed + i)``), each
-   from an idle page after ``--think`` seconds: **click s** is the mouse click → the page shows the new "heads
+   from an idle page after ``--think`` seconds (``A-B``: drawn uniformly per click, seeded per student, as a
+   student reads the page before the next click): **click s** is the mouse click → the page shows the new "heads
    left" count and a current (not stale) number for the headline metric, the running estimate or the exact value,
    timed in the browser (``performance.now()`` at the click and when the condition first holds, polled per frame).
    It also checks that the caption names the clicked head.
@@ -27,6 +28,8 @@ the page (the contexts are closed at the end).
 
 All students' browsers run on this machine too, so their rendering competes with the server for the same cores:
 in a classroom each browser runs on its student's own computer and the numbers here are pessimistic.
+``--nice-browser`` starts Chromium (and so every renderer it forks) at ``nice -n 19``: the server gets the cores
+whenever it wants them and the browsers use what is left, the nearest this one machine comes to separate laptops.
 """
 
 from __future__ import annotations
@@ -74,6 +77,15 @@ ERROR_BOXES = ("() => document.querySelectorAll('[data-testid=\"stException\"]')
                " + document.querySelectorAll('[data-testid=\"stAlertContentError\"]').length")
 
 
+def think_range(text: str) -> tuple[float, float]:
+    """``--think``: ``S`` seconds, or ``A-B`` for a uniform draw per click."""
+    low, _, high = text.partition("-")
+    low, high = float(low), float(high or low)
+    if not 0 <= low <= high:
+        raise argparse.ArgumentTypeError(f"--think takes S or A-B seconds with 0 <= A <= B, not {text!r}")
+    return low, high
+
+
 def student_heads(index: int, clicks: int, shape: tuple[int, int], seed: int) -> list[tuple[int, int]]:
     """The heads student ``index`` clicks: distinct, drawn with the student's own seed."""
     layers, heads = shape
@@ -109,8 +121,9 @@ async def student(browser, url: str, index: int, delay: float, args, lesson, sha
         points = page.locator(".js-plotly-plot .scatterlayer .point")
         await page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .scatterlayer .point')"
                                      f".length >= {total}")
+        thinking = random.Random(f"think {args.seed} {index}")
         for k, (layer, head) in enumerate(student_heads(index, args.clicks, shape, args.seed), start=1):
-            await page.wait_for_timeout(args.think * 1000)
+            await page.wait_for_timeout(thinking.uniform(*args.think) * 1000)
             point = points.nth(layer * shape[1] + head)
             await point.scroll_into_view_if_needed()
             box = await point.bounding_box()
@@ -144,6 +157,25 @@ def server_process(url: str):
                 if "streamlit" in " ".join(p.cmdline()) and port in p.cmdline())
 
 
+def cpu_seconds(proc) -> float:
+    times = proc.cpu_times()
+    return times.user + times.system
+
+
+def chromium_cpu_s() -> float:
+    """User + system CPU seconds of the live Chromium processes (a renderer per student, GPU/utility processes)."""
+    import psutil
+
+    total = 0.0
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "chrom" in p.name():
+                total += cpu_seconds(p)
+        except psutil.Error:
+            pass
+    return total
+
+
 def chromium_pss_mb() -> float:
     import psutil
 
@@ -175,14 +207,14 @@ async def run_class(url: str, args, lesson, shape, metric: str, server) -> tuple
     from playwright.async_api import async_playwright
 
     async with async_playwright() as p:
-        browser = await p.chromium.launch(executable_path=chromium_path(args.browser_nice),
-                                          args=bench_browser.CHROMIUM_ARGS)
+        browser = await p.chromium.launch(executable_path=args.chromium, args=bench_browser.CHROMIUM_ARGS)
         # one visit first: the server loads the model and data once (a teacher opens the page before class)
         warm = await student(browser, url, -1, 0, argparse.Namespace(**{**vars(args), "clicks": 0}), lesson, shape,
                              metric)
         if warm["errors"]:
             raise RuntimeError(f"the warm-up visit failed: {warm['errors']}")
         rss0 = server.memory_info().rss
+        cpu0 = cpu_seconds(server), chromium_cpu_s()
         sampler = Sampler(server)
         sampler.thread.start()
         spread = args.arrive_over / args.students if args.students else 0
@@ -199,23 +231,14 @@ async def run_class(url: str, args, lesson, shape, metric: str, server) -> tuple
                 out["errors"].append(f"unfinished at the {args.deadline:g} s deadline ({len(out['clicks'])} clicks)")
         wall = time.perf_counter() - began
         rss1 = server.memory_info().rss   # every student's session still open
+        cpu1 = cpu_seconds(server), chromium_cpu_s()
         chromium = chromium_pss_mb()
         sampler.stop.set()
         await browser.close()
     return results, {"rss0_mb": rss0 / 2**20, "rss_mb": rss1 / 2**20, "peak_mb": max(sampler.peak, rss1) / 2**20,
                      "per_student_mb": (rss1 - rss0) / 2**20 / max(args.students, 1), "chromium_pss_mb": chromium,
-                     "wall_s": wall, "warm_open_s": warm.get("open_s")}
-
-
-def chromium_path(niceness: int) -> str:
-    """Chromium itself, or (``--browser-nice N`` > 0) a wrapper running it at that niceness: the students' browsers
-    then take the CPU the server leaves, as on their own laptops, where they do not compete with it at all."""
-    if niceness <= 0:
-        return bench_browser.CHROMIUM
-    wrapper = Path(tempfile.mkdtemp(prefix="bench-class-")) / "chromium"
-    wrapper.write_text(f'#!/bin/sh\nexec nice -n {int(niceness)} {bench_browser.CHROMIUM} "$@"\n', encoding="utf-8")
-    wrapper.chmod(0o755)
-    return str(wrapper)
+                     "wall_s": wall, "warm_open_s": warm.get("open_s"),
+                     "server_cpu_s": cpu1[0] - cpu0[0], "chromium_cpu_s": cpu1[1] - cpu0[1]}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -229,7 +252,12 @@ def main() -> None:
     parser.add_argument("--arrive-over", type=float, default=60.0, help="seconds over which students arrive "
                                                                          "(0: all at once)")
     parser.add_argument("--clicks", type=int, default=5)
-    parser.add_argument("--think", type=float, default=2.0, help="seconds a student waits before each click")
+    parser.add_argument("--think", type=think_range, default="3-8", help="seconds a student reads before each "
+                                                                          "click: S, or A-B drawn per click")
+    parser.add_argument("--eval-size", type=int, help="the server's evaluation rows (HEADPRUNE_EVAL_SIZE; default: "
+                                                      "the dashboard's own)")
+    parser.add_argument("--nice-browser", action="store_true", help="run Chromium at nice 19 (the students' "
+                                                                    "browsers yield the cores to the server)")
     parser.add_argument("--lesson", default="most-heads-can-go")
     parser.add_argument("--step", type=int, default=2, help="the lesson's step (from 1); it must open the Prune page")
     parser.add_argument("--model", default="demo", help="the server's start-up model and data (the lesson's own)")
@@ -237,8 +265,6 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds any one wait may take")
     parser.add_argument("--deadline", type=float, default=1800.0, help="seconds after the first arrival when "
                                                                        "the run stops and reports what was done")
-    parser.add_argument("--browser-nice", type=int, default=0, help="run Chromium at this niceness (e.g. 19: the "
-                        "server first, as when each browser runs on its student's own computer)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--shots", type=Path, help="save a screenshot of each student that failed in this folder")
     args = parser.parse_args()
@@ -252,8 +278,15 @@ def main() -> None:
     shape = named_shape(lesson.model)
     metric = "perplexity" if lesson.model in ("demo-lm", "demo-circuit") else "accuracy"
     env = {"HEADPRUNE_MODEL": args.model, "HEADPRUNE_DATA": args.model, "MALLOC_ARENA_MAX": "2"}
+    if args.eval_size:
+        env["HEADPRUNE_EVAL_SIZE"] = str(args.eval_size)
     with tempfile.TemporaryDirectory() as tmp, \
             bench_browser.streamlit_server(ROOT, env, Path(tmp) / "server.log", start_timeout=300) as url:
+        args.chromium = bench_browser.CHROMIUM
+        if args.nice_browser:   # a wrapper: every process Chromium forks inherits the niceness
+            args.chromium = str(Path(tmp) / "chromium-nice")
+            Path(args.chromium).write_text(f'#!/bin/sh\nexec nice -n 19 {bench_browser.CHROMIUM} "$@"\n')
+            os.chmod(args.chromium, 0o755)
         server = server_process(url)
         results, memory = asyncio.run(run_class(url, args, lesson, shape, metric, server))
     clicks = [c["first_s"] for r in results for c in r["clicks"]]
@@ -261,8 +294,9 @@ def main() -> None:
     errors = [f"student {r['student']}: {e}" for r in results for e in r["errors"]]
     load = os.getloadavg()
     print(f"{args.students} students, {args.lesson} step {args.step} ({lesson.model}), {args.clicks} clicks each, "
-          f"arriving over {args.arrive_over:g} s, think {args.think:g} s; one Chromium (nice {args.browser_nice}), "
-          f"one context per student; evaluation rows {os.environ.get('HEADPRUNE_EVAL_SIZE', 'default')}; "
+          f"arriving over {args.arrive_over:g} s, think {args.think[0]:g}-{args.think[1]:g} s; one Chromium"
+          f"{' at nice 19' if args.nice_browser else ''}, one context per student; evaluation rows "
+          f"{args.eval_size or 'default'}; "
           f"{os.cpu_count()} CPUs, load average {load[0]:.1f} / {load[1]:.1f} at the end")
     if clicks:
         print(f"click → first number: p50 {statistics.median(clicks):.2f} s, p90 {percentile(clicks, 0.9):.2f} s, "
@@ -274,6 +308,10 @@ def main() -> None:
     print(f"server RSS: {memory['rss0_mb']:.0f} MB before, {memory['rss_mb']:.0f} MB after, peak "
           f"{memory['peak_mb']:.0f} MB; {memory['per_student_mb']:.0f} MB per student; Chromium PSS "
           f"{memory['chromium_pss_mb']:.0f} MB; wall {memory['wall_s']:.0f} s")
+    server_cpu, cores = memory["server_cpu_s"], os.cpu_count()
+    print(f"CPU over the class: server {server_cpu:.0f} s ({server_cpu / max(len(clicks), 1):.2f} s a click, page "
+          f"opens included), Chromium {memory['chromium_cpu_s']:.0f} s, of {cores * memory['wall_s']:.0f} "
+          f"core-seconds on {cores} CPUs")
     if args.json:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "students": results,
                                          "memory": memory, "load": load}, indent=1))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 import traceback
 from collections.abc import Callable
@@ -256,15 +257,21 @@ def show_link(params: dict[str, str]) -> None:
         return
     url = link_url(params)
     if st.session_state.get(LINK_DRAWN) == (id(slots), url):
-        return   # drawn in these slots already this run: a redraw would replace the QR image the browser may be
-        #          fetching (its old address then answers 404)
+        return   # drawn in these slots already this run: nothing to resend
     st.session_state[LINK_DRAWN] = (id(slots), url)
     link, qr = slots
     link.code(url, language=None, wrap_lines=True)
-    # a data: URL, not PNG bytes: bytes become a media file that the next link's redraw deletes while a browser may
-    # still be fetching it (a class of 30: QR images answered 404); a data: URL travels inside the page
-    qr.image(segno.make(url, error="m").png_data_uri(scale=6, border=2), caption="Scan to open this view",
-             width=220)
+    qr.image(qr_data_uri(url), caption="Scan to open this view", width=220)
+
+
+@functools.lru_cache(maxsize=256)
+def qr_data_uri(url: str) -> str:
+    """The QR code of ``url`` as a PNG ``data:`` URI, memoised across sessions (a class shares few links).
+
+    A data URI travels inside the page's own message, so Streamlit's media file manager never holds it: bytes given
+    to ``st.image`` become a media file that the next rerun of the session drops, and a browser still fetching the
+    old address got HTTP 404 (benchmarks/bench_class.py, 2 of 30 students)."""
+    return segno.make(url, error="m").png_data_uri(scale=6, border=2)
 
 
 def ensure_workspace() -> Workspace | None:
