@@ -92,8 +92,9 @@ def metric_names() -> tuple[str, ...]:
 MAX_SCANNED_LINE = 4096   # longer lines are left to the TOML parser: a key written there is named by its table's line
 MAX_TOML_DEPTH = 32       # arrays and inline tables nested deeper are refused before parsing (the parser recurses)
 MAX_KEY_PARTS = 32        # a dotted key or header of more parts is refused before parsing (tomllib: quadratic in it)
-_TOML_TOKEN = re.compile(r'"""(?:\\.|[^\\])*?"""' r"|'''.*?'''" r'|"(?:\\.|[^"\\\n])*"'
-                         r"|'[^'\n]*'|#[^\n]*|[\[\]{}]", re.S)   # strings, comments, then the brackets
+# what a scan of TOML text skips whole: the four kinds of strings, then comments (a bracket or a dot inside is text)
+_TOML_SKIP = r'"""(?:\\.|[^\\])*?"""' r"|'''.*?'''" r'|"(?:\\.|[^"\\\n])*"' r"|'[^'\n]*'|#[^\n]*"
+_TOML_TOKEN = re.compile(_TOML_SKIP + r"|[\[\]{}]", re.S)   # strings, comments, then the brackets
 _KEY = re.compile(r"""^\s*((?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*'))*)\s*=""")
 _INLINE_KEY = re.compile(r"""[{,]\s*([A-Za-z0-9_-]+|"[^"]*")\s*=""")
 
@@ -129,8 +130,7 @@ def toml_depth(text: str) -> int:
 
 
 # a dotted-key chain, token by token: quoted strings and comments (skipped whole), a dot, a bare word, anything else
-_KEY_TOKEN = re.compile(r'"""(?:\\.|[^\\])*?"""' r"|'''.*?'''" r'|"(?:\\.|[^"\\\n])*"' r"|'[^'\n]*'|#[^\n]*"
-                        r"|\.|[A-Za-z0-9_+:-]+|\S", re.S)
+_KEY_TOKEN = re.compile(_TOML_SKIP + r"|\.|[A-Za-z0-9_+:-]+|\S", re.S)
 
 
 def longest_key(text: str) -> int:
