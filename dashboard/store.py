@@ -162,8 +162,9 @@ def build_workspace(setup: Setup, progress: Progress | None = None) -> Dashboard
 
 def sized_for_clicks(ws: DashboardWorkspace, setup: Setup) -> DashboardWorkspace:
     """``ws`` evaluating on what a click can re-evaluate in time on this machine (``estimate.measure_live_size``): a
-    default evaluation size shrinks to the rows a full pass covers in 20 s, and batches to what one forward covers
-    in 2 s; a size the user chose is kept (its batches may still shrink). The demos keep their split: it fits."""
+    default evaluation size shrinks to the rows a full pass covers in ``estimate.LIVE_CLICK_SECONDS``, and batches to
+    what one forward covers in ``LIVE_FIRST_SECONDS``; a size the user chose is kept (its batches may still shrink).
+    The demos keep their split: it fits."""
     if not ws.eval_batches:
         return ws
     with compute_slot():
