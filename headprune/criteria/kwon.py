@@ -265,8 +265,9 @@ def layer_fit(model, adapter, layer: int, batches: Sequence[dict], teacher_in: l
                                     for p in positions], 1)                  # A: (n tokens, k, D)
             if bias_column:   # the constant column: 1 at every token and output dimension
                 per_head = torch.cat([per_head, torch.ones_like(per_head[:, :1])], 1)
-            fit.ata += torch.einsum("nkd,njd->kj", per_head, per_head)
-            fit.atb += torch.einsum("nkd,nd->k", per_head, rhs)
+            # the (k, k) sums stay on the CPU, where the solve runs in float64, wherever the layer ran
+            fit.ata += torch.einsum("nkd,njd->kj", per_head, per_head).cpu()
+            fit.atb += torch.einsum("nkd,nd->k", per_head, rhs).cpu()
         fit.btb += float(rhs.square().sum())
     return fit, next_teacher
 

@@ -224,7 +224,9 @@ def _model_device(model) -> torch.device:
 def dataset_order(batches: list[dict]) -> torch.Tensor:
     """Permutation putting concatenated batch rows in dataset order (batch order when batches carry no index)."""
     if all("index" in b for b in batches):
-        return torch.as_tensor(np.argsort([i for b in batches for i in b["index"]], kind="stable"))
+        # read on the CPU: batches may live on a GPU (a caller moved them there), numpy cannot read those
+        index = np.concatenate([torch.as_tensor(b["index"]).cpu().numpy().reshape(-1) for b in batches])
+        return torch.as_tensor(np.argsort(index, kind="stable"))
     return torch.arange(sum(len(b["input_ids"]) for b in batches))
 
 
@@ -353,7 +355,7 @@ def gather_labels(batches: list[dict]) -> torch.Tensor:
     """Labels of ``batches`` in dataset order (the order ``predict`` returns): (n,) for a classifier; (n, T) for
     language-model batches, each row right-padded with IGNORE_INDEX to the widest batch's T."""
     _require_labels(batches)
-    labels = [b["labels"] for b in batches]
+    labels = [b["labels"].cpu() for b in batches]   # metrics are computed on the CPU (numpy), wherever batches are
     if labels[0].dim() == 2:
         width = max(y.shape[1] for y in labels)
         labels = [F.pad(y, (0, width - y.shape[1]), value=IGNORE_INDEX) for y in labels]
@@ -361,6 +363,7 @@ def gather_labels(batches: list[dict]) -> torch.Tensor:
 
 
 def metrics_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> Metrics:
+    logits, labels = logits.cpu(), labels.cpu()   # numpy below; a no-op for the CPU tensors most callers pass
     n = len(labels)
     if logits.shape[-1] == 1:
         z, y = logits[:, 0].double(), labels.double()

@@ -261,16 +261,17 @@ def new_cache(model, mode: str) -> Cache:
 
 @torch.no_grad()
 def fill_random(cache: Cache, shape: tuple[int, int, int], length: int, dtype=torch.float32, seed: int = 0,
-                chunk: int = 1024) -> None:
+                chunk: int = 1024, device: torch.device | str = "cpu") -> None:
     """Put ``length`` random keys/values into every layer of ``cache`` (shape: layers, H_kv, head dim), in chunks:
-    a long prompt's cache for timing decode steps without a prefill forward (which the contents do not change)."""
+    a long prompt's cache for timing decode steps without a prefill forward (which the contents do not change).
+    Drawn on the CPU (the same values for a seed on any device), then moved to ``device``, the model's."""
     n_layers, n_kv, d = shape
     gen = torch.Generator().manual_seed(seed)
     for start in range(0, length, chunk):
         t = min(chunk, length - start)
         for layer in range(n_layers):
-            k = torch.randn(1, n_kv, t, d, generator=gen, dtype=dtype)
-            cache.update(k, torch.randn(1, n_kv, t, d, generator=gen, dtype=dtype), layer)
+            k = torch.randn(1, n_kv, t, d, generator=gen, dtype=dtype).to(device)
+            cache.update(k, torch.randn(1, n_kv, t, d, generator=gen, dtype=dtype).to(device), layer)
 
 
 @dataclass
@@ -310,7 +311,10 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, mode: str =
     for i in range(max_new_tokens):
         last = logits[:, -1].float()
         if sample:
-            token = torch.multinomial(torch.softmax(last / temperature, dim=-1), 1, generator=gen)
+            # drawn on the CPU with the CPU generator: the same seed gives the same tokens on any device (a
+            # CUDA tensor cannot take a CPU generator at all)
+            probs = torch.softmax(last / temperature, dim=-1).cpu()
+            token = torch.multinomial(probs, 1, generator=gen).to(last.device)
         else:
             token = last.argmax(-1, keepdim=True)
         tokens.append(int(token))
