@@ -44,7 +44,7 @@ import torch
 from .data import model_inputs
 from .evaluation.harness import Tasks, count_requests
 from .model.arch import adapt
-from .model.device import autocast
+from .model.device import autocast, synchronise
 from .model.memory import plan_for, split_batch
 from .scoring import ScoringContext, get
 from .trajectory import TrajectorySpec
@@ -111,8 +111,10 @@ def forward_rate(model, batches: list[dict], memory_budget: int | str | None = N
     inputs = {k: v.to(device) for k, v in model_inputs(piece).items()}
     with autocast(device):
         model(**{k: v[:1] for k, v in inputs.items()})   # warm-up: first-call allocations are not the rate
+        synchronise(device)
         start = time.perf_counter()
         model(**inputs)
+        synchronise(device)
         seconds = time.perf_counter() - start
     rows, length = inputs["input_ids"].shape
     return seconds / max(rows * length, 1), f"one forward of {rows} rows × {length} tokens: {seconds:.2f} s"

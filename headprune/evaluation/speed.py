@@ -51,7 +51,7 @@ from torch import nn
 
 from ..errors import HeadpruneError
 from ..model.arch import adapt
-from ..model.device import resolve_device
+from ..model.device import resolve_device, synchronise
 from ..model.hooks import attached, post_hook, structural_copy
 from ..model.mask import HeadMask
 from ..model.surgery import prune_model
@@ -166,11 +166,6 @@ def realised_share(t_dense: float, t_pruned: float, removed_flops_share: float) 
     return (1.0 - t_pruned / t_dense) / removed_flops_share
 
 
-def _synchronise(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 @contextmanager
 def _threads(n: int | None):
     before = torch.get_num_threads()
@@ -204,10 +199,10 @@ def time_rounds(models: Sequence[nn.Module], batch: dict, repeats: int = 5, warm
     with torch.inference_mode():
         for round_ in range(warmup + repeats):
             for i, model in enumerate(models):
-                _synchronise(device)
+                synchronise(device)
                 start = now()
                 model(**batch)
-                _synchronise(device)
+                synchronise(device)
                 if round_ >= warmup:
                     times[i].append(now() - start)
     return times

@@ -29,6 +29,13 @@ def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
     raise DeviceError(f"Unknown device '{name}'. Accepted: {', '.join(DEVICES)}.")
 
 
+def synchronise(device: torch.device) -> None:
+    """Wait for the work queued on ``device``: a CUDA call returns before its kernels finish, so a clock read
+    without this times the launch, not the work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def autocast(device: torch.device, dtype: str | None = "bf16"):
     """bf16/fp16 autocast on CUDA only (CPU stays float32 so results match the equivalence tests)."""
     if device.type != "cuda" or dtype in (None, "fp32", "float32"):
