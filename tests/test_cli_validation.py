@@ -79,6 +79,8 @@ def cases(tmp: Path, mask: Path) -> dict:
         "negative evaluation size": (["evaluate", "--eval-size", "-3"], r"expected a non-negative integer"),
         "max length 0": (["score", "--criterion", "ae", "--max-length", "0"], r"--max-length: expected a positive"),
         "step not a number": (["trajectory", "--criterion", "ae", "--step", "x"], r"--step: invalid int value"),
+        # no abbreviations: prune has no --device, and it is not read as --device-map
+        "prune device": (["prune", "--mask", mask, *out, "--device", "cuda"], r"unrecognized arguments: --device cuda"),
     }
 
 

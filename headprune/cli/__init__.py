@@ -32,6 +32,11 @@ class Parser(argparse.ArgumentParser):
     parent's type).
     """
 
+    def __init__(self, *args, allow_abbrev: bool = False, **kwargs):
+        # No abbreviated options: `prune --device cuda` was read as --device-map (prune has no --device) and refused
+        # as "not JSON"; an option a command lacks is named as unrecognised instead.
+        super().__init__(*args, allow_abbrev=allow_abbrev, **kwargs)
+
     def error(self, message: str):
         self.exit(2, f"error: {message}\n{self.format_usage()}")
 
