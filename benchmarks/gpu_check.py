@@ -31,10 +31,13 @@ Exit status 0 when every check passes, 1 otherwise; ``--json`` writes the full r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import importlib.util
 import json
 import platform
 import sys
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,6 +106,20 @@ class Report:
         self.record(step, name, clock() - start)
         return result
 
+    @contextlib.contextmanager
+    def crash_is_a_failure(self, name: str):
+        """A step that raises is one failed check (its exception named), and the checks after it still run."""
+        try:
+            yield
+        except Exception as exc:  # noqa: BLE001 - the report names every crash and goes on
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            self.check(f"{name}: runs", 0.0, 1, False,
+                       f"{type(exc).__name__}: {exc} ({Path(where.filename).name}:{where.lineno})")
+
+    def skip(self, name: str, why: str) -> None:
+        self.data.setdefault("skipped", {})[name] = why
+        print(f"  skip {name}: {why}", flush=True)
+
     def record(self, step: str, name: str, seconds: float) -> None:
         self.data["timings"].setdefault(step, {})[name] = round(seconds, 4)
 
@@ -169,13 +186,20 @@ def check_criteria(report: Report, sides: list[Side], tokenizer, texts, names: l
     for name in names:
         crit = criteria.get(name)
         if crit.needs_parser and (tokenizer is None or texts is None):
-            print(f"  skip {name}: parses text, and this model has no tokenizer/texts")
+            report.skip(name, "parses text, and this model has no tokenizer/texts")
+            continue
+        if crit.needs_parser and importlib.util.find_spec("spacy") is None:
+            # a GPU machine may have no spaCy (the syntax extra): its criteria are skipped and said so, not failed
+            report.skip(name, "parses text with spaCy, which is not installed here (pip install 'headprune[syntax]')")
             continue
         maps = []
         for sd in sides:
             ctx = criteria.ScoringContext(sd.model, sd.calib, device=torch.device(sd.device), tokenizer=tokenizer,
                                           texts=texts, seed=seed)
-            maps.append(report.time(f"score {name}", sd.name, crit, ctx).scores)
+            with report.crash_is_a_failure(f"criterion {name} on {sd.name}"):
+                maps.append(report.time(f"score {name}", sd.name, crit, ctx).scores)
+        if len(maps) < len(sides):
+            continue
         agreement = rank_agreement(*maps)
         report.check(f"criterion {name}: rank correlation", agreement, RANK_CORRELATION_MIN,
                      agreement >= RANK_CORRELATION_MIN)
@@ -310,11 +334,15 @@ def run(args: argparse.Namespace) -> Report:
              side(target_name, target, copy.deepcopy(model).to(target), calib, evals)]
     print(f"headprune GPU check: {target} vs CPU float32 ({report.data['model']} model)")
     check_criteria(report, sides, tokenizer, texts, args.criteria or criteria.available(), args.seed)
-    check_live(report, sides, args.toggles, args.seed)
-    check_trajectory(report, sides, args.seed)
-    check_surgery(report, sides[1].model, sides[1].evals, target, args.seed)
+    with report.crash_is_a_failure("live evaluation"):
+        check_live(report, sides, args.toggles, args.seed)
+    with report.crash_is_a_failure("trajectory"):
+        check_trajectory(report, sides, args.seed)
+    with report.crash_is_a_failure("surgery"):
+        check_surgery(report, sides[1].model, sides[1].evals, target, args.seed)
     if args.llama_1b:
-        llama_timings(report, target, args.tiny, args.seed)
+        with report.crash_is_a_failure("llama"):
+            llama_timings(report, target, args.tiny, args.seed)
     return report
 
 

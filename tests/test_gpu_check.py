@@ -88,3 +88,23 @@ def test_unsupported_llama_stops_with_a_clear_message(gpu_check, monkeypatch, on
     monkeypatch.setattr(gpu_check, "adapt", reject)
     with pytest.raises(SystemExit, match="--llama-1b: this checkout cannot prune Llama models yet"):
         gpu_check.llama_timings(gpu_check.Report({}), "cpu", tiny=True, seed=0)
+
+
+def test_spacy_criteria_are_skipped_and_said_where_spacy_is_missing(gpu_check, monkeypatch, capsys):
+    """A GPU machine without the syntax extra: sap is skipped with its reason in the report, never scored."""
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(gpu_check.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "spacy" else real_find_spec(name, *a))
+    report = gpu_check.Report({})
+    gpu_check.check_criteria(report, [], tokenizer=object(), texts=["a text"], names=["sap"], seed=0)
+    assert "spaCy" in report.data["skipped"]["sap"] and report.data["checks"] == []
+    assert "skip sap: parses text with spaCy" in capsys.readouterr().out
+
+
+def test_a_crash_is_one_failed_check_and_the_checks_after_it_run(gpu_check):
+    report = gpu_check.Report({})
+    with report.crash_is_a_failure("criterion hies on cuda"):
+        raise TypeError("can't convert cuda:0 device type tensor to numpy")
+    report.check("the next check", 1.0, 1, True)
+    assert [c["passed"] for c in report.data["checks"]] == [False, True] and not report.passed
+    assert report.data["checks"][0]["note"].startswith("TypeError: can't convert cuda:0")
