@@ -1,7 +1,7 @@
 """KV cache plans measured (issue 32).
 
     nice -n 10 python benchmarks/bench_kv.py circuit [--seeds 10] [--window 4] [--sink 1] [--json OUT]
-    nice -n 10 python benchmarks/bench_kv.py decode [--lengths 4096,16384] [--new-tokens 6] [--json OUT]
+    nice -n 10 python benchmarks/bench_kv.py decode [--lengths 4096,16384] [--new-tokens 6] [--device cpu] [--json OUT]
     nice -n 10 python benchmarks/bench_kv.py longctx [--seeds 3] [--rows 100] [--json OUT]
     nice -n 10 python benchmarks/bench_kv.py update [--lengths 4096,16384] [--steps 60] [--json OUT]
     nice -n 10 python benchmarks/bench_kv.py speed [--lengths 1024,2048,4096] [--layers 4] [--json OUT]
@@ -17,7 +17,8 @@ decode    a random decoder of Qwen2.5-0.5B's shape (24 layers, 14 query / 2 key-
           a random plan keeping 25% of the key/value heads full (mixed cache, S=4, W=64), and with a plan keeping
           every head full in the mixed cache (its preallocated buffers alone). KV bytes are measured from the
           cache tensors (held; the mixed cache's allocated buffers beside); the ideal ratio is counted from the
-          plan. --layers N: N layers of the same shape (a shorter run).
+          plan. --layers N: N layers of the same shape (a shorter run). --device cuda: model and caches on the GPU
+          (decode steps timed with CUDA synchronised: ``generate`` reads each token back).
 update    one layer's cache update alone (Qwen2.5-0.5B's 2 key/value heads of size 64, fp32): filled with that
           many random keys/values, then --steps single-token updates timed, median per update, for transformers'
           DynamicLayer, a mixed layer with 1 full + 1 streaming head (S=4, W=64) and one with both heads full.
@@ -98,7 +99,8 @@ def decode(args) -> dict:
     from headprune.model.arch import adapt
 
     layers = args.layers
-    model = qwen_shape_model(layers=layers)
+    device = torch.device(args.device)
+    model = qwen_shape_model(layers=layers).to(device)
     adapter = adapt(model)
     plan = random_plans((layers, 2), 14, layers // 2, [0], 4, 64)[0]    # a quarter of the key/value heads full
     every = KVPlan.all_full((layers, 2), 14, 4, 64)
@@ -106,14 +108,14 @@ def decode(args) -> dict:
     rows = []
     for length in [int(x) for x in args.lengths.split(",")]:
         row = {"context": length}
-        token = torch.tensor([[11]])
+        token = torch.tensor([[11]], device=device)
         # the stock cache; the plan's mixed cache; a mixed cache with every head full (the preallocated buffers
         # alone, no streaming: what the cache's layout gives without the plan)
         for name, mode, runs in (("full_cache", "full", None), ("plan", "mixed", plan),
                                  ("mixed_all_full", "mixed", every)):
             with restricted(model, runs, adapter) if runs is not None else nullcontext(model) as runner:
                 cache = new_cache(runner, mode)
-                fill_random(cache, shape, length, seed=1)
+                fill_random(cache, shape, length, seed=1, device=device)
                 start = time.perf_counter()
                 out = generate(runner, token, args.new_tokens, mode=mode, cache=cache)
                 row[name] = {"kv_bytes": cache_bytes(cache), "time_per_output_token_s": out.per_token_s,
@@ -126,9 +128,9 @@ def decode(args) -> dict:
         row["per_token_speedup"] = row["full_cache"]["time_per_output_token_s"] / row["plan"]["time_per_output_token_s"]
         rows.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
-    return {"model": "random Qwen2.5-0.5B shape (fp32, CPU)", "layers": layers, "full_kv_heads": int(plan.full.sum()),
-            "kv_heads": plan.full.numel(), "sink": 4,
-            "window": 64, "new_tokens": args.new_tokens, "threads": torch.get_num_threads(), "rows": rows}
+    return {"model": f"random Qwen2.5-0.5B shape (fp32, {device})", "layers": layers,
+            "full_kv_heads": int(plan.full.sum()), "kv_heads": plan.full.numel(), "sink": 4, "window": 64,
+            "new_tokens": args.new_tokens, "threads": torch.get_num_threads(), "rows": rows}
 
 
 def update(args) -> dict:
@@ -248,6 +250,7 @@ def main() -> None:
     p.add_argument("--lengths", default="4096,16384")
     p.add_argument("--new-tokens", type=int, default=6)
     p.add_argument("--layers", type=int, default=24, help="fewer layers of the same shape: a shorter run")
+    p.add_argument("--device", default="cpu", help="where the model and caches live (cpu, cuda)")
     p.add_argument("--json")
     p = sub.add_parser("longctx")
     p.add_argument("--seeds", type=int, default=3)
