@@ -86,6 +86,8 @@ def test_dashboard_launcher_finds_the_app_and_passes_the_theme():
     assert f"--theme.light.primaryColor={checkout_config['theme']['light']['primaryColor']}" in argv
     assert f"--theme.dark.primaryColor={checkout_config['theme']['dark']['primaryColor']}" in argv
     assert "--browser.gatherUsageStats=false" in argv and "--server.maxUploadSize=200" in argv
+    # no full garbage collection after every script run: it grew with the sessions of a class (issue 36)
+    assert checkout_config["runner"]["postScriptGC"] is False and "--runner.postScriptGC=false" in argv
     assert argv[-2:] == ["--server.port=8599", "--server.headless=true"]
 
 
