@@ -40,6 +40,7 @@ import importlib.util
 import json
 import os
 import random
+import re
 import statistics
 import sys
 import tempfile
@@ -56,7 +57,9 @@ spec = importlib.util.spec_from_file_location("bench_browser", ROOT / "benchmark
 bench_browser = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench_browser)
 
-# resolves with performance.now() once the page shows `left` heads left and a current number for the headline
+# resolves with performance.now() at the first frame in which the page shows `left` heads left and a current number
+# for the headline. The condition is re-read when the page's DOM changes (a MutationObserver), not on every frame:
+# 30 pages polling per frame while they wait cost the shared cores more than a student's browser ever spends
 SHOWN = """([left, metric]) => new Promise(resolve => {
   const current = () => {
     const read = {};
@@ -68,7 +71,16 @@ SHOWN = """([left, metric]) => new Promise(resolve => {
     const l = read['heads left'], v = read[metric];
     return l && v && l[0] === left && !l[1] && !v[1] && /\\d+\\.\\d+/.test(v[0]);
   };
-  const check = () => current() ? resolve(performance.now()) : requestAnimationFrame(check);
+  let done = false;
+  const check = () => {
+    if (done || !current()) return;
+    done = true;
+    observer.disconnect();
+    requestAnimationFrame(() => resolve(performance.now()));   // the frame that paints it
+  };
+  const observer = new MutationObserver(check);
+  observer.observe(document.body, {subtree: true, childList: true, characterData: true, attributes: true,
+                                   attributeFilter: ['data-stale']});
   check();
 })"""
 IDLE = ("() => !document.querySelector('[data-stale=\"true\"]') && (!document.querySelector('[data-testid=\"stStatus"
@@ -93,8 +105,9 @@ def student_heads(index: int, clicks: int, shape: tuple[int, int], seed: int) ->
 
 
 async def idle(page, timeout_ms: float) -> None:
+    """Wait until the page is idle, read every 100 ms (Playwright's default reads it every frame: see SHOWN)."""
     await page.wait_for_timeout(300)
-    await page.wait_for_function(IDLE, timeout=timeout_ms)
+    await page.wait_for_function(IDLE, timeout=timeout_ms, polling=100)
     await page.wait_for_timeout(300)
 
 
@@ -147,6 +160,123 @@ async def student(browser, url: str, index: int, delay: float, args, lesson, sha
             await page.screenshot(path=str(args.shots / f"student-{index}.png"), full_page=True)
     # the context stays open, as a student stays on the page: its server session is alive when memory is read
     return out
+
+
+class ProtocolSession:
+    """One Streamlit session spoken to as a browser speaks to it (its websocket protocol: ``BackMsg`` out,
+    ``ForwardMsg`` in), without drawing anything: a student whose browser runs on their own laptop. It keeps what a
+    browser keeps to act: the widgets' ids (by key), their fragments, the page and its query string."""
+
+    def __init__(self, ws):
+        self.ws, self.widgets, self.query, self.page_hash = ws, {}, "", ""
+        self.texts: list[str] = []       # the Markdown drawn since the last rerun request
+
+    async def rerun(self, query: str | None = None, widget: tuple[str, str] | None = None) -> None:
+        """A rerun request: the page at ``query`` (a link opened), or ``widget`` = (key, JSON text) set from the UI,
+        as the browser sends a Plotly selection: the JSON as a string value, in the chart's fragment."""
+        from streamlit.proto.BackMsg_pb2 import BackMsg
+
+        self.texts = []
+        msg = BackMsg()
+        state = msg.rerun_script
+        state.query_string = self.query if query is None else query
+        state.page_script_hash = self.page_hash
+        if widget is not None:
+            wid, fragment = self.widgets[widget[0]]
+            entry = state.widget_states.widgets.add()
+            entry.id, entry.string_value = wid, widget[1]
+            if fragment:
+                state.fragment_id = fragment
+        await self.ws.send(msg.SerializeToString())
+
+    async def until(self, done, timeout: float):
+        """Read messages until ``done(kind, message)`` is true for one of them; returns the time it arrived."""
+        from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+
+        end = time.perf_counter() + timeout
+        while True:
+            fm = ForwardMsg()
+            fm.ParseFromString(await asyncio.wait_for(self.ws.recv(), max(end - time.perf_counter(), 0.01)))
+            kind = fm.WhichOneof("type")
+            if kind == "new_session":
+                self.page_hash = fm.new_session.page_script_hash
+            elif kind == "page_info_changed":
+                self.query = fm.page_info_changed.query_string
+            elif kind == "delta" and fm.delta.WhichOneof("type") == "new_element":
+                element = fm.delta.new_element
+                inner = getattr(element, element.WhichOneof("type") or "", None)
+                wid = getattr(inner, "id", "") if inner is not None else ""
+                if wid.startswith("$$ID-"):        # a widget with a key: "$$ID-<hash>-<key>"
+                    self.widgets[wid.split("-", 2)[2]] = (wid, fm.delta.fragment_id)
+                elif element.WhichOneof("type") == "markdown":
+                    self.texts.append(element.markdown.body)
+            if done(kind, fm):
+                return time.perf_counter()
+
+
+def finished(kind: str, fm) -> bool:
+    """A script run that ended normally (a whole page or a fragment), not one cut short for a rerun."""
+    return kind == "script_finished" and fm.script_finished in (0, 3)
+
+
+def shows(left: str, metric: str):
+    """True at the message that draws the headline metric as a number, once "heads left" has shown ``left``."""
+    seen = {"left": False}
+
+    def done(kind: str, fm) -> bool:
+        if kind != "delta" or fm.delta.new_element.WhichOneof("type") != "metric":
+            return False
+        m = fm.delta.new_element.metric
+        seen["left"] |= m.label == "heads left" and m.body == left
+        return seen["left"] and m.label == metric and re.match(r"\d+\.\d+", m.body) is not None
+    return done
+
+
+async def protocol_student(url: str, index: int, delay: float, args, lesson, shape, metric: str,
+                           seen: dict | None = None) -> dict:
+    """``student`` with the browser elsewhere: the same link and clicks sent over Streamlit's websocket protocol.
+    click s = the click's message sent → the message that draws the first current number received (the server's
+    share of what a student waits; their own browser adds its drawing, one student's alone in ``student``)."""
+    import websockets
+
+    out = {"student": index, "arrived_s": delay, "clicks": [], "errors": [], "browser": False}
+    if seen is not None:
+        seen[index] = out
+    await asyncio.sleep(delay)
+    try:
+        async with websockets.connect(url.replace("http", "ws", 1) + "/_stcore/stream", subprotocols=["streamlit"],
+                                      origin=url, max_size=None) as ws:
+            session = ProtocolSession(ws)
+            start = time.perf_counter()
+            await session.rerun(query=urlencode(lesson.query(args.step)))
+            # the link's page: a first run switches to the step's page, the second draws it with the grid
+            while not any(key.startswith("prune-grid-") for key in session.widgets) or not session.query:
+                await session.until(finished, args.timeout)
+            out["open_s"] = time.perf_counter() - start
+            total = shape[0] * shape[1]
+            thinking = random.Random(f"think {args.seed} {index}")
+            for k, (layer, head) in enumerate(student_heads(index, args.clicks, shape, args.seed), start=1):
+                await asyncio.sleep(thinking.uniform(*args.think))
+                grid = next(key for key in session.widgets if key.startswith("prune-grid-"))
+                event = {"selection": {"points": [{"customdata": [layer, head]}], "point_indices": [], "box": [],
+                                       "lasso": []}}
+                sent = time.perf_counter()
+                await session.rerun(widget=(grid, json.dumps(event)))
+                first = await session.until(shows(f"{total - k} / {total}", metric), args.timeout)
+                await session.until(finished, args.timeout)
+                toggled = any(f"toggled layer {layer} · head {head}" in text for text in session.texts)
+                out["clicks"].append({"layer": layer, "head": head, "first_s": first - sent, "toggled": toggled})
+                if not toggled:
+                    out["errors"].append(f"click {k}: the caption does not name layer {layer}, head {head}")
+    except Exception as exc:  # noqa: BLE001 - as in `student`: a failure is a result
+        out["errors"].append(f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}")
+    return out
+
+
+def browser_students(students: int, browsers: int | None) -> set[int]:
+    """Which students open a real page (spread evenly over the arrivals); the others speak the protocol."""
+    browsers = students if browsers is None else min(browsers, students)
+    return {round(i * students / browsers) for i in range(browsers)} if browsers else set()
 
 
 def server_process(url: str):
@@ -220,7 +350,10 @@ async def run_class(url: str, args, lesson, shape, metric: str, server) -> tuple
         spread = args.arrive_over / args.students if args.students else 0
         began = time.perf_counter()
         seen: dict[int, dict] = {}
-        tasks = [asyncio.create_task(student(browser, url, i, i * spread, args, lesson, shape, metric, seen))
+        in_browser = browser_students(args.students, args.browsers)
+        tasks = [asyncio.create_task(student(browser, url, i, i * spread, args, lesson, shape, metric, seen)
+                                      if i in in_browser else
+                                      protocol_student(url, i, i * spread, args, lesson, shape, metric, seen))
                  for i in range(args.students)]
         _, pending = await asyncio.wait(tasks, timeout=args.deadline)
         for task in pending:      # past --deadline: what they did so far counts, the rest is an error
@@ -251,6 +384,10 @@ def main() -> None:
     parser.add_argument("--students", type=int, default=30)
     parser.add_argument("--arrive-over", type=float, default=60.0, help="seconds over which students arrive "
                                                                          "(0: all at once)")
+    parser.add_argument("--browsers", type=int, help="how many of the students use a real Chromium page (spread "
+                                                      "over the arrivals); the others send the same messages over "
+                                                      "Streamlit's websocket protocol, their browsers elsewhere "
+                                                      "(default: all in Chromium)")
     parser.add_argument("--clicks", type=int, default=5)
     parser.add_argument("--think", type=think_range, default="3-8", help="seconds a student reads before each "
                                                                           "click: S, or A-B drawn per click")
@@ -265,6 +402,9 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds any one wait may take")
     parser.add_argument("--deadline", type=float, default=1800.0, help="seconds after the first arrival when "
                                                                        "the run stops and reports what was done")
+    parser.add_argument("--streamlit-flag", action="append", default=[], metavar="--NAME=VALUE",
+                        help="passed to `streamlit run` (repeatable), e.g. --streamlit-flag=--runner.postScriptGC=true "
+                             "for Streamlit's default")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--shots", type=Path, help="save a screenshot of each student that failed in this folder")
     args = parser.parse_args()
@@ -281,7 +421,8 @@ def main() -> None:
     if args.eval_size:
         env["HEADPRUNE_EVAL_SIZE"] = str(args.eval_size)
     with tempfile.TemporaryDirectory() as tmp, \
-            bench_browser.streamlit_server(ROOT, env, Path(tmp) / "server.log", start_timeout=300) as url:
+            bench_browser.streamlit_server(ROOT, env, Path(tmp) / "server.log", start_timeout=300,
+                                           flags=tuple(args.streamlit_flag)) as url:
         args.chromium = bench_browser.CHROMIUM
         if args.nice_browser:   # a wrapper: every process Chromium forks inherits the niceness
             args.chromium = str(Path(tmp) / "chromium-nice")
@@ -290,19 +431,24 @@ def main() -> None:
         server = server_process(url)
         results, memory = asyncio.run(run_class(url, args, lesson, shape, metric, server))
     clicks = [c["first_s"] for r in results for c in r["clicks"]]
-    opens = [r["open_s"] for r in results if "open_s" in r]
+    seen_in_browser = [c["first_s"] for r in results if r.get("browser", True) for c in r["clicks"]]
+    over_protocol = [c["first_s"] for r in results if not r.get("browser", True) for c in r["clicks"]]
+    opens = [r["open_s"] for r in results if "open_s" in r and r.get("browser", True)]
     errors = [f"student {r['student']}: {e}" for r in results for e in r["errors"]]
     load = os.getloadavg()
     print(f"{args.students} students, {args.lesson} step {args.step} ({lesson.model}), {args.clicks} clicks each, "
           f"arriving over {args.arrive_over:g} s, think {args.think[0]:g}-{args.think[1]:g} s; one Chromium"
-          f"{' at nice 19' if args.nice_browser else ''}, one context per student; evaluation rows "
+          f"{' at nice 19' if args.nice_browser else ''}, one context per browser student "
+          f"({len(browser_students(args.students, args.browsers))} of {args.students}; the others over the "
+          f"websocket protocol); evaluation rows "
           f"{args.eval_size or 'default'}; "
           f"{os.cpu_count()} CPUs, load average {load[0]:.1f} / {load[1]:.1f} at the end")
-    if clicks:
-        print(f"click → first number: p50 {statistics.median(clicks):.2f} s, p90 {percentile(clicks, 0.9):.2f} s, "
-              f"max {max(clicks):.2f} s over {len(clicks)} clicks")
+    for name, values in (("in the browser", seen_in_browser), ("over the protocol (no drawing)", over_protocol)):
+        if values:
+            print(f"click → first number {name}: p50 {statistics.median(values):.2f} s, p90 "
+                  f"{percentile(values, 0.9):.2f} s, max {max(values):.2f} s over {len(values)} clicks")
     if opens:
-        print(f"link → page idle: p50 {statistics.median(opens):.1f} s, max {max(opens):.1f} s "
+        print(f"link → page idle in the browser: p50 {statistics.median(opens):.1f} s, max {max(opens):.1f} s "
               f"(warm-up visit {memory['warm_open_s']:.1f} s)")
     print(f"errors: {len(errors)}" + "".join(f"\n  {e}" for e in errors[:20]))
     print(f"server RSS: {memory['rss0_mb']:.0f} MB before, {memory['rss_mb']:.0f} MB after, peak "
