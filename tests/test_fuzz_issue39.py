@@ -476,3 +476,28 @@ def test_rings_that_grow_from_a_few_slots_generate_what_preallocated_ones_do(win
         with restricted(model, plan) as copy:
             runs.append(cache.generate(copy, ids, 14, mode="mixed").tokens)
     assert runs[0] == runs[1] and len(runs[0]) == 14
+
+
+def test_positions_are_read_by_one_rule_before_and_after_loading(tmp_path, monkeypatch, capsys):
+    """generate's and evaluate --long-context's checks before loading read the context as model_context does after
+    it: GPT-2's n_positions counts (it was ignored by the long-context check), a declared 0 declares nothing."""
+    import headprune.cli.kvcache as cli_kv
+    from headprune.model.tokenizer import declared_context, model_context
+
+    folder = tmp_path / "gpt2"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], '
+                                        '"n_positions": 64, "n_layer": 2, "n_head": 2, "n_embd": 16}')
+    monkeypatch.setattr(cli_kv, "load_model", _never_load)
+    line = _refused(["generate", "--model", str(folder), "--prompt", "the film", "--max-new-tokens", 64], capsys)
+    assert "does not fit the model's 64 positions" in line, line
+    line = _refused(["evaluate", "--model", str(folder), "--data", "demo-lm", "--long-context", "passkey",
+                     "--lengths", "16,100"], capsys)
+    assert "--lengths 100 exceeds the model's 64 positions" in line, line
+    from transformers import GPT2Config, LlamaConfig
+
+    gpt2 = type("Model", (), {"config": GPT2Config(n_positions=64)})
+    assert declared_context({"n_positions": 64}) == model_context(gpt2) == 64
+    assert declared_context({"max_position_embeddings": 0}) is None
+    assert declared_context({"text_config": {"max_position_embeddings": 32}, "max_position_embeddings": 8}) == 32
+    assert declared_context(LlamaConfig(max_position_embeddings=128)) == 128

@@ -39,7 +39,7 @@ from ..kvcache.stream import FORMAT, StreamSpec, run_stream, run_stream_seeds
 from ..limits import POSITIVE_INT, Interval
 from ..model.device import DEVICES
 from ..model.loading import declared_causal, load_model, peek_config
-from ..model.tokenizer import model_context
+from ..model.tokenizer import declared_context, model_context
 from ..outdir import write_atomic
 from ..provenance import versions
 from ..roles.base import PROBE_ROWS
@@ -377,12 +377,10 @@ def cmd_generate(args) -> dict:
     check_generate_args(args)
     refuse_encoder(args.model)
     # the context a folder declares bounds the new tokens before any weights load (the prompt is counted after)
-    config = peek_config(args.model) or {}
-    declared = (config.get("text_config") or config).get("max_position_embeddings") or config.get("n_positions")
-    if isinstance(declared, int) and args.max_new_tokens >= declared:
+    declared = declared_context(peek_config(args.model) or {})
+    if declared is not None and args.max_new_tokens >= declared:
         raise KVPlanError(f"--max-new-tokens {args.max_new_tokens} does not fit the model's {declared} positions "
-                          f"(max_position_embeddings) with a prompt: ask for at most {declared} minus the prompt's "
-                          "tokens.")
+                          f"with a prompt: ask for at most {declared} minus the prompt's tokens.")
     plan = read_plan_arg(args.kv_plan, args.model)
     loaded = load_model(args.model, args.device, device_map=args.device_map, dtype=args.dtype)
     check_decoder(loaded.adapter)
@@ -394,7 +392,7 @@ def cmd_generate(args) -> dict:
     context = model_context(loaded.model)
     if context is not None and ids.shape[1] + args.max_new_tokens > context:
         raise KVPlanError(f"--max-new-tokens {args.max_new_tokens} after a prompt of {ids.shape[1]} tokens exceeds "
-                          f"the model's {context} positions (max_position_embeddings); ask for at most "
+                          f"the model's {context} positions; ask for at most "
                           f"{max(context - ids.shape[1], 0)}.")
     options = {"sample": args.sample, "temperature": 1.0 if args.temperature is None else args.temperature,
                "seed": args.seed}
@@ -441,9 +439,8 @@ def check_long_context(args) -> tuple[list[int], list[float]] | None:
     if args.lm_eval:
         raise KVPlanError("--long-context and --lm-eval are two different evaluations; run them separately.")
     refuse_encoder(args.model)
-    config = peek_config(args.model) or {}
     lengths = check_lengths(args.long_context, args.lengths or LONG_DEFAULTS[args.long_context],
-                            config.get("max_position_embeddings"))
+                            declared_context(peek_config(args.model) or {}))
     for flag, value, limit in (("--long-rows", args.long_rows, ROWS), ("--long-tokens", args.long_tokens, TOKENS)):
         problem = value is not None and limit(value)
         if problem:

@@ -77,7 +77,7 @@ def check_lengths(task: str, lengths, max_positions: int | None = None) -> list[
     values = parse_numbers(lengths, "--lengths", LENGTH[task])
     if max_positions is not None and max(values) > max_positions:
         raise KVPlanError(f"--lengths {max(values)} exceeds the model's {max_positions} positions "
-                          "(max_position_embeddings); use lengths up to that.")
+                          "(max_position_embeddings, or GPT-2's n_positions); use lengths up to that.")
     return values
 
 

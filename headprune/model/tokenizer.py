@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ..errors import DataError
 from .task import is_language_model
 
@@ -13,15 +15,25 @@ from .task import is_language_model
 UNBOUNDED_CONTEXT = 10**6
 
 
-def model_context(model) -> int | None:
-    """Longest input the model's position embeddings allow (``max_position_embeddings`` or GPT-2's
-    ``n_positions``), or None when its config names none."""
-    config = getattr(model.config, "text_config", None) or model.config
+def declared_context(config) -> int | None:
+    """Longest input a config declares (``max_position_embeddings``, else GPT-2's ``n_positions``; a multimodal
+    model's ``text_config`` first), or None when it declares none (a missing, zero or non-integer value). ``config``:
+    a transformers config, or the dict of a folder's config.json read before any weights load, so the checks made
+    before and after loading read one rule."""
+    def read(c, name):
+        return c.get(name) if isinstance(c, Mapping) else getattr(c, name, None)
+
+    config = read(config, "text_config") or config
     for name in ("max_position_embeddings", "n_positions"):
-        value = getattr(config, name, None)
-        if isinstance(value, int) and value > 0:
+        value = read(config, name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
     return None
+
+
+def model_context(model) -> int | None:
+    """Longest input the model's position embeddings allow (``declared_context`` of its config)."""
+    return declared_context(model.config)
 
 
 def prepare_tokenizer(tokenizer, model) -> None:
