@@ -78,3 +78,28 @@ def test_the_induction_lesson_after_the_cut_perplexity_is_far_above_dense(server
     pruned = float(NUMBER.search(values["perplexity"]).group().replace(",", ""))
     assert dense < 2 and pruned > 100 * dense, values
     page.close()
+
+
+def test_a_student_over_the_websocket_protocol_acts_as_a_browser_would(server):  # noqa: F811
+    """benchmarks/bench_class.py's student whose browser is elsewhere (``protocol_student``, the class-of-30
+    numbers in docs/how-to/classroom.md): it opens the lesson link over Streamlit's websocket protocol, and each
+    click toggles the head it names (the caption names it, "heads left" counts down, a number follows)."""
+    import argparse
+    import asyncio
+    import concurrent.futures
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("bench_class", Path(__file__).resolve().parents[1] / "benchmarks"
+                                                  / "bench_class.py")
+    bench_class = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_class)
+    lesson = LESSONS["most-heads-can-go"]
+    args = argparse.Namespace(step=2, clicks=2, think=(0.0, 0.0), seed=0, timeout=240.0)
+    student = bench_class.protocol_student(server, 0, 0.0, args, lesson, named_shape(lesson.model), "accuracy")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # its own event loop: sync Playwright runs one here
+        out = pool.submit(asyncio.run, student).result()
+    assert out["errors"] == [] and "open_s" in out, out
+    assert [(c["layer"], c["head"]) for c in out["clicks"]] == bench_class.student_heads(0, 2, named_shape(
+        lesson.model), 0)
+    assert all(c["toggled"] and c["first_s"] > 0 for c in out["clicks"])
