@@ -20,6 +20,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ..errors import HeadpruneError
 from .arch import ModelAdapter, adapt, supported
+from .device import input_device
 from .gating import gate_heads
 from .hooks import attached, post_hook, structural_copy
 from .mask import HeadMask
@@ -144,12 +145,8 @@ def stream_attention(model, batch: dict, on_layer: Callable[[int, torch.Tensor],
     """
     model = structural_copy(model)
     adapter = adapt(model)
-    # the inputs go where the embedding is (a batch built on the CPU meets a model on a GPU; accelerate's hooks
-    # move them on from there when the model is spread over devices)
-    device = model.get_input_embeddings().weight.device
-    device = None if device.type == "meta" else device          # offloaded to disk: its hook places the inputs
-    inputs = {k: v.to(device) if torch.is_tensor(v) and device is not None else v for k, v in batch.items()
-              if k != "labels"}
+    device = input_device(model)      # a batch built on the CPU meets a model on a GPU
+    inputs = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items() if k != "labels"}
     valid = inputs["attention_mask"].bool()
     live = torch.zeros(adapter.n_layers, adapter.n_heads, dtype=torch.bool)
     gates = mask.keep_bool() if mask is not None else torch.ones(adapter.grid_shape, dtype=torch.bool)

@@ -29,6 +29,13 @@ def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
     raise DeviceError(f"Unknown device '{name}'. Accepted: {', '.join(DEVICES)}.")
 
 
+def input_device(model) -> torch.device:
+    """Where a model's inputs go: its embedding's device (with a device map, accelerate's hooks move activations
+    on from there); the CPU when the embedding is offloaded to disk (its weights are on "meta")."""
+    device = model.get_input_embeddings().weight.device
+    return torch.device("cpu") if device.type == "meta" else device
+
+
 def synchronise(device: torch.device) -> None:
     """Wait for the work queued on ``device``: a CUDA call returns before its kernels finish, so a clock read
     without this times the launch, not the work."""

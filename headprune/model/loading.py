@@ -27,7 +27,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceC
 from ..errors import DeviceError, ModelLoadError, UntrainedHeadError
 from ..userinput import exists, is_dir, is_file, user_path
 from .arch import ModelAdapter, adapt
-from .device import OFFLOAD_HELP, parse_device_map, parse_dtype, resolve_device
+from .device import OFFLOAD_HELP, input_device, parse_device_map, parse_dtype, resolve_device
 from .layers import DROPPED_LAYERS_KEY, drop_layers
 from .surgery import apply_layout, plan_block, record_kept_heads
 from .tokenizer import prepare_tokenizer
@@ -315,8 +315,7 @@ def load_model(spec: str, device: str | torch.device = "auto", attn_implementati
         model.to(dev)
     else:  # inputs go where the embeddings are; accelerate's hooks move activations between devices
         _check_map_names(model, placement)
-        dev = model.get_input_embeddings().weight.device
-        dev = torch.device("cpu") if dev.type == "meta" else dev
+        dev = input_device(model)
     model.eval()
     return LoadedModel(model, tokenizer, spec, source, adapter, dev, untrained)
 

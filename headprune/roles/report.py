@@ -175,7 +175,6 @@ def head_roles(model, tokenizer, calib: Sequence[dict], spec: RoleSpec | None = 
     spec = spec or RoleSpec()
     params = spec.resolved()
     adapter = adapt(model)
-    device = next(model.parameters()).device
     causal = adapter.causal
     n_blocks, n_heads = adapter.grid_shape
     stats = RoleStats(n_blocks, n_heads, list(adapter.layer_to_block), spec.window)
@@ -196,7 +195,7 @@ def head_roles(model, tokenizer, calib: Sequence[dict], spec: RoleSpec | None = 
         probe_stats(stats, adapter.layer_to_block[layer], probs, probes)
         first_probe.append(probs[0].float().cpu().numpy())
 
-    _, live = stream_attention(model, {k: v.to(device) for k, v in probes.batch.items()}, on_probe_layer, mask)
+    _, live = stream_attention(model, probes.batch, on_probe_layer, mask)   # it places the inputs
     stats.add_live(live_blocks(live))
 
     # -- calibration: token-level statistics (and arcs when texts can be parsed) ----------------------------
@@ -223,7 +222,7 @@ def head_roles(model, tokenizer, calib: Sequence[dict], spec: RoleSpec | None = 
             valid = batch["attention_mask"].bool()
             sinks = sink_positions(batch["input_ids"], valid, special_mask(tokenizer, batch["input_ids"]), causal)
             _, live = stream_attention(
-                model, {k: v.to(device) for k, v in model_inputs(batch).items()},
+                model, model_inputs(batch),
                 lambda layer, probs, v=valid, s=sinks: calibration_stats(stats, adapter.layer_to_block[layer],
                                                                          probs, v, s, causal), mask)
             stats.add_live(live_blocks(live))
