@@ -104,6 +104,20 @@ def student_heads(index: int, clicks: int, shape: tuple[int, int], seed: int) ->
     return [divmod(cell, heads) for cell in random.Random(seed + index).sample(range(layers * heads), clicks)]
 
 
+def clicks_of(index: int, args, shape: tuple[int, int]):
+    """Student ``index``'s clicks, the same in a page and over the protocol: (k from 1, layer, head, seconds read
+    before it), the heads from ``student_heads``, the reading time drawn per click with the student's own seed."""
+    thinking = random.Random(f"think {args.seed} {index}")
+    for k, (layer, head) in enumerate(student_heads(index, args.clicks, shape, args.seed), start=1):
+        yield k, layer, head, thinking.uniform(*args.think)
+
+
+def record_click(out: dict, k: int, layer: int, head: int, first_s: float, toggled: bool) -> None:
+    out["clicks"].append({"layer": layer, "head": head, "first_s": first_s, "toggled": toggled})
+    if not toggled:
+        out["errors"].append(f"click {k}: the caption does not name layer {layer}, head {head}")
+
+
 async def idle(page, timeout_ms: float) -> None:
     """Wait until the page is idle, read every 100 ms (Playwright's default reads it every frame: see SHOWN)."""
     await page.wait_for_timeout(300)
@@ -113,7 +127,7 @@ async def idle(page, timeout_ms: float) -> None:
 
 async def student(browser, url: str, index: int, delay: float, args, lesson, shape, metric: str,
                   seen: dict | None = None) -> dict:
-    out = {"student": index, "arrived_s": delay, "clicks": [], "errors": []}
+    out = {"student": index, "arrived_s": delay, "clicks": [], "errors": [], "browser": True}
     if seen is not None:
         seen[index] = out     # what it did so far, if the run's --deadline stops it
     await asyncio.sleep(delay)
@@ -134,9 +148,8 @@ async def student(browser, url: str, index: int, delay: float, args, lesson, sha
         points = page.locator(".js-plotly-plot .scatterlayer .point")
         await page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .scatterlayer .point')"
                                      f".length >= {total}")
-        thinking = random.Random(f"think {args.seed} {index}")
-        for k, (layer, head) in enumerate(student_heads(index, args.clicks, shape, args.seed), start=1):
-            await page.wait_for_timeout(thinking.uniform(*args.think) * 1000)
+        for k, layer, head, think in clicks_of(index, args, shape):
+            await page.wait_for_timeout(think * 1000)
             point = points.nth(layer * shape[1] + head)
             await point.scroll_into_view_if_needed()
             box = await point.bounding_box()
@@ -146,10 +159,7 @@ async def student(browser, url: str, index: int, delay: float, args, lesson, sha
             first = await asyncio.wait_for(shown, args.timeout)
             await idle(page, args.timeout * 1000)
             toggled = await page.get_by_text(f"toggled layer {layer} · head {head}").count()
-            out["clicks"].append({"layer": layer, "head": head, "first_s": (first - clicked) / 1000,
-                                  "toggled": bool(toggled)})
-            if not toggled:
-                out["errors"].append(f"click {k}: the caption does not name layer {layer}, head {head}")
+            record_click(out, k, layer, head, (first - clicked) / 1000, bool(toggled))
         boxes = await page.evaluate(ERROR_BOXES)
         if boxes:
             out["errors"].append(f"{boxes} exception/error box(es) on the page")
@@ -254,10 +264,9 @@ async def protocol_student(url: str, index: int, delay: float, args, lesson, sha
                 await session.until(finished, args.timeout)
             out["open_s"] = time.perf_counter() - start
             total = shape[0] * shape[1]
-            thinking = random.Random(f"think {args.seed} {index}")
-            for k, (layer, head) in enumerate(student_heads(index, args.clicks, shape, args.seed), start=1):
-                await asyncio.sleep(thinking.uniform(*args.think))
-                grid = next(key for key in session.widgets if key.startswith("prune-grid-"))
+            for k, layer, head, think in clicks_of(index, args, shape):
+                await asyncio.sleep(think)
+                grid = [key for key in session.widgets if key.startswith("prune-grid-")][-1]   # the newest grid
                 event = {"selection": {"points": [{"customdata": [layer, head]}], "point_indices": [], "box": [],
                                        "lasso": []}}
                 sent = time.perf_counter()
@@ -265,9 +274,7 @@ async def protocol_student(url: str, index: int, delay: float, args, lesson, sha
                 first = await session.until(shows(f"{total - k} / {total}", metric), args.timeout)
                 await session.until(finished, args.timeout)
                 toggled = any(f"toggled layer {layer} · head {head}" in text for text in session.texts)
-                out["clicks"].append({"layer": layer, "head": head, "first_s": first - sent, "toggled": toggled})
-                if not toggled:
-                    out["errors"].append(f"click {k}: the caption does not name layer {layer}, head {head}")
+                record_click(out, k, layer, head, first - sent, toggled)
     except Exception as exc:  # noqa: BLE001 - as in `student`: a failure is a result
         out["errors"].append(f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}")
     return out
@@ -431,9 +438,9 @@ def main() -> None:
         server = server_process(url)
         results, memory = asyncio.run(run_class(url, args, lesson, shape, metric, server))
     clicks = [c["first_s"] for r in results for c in r["clicks"]]
-    seen_in_browser = [c["first_s"] for r in results if r.get("browser", True) for c in r["clicks"]]
-    over_protocol = [c["first_s"] for r in results if not r.get("browser", True) for c in r["clicks"]]
-    opens = [r["open_s"] for r in results if "open_s" in r and r.get("browser", True)]
+    seen_in_browser = [c["first_s"] for r in results if r["browser"] for c in r["clicks"]]
+    over_protocol = [c["first_s"] for r in results if not r["browser"] for c in r["clicks"]]
+    opens = [r["open_s"] for r in results if "open_s" in r and r["browser"]]
     errors = [f"student {r['student']}: {e}" for r in results for e in r["errors"]]
     load = os.getloadavg()
     print(f"{args.students} students, {args.lesson} step {args.step} ({lesson.model}), {args.clicks} clicks each, "
