@@ -43,6 +43,7 @@ from torch import nn
 
 from ..errors import HeadpruneError
 from .arch import AttentionBlock, adapt, out_axis
+from .gguf_export import GGUF_FAMILIES, GGUF_TYPES, export_gguf
 from .layers import drop_layers
 from .loading import save_pruned, write_staged
 from .mask import HeadMask
@@ -66,6 +67,11 @@ FORMATS = {
                 "loads_in": "plain transformers and every runtime that reads the family's config with an explicit "
                             "head_dim (vLLM, TGI, llama.cpp conversion)",
                 "saves_compute": True},
+    "gguf": {"what": "one .gguf file for llama.cpp (architecture 'deci': per-layer query and key/value head "
+                     f"counts), any mask; tensor types {', '.join(GGUF_TYPES)}; families: "
+                     f"{', '.join(GGUF_FAMILIES.values())}",
+             "loads_in": "llama.cpp unmodified (llama-cli, llama-server, llama-cpp-python, ollama, LM Studio)",
+             "saves_compute": True},
 }
 
 MASKED_NOTE = ("The masked export has the original size and speed: pruned heads are zeroed, not removed, so it "
@@ -357,7 +363,8 @@ def _write_stock(model: nn.Module, tokenizer, out: Path) -> Path:
 
 
 def export_model(model: nn.Module, tokenizer, mask: HeadMask, out: str | Path, format: str = "headprune",
-                 extra: dict | None = None, dropped_layers: Sequence[int] = (), cut: nn.Module | None = None) -> dict:
+                 extra: dict | None = None, dropped_layers: Sequence[int] = (), cut: nn.Module | None = None,
+                 gguf_type: str | None = None) -> dict:
     """Write ``model`` pruned by ``mask`` to the folder ``out`` in ``format`` (:data:`FORMATS`).
 
     Returns {"format", "out", "loads_in", "saves_compute", "note", "model"} where "model" is the written model
@@ -365,13 +372,17 @@ def export_model(model: nn.Module, tokenizer, mask: HeadMask, out: str | Path, f
     it. ``extra`` (headprune format only) is saved as headprune.json. ``dropped_layers`` (a mask's
     whole-layer rule, ``model.mask.dropped_layers``) are skipped for good in the written model; only the headprune
     format can record them. ``cut``: ``prune_model(model, mask)`` made already (recovery fine-tunes it), written
-    instead of a new cut (formats headprune and uniform; masked starts from ``model``). Raises ExportError.
+    instead of a new cut (formats headprune, uniform and gguf; masked starts from ``model``). ``gguf_type``: the
+    gguf format's tensor type (``gguf_export.GGUF_TYPES``, default f32), refused with other formats; the gguf
+    format's report is under "gguf". Raises ExportError (gguf: GGUFExportError).
     """
     if format not in FORMATS:
         raise ExportError(f"Unknown export format {format!r}; accepted: {', '.join(FORMATS)}.")
     if dropped_layers and format != "headprune":
         raise ExportError(f"The mask drops whole layers {list(dropped_layers)} (SAP's layer rule); only the headprune "
                           f"format records a dropped layer, {format!r} cannot. Accepted: --format headprune.")
+    if gguf_type is not None and format != "gguf":
+        raise ExportError(f"A GGUF tensor type ({gguf_type}) applies to --format gguf only, not {format!r}.")
     out = Path(out)
     if format == "masked" and cut is not None:
         raise ExportError("The masked export keeps the original architecture; a cut model cannot be written as "
@@ -381,6 +392,10 @@ def export_model(model: nn.Module, tokenizer, mask: HeadMask, out: str | Path, f
         drop_layers(adapt(written), dropped_layers)
         save_pruned(written, tokenizer, out, extra=extra)
         note = "A headprune checkpoint: smaller and faster, loaded by headprune.load_model (any mask)."
+    elif format == "gguf":
+        written, gguf_report = export_gguf(model, tokenizer, mask, out, gguf_type or "f32", cut)
+        note = ("One GGUF file llama.cpp loads unmodified (architecture 'deci', this cut's head counts per layer): "
+                "smaller and faster there.")
     elif format == "masked":
         written = masked_model(model, mask)
         _write_stock(written, tokenizer, out)
@@ -391,4 +406,4 @@ def export_model(model: nn.Module, tokenizer, mask: HeadMask, out: str | Path, f
         note = "A stock checkpoint with fewer heads per layer: plain transformers loads the smaller model."
     info = FORMATS[format]
     return {"format": format, "out": str(out), "loads_in": info["loads_in"], "saves_compute": info["saves_compute"],
-            "note": note, "model": written}
+            "note": note, "model": written, **({"gguf": gguf_report} if format == "gguf" else {})}
