@@ -103,7 +103,8 @@ def llamacpp_section(args) -> list[dict]:
             _, report = export_gguf(model, tokenizer, mask, work / f"{kind}{int(share * 100)}", args.gguf_type,
                                     cut=cut)
             files[kind, share] = report["file"]
-            cuts[kind, share] = {"heads_cut": round(mask.n_pruned / mask.values.numel(), 3), "pp_flops": count_flops(cut, args.prompt).total,
+            cuts[kind, share] = {"heads_cut": round(mask.n_pruned / mask.values.numel(), 3),
+                                 "pp_flops": count_flops(cut, args.prompt).total,
                            "tg_flops": decode_flops(cut, args.prompt + args.gen // 2),
                            "query_heads": sum(report["head_count"]) - len(report["null_head_layers"]),
                            "kv_heads": sum(report["head_count_kv"]) - len(report["null_head_layers"]),
