@@ -105,10 +105,10 @@ def llamacpp_section(args) -> list[dict]:
             files[kind, share] = report["file"]
             cuts[kind, share] = {"heads_cut": round(mask.n_pruned / mask.values.numel(), 3),
                                  "pp_flops": count_flops(cut, args.prompt).total,
-                           "tg_flops": decode_flops(cut, args.prompt + args.gen // 2),
-                           "query_heads": sum(report["head_count"]) - len(report["null_head_layers"]),
-                           "kv_heads": sum(report["head_count_kv"]) - len(report["null_head_layers"]),
-                           "mb": round(Path(report["file"]).stat().st_size / 2**20, 1)}
+                                 "tg_flops": decode_flops(cut, args.prompt + args.gen // 2),
+                                 "query_heads": sum(report["head_count"]) - len(report["null_head_layers"]),
+                                 "kv_heads": sum(report["head_count_kv"]) - len(report["null_head_layers"]),
+                                 "mb": round(Path(report["file"]).stat().st_size / 2**20, 1)}
             del cut
         del model
         timed = json.loads(subprocess.run(

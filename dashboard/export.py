@@ -20,6 +20,7 @@ from headprune.estimate import TimeEstimate, estimate_harness
 from headprune.evaluation.harness import HarnessError, HarnessSpec, Tasks, lm_eval_version, resolve_tasks, run_lm_eval
 from headprune.evaluation.metrics import evaluate
 from headprune.model.export import FORMATS, UNIFORM_TYPES, export_model, family_problem, round_to_uniform
+from headprune.model.gguf_export import GGUF_TYPES, model_problem
 from headprune.model.sizes import size_report
 
 from .config import memory_budget
@@ -60,11 +61,26 @@ def export_formats(ws: DashboardWorkspace) -> dict[str, dict]:
     fits this model) says why the loaded model cannot be exported that way (a cut model, a tied-head-size family)."""
     cut = (f"The loaded model already has {ws.n_cut} heads cut out, so it is not the original architecture any "
            "more; load the original model to export a stock checkpoint.") if ws.n_cut else None
-    problems = {"headprune": None, "masked": cut, "uniform": cut or family_problem(ws.loaded.model)}
+    problems = {"headprune": None, "masked": cut, "uniform": cut or family_problem(ws.loaded.model),
+                "gguf": model_problem(ws.loaded.model, ws.loaded.tokenizer)}
     labels = {"headprune": "headprune checkpoint (smaller, any mask)",
               "masked": "masked stock checkpoint (original size, loads anywhere)",
-              "uniform": "uniform stock cut (smaller, loads anywhere)"}
-    return {name: {"label": labels[name], **info, "problem": problems[name]} for name, info in FORMATS.items()}
+              "uniform": "uniform stock cut (smaller, loads anywhere)",
+              "gguf": "GGUF for llama.cpp (smaller, any mask)"}
+    return {name: {"label": labels.get(name, name), **info, "problem": problems.get(name)}
+            for name, info in FORMATS.items()}
+
+
+# what bench_runtimes.py measured (docs/how-to/exports.md has the table, the command and the conditions)
+GGUF_GAIN = "GGUF_GAIN_MEASURED"
+
+
+def gguf_types() -> dict[str, str]:
+    """The GGUF tensor types offered, with what each is."""
+    what = {"f32": "f32 (exact: llama.cpp's logits within 1e-3 of headprune's)",
+            "f16": "f16 (half the size; norms and biases stay f32)",
+            "q8_0": "q8_0 (about a quarter of f32: 8-bit blocks of 32 with one scale)"}
+    return {kind: what[kind] for kind in GGUF_TYPES}
 
 
 def runtime_rows() -> list[dict]:
@@ -104,24 +120,30 @@ def compare_uniform(ws: DashboardWorkspace, sd: SessionData, progress: Progress 
     return result
 
 
-def built_model(sd: SessionData, format: str = "headprune") -> dict | None:
+def _model_key(sd: SessionData, format: str, gguf_type: str | None) -> str:
+    return f"model|{format}{'|' + gguf_type if gguf_type else ''}|{mask_key(sd.mask)}"
+
+
+def built_model(sd: SessionData, format: str = "headprune", gguf_type: str | None = None) -> dict | None:
     """The pruned model this session built for its current mask in ``format``, if any (``build_pruned_model``)."""
-    return sd.exports.get(f"model|{format}|{mask_key(sd.mask)}")
+    return sd.exports.get(_model_key(sd, format, gguf_type))
 
 
 def build_pruned_model(ws: DashboardWorkspace, sd: SessionData, progress: Progress | None = None,
-                       format: str = "headprune") -> dict:
+                       format: str = "headprune", gguf_type: str | None = None) -> dict:
     """Export the session mask's model in ``format`` (a copy; the shared model is untouched), zip it and evaluate
     the exported model; kept for ``built_model``. A uniform export first rounds the mask (``uniform_preview``).
 
     Returns {"zip": bytes, "size": sizes.size_report, "metric": headline metric of the exported model,
     "note": what the format is and saves, "loads_in": which runtimes load it, "rounding": text or None}.
+    ``gguf_type``: the GGUF format's tensor type (``GGUF_TYPES``).
     """
-    built = sd.exports[f"model|{format}|{mask_key(sd.mask)}"] = _exported_zip(ws, sd, format, progress)
+    built = sd.exports[_model_key(sd, format, gguf_type)] = _exported_zip(ws, sd, format, progress, gguf_type)
     return built
 
 
-def _exported_zip(ws: DashboardWorkspace, sd: SessionData, format: str, progress: Progress | None = None) -> dict:
+def _exported_zip(ws: DashboardWorkspace, sd: SessionData, format: str, progress: Progress | None = None,
+                  gguf_type: str | None = None) -> dict:
     report = progress or (lambda f, m: None)
     mask, rounding = sd.mask, None
     if format == "uniform":
@@ -131,7 +153,8 @@ def _exported_zip(ws: DashboardWorkspace, sd: SessionData, format: str, progress
     with tempfile.TemporaryDirectory() as tmp, compute_slot():
         written = export_model(ws.loaded.model, ws.loaded.tokenizer, mask, Path(tmp) / "pruned", format,
                                extra={"mask": mask.to_json(), "source_model": ws.setup.model,
-                                      "dense": ws.dense().to_dict(), "data": ws.setup.data_label})
+                                      "dense": ws.dense().to_dict(), "data": ws.setup.data_label},
+                               gguf_type=gguf_type if format == "gguf" else None)
         report(0.3, "evaluating the exported model")
         metrics = evaluate(written["model"], ws.eval_batches, progress=lambda f, m: report(0.3 + 0.5 * f, m))
         report(0.85, "zipping")

@@ -258,6 +258,22 @@ def gguf_plan(config: dict) -> GGUFPlan:
     return GGUFPlan(str(text.get("model_type")), context, _rope(text), notes)
 
 
+def model_problem(model: nn.Module, tokenizer) -> str | None:
+    """Why a loaded ``model`` and its ``tokenizer`` cannot become a GGUF file (:func:`config_problem`,
+    :func:`loaded_tokenizer_problem`), or None: what the dashboard says before offering the format."""
+    return (config_problem({**model.config.to_dict(), "architectures": [type(model).__name__]})
+            or loaded_tokenizer_problem(tokenizer))
+
+
+def loaded_tokenizer_problem(tokenizer) -> str | None:
+    """Why llama.cpp would read a loaded ``tokenizer`` differently (:func:`tokenizer_problem`), or None."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return ("--format gguf needs the model's fast tokenizer (tokenizer.json): llama.cpp's vocabulary is built "
+                "from it.")
+    return tokenizer_problem(json.loads(backend.to_str()))
+
+
 # -- tensors ----------------------------------------------------------------------------------------------------
 
 def rope_permute(rows: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -395,11 +411,10 @@ def gguf_vocab(tokenizer, n_vocab: int) -> GGUFVocab:
     rows (module docstring). GGUFExportError when llama.cpp cannot read it the same way."""
     import gguf  # the gguf extra: imported only when a GGUF file is written or read
 
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        raise GGUFExportError("--format gguf needs the model's fast tokenizer (tokenizer.json): llama.cpp's "
-                              "vocabulary is built from it.")
-    spec = json.loads(backend.to_str())
+    problem = loaded_tokenizer_problem(tokenizer)
+    if problem:
+        raise GGUFExportError(problem)
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())
     pre = _pre_name(spec)
     vocab = tokenizer.get_vocab()
     size = max(vocab.values()) + 1
