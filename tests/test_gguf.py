@@ -14,15 +14,21 @@ import torch
 import transformers as tf
 
 from headprune.cli import main
+from headprune.data import load_data
 from headprune.demos.corpus import reviews
 from headprune.model.arch import adapt
+from headprune.model.gating import gate_heads
 from headprune.model.gguf_export import (
     GGUF_FILE,
+    GGUFPlan,
+    config_problem,
     export_gguf,
     read_gguf,
     rope_permute,
     tokenizer_problem,
+    write_gguf,
 )
+from headprune.model.loading import load_model
 from headprune.model.mask import HeadMask
 from headprune.model.surgery import prune_model
 from headprune.testing import offline_tokenizer, tiny_decoder, tiny_decoder_config
@@ -155,10 +161,23 @@ def test_uneven_cut_runs_as_the_cut_model_in_the_deci_graph(arch, config, bpe, t
         want = cut(torch.tensor([ids])).logits[0].double().numpy()
     assert _scale_error(deci_forward(contents, ids), want) < 1e-5
     # the scale is baked: the cut model is the gated one
-    from headprune.model.gating import gate_heads
     with torch.no_grad(), gate_heads(model, _mask(model)):
         gated = model(torch.tensor([ids])).logits[0].double().numpy()
     assert _scale_error(want, gated) < 1e-5
+
+
+def test_qwen3_is_refused_because_deci_computes_other_logits(bpe, tmp_path, one_thread):
+    """The refusal, proved by logits: Qwen3's weights written as deci takes them -- everything but q_norm / k_norm,
+    for which deci has no slot -- give logits far from Qwen3's own, while Qwen2's (no q/k norm) agree to 1e-5."""
+    model = tiny_decoder("qwen3", vocab_size=len(bpe))
+    assert config_problem({**model.config.to_dict(), "architectures": ["Qwen3ForCausalLM"]}).startswith(
+        "--format gguf cannot carry 'qwen3'")
+    rope = {"rope_type": "default", "rope_theta": model.config.rope_parameters["rope_theta"]}
+    write_gguf(tmp_path / "qwen3.gguf", model, bpe, GGUFPlan("qwen3", 64, rope), "f32")
+    ids = _row(bpe)
+    with torch.no_grad():
+        want = model(torch.tensor([ids])).logits[0].double().numpy()
+    assert _scale_error(deci_forward(read_gguf(tmp_path / "qwen3.gguf"), ids), want) > 0.05
 
 
 def test_rope_permutation_turns_half_rotation_into_pair_rotation():
@@ -318,14 +337,12 @@ def test_bad_input_is_refused_before_loading(bpe, tmp_path, capsys, one_thread):
 
 
 def test_a_failed_write_leaves_nothing(bpe, tmp_path, monkeypatch, one_thread):
-    import headprune.model.gguf_export as gguf_export
-
     model = _decoder("llama", len(bpe))
 
     def fail(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(gguf_export, "encode_tensor", fail)
+    monkeypatch.setattr("headprune.model.gguf_export.encode_tensor", fail)
     with pytest.raises(OSError):
         export_gguf(model, bpe, HeadMask.ones(adapt(model).grid_shape), tmp_path / "out")
     assert list(tmp_path.iterdir()) == []
@@ -334,9 +351,6 @@ def test_a_failed_write_leaves_nothing(bpe, tmp_path, monkeypatch, one_thread):
 def test_demo_lm_prune_gguf_matches_headprune_on_real_rows(tmp_path, capsys, one_thread):
     """The command on the demo decoder: an uneven mask, and the empty mask as the dense baseline, each read back
     and run by the numpy deci graph on held-out review rows, against headprune's cut (or dense) model."""
-    from headprune.data import load_data
-    from headprune.model.loading import load_model
-
     loaded = load_model("demo-lm", "cpu")
     mask = tmp_path / "mask.json"
     mask.write_text(json.dumps({"pruned": {"0": list(range(8)), "1": [0, 1, 2], "3": [4, 5, 6, 7], "5": [2]}}))
