@@ -322,12 +322,13 @@ def test_bad_input_is_refused_before_loading(bpe, tmp_path, capsys, one_thread):
          "--gguf-type q8_0 applies to --format gguf only"),
         (["--model", classifier, "--out", tmp_path / "b", "--format", "gguf"], "LlamaForSequenceClassification"),
         (["--model", word_level, "--out", tmp_path / "c", "--format", "gguf"], "word-level vocabulary"),
+        (["--model", "demo-circuit", "--out", tmp_path / "e", "--format", "gguf"], "as demo-circuit's"),
         (["--model", folder, "--out", taken, "--format", "gguf"], "taken"),
     ]
     for argv, words in cases:
         rc, _, err = _prune([*argv, "--mask", mask], capsys)
         assert rc == 2 and err.startswith("error:") and words in err, err
-    assert not any((tmp_path / name).exists() for name in "abc")
+    assert not any((tmp_path / name).exists() for name in "abce")
     assert [p.name for p in taken.iterdir()] == ["keep.txt"]
     with pytest.raises(SystemExit) as exit_:   # argparse's choices
         _prune(["--model", folder, "--mask", mask, "--out", tmp_path / "d", "--format", "gguf", "--gguf-type",
