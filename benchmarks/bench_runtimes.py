@@ -7,11 +7,13 @@ query heads in 2 groups of 64, hidden 896, MLP 4864, vocabulary 151,936, tied, q
 75 % of the heads cut, chosen two ways (``--masks``): "heads", a seeded random choice of heads over the whole grid,
 uneven per layer and per key/value group as criteria produce (surgery then holds some key/value rows more than
 once: ``surgery.py``'s gcd layout); "groups", a seeded random choice of whole key/value groups over the grid
-(``pruned_groups`` masks: uneven per layer, no key/value row repeated). Each cut and its dense export (empty mask) are
-written by ``prune --format gguf``'s code and timed by llama.cpp (``llamacpp_speed.py`` in llama-cpp-python's own
-virtualenv, ``--llama-python``): prompt processing (pp, one batch of ``--prompt`` tokens) and generation (tg,
-``--gen`` tokens one by one after it), tokens per second with ``--threads`` threads.
-Reported: time ratio pruned / dense = (dense tok/s) / (pruned tok/s), < 1 is faster, and the ideal ratio from FLOPs:
+(``pruned_groups`` masks: uneven per layer, no key/value row repeated). Each cut and the dense export (empty mask)
+are written by ``prune --format gguf``'s code; llama.cpp times each cut beside the dense export, the two in turn,
+two models in memory (``llamacpp_speed.py`` in llama-cpp-python's own virtualenv, ``--llama-python``): prompt
+processing (pp, one batch of ``--prompt`` tokens) and generation (tg, ``--gen`` tokens one by one after it), tokens
+per second with ``--threads`` threads.
+Reported per cut: tokens/s [dense, pruned], time ratio pruned / dense = (dense tok/s) / (pruned tok/s), < 1 is
+faster, and the ideal ratio from FLOPs:
     pp  F_pruned(T) / F_dense(T), ``evaluation.speed.count_flops`` over a T = --prompt token forward;
     tg  per generated token at context c = prompt + gen / 2: the projections of one token (count_flops at T = 1)
         + the attention over the cache, 4 c d_h summed over the layers' query heads (scores and context).
@@ -111,25 +113,32 @@ def llamacpp_section(args) -> list[dict]:
                                  "mb": round(Path(report["file"]).stat().st_size / 2**20, 1)}
             del cut
         del model
-        timed = json.loads(subprocess.run(
-            [args.llama_python, str(HERE / "llamacpp_speed.py"), *files.values(), "--threads", str(args.threads),
-             "--prompt", str(args.prompt), "--gen", str(args.gen), "--repeats", str(args.repeats)],
-            check=True, capture_output=True, text=True, env={k: v for k, v in os.environ.items()
-                                                               if k != "PYTHONPATH"}).stdout)
-        dense, dense_info = timed[files["dense", 0.0]], cuts["dense", 0.0]
-        for (kind, share), path in files.items():
-            speed, info = timed[path], cuts[kind, share]
+        dense_file, dense_info = files.pop(("dense", 0.0)), cuts["dense", 0.0]
+        for (kind, share), path in files.items():   # each cut timed beside the dense export, two models in memory
+            timed = _llamacpp_speed(args, [dense_file, path])
+            dense, speed, info = timed[dense_file], timed[path], cuts[kind, share]
             rows.append({"runtime": "llama.cpp", "model": shape_name, "mask": kind, "type": args.gguf_type,
                          **{k: info[k] for k in ("heads_cut", "query_heads", "kv_heads", "mb")},
-                         "pp_tok_s": round(speed["pp_tok_s"], 1), "tg_tok_s": round(speed["tg_tok_s"], 2),
+                         "dense": {k: dense_info[k] for k in ("query_heads", "kv_heads", "mb")},
+                         "pp_tok_s": [round(dense["pp_tok_s"], 1), round(speed["pp_tok_s"], 1)],
+                         "tg_tok_s": [round(dense["tg_tok_s"], 2), round(speed["tg_tok_s"], 2)],
                          "pp_ratio": round(dense["pp_tok_s"] / speed["pp_tok_s"], 3),
                          "pp_ideal": round(info["pp_flops"] / dense_info["pp_flops"], 3),
                          "tg_ratio": round(dense["tg_tok_s"] / speed["tg_tok_s"], 3),
                          "tg_ideal": round(info["tg_flops"] / dense_info["tg_flops"], 3)})
             print(json.dumps(rows[-1]), flush=True)
-        for path in files.values():
+        for path in [dense_file, *files.values()]:
             Path(path).unlink()
     return rows
+
+
+def _llamacpp_speed(args, files: list[str]) -> dict:
+    """``llamacpp_speed.py``'s tokens/s for ``files``, run by llama-cpp-python's own python (no PYTHONPATH)."""
+    return json.loads(subprocess.run(
+        [args.llama_python, str(HERE / "llamacpp_speed.py"), *files, "--threads", str(args.threads),
+         "--prompt", str(args.prompt), "--gen", str(args.gen), "--repeats", str(args.repeats)],
+        check=True, capture_output=True, text=True,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}).stdout)
 
 
 RUNTIMES = {"llamacpp": llamacpp_section}
