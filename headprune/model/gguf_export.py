@@ -73,6 +73,9 @@ GGUF_TYPES = ("f32", "f16", "q8_0")
 GGUF_FILE = "model.gguf"
 ARCH = "deci"
 Q8_BLOCK = 32   # values per q8_0 block (ggml's QK8_0)
+# llama.cpp's vocabulary loader changes special tokens' whitespace handling when general.name contains these
+# (src/llama-vocab.cpp: Phi-3's and ModernBERT's quirks, which also demand tokens of theirs): never written
+NAME_QUIRKS = ("phi-3", "phi3", "modern-bert")
 
 # model_type -> name, for the families whose layer is deci's (module docstring)
 GGUF_FAMILIES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "phi3": "Phi-3"}
@@ -468,7 +471,8 @@ def write_gguf(path: Path, cut: nn.Module, tokenizer, plan: GGUFPlan, tensor_typ
     n_vocab, hidden = tensors["token_embd.weight"].shape
     vocab = gguf_vocab(tokenizer, n_vocab)
     writer = gguf.GGUFWriter(str(path), ARCH)
-    writer.add_name(name or "headprune cut")
+    quirk = any(word in name.lower() for word in NAME_QUIRKS)
+    writer.add_name("headprune cut" if quirk or not name else name)
     writer.add_block_count(len(heads))
     writer.add_context_length(plan.context)
     writer.add_embedding_length(hidden)
