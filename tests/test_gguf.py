@@ -223,8 +223,10 @@ def test_q8_0_and_f16_stay_within_their_error_bounds(bpe, tmp_path, one_thread):
 
 def test_empty_mask_writes_the_dense_baseline(bpe, tmp_path, one_thread):
     model = _decoder("llama", len(bpe))
-    _, report = export_gguf(model, bpe, HeadMask.ones(adapt(model).grid_shape), tmp_path / "dense")
+    _, report = export_gguf(model, bpe, HeadMask.ones(adapt(model).grid_shape), tmp_path / "dense",
+                            name="a Phi-3 lookalike")
     contents = read_gguf(report["file"])
+    assert contents.fields["general.name"] == "headprune cut"   # llama.cpp keys Phi-3's tokenizer quirks on it
     assert contents.fields["deci.attention.head_count"] == [8] * 4
     assert contents.fields["deci.attention.head_count_kv"] == [2] * 4
     ids = _row(bpe)
