@@ -13,7 +13,8 @@ two models in memory (``llamacpp_speed.py`` in llama-cpp-python's own virtualenv
 processing (pp, one batch of ``--prompt`` tokens) and generation (tg, ``--gen`` tokens one by one after it), tokens
 per second with ``--threads`` threads.
 Reported per cut: tokens/s [dense, pruned], time ratio pruned / dense = (dense tok/s) / (pruned tok/s), < 1 is
-faster, and the ideal ratio from FLOPs:
+faster, the same ratio of CPU time (``*_cpu_ratio``: robust on a shared machine at one thread), and the ideal ratio
+from FLOPs:
     pp  F_pruned(T) / F_dense(T), ``evaluation.speed.count_flops`` over a T = --prompt token forward;
     tg  per generated token at context c = prompt + gen / 2: the projections of one token (count_flops at T = 1)
         + the attention over the cache, 4 c d_h summed over the layers' query heads (scores and context).
@@ -125,7 +126,9 @@ def llamacpp_section(args) -> list[dict]:
                          "pp_ratio": round(dense["pp_tok_s"] / speed["pp_tok_s"], 3),
                          "pp_ideal": round(info["pp_flops"] / dense_info["pp_flops"], 3),
                          "tg_ratio": round(dense["tg_tok_s"] / speed["tg_tok_s"], 3),
-                         "tg_ideal": round(info["tg_flops"] / dense_info["tg_flops"], 3)})
+                         "tg_ideal": round(info["tg_flops"] / dense_info["tg_flops"], 3),
+                         "pp_cpu_ratio": round(dense["pp_cpu_tok_s"] / speed["pp_cpu_tok_s"], 3),
+                         "tg_cpu_ratio": round(dense["tg_cpu_tok_s"] / speed["tg_cpu_tok_s"], 3)})
             print(json.dumps(rows[-1]), flush=True)
         for path in [dense_file, *files.values()]:
             Path(path).unlink()

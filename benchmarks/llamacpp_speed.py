@@ -6,7 +6,10 @@ The files are timed in turn within every repeat (dense, cut 1, cut 2, ... then a
 shared machine hits all of them alike; each figure is the best of ``--repeats`` (as ``timing.best_of``: on a
 shared machine another process can only slow a run down). The token ids are seeded
 random ids below the smallest vocabulary (speed does not depend on which tokens; no sampling is timed: the next
-token is fixed). Never imports headprune or torch. Prints one JSON object: {file: {"pp_tok_s", "tg_tok_s"}}.
+token is fixed). Besides wall-clock tokens/s, tokens per second of the process's CPU time (all its threads): on a
+machine shared with other work, the CPU a run was given, not the time it waited for it, and with one thread no
+spin-waiting counts in it. Never imports headprune or torch. Prints one JSON object:
+{file: {"pp_tok_s", "tg_tok_s", "pp_cpu_tok_s", "tg_cpu_tok_s"}}.
 Usage: python llamacpp_speed.py FILE... [--threads 2] [--prompt 128] [--gen 32] [--repeats 3]
 """
 
@@ -38,16 +41,17 @@ def main() -> None:
     for repeat in range(args.repeats + 1):   # round 0 warms caches and is not kept
         for f, llm in models.items():
             llm.reset()
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             llm.eval(prompt)
-            middle = time.perf_counter()
+            middle, cpu_middle = time.perf_counter(), time.process_time()
             for token in answer:
                 llm.eval([token])
-            end = time.perf_counter()
+            end, cpu_end = time.perf_counter(), time.process_time()
             if repeat:
-                pp[f].append(args.prompt / (middle - start))
-                tg[f].append(args.gen / (end - middle))
-    print(json.dumps({f: {"pp_tok_s": max(pp[f]), "tg_tok_s": max(tg[f])}
+                pp[f].append((args.prompt / (middle - start), args.prompt / (cpu_middle - cpu_start)))
+                tg[f].append((args.gen / (end - middle), args.gen / (cpu_end - cpu_middle)))
+    print(json.dumps({f: {"pp_tok_s": max(w for w, _ in pp[f]), "tg_tok_s": max(w for w, _ in tg[f]),
+                          "pp_cpu_tok_s": max(c for _, c in pp[f]), "tg_cpu_tok_s": max(c for _, c in tg[f])}
                       for f in models}))
 
 
