@@ -27,6 +27,7 @@ import argparse
 import datetime
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -130,8 +131,7 @@ def llamacpp_section(args) -> list[dict]:
                          "pp_cpu_ratio": round(dense["pp_cpu_tok_s"] / speed["pp_cpu_tok_s"], 3),
                          "tg_cpu_ratio": round(dense["tg_cpu_tok_s"] / speed["tg_cpu_tok_s"], 3)})
             print(json.dumps(rows[-1]), flush=True)
-        for path in [dense_file, *files.values()]:
-            Path(path).unlink()
+        shutil.rmtree(work)
     return rows
 
 

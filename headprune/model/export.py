@@ -1,7 +1,7 @@
 """Stock exports: a pruned model that plain transformers -- and so any runtime that reads the original family --
 loads, with no headprune code and no headprune keys in its config.
 
-Three formats (:data:`FORMATS`):
+Four formats (:data:`FORMATS`; gguf's own module is ``gguf_export``):
 
 headprune   ``loading.save_pruned``: physically cut, any mask, kept heads recorded in the config
             (``headprune_kept_heads``); only ``headprune.load_model`` rebuilds it.
@@ -27,7 +27,8 @@ uniform     the cut of ``surgery.prune_model`` with a stock config: possible whe
 
 transformers 5.23's heterogeneous ``per_layer_config`` (``PretrainedConfig(per_layer_config=...)``) would allow a
 different head count per layer, but only dots3 / gemma4 / step3p7 / neomme / diffusion_gemma modeling code reads
-it -- none of the families headprune supports -- so a non-uniform cut stays a headprune checkpoint.
+it -- none of the families headprune supports -- so a non-uniform cut stays a headprune checkpoint, or becomes a GGUF
+file for llama.cpp (format gguf, ``gguf_export``: llama.cpp's deci architecture reads per-layer head counts).
 """
 
 from __future__ import annotations
