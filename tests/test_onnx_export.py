@@ -23,7 +23,7 @@ from transformers import AutoTokenizer
 
 from headprune.cli import main
 from headprune.data import load_data
-from headprune.evaluation.speed import count_flops, onnx_speed
+from headprune.evaluation.speed import count_flops
 from headprune.model.arch import adapt
 from headprune.model.export import export_model
 from headprune.model.gating import gate_heads
@@ -213,14 +213,21 @@ def test_dropped_layers_are_left_out_of_the_graph(tmp_path, one_thread):
     assert relative_gap(run_onnx(written["onnx"]["file"], batch), torch_logits(cut, batch)) > 1e-3
 
 
-def test_onnx_speed_reports_the_ratio_beside_the_flops(one_thread):
-    model = tiny_model("bert", n_layers=2, n_heads=4, head_size=16)
-    mask = HeadMask.from_pruned({"0": [0, 1], "1": [3]}, (2, 4))
-    speed = onnx_speed(model, mask, batch_size=2, seq_len=16, threads=1, repeats=3, warmup=1)
-    dense, cut = count_flops(model, 16).total, count_flops(prune_model(model, mask), 16).total
+def test_benchmark_times_both_graphs_in_onnxruntime(tiny_model_dir, tmp_path, capsys, one_thread):
+    """``prune --format onnx --benchmark``: the pruned and the dense graph timed in onnxruntime, the ideal ratio
+    beside it the FLOPs of the cut model over the dense one's."""
+    mask = tmp_path / "mask.json"
+    mask.write_text(json.dumps({"pruned": {"0": [0, 1], "2": [3]}}))
+    assert main(["prune", "--model", str(tiny_model_dir), "--mask", str(mask), "--out", str(tmp_path / "g"),
+                 "--format", "onnx", "--benchmark", "--benchmark-repeats", "3", "--benchmark-threads", "1"]) == 0
+    speed = json.loads(capsys.readouterr().out)["speed"]
+    model = load_model(str(tiny_model_dir), "cpu").model
+    length = speed["length"]
+    dense, cut = count_flops(model, length).total, count_flops(prune_model(model, HeadMask.from_pruned(
+        {"0": [0, 1], "2": [3]}, (3, 4))), length).total
     assert speed["ideal_ratio"] == pytest.approx(cut / dense) and speed["ideal_ratio"] < 1
-    assert speed["ratio"] > 0 and speed["threads"] == 1 and speed["batch"] == 2 and speed["length"] == 16
-    assert speed["runtime"].startswith("onnxruntime 1.32")
+    assert speed["ratio"] > 0 and speed["threads"] == 1 and speed["repeats"] == 3 and speed["batch"] == 8
+    assert speed["runtime"] == "onnxruntime 1.32.0"
 
 
 # -- refused, before the model loads, nothing written --------------------------------------------------------------

@@ -48,6 +48,7 @@ import copy
 import inspect
 import json
 import statistics
+import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -75,6 +76,9 @@ TOLERANCE = 1e-4      # max |onnxruntime - cut model| / max |cut model| over the
 TRACE_BATCH, TRACE_LENGTH = 2, 16             # the traced call: two rows, the second one padded
 CHECK_BATCH, CHECK_LENGTH = 3, 11             # a second shape the written graph must match at too
 AXES = {0: "batch", 1: "sequence"}
+# the TorchScript exporter keeps its settings (opset, export mode) in module globals and the warning filters are
+# process-wide: two exports at once (two dashboard sessions) would read each other's, so one traces at a time
+_TRACING = threading.Lock()
 
 Progress = Callable[[float, str], None]
 
@@ -288,7 +292,7 @@ def export_onnx(model: nn.Module, tokenizer, mask: HeadMask | None, out: str | P
 
         path = folder / ONNX_FILE
         report(0.1, "tracing the cut model")
-        with warnings.catch_warnings():   # the tracer's notes on Python branches: the check below settles them
+        with _TRACING, warnings.catch_warnings():   # the tracer's notes on Python branches: the check settles them
             warnings.simplefilter("ignore")
             torch.onnx.export(_Logits(private, names), tuple(traced[n] for n in names), str(path), dynamo=False,
                               opset_version=OPSET, input_names=list(names), output_names=["logits"],
