@@ -77,8 +77,9 @@ def runtime_rows() -> list[dict]:
     return [{"format": name, "what it is": info["what"], "saves compute": "yes" if info["saves_compute"] else "no",
              "loads in": info["loads_in"]} for name, info in FORMATS.items()] + [
         {"format": "(non-uniform mask)", "what it is": "different head counts per layer",
-         "saves compute": "yes", "loads in": "headprune only: transformers 5.23's per_layer_config is read by none "
-                                            f"of {', '.join(UNIFORM_TYPES.values())}"}]
+         "saves compute": "yes", "loads in": "as a checkpoint, headprune only (transformers 5.23's per_layer_config "
+                                            f"is read by none of {', '.join(UNIFORM_TYPES.values())}); as an "
+                                            "onnx graph, onnxruntime"}]
 
 
 def uniform_preview(ws: DashboardWorkspace, sd: SessionData) -> dict:

@@ -27,7 +27,7 @@ from headprune.evaluation.speed import count_flops
 from headprune.model.arch import adapt
 from headprune.model.export import export_model
 from headprune.model.gating import gate_heads
-from headprune.model.hooks import attached_names
+from headprune.model.hooks import attached_names, wrap_forward
 from headprune.model.layers import skip_layers
 from headprune.model.loading import load_model
 from headprune.model.mask import HeadMask
@@ -256,8 +256,9 @@ def test_options_that_cannot_apply_are_refused(options, message, weightless_mode
     assert not (tmp_path / "out").exists()
 
 
-def test_missing_runtime_existing_out_and_a_failed_check_write_nothing(weightless_model, tmp_path, capsys,
-                                                                       monkeypatch, one_thread):
+def test_refusals_and_failures_write_nothing(weightless_model, tmp_path, capsys, monkeypatch, one_thread):
+    """An --out that is not empty and a Python without onnxruntime: refused before the model loads. A soft mask,
+    an operator opset 17 lacks, a graph that fails its check: refused by the export. Nothing written anywhere."""
     mask = tmp_path / "mask.json"
     mask.write_text(json.dumps({"pruned": {"0": [1]}}))
     taken = tmp_path / "taken"
@@ -278,6 +279,10 @@ def test_missing_runtime_existing_out_and_a_failed_check_write_nothing(weightles
     model = tiny_model("bert")
     with pytest.raises(OnnxExportError, match="soft gates between 0 and 1"):
         export_onnx(model, None, HeadMask(torch.full((3, 4), 0.5)), tmp_path / "soft")
+    unsupported = tiny_model("bert")   # an operator ONNX opset 17 lacks, in the model's own forward
+    wrap_forward(unsupported.classifier, lambda module, inner, x: inner(x) + torch.linalg.svdvals(x[:, :2, None]))
+    with pytest.raises(OnnxExportError, match=r"cannot write this bert model \(.*linalg_svdvals.*Nothing was written"):
+        export_onnx(unsupported, None, None, tmp_path / "unsupported")
     monkeypatch.setattr(onnx_export, "logits_gap", lambda *a: {"relative": 0.3})   # a graph that came out wrong
     with pytest.raises(OnnxExportError, match=r"does not reproduce the cut model.*3\.0e-01.*Nothing was written"):
         export_onnx(model, None, None, tmp_path / "wrong")

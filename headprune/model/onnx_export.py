@@ -294,9 +294,14 @@ def export_onnx(model: nn.Module, tokenizer, mask: HeadMask | None, out: str | P
         report(0.1, "tracing the cut model")
         with _TRACING, warnings.catch_warnings():   # the tracer's notes on Python branches: the check settles them
             warnings.simplefilter("ignore")
-            torch.onnx.export(_Logits(private, names), tuple(traced[n] for n in names), str(path), dynamo=False,
-                              opset_version=OPSET, input_names=list(names), output_names=["logits"],
-                              dynamic_axes=axes, do_constant_folding=True)
+            try:
+                torch.onnx.export(_Logits(private, names), tuple(traced[n] for n in names), str(path),
+                                  dynamo=False, opset_version=OPSET, input_names=list(names),
+                                  output_names=["logits"], dynamic_axes=axes, do_constant_folding=True)
+            except RuntimeError as exc:   # an operator opset 17 lacks (torch's UnsupportedOperatorError), a trace
+                raise OnnxExportError(   # that broke: this model's code, not the user's input, so said as such
+                    f"torch's ONNX exporter cannot write this {private.config.model_type} model ({exc}). Nothing was "
+                    "written. Export it with format 'headprune'.") from exc
         report(0.7, "checking the graph in onnxruntime")
         check = logits_gap(open_session(path), private, [traced, checked])
         if not check["relative"] <= TOLERANCE:
