@@ -181,6 +181,7 @@ def test_tuned_mask_is_baked_dense_is_the_model_and_the_callers_model_is_untouch
     ungated, and left with its own weights, mode and hooks."""
     model = tiny_model("bert")
     before = {k: v.clone() for k, v in model.state_dict().items()}
+    config = model.config.to_dict()
     values = torch.ones(3, 4)
     values[0, 1] = values[2, :3] = 0.0
     scales = torch.full((3, 4), 1.0)
@@ -196,7 +197,7 @@ def test_tuned_mask_is_baked_dense_is_the_model_and_the_callers_model_is_untouch
         gated = torch_logits(model, batch)
     assert relative_gap(run_onnx(tmp_path / "tuned" / "model.onnx", batch), gated) <= TOLERANCE
     assert relative_gap(run_onnx(tmp_path / "dense" / "model.onnx", batch), torch_logits(model, batch)) <= TOLERANCE
-    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()) and model.config.to_dict() == config
     assert not model.training and not [n for n, m in model.named_modules() if attached_names(m)]
 
 

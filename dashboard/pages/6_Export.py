@@ -8,6 +8,7 @@ import streamlit as st
 
 from dashboard.export import (
     HARNESS_TASKS,
+    ONNX_MEASURED,
     build_pruned_model,
     built_model,
     compare_uniform,
@@ -133,6 +134,8 @@ if built is not None:
                    f"model's within {built['onnx']['relative']:.0e} of their scale.")
     c2.dataframe(viz.readable(viz.size_table(built["size"])),
                  hide_index=True, width="stretch")
+if fmt == "onnx" and not problem:
+    st.caption(ONNX_MEASURED)
 if fmt == "onnx" and not problem and sd.n_gated:
     timed = long_job("export-onnx-speed", "Time the pruned and the dense graph in onnxruntime",
                      lambda bar: time_onnx(ws, sd, bar), done=onnx_timing(sd), failed="Could not time the two graphs",
