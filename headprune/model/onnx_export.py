@@ -47,6 +47,7 @@ from __future__ import annotations
 import copy
 import inspect
 import json
+import math
 import statistics
 import threading
 import time
@@ -113,9 +114,9 @@ def option_problem(device_map, dtype: str | None) -> str | None:
                 "weight in memory, so a model spread over devices or offloaded to disk cannot be exported. Leave "
                 "--device-map out (the model loads on the CPU).")
     if dtype not in (None, "fp32"):
-        return (f"--dtype {dtype} with --format onnx: the ONNX graph is written in float32, which onnxruntime's "
-                "CPU kernels all run (half-precision graphs are a conversion of their own, e.g. onnxconverter-"
-                "common's float16 converter, applied to this file). Accepted: --dtype fp32 or no --dtype.")
+        return (f"--dtype {dtype} with --format onnx: the ONNX graph is written in float32 whatever the weights "
+                "were loaded as (a half-precision graph is a conversion of its own, e.g. onnxconverter-common's "
+                "float16 converter, applied to this file). Accepted: --dtype fp32 or no --dtype.")
     return None
 
 
@@ -160,17 +161,19 @@ def export_copy(model: nn.Module, mask: HeadMask | None, cut: nn.Module | None =
     return private.to(device="cpu", dtype=torch.float32).eval()
 
 
-def example_batch(model: nn.Module, names: Sequence[str], batch_size: int, length: int, seed: int = 0) -> dict:
-    """``batch_size`` rows of ``length`` seeded random token ids (ids 5.. avoid the usual special tokens); every
-    row after the first has its last quarter padded (mask 0, the pad id); token types 0 then 1 (two segments)."""
+def example_batch(model: nn.Module, names: Sequence[str], batch_size: int, length: int, seed: int = 0,
+                  padded: bool = True) -> dict:
+    """``batch_size`` rows of ``length`` seeded random token ids (ids 5.. avoid the usual special tokens); with
+    ``padded`` every row after the first has its last quarter padded (mask 0, the pad id); token types 0 then 1
+    (two segments)."""
     config = model.config
     vocab = int(config.vocab_size)
     length = max(2, min(length, int(getattr(config, "max_position_embeddings", None) or length)))
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(min(5, vocab - 1), vocab, (batch_size, length), generator=generator)
     attention = torch.ones_like(ids)
-    cut_at = length - max(1, length // 4)
-    attention[1:, cut_at:] = 0
+    if padded:
+        attention[1:, length - max(1, length // 4):] = 0
     pad = getattr(config, "pad_token_id", None)
     if pad is not None:
         ids[attention == 0] = int(pad)
@@ -235,7 +238,7 @@ def _metadata(model: nn.Module, names: Sequence[str], outputs: int, mask: HeadMa
             "headprune.logits": "batch x sequence x vocabulary" if task == "lm" else "batch x labels",
             "headprune.kept_heads": {str(b.index): list(b.kept) for b in adapter.blocks},
             "headprune.heads_kept": int(adapter.live_grid().sum()),
-            "headprune.heads_original": adapter.n_layers * adapter.n_heads if not adapter.tied else adapter.n_heads,
+            "headprune.heads_original": math.prod(adapter.grid_shape),
             "headprune.check": check, "headprune.versions": versions(*PACKAGES),
             "headprune.model_type": config.model_type}
     if mask is not None:
@@ -353,8 +356,7 @@ def compare_sessions(dense_file: str | Path, pruned_file: str | Path, model: nn.
     "spread"}."""
     sessions = [open_session(dense_file, threads), open_session(pruned_file, threads)]
     names = [i.name for i in sessions[0].get_inputs()]
-    batch = example_batch(model, names, batch_size, seq_len, seed=2)
-    batch["attention_mask"][:] = 1
+    batch = example_batch(model, names, batch_size, seq_len, seed=2, padded=False)
     dense, pruned = time_sessions(sessions, batch, repeats, warmup)
     ratios = sorted(p / d for p, d in zip(pruned, dense))
     quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
