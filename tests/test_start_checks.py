@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from headprune.cli import main as cli_main
 from headprune.cli import dashboard as dashboard_cli
+from headprune.cli import main as cli_main
 from headprune.demos import build
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -214,9 +214,9 @@ def unwritable_places(tmp_path: Path) -> dict[str, Path]:
 
 
 def test_an_unwritable_cache_is_an_error_naming_it_before_any_build(tmp_path, monkeypatch):
+    built = []
     for what, place in unwritable_places(tmp_path).items():
         monkeypatch.setenv("HEADPRUNE_CACHE", str(place))
-        built = []
         with pytest.raises(build.CacheError) as caught:
             build.build_cached(build.cache_dir() / "demo-x", lambda: built.append(1), "test demo", str)
         message = str(caught.value)
