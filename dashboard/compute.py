@@ -217,6 +217,20 @@ def available_lessons(pages: list[str]) -> tuple[dict, list[str]]:
     return store().memo(f"lessons|{stamp}|{pages}", lambda: load_lessons(folders, pages=pages))
 
 
+def lesson_values(ws: DashboardWorkspace, mask: HeadMask) -> dict[str, object]:
+    """The live values a lesson step's placeholders quote (``headprune.lessons.PLACEHOLDERS``) with ``mask``: the
+    metrics of the model as loaded and under ``mask`` on this workspace's evaluation rows, measured as the Prune page
+    measures them (its live evaluator at that mask, kept in the store: a class opening one step computes it once)."""
+    dense = ws.dense().to_dict()
+    pruned = dense if mask == ws.cut_mask else live_evaluator(ws, ws.eval_batches, mask).metrics().to_dict()
+    values: dict[str, object] = {"metric": ws.metric, "dense": dense[ws.metric], "pruned": pruned[ws.metric],
+                                 "change": pruned[ws.metric] - dense[ws.metric], "heads": ws.n_units,
+                                 "heads_left": ws.n_units - int(mask.n_pruned), "rows": len(ws.eval)}
+    values.update({f"dense_{name}": value for name, value in dense.items()})
+    values.update({f"pruned_{name}": value for name, value in pruned.items()})
+    return values
+
+
 # -- head roles ---------------------------------------------------------------------------------------------------
 
 def _roles_key(ws: DashboardWorkspace, mask: HeadMask | None) -> str:
