@@ -39,7 +39,7 @@ from headprune.kvcache import KVPlan
 from headprune.kvcache.scores import group_scores, head_scores
 from headprune.kvcache.tasks import metric_under_plan
 from headprune.lessons import ENV as LESSONS_ENV
-from headprune.lessons import lesson_folders, load_lessons
+from headprune.lessons import folders_stamp, lesson_folders, load_lessons
 from headprune.model.capture import capture_attention
 from headprune.model.mask import HeadMask
 from headprune.model.surgery import prune_model
@@ -212,8 +212,7 @@ def available_lessons(pages: list[str]) -> tuple[dict, list[str]]:
     """The shipped lessons and those of the folder HEADPRUNE_LESSONS names (``headprune.lessons``), with the error
     lines of files that could not be used; re-read when a file changes (kept per folder listing and times)."""
     folders = lesson_folders(os.environ.get(LESSONS_ENV))
-    stamp = [(str(p), p.stat().st_mtime_ns, p.stat().st_size) for f in folders if f.is_dir()
-             for p in sorted(f.glob("*.toml"))[:200]]
+    stamp = folders_stamp(folders)     # a dangling link or a FIFO in the folder is stamped, never stat'ed into a crash
     return store().memo(f"lessons|{stamp}|{pages}", lambda: load_lessons(folders, pages=pages))
 
 

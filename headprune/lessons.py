@@ -529,6 +529,22 @@ def lesson_files(folder: Path) -> tuple[list[Path], str | None]:
                                f"(from {files[MAX_FILES].name}) were not; split the folder.")
 
 
+def folders_stamp(folders: Iterable[Path]) -> tuple:
+    """What changes when a lesson of ``folders`` changes (each file's name, time and size; never raises: a dangling
+    link or a FIFO is stamped too, and reported when read): the dashboard re-reads the lessons when it moves."""
+    stamp = []
+    for folder in folders:
+        if kind_of(folder) != "dir":
+            continue
+        for path in lesson_files(folder)[0]:
+            try:
+                info = os.stat(path)
+                stamp.append((str(path), info.st_mtime_ns, info.st_size))
+            except OSError:
+                stamp.append((str(path), None, None))
+    return tuple(stamp)
+
+
 def load_lessons(folders: Iterable[Path], *, pages: Iterable[str]) -> tuple[dict[str, Lesson], list[str]]:
     """Every ``*.toml`` lesson of ``folders`` by name, and the error lines of those that could not be used (the
     rest still load). A later folder's lesson of the same name is an error (the first one stays)."""

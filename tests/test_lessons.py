@@ -281,6 +281,8 @@ def test_every_lesson_file_is_read_through_the_safe_reader(tmp_path):
     """A FIFO does not hang the check, a symlink out of the folder is not read, 201 files are not 200 silently."""
     import signal
 
+    from headprune.lessons import folders_stamp
+
     folder = tmp_path / "lessons"
     folder.mkdir()
     write(folder, "fine", GOOD)
@@ -288,11 +290,15 @@ def test_every_lesson_file_is_read_through_the_safe_reader(tmp_path):
     outside = tmp_path / "elsewhere.toml"
     outside.write_text(GOOD)
     os.symlink(outside, folder / "linked.toml")
+    os.symlink(tmp_path / "gone.toml", folder / "dangling.toml")
     signal.alarm(60)      # a FIFO opened for reading would block here forever
     try:
         lessons, errors = load_lessons([folder], pages=PAGES)
+        stamp = folders_stamp([folder])           # what the dashboard re-reads on: never a crash on any of them
     finally:
         signal.alarm(0)
+    assert [Path(name).name for name, *_ in stamp] == ["dangling.toml", "fine.toml", "linked.toml", "pipe.toml"]
+    assert any(e.startswith(f"{folder / 'dangling.toml'}:1: ") for e in errors), errors
     assert list(lessons) == ["fine"]
     assert any(e.startswith(f"{folder / 'pipe.toml'}:1: ") and "a FIFO" in e for e in errors), errors
     assert any(e.startswith(f"{folder / 'linked.toml'}:1: ") and "not inside" in e for e in errors), errors
