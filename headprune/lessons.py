@@ -503,6 +503,11 @@ def read_lesson(path: Path, *, pages: Iterable[str], folder: Path | None = None,
             file.error(where + ("question",), f"step {i + 1} asks a question but has no 'answer' (the reveal).")
         state = _state(file, table, where, pages=pages, shape=shape)
         _words(file, words, where, step=i + 1)
+        bad = markup_problem(state.sentence) if state.sentence else None
+        if bad:   # drawn as the tick labels of the page's figures, where Plotly reads <a href> and <b>
+            file.error(where + ("sentence",), f"step {i + 1} 'sentence' holds {bad[1]} ({bad[0]!r}); the sentence "
+                                              "is drawn on the page's figures: raw HTML, links and web addresses "
+                                              "are refused.", bad[0])
         filled = {k: words[k] for k in FILLED_KEYS}
         _controls(file, filled, where, i + 1, state.page, controls)
         _follows(file, table, filled, where, i + 1)

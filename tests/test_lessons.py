@@ -214,6 +214,14 @@ def test_raw_html_images_and_links_are_refused_in_every_field_with_its_line(tmp_
     assert all("refused" in e for e in errors if " holds " in e)
 
 
+def test_markup_in_a_steps_sentence_is_refused(tmp_path):
+    text = GOOD.replace('title = "First"', 'title = "First"\nsentence = "the <a href=\'http://127.0.0.2/\'>film</a>"')
+    bad = write(tmp_path, "sentence", text)
+    with pytest.raises(LessonError) as caught:
+        read_lesson(bad, pages=PAGES)
+    assert str(caught.value).startswith(f"{bad}:{line_of(text, 'sentence =')}: step 1 'sentence' holds raw HTML")
+
+
 def test_a_tag_in_a_code_span_and_brackets_as_words_are_fine(tmp_path):
     text = GOOD.replace('text = "Look."', 'text = "The model starts with `<bos>`; a < b; tokens [CLS] and [SEP]."')
     lesson = read_lesson(write(tmp_path, "words", text), pages=PAGES)
