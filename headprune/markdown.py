@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import re
 
-PUNCTUATION = re.compile(r"[!-/:-@\[-`{-~]")               # every ASCII punctuation character
+# what can start Markdown structure anywhere in a line (emphasis, code, links and images, HTML and entities, autolinks,
+# tables, strikethrough, maths, Streamlit's :icons: and :colour[...]), and what can only at a line's start (headings
+# are "#", already in the first set; lists, setext underlines, ordered-list numbers)
+INLINE = re.compile(r"[\\`*_\[\]<>!&~$:|#@]|(?<=www)\.", re.I)
+LINE_START = re.compile(r"(?m)^()([-+=])|^(\d+)([.)])(?=[ \t]|$)")
 CODE = re.compile(r"(`+)(?:.+?)\1", re.S)                   # a code span (or fence): shown as written
 MARKUP = re.compile(r"[<>\[\]:$@\\]|(?<=www)\.", re.I)       # what turns Markdown into HTML, links, images, icons
 HTML = re.compile(r"</?[A-Za-z][^<>\n]*>?|<[!?]")          # a tag (its name right after "<"), a comment
@@ -35,19 +39,23 @@ def outside_code(text: str) -> str:
 def inert(text, markdown: bool = False) -> str:
     """``text`` as Markdown that shows it and does nothing else, with or without ``unsafe_allow_html``.
 
-    Plain (the default): every ASCII punctuation character becomes a numeric character reference (``<`` is
-    ``&#60;``), which Markdown shows as that character and never reads as structure (CommonMark, "Entity and
-    numeric character references"): no HTML tag, link, image, emphasis, list, heading, ``:material/...:`` icon,
-    ``:red[...]`` colour, ``$...$`` maths or ``www.`` autolink can form, so nothing is fetched and nothing runs;
-    the leading blanks of a line go too (an indented line would be a code block, which shows references as
-    written). ``markdown=True`` (a lesson's words) keeps emphasis, lists and code spans and makes inert only what
-    could fetch, link or run: ``< > [ ] : $ @ \\`` and ``www.`` outside code spans.
+    Plain (the default): every character that can start Markdown structure (INLINE, and LINE_START at a line's
+    start) becomes a numeric character reference (``<`` is ``&#60;``), which Markdown shows as that character and
+    never reads as structure (CommonMark, "Entity and numeric character references"): no HTML tag, link, image,
+    emphasis, list, heading, table, ``:material/...:`` icon, ``:red[...]`` colour, ``$...$`` maths or
+    ``www.``/``http:``/e-mail autolink can form, so nothing is fetched and nothing runs; the leading blanks of a
+    line go too (an indented line would be a code block, which shows references as written). Other characters stay
+    as they are ("MiniLM-L6 (Rotten Tomatoes)", "64 / 32"), so the page source reads as before.
+    ``markdown=True`` (a lesson's words) keeps emphasis, lists and code spans and makes inert only what could fetch,
+    link or run: ``< > [ ] : $ @ \\`` and ``www.`` outside code spans.
 
     The result is Markdown for a page: never a widget's option (options are shown as text already), never put
     inside backticks (a code span shows references as written)."""
     text = str(text)
     if not markdown:
-        return PUNCTUATION.sub(_reference, re.sub(r"(?m)^[ \t]+", "", text))
+        text = INLINE.sub(_reference, re.sub(r"(?m)^[ \t]+", "", text))
+        return LINE_START.sub(lambda m: "{}&#{};".format(m.group(1) or m.group(3) or "",
+                                                           ord(m.group(2) or m.group(4))), text)
     out, last = [], 0
     for code in CODE.finditer(text):
         out += [MARKUP.sub(_reference, text[last:code.start()]), code.group()]
