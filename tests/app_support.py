@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import sys
 from contextlib import contextmanager
@@ -50,6 +51,12 @@ def open_app(page: str = "home", setup=None, timeout: float = 600):
 def problems(at) -> list[str]:
     """Exceptions and error boxes on the page (an empty list is a clean render)."""
     return [e.value for e in at.exception] + [e.value for e in at.error]
+
+
+def shown(element) -> str:
+    """An element's text as a reader sees it: user words reach pages inert (headprune.markdown.inert writes ':' as
+    '&#58;'), which the browser shows as the character again."""
+    return html.unescape(element.value)
 
 
 def metric(at, label: str) -> str:

@@ -15,7 +15,7 @@ import zipfile
 
 import numpy as np
 import pytest
-from app_support import PAGES, array, figures, metric, open_app, problems, prune_lowest, workspace
+from app_support import PAGES, array, figures, metric, open_app, problems, prune_lowest, shown, workspace
 
 from dashboard.config import Setup
 from headprune import viz
@@ -259,8 +259,8 @@ def test_head_scores_report_kl_correlation_hies_alpha_and_his_taylor(folders):
     own = next(c.value for c in at.caption if c.value.startswith("Rank correlation of each layer"))
     assert own.endswith(" · ".join(f"L{layer} {'—' if rho is None else f'{rho:.2f}'}"
                                    for layer, rho in enumerate(kl["own_kl_spearman"])))
-    shown = [w.value for w in at.warning if "own KL" in w.value]
-    assert shown == ([("\n".join(f"- {text}" for text in kl["warnings"]))] if kl["warnings"] else [])
+    warned = [w.value for w in at.warning if "own KL" in w.value]
+    assert warned == ([("\n".join(f"- {text}" for text in kl["warnings"]))] if kl["warnings"] else [])
 
     selection = scores["hies"].meta["alpha_selection"]
     alpha = next(c.value for c in at.caption if c.value.startswith("α = "))
@@ -275,10 +275,10 @@ def test_placement_and_dtype_choices(folders):
     at.radio(key="md-placement").set_value("json").run()
     at.text_area(key="md-device-map").set_value("model.layers: cpu").run()
     at.button(key="md-load").click().run()
-    assert "Accepted: 'auto', a JSON object" in at.error[0].value and not at.exception
+    assert "Accepted: 'auto', a JSON object" in shown(at.error[0]) and not at.exception
     at.text_area(key="md-device-map").set_value('{"model": "cuda:7"}').run()
     at.button(key="md-load").click().run()
-    assert "'cuda:7', which this machine does not have. Available: cpu, disk" in at.error[0].value
+    assert "'cuda:7', which this machine does not have. Available: cpu, disk" in shown(at.error[0])
     assert at.session_state["hp_setup"] == classifier_setup(folders)      # the previous model stays loaded
 
     at.radio(key="md-placement").set_value("auto").run()

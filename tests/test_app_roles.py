@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from app_support import PAGES, ROOT, figures, open_app, problems, small_env, workspace
+from app_support import PAGES, ROOT, figures, open_app, problems, shown, small_env, workspace
 from streamlit.testing.v1 import AppTest
 
 from dashboard.compute import stored_roles
@@ -104,7 +104,7 @@ def test_a_link_with_a_mask_opens_prune_with_that_mask():
 def test_a_bad_link_says_what_is_accepted_and_loads_nothing_else():
     at = open_link(model="/etc/passwd", mask="7.99", page="nowhere", ratio="7")
     assert not at.exception and not at.error
-    (notice,) = [w.value for w in at.warning if "This link" in w.value]       # one notice, every drop named
+    (notice,) = [shown(w) for w in at.warning if "This link" in w.value]      # one notice, every drop named
     assert "model='/etc/passwd' dropped: not one of" in notice and "demo" in notice
     assert "page='nowhere'" in notice and "ratio='7'" in notice
     assert "outside the 6 x 12 grid" in notice                             # head 99 of a 12-head model

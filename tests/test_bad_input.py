@@ -14,6 +14,7 @@ import shutil
 
 import pytest
 import torch
+from app_support import shown
 from conftest import sentences, write_csv
 
 from headprune.cli import main
@@ -327,7 +328,7 @@ def _open(page, app_setup, **changes):
 
 def _errors(at) -> str:
     assert not at.exception, [e.value for e in at.exception]
-    return " ".join(e.value for e in at.error)
+    return " ".join(shown(e) for e in at.error)
 
 
 @pytest.mark.parametrize("text, words", [

@@ -306,7 +306,7 @@ def test_dashboard_key_includes_the_roles():
 
 
 def test_dashboard_sets_a_separate_calibration_set_and_shows_the_roles(demo_model_path):
-    from app_support import open_app, problems, small_env
+    from app_support import open_app, problems, shown, small_env
 
     with small_env():
         at = open_app("model")
@@ -320,7 +320,7 @@ def test_dashboard_sets_a_separate_calibration_set_and_shows_the_roles(demo_mode
         rows = {r["role"]: r for r in table.to_dict("records")}
         assert (rows["calibration"]["source"], rows["evaluation"]["source"]) == ("demo:train", "demo")
         assert rows["calibration"]["rows"] == 32 and rows["evaluation"]["rows"] == 64
-        assert any("Labels matched by name: rotten → 0 (rotten), fresh → 1 (fresh)" in c.value for c in at.caption)
+        assert any("Labels matched by name: rotten → 0 (rotten), fresh → 1 (fresh)" in shown(c) for c in at.caption)
 
 
 # -- a command reads only the roles it uses (issue 30 §6) -------------------------------------------------------------
