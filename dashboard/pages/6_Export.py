@@ -35,6 +35,7 @@ from dashboard.ui import (
     guard,
     long_job,
     page,
+    plain,
     progress_bar,
     speed_section,
 )
@@ -83,7 +84,7 @@ if png is None:
             with st.spinner("Rendering with kaleido …"):
                 png = render_png(sd, which, fig)
         except RuntimeError as exc:
-            st.warning(f"{exc} PNG needs kaleido and a local Chromium; the HTML export always works.")
+            st.warning(f"{plain(exc)} PNG needs kaleido and a local Chromium; the HTML export always works.")
 if png is not None:
     c2.download_button("PNG", png, file_name=f"headprune-{slug}.png", mime="image/png", key="export-png",
                        width="stretch")
@@ -121,14 +122,14 @@ if not problem and built is None and st.button("Build the pruned model", type="p
         bar.done()
 if built is not None:
     if built["rounding"]:
-        st.caption(built["rounding"])
+        st.caption(plain(built["rounding"]))
     c1, c2 = st.columns([1, 2])
     c1.metric(f"{ws.metric} of the pruned model", f"{built['metric']:.4f}",
               f"{built['metric'] - ws.metric_of(ws.dense()):+.4f} vs {'as loaded' if ws.n_cut else 'dense'}",
               delta_color=better)
     c1.download_button("Pruned model (zip)", built["zip"], file_name=f"headprune-{fmt}-model.zip",
                        mime="application/zip", key="export-model", type="primary", width="stretch")
-    c1.caption(f"{len(built['zip']) / 2**20:.1f} MB zipped. {built['note']}")
+    c1.caption(f"{len(built['zip']) / 2**20:.1f} MB zipped. {plain(built['note'])}")
     if built["onnx"]:
         c1.caption(f"onnxruntime ran the file on {built['onnx']['rows']} evaluation rows: its logits equal the cut "
                    f"model's within {built['onnx']['relative']:.0e} of their scale.")
@@ -172,7 +173,7 @@ else:
                           "on a copy, exactly as removed)"):
             with guard("lm-eval did not finish"):
                 cancel_button("export-lmeval-cancel")
-                bar = progress_bar(f"lm-eval {names}")
+                bar = progress_bar(f"lm-eval {plain(names)}")
                 run_harness(ws, sd, tasks, bar)
                 bar.done()
         rows = harness_rows(harness_runs(ws, sd, tasks))
