@@ -623,12 +623,18 @@ class PaperValues(Located):
             if not isinstance(cells, Mapping):
                 raise self.fail(label, f"expected {{ \"SPARSITY\" = VALUE, ... }}, got {cells!r}.")
             here = Located(path=self.path + (label,), where=self.where)
-            values[label] = {}
+            values[label], spelled = {}, {}
             for ratio, value in cells.items():
                 try:
                     at = float(ratio)
                 except ValueError:
                     raise here.fail(ratio, "expected a sparsity as the key (e.g. \"0.5\").") from None
+                if UNIT(at):
+                    raise here.fail(ratio, f"the sparsity {ratio!r} {UNIT(at)} (a pruned share of the heads).")
+                if at in spelled:   # "0.5" and "0.50" name one sparsity: one value would silently replace the other
+                    raise here.fail(ratio, f"\"{spelled[at]}\" and \"{ratio}\" are the same sparsity {at:g}; give "
+                                           "each sparsity once.")
+                spelled[at] = ratio
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                     raise here.fail(ratio, f"expected a finite number (the paper's value), got {value!r}.")
                 values[label][at] = float(value)
