@@ -111,12 +111,13 @@ def check_plan_shape(obj, model: str) -> None:
     layers, n_heads = config.get("num_hidden_layers"), config.get("num_attention_heads")
     n_kv = config.get("num_key_value_heads") or n_heads
     shape, plan_heads = obj.get("shape"), obj.get("n_heads")
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (layers, n_heads, n_kv)) \
+    if not (isinstance(shape, list) and len(shape) == 2) or \
+            not all(isinstance(v, int) and not isinstance(v, bool) for v in (layers, n_heads, n_kv, *shape)) \
             or (shape == [layers, n_kv] and plan_heads == n_heads):
-        return
-    raise KVPlanError(f"This KV plan is for {shown(repr(shape))} (blocks x key/value heads) with "
-                      f"{shown(repr(plan_heads))} query heads; --model {model} has {layers} x {n_kv} ({n_heads} query "
-                      "heads). Make a plan for this model (headprune kvplan).")
+        return   # a malformed shape is KVPlan.from_json's to refuse (its bounds)
+    raise KVPlanError(f"This KV plan is for {shape[0]} blocks x {shape[1]} key/value heads "
+                      f"({shown(repr(plan_heads))} query heads); the model has {layers} x {n_kv} ({n_heads} query "
+                      f"heads, as --model {model}'s config.json says). Make a plan for this model (headprune kvplan).")
 
 
 DUO_OPTIONS = (("--duo-steps", "duo_steps", "steps"), ("--duo-lr", "duo_lr", "lr"),

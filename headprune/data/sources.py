@@ -30,7 +30,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DataError
-from ..userinput import MAX_JSON_DEPTH, is_dir, is_file, json_depth, read_user_bytes, shown, user_path
+from ..userinput import (
+    MAX_JSON_DEPTH,
+    is_dir,
+    is_file,
+    json_depth,
+    kind_of,
+    read_user_bytes,
+    shown,
+    user_path,
+)
 from .choice import choice_dataset, choice_fields
 from .dataset import TextDataset, as_lm_data
 
@@ -298,6 +307,9 @@ def check_source(spec: str) -> None:
     if is_dir(path):
         raise DataError(f"{spec} is a folder, not a data file. Accepted: {accepted()} (a dataset folder written "
                         f"by save_to_disk is read as hf:{spec}).")
+    if kind_of(path) == "other":   # said as what it is: "not found" would send the user looking for it
+        raise DataError(f"{shown(spec)} is not a regular file (a FIFO, a device or a socket); nothing is read from "
+                        f"it. Accepted: {accepted()}.")
     if not is_file(path):
         raise DataError(f"Data file not found: {shown(spec)}. Accepted: {accepted()}.")
 

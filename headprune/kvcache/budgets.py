@@ -54,8 +54,9 @@ def check_allocation(total, n_groups: int, sink: int, beta: float = BETA_DEFAULT
         if problem:
             raise KVPlanError(f"{name} {value!r} {problem}.")
     if PLAN_TOTAL(total):
-        raise KVPlanError(f"--budget {total!r} {PLAN_TOTAL(total)}: the KV tokens all {n_groups} key/value groups "
-                          "keep together (S + W_g each).")
+        raise KVPlanError(f"--budget {total!r} must be a whole number of tokens >= 0, at most {PLAN_TOTAL.high:,} "
+                          f"({PLAN_TOTAL.why}): the KV tokens all {n_groups} key/value groups keep together (S + W_g "
+                          "each).")
     mean = total // n_groups
     base = mean - math.floor(mean / beta)
     if base < sink + 1:

@@ -266,8 +266,9 @@ class KVPlan:
         for row in rows:
             for value in row:
                 if value is not None and GROUP_BUDGET(value):
-                    raise KVPlanError(f"Budget plan budget {shown(repr(value))} {GROUP_BUDGET(value)}: a group's "
-                                      "budget is a whole number of tokens (S + W_g), or null for a full group.")
+                    raise KVPlanError(f"Budget plan budget {shown(repr(value))} must be a whole number of tokens "
+                                      f">= 0, at most {GROUP_BUDGET.high:,} ({GROUP_BUDGET.why}): S + W_g, or null "
+                                      "for a full group.")
         full = torch.tensor([[v is None for v in row] for row in rows], dtype=torch.bool)
         windows = torch.tensor([[0 if v is None else v - sink for v in row] for row in rows], dtype=torch.long)
         meta = {k: v for k, v in obj.items() if k not in ("format", "version", "kind", "shape", "n_heads", "sink",

@@ -127,7 +127,7 @@ def folder_config(folder: Path) -> dict | None:
         return None   # load_model names the problem
     architectures = config.get("architectures") or [] if isinstance(config, dict) else None
     text_config = config.get("text_config") or {} if isinstance(config, dict) else None
-    model_types = [c.get("model_type") for c in (config, text_config or {})] if isinstance(config, dict) else []
+    model_types = [c.get("model_type") for c in (config, text_config) if isinstance(c, dict)]
     if (not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures)
             or not isinstance(text_config, dict) or any(m is not None and not isinstance(m, str) for m in model_types)):
         raise ModelLoadError(f"{folder / 'config.json'} is not a model configuration: a config.json is a JSON "
