@@ -166,6 +166,16 @@ def test_a_seed_past_its_bound_is_refused_by_the_parser(command, lm, capsys):
     assert "--seed" in line and "2,147,483,647" in line
 
 
+@pytest.mark.parametrize("field, flag", [("epochs", "--epochs"), ("steps", "--steps"), ("batch_size", "--batch-size"),
+                                         ("lora_rank", "--lora-rank"), ("max_length", "--max-length")])
+def test_recovery_numbers_past_their_bounds_are_refused_with_the_reason(field, flag):
+    """recover's integers had a floor only: 2**70 epochs reached the Trainer (an overflow, or a run of ages)."""
+    from headprune.recovery.spec import RecoveryError, RecoverySpec
+
+    with pytest.raises(RecoveryError, match=rf"{flag} {2**70}: .* must be an integer in \[\d+, [\d,]+\] \(.+\)"):
+        RecoverySpec(**{field: 2**70})
+
+
 # -- item 7: values that ran silently wrong ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("command", ["evaluate", "generate"])
