@@ -1,5 +1,5 @@
-"""Export: the mask, the scores, figures, a run file and the pruned model (headprune, masked or uniform stock, or an
-ONNX graph timed in onnxruntime)."""
+"""Export: the mask, the scores, figures, a run file and the pruned model (headprune, masked or uniform stock, an
+ONNX graph timed in onnxruntime, or a GGUF file for llama.cpp)."""
 
 import json
 
@@ -7,6 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard.export import (
+    GGUF_GAIN,
     HARNESS_TASKS,
     ONNX_MEASURED,
     build_pruned_model,
@@ -14,6 +15,7 @@ from dashboard.export import (
     compare_uniform,
     compared_metrics,
     export_formats,
+    gguf_types,
     harness_estimate,
     harness_problem,
     harness_rows,
@@ -99,8 +101,13 @@ with st.expander("Which runtime loads what"):
 st.caption(f"{formats[fmt]['what'].capitalize()}. Loads in: {formats[fmt]['loads_in']}."
            + ("" if formats[fmt]["saves_compute"] else " It saves no compute: same size and speed as the original."))
 problem = formats[fmt]["problem"]
+gguf_type = None
 if problem:
     st.info(problem)
+elif fmt == "gguf":
+    types = gguf_types()
+    gguf_type = st.radio("Tensor type", list(types), format_func=types.get, horizontal=True, key="export-gguf-type")
+    st.caption(GGUF_GAIN)
 elif fmt == "uniform":
     st.write(uniform_preview(ws, sd)["text"])
     compared = compared_metrics(sd)
@@ -114,11 +121,11 @@ elif fmt == "uniform":
         c1.metric(f"{ws.metric} under the mask", f"{compared['mask']:.4f}")
         c2.metric(f"{ws.metric} under the uniform mask", f"{compared['uniform']:.4f}",
                   f"{compared['uniform'] - compared['mask']:+.4f}", delta_color=better)
-built = None if problem else built_model(sd, fmt)
+built = None if problem else built_model(sd, fmt, gguf_type)
 if not problem and built is None and st.button("Build the pruned model", type="primary", key="export-build"):
     with guard("Could not build the pruned model"):
         bar = progress_bar("writing, checking, zipping")
-        built = build_pruned_model(ws, sd, bar, fmt)
+        built = build_pruned_model(ws, sd, bar, fmt, gguf_type)
         bar.done()
 if built is not None:
     if built["rounding"]:
