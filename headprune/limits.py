@@ -97,3 +97,7 @@ NON_NEGATIVE = Interval(0, None)                        # >= 0
 ROWS_PER_BATCH = Interval(1, 4096, integer=True, why="rows in one forward pass; the memory planner splits what does "
                                                      "not fit anyway")
 TOKENS_PER_ROW = Interval(1, 1_048_576, integer=True, why="tokens per row; rows are cut to the model's context")
+# a seed: numpy's legacy generator and torch's take 32-bit seeds, and seeds are derived from it (seed + repeat, seed +
+# order, up to 1,000 more), so the bound leaves them room below 2**32
+SEED = Interval(0, 2**31 - 1, integer=True, why="seeds derived from it (seed + repeat, + order) stay in the random "
+                                               "generators' 32-bit range")

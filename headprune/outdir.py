@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -33,6 +34,7 @@ MARKER = ".headprune-run.json"        # in a results folder: what wrote it (comm
 SIGNATURE = "headprune_output"        # the first key of every JSON file a command writes to --out
 TEMP_SUFFIX = ".headprune.tmp"        # a write in progress: ".<target name>.<random>.headprune.tmp"
 PEEK = 256                            # bytes read to recognise our own JSON file (never the whole file)
+MARKER_BYTES = 64 * 1024              # a run marker is a few lines; a larger file is no marker of ours
 
 
 class OutError(HeadpruneError):
@@ -98,13 +100,23 @@ def _refuse_everywhere(path: Path, option: str) -> None:
                        f"{path / 'results'}.")
 
 
+def _read_regular(path: Path, limit: int) -> bytes | None:
+    """At most ``limit`` bytes of ``path`` when it is a regular file, else None (never raises). A FIFO or a device
+    is never opened (opening a FIFO waits for a writer; /dev/zero never ends): this module sits beside
+    ``userinput`` and cannot use its reader, so it keeps this one check of its own."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+        handle = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+        with os.fdopen(handle, "rb") as f:
+            return f.read(limit) if stat.S_ISREG(os.fstat(f.fileno()).st_mode) else None
+    except (OSError, ValueError):
+        return None
+
+
 def is_ours(path: Path) -> bool:
     """True when ``path`` is a JSON file a headprune command wrote (it starts with the :data:`SIGNATURE` key)."""
-    try:
-        with path.open("rb") as f:
-            head = f.read(PEEK)
-    except OSError:
-        return False
+    head = _read_regular(path, PEEK) or b""
     return head.lstrip().startswith(b"{") and head.lstrip()[1:].lstrip().startswith(f'"{SIGNATURE}"'.encode())
 
 
@@ -141,9 +153,12 @@ def check_model_folder(out: str | Path, option: str = "--out") -> Path:
 
 def read_marker(folder: Path) -> dict | None:
     """The run marker of ``folder`` (None when it has none or it is unreadable)."""
+    raw = _read_regular(folder / MARKER, MARKER_BYTES + 1)
+    if raw is None or len(raw) > MARKER_BYTES:
+        return None
     try:
-        marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        marker = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError):   # RecursionError: nested past the parser's stack, no marker of ours
         return None
     return marker if isinstance(marker, dict) else None
 
@@ -157,6 +172,7 @@ def check_results_folder(out: str | Path, option: str, identity: dict, same: Cal
     before markers existed. Raises OutError naming what was found and what is accepted.
     """
     path = Path(out).expanduser()
+    _refuse_unreachable(path, option)
     if path.exists() and not path.is_dir():
         raise OutError(f"{option} {out} is a file; give a folder (created if missing) for the results.")
     _refuse_everywhere(path, option)
@@ -177,6 +193,24 @@ def check_results_folder(out: str | Path, option: str, identity: dict, same: Cal
     return path
 
 
+def _refuse_unreachable(path: Path, option: str) -> None:
+    """A results folder that could never be created or written, refused in words before anything else: a link to
+    nothing (mkdir would meet the link: FileExistsError), a loop of links (resolving it: RuntimeError), a file or a
+    folder without permission on the way, or a new folder inside one this user cannot write (PermissionError)."""
+    accepted = "Accepted: a new or empty folder in a place you can write, or a link to one."
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise OutError(f"{option} {path} is a link to {os.readlink(path)}, which does not exist. {accepted}") \
+                from None
+    except OSError as exc:   # ELOOP, ENOTDIR, EACCES, ENAMETOOLONG on the way
+        raise OutError(f"{option} {path} cannot be looked at ({exc.strerror or exc}). {accepted}") from None
+    parent = path if path.is_dir() else next((p for p in path.parents if p.is_dir()), None)
+    if parent is not None and not os.access(parent, os.W_OK | os.X_OK):
+        raise OutError(f"{option} {path}: {parent} is not writable by this user. {accepted}")
+
+
 def _describe(marker: dict) -> str:
     details = ", ".join(f"{k} {v}" for k, v in marker.items() if k in ("name", "source") and v)
     return f"{marker.get('command', 'unknown command')}{' ' + details if details else ''}"
@@ -185,7 +219,11 @@ def _describe(marker: dict) -> str:
 def claim_results_folder(path: Path, identity: dict) -> Path:
     """Create ``path`` (checked by :func:`check_results_folder`) and write its run marker: ``identity``, the time
     and versions. A folder's first marker is kept when it is this run's; returns ``path``."""
-    path.mkdir(parents=True, exist_ok=True)
+    try:   # checked before (check_results_folder), and again here: the file system may refuse what it allowed
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutError(f"Could not create {path}: {exc.strerror or exc}. Accepted: a new or empty folder in a place "
+                       "you can write.") from None
     marker = read_marker(path)
     if marker is None or any(marker.get(k) != v for k, v in identity.items()):
         record = {**identity, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "versions": versions()}

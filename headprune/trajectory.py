@@ -72,6 +72,7 @@ from .model.sizes import parameters_left
 from .model.surgery import prune_model
 from .provenance import versions
 from .scoring import Criterion, ScoreMap, ScoringContext
+from .userinput import MAX_FILE_BYTES, MAX_JSON_DEPTH, json_depth
 
 # metrics a tolerance can read: any with a direction (higher-is-better: stop once m < τ × m(0); lower-is-better,
 # e.g. perplexity: stop once m > m(0) / τ -- the same factor of degradation read the other way)
@@ -586,8 +587,15 @@ def read_run_file(data: bytes, name: str) -> tuple[list[Trajectory], list[dict]]
     ------
     TrajectoryError naming ``name`` and what is accepted.
     """
+    if len(data) > MAX_FILE_BYTES:   # an upload is bytes already: bounded as the one safe reader bounds files
+        raise TrajectoryError(f"{name} is {len(data):,} bytes, over the {MAX_FILE_BYTES:,} bytes read. "
+                              f"{RUN_FILE_HELP}")
     try:
-        obj = json.loads(data.decode("utf-8"))
+        text = data.decode("utf-8")
+        if json_depth(text) > MAX_JSON_DEPTH:
+            raise TrajectoryError(f"{name} nests arrays or objects {json_depth(text)} deep, over the "
+                                  f"{MAX_JSON_DEPTH} levels read. {RUN_FILE_HELP}")
+        obj = json.loads(text)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise TrajectoryError(f"{name} is not UTF-8 JSON ({exc}). {RUN_FILE_HELP}") from None
     spreads: list[dict] = []

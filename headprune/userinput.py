@@ -108,7 +108,8 @@ def resolved_inside(path: Path, roots: tuple[Path, ...]) -> Path | None:
 
 
 def read_user_bytes(path: str | Path, what: str, accepted: str, *, max_bytes: int = MAX_FILE_BYTES,
-                    roots: tuple[str | Path, ...] = (), error: type[HeadpruneError] = HeadpruneError) -> bytes:
+                    roots: tuple[str | Path, ...] = (), error: type[HeadpruneError] = HeadpruneError,
+                    tail: bool = False) -> bytes:
     """The bytes of the regular file ``path`` a user named, or ``error`` naming ``what``, the problem and what is
     ``accepted``. Never hangs and never raises OSError:
 
@@ -116,7 +117,7 @@ def read_user_bytes(path: str | Path, what: str, accepted: str, *, max_bytes: in
       opened non-blocking and checked again, so a swap between the two is refused as well);
     - with ``roots``, the path's real location after every symlink must lie inside one of them;
     - a file over ``max_bytes`` is refused before it is read (and a file growing while read, after
-      ``max_bytes + 1`` bytes).
+      ``max_bytes + 1`` bytes); with ``tail``, its last ``max_bytes`` bytes are read instead (a log's end).
     """
     p = user_path(str(path), what, accepted, error)
     if roots:
@@ -140,6 +141,9 @@ def read_user_bytes(path: str | Path, what: str, accepted: str, *, max_bytes: in
             problem = _refuse_kind(info.st_mode)
             if problem:
                 raise error(f"{what} {p} is {problem}, not a regular file. Accepted: {accepted}.")
+            if tail and info.st_size > max_bytes:
+                handle.seek(info.st_size - max_bytes)
+                return handle.read(max_bytes)
             if info.st_size > max_bytes:
                 raise error(f"{what} {p} is {info.st_size:,} bytes, over the {max_bytes:,} bytes read. "
                             f"Accepted: {accepted}.")

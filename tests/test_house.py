@@ -152,3 +152,78 @@ PAGE_WORK = {
 def test_page_scripts_hold_layout_only(page):
     text = page.read_text(encoding="utf-8")
     assert [what for what, pattern in PAGE_WORK.items() if pattern.search(text)] == []
+
+
+# -- every read of a user's file goes through the one safe reader (issue 46) ---------------------------------------
+# (module, function) -> why it may read a file itself: each reads the project's own files, or is the reader
+OWN_READS = {
+    ("headprune/userinput.py", "read_user_bytes"): "the one safe reader of a user's file",
+    ("headprune/outdir.py", "_read_regular"): "outdir sits beside userinput (no import): its own regular-file peek",
+    ("headprune/cli/dashboard.py", "_load_toml"): "the Streamlit configuration shipped in the package",
+    ("headprune/cli/docs.py", "sources_key"): "hashing the manual's own sources",
+    ("headprune/controls.py", "_parse"): "the package's own page scripts",
+    ("headprune/demos/build.py", "read_info"): "a demo's info file in headprune's own cache",
+    ("headprune/demos/corpus.py", "reviews"): "the corpus shipped in the package",
+    ("headprune/model/loading.py", "_load_state_dict"): "weights of a folder load_model checked (weights_only)",
+    ("headprune/protocol/smoke.py", "run_smoke"): "the run file and table this run wrote a moment ago",
+}
+LOADERS = {("json", "load"), ("torch", "load"), ("np", "load"), ("np", "loadtxt"), ("np", "genfromtxt"),
+           ("numpy", "load"), ("numpy", "loadtxt"), ("tomllib", "load"), ("pickle", "load"), ("pd", "read_csv")}
+
+
+def _reads_a_file(call: ast.Call) -> bool:
+    """Whether ``call`` reads a file by name or handle: read_text / read_bytes, open(...) for reading (no mode, or
+    one with "r"), os.open with O_RDONLY, or a loader (json.load, np.loadtxt, torch.load, ...) not given an
+    in-memory buffer."""
+    func = call.func
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+    owner = ast.unparse(func.value) if isinstance(func, ast.Attribute) else ""
+    if name in ("read_text", "read_bytes"):
+        return True
+    if name == "open" and owner == "os":
+        return "O_RDONLY" in ast.unparse(call)
+    if name == "open" and owner not in ("webbrowser",):   # open(file, mode), path.open(mode), bz2.open(file, mode)
+        at = 0 if owner and owner not in ("bz2", "gzip", "lzma", "io", "codecs") else 1
+        given = call.args[at:at + 1] + [k.value for k in call.keywords if k.arg == "mode"]
+        mode = given[0].value if given and isinstance(given[0], ast.Constant) else "r"
+        return "r" in str(mode)
+    if (owner, name) in LOADERS:
+        first = call.args[0] if call.args else None
+        return not (isinstance(first, ast.Call) and ast.unparse(first.func) in ("io.StringIO", "io.BytesIO"))
+    return False
+
+
+def raw_reads(root: Path = ROOT) -> list[str]:
+    """``module:line function`` of every raw file read outside ``OWN_READS``."""
+    found = []
+
+    def visit(node: ast.AST, module: str, function: str) -> None:   # each call named by its innermost function
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            function = node.name
+        if isinstance(node, ast.Call) and _reads_a_file(node) and (module, function) not in OWN_READS:
+            found.append(f"{module}:{node.lineno} {function}: {ast.unparse(node)[:80]}")
+        for child in ast.iter_child_nodes(node):
+            visit(child, module, function)
+
+    for path in sources(root):
+        visit(ast.parse(path.read_text(encoding="utf-8")), path.relative_to(root).as_posix(), "<module>")
+    return sorted(found, key=lambda line: (line.split(":")[0], int(line.split(":")[1].split(" ")[0])))
+
+
+def test_every_read_of_a_users_file_goes_through_the_safe_reader():
+    """A FIFO named as a plan hung the CLI, /dev/zero as a config.json was a MemoryError (issue 46): every read goes
+    through ``userinput.read_user_bytes`` (regular files only, roots after links, size and depth limits), except
+    the reads of the project's own files listed in OWN_READS with their reason."""
+    assert raw_reads() == []
+
+
+def test_the_raw_read_scan_finds_a_new_reader(tmp_path):
+    package = tmp_path / "headprune"
+    package.mkdir()
+    (package / "plans.py").write_text("import json\nfrom pathlib import Path\n\n\ndef load(p):\n"
+                                      "    return json.loads(Path(p).read_text())\n\n\ndef peek(p):\n"
+                                      "    with open(p) as f:\n        return f.read(3)\n\n\ndef table(p):\n"
+                                      "    return np.loadtxt(p)\n\n\ndef fine(p, text):\n"
+                                      "    open(p, 'w').write(text)\n    Path(p).open('a').write(text)\n"
+                                      "    return np.loadtxt(io.StringIO(text))\n")
+    assert [line.split(" ")[1] for line in raw_reads(tmp_path)] == ["load:", "peek:", "table:"]

@@ -19,7 +19,7 @@ from ..data import check_source, parse_label_map
 from ..errors import DataError, HeadpruneError
 from ..evaluation.harness import user_code
 from ..evaluation.metrics import check_metric_name, headline, metric_set
-from ..limits import POSITIVE_INT, ROWS_PER_BATCH, TOKENS_PER_ROW, Interval
+from ..limits import POSITIVE_INT, ROWS_PER_BATCH, SEED, TOKENS_PER_ROW, Interval
 from ..model.device import DEVICES, parse_device_map
 from ..model.loading import LoadedModel
 from ..model.mask import HeadMask, dropped_layers
@@ -151,7 +151,8 @@ def add_data_args(p: argparse.ArgumentParser, calib_size: int = 128, eval_size: 
                    help="truncate to this many tokens (default: 128)")
     g.add_argument("--batch-size", type=_bounded(ROWS_PER_BATCH), default=32,
                    help="examples per batch (default: 32)")
-    g.add_argument("--seed", type=int, default=0, help="seed of the calibration/evaluation split (default: 0)")
+    g.add_argument("--seed", type=checked(SEED, "a seed"), default=0,
+                   help="seed of the calibration/evaluation split (default: 0)")
     g.add_argument("--device", default="auto", choices=DEVICES, help="where to run (default: auto = CUDA if present)")
 
 

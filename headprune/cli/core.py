@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from contextlib import nullcontext
 from pathlib import Path
@@ -22,7 +21,7 @@ from ..model.export import DROPS_LAYERS, FORMATS, ExportError, export_model, rou
 from ..model.gguf_export import GGUF_TYPES
 from ..model.gguf_export import check_source as check_gguf_source
 from ..model.layers import skip_layers
-from ..model.loading import check_head, is_lm_config, load_model, peek_config
+from ..model.loading import check_head, is_lm_config, load_model, model_source_kind, peek_config
 from ..model.mask import HeadMask
 from ..model.onnx_export import OnnxExportError, check_runtime, option_problem
 from ..model.sizes import size_report
@@ -229,10 +228,8 @@ def export_pruned(loaded, mask: HeadMask, out: str | Path, format: str, extra: d
 
 def _check_uniform_family(spec: str) -> None:
     """A model folder whose config.json names a family no stock config can cut is refused before it loads."""
-    config_file = Path(spec).expanduser() / "config.json"
-    try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    config = peek_config(spec) if model_source_kind(spec) == "folder" else None   # the one safe reader
+    if config is None:
         return   # a named model, a hub id or an unreadable config: checked once the model is loaded
     model_type = (config.get("text_config") or {}).get("model_type") or config.get("model_type")
     problem = type_problem(str(model_type)) if model_type else None

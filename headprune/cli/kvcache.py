@@ -21,7 +21,15 @@ from ..kvcache.duo import DEFAULTS as DUO_DEFAULTS
 from ..kvcache.duo import THRESHOLD, check_duo_params
 from ..kvcache.exports import check_duo_folder, read_duo_folder, write_duo_folder
 from ..kvcache.longctx import DEPTH, DEPTHS, ROWS, TASKS, TOKENS, check_lengths, check_task, measure, parse_numbers
-from ..kvcache.plan import FULL_SHARE, KVPlan, KVPlanError, check_decoder, check_full_share, check_window
+from ..kvcache.plan import (
+    FULL_SHARE,
+    KVPlan,
+    KVPlanError,
+    check_decoder,
+    check_full_share,
+    check_window,
+    read_plan_file,
+)
 from ..kvcache.restrict import restricted
 from ..kvcache.scores import (
     RAZOR_ECHO_SHARE,
@@ -36,14 +44,15 @@ from ..kvcache.scores import (
     razor_stripes,
 )
 from ..kvcache.stream import FORMAT, StreamSpec, run_stream, run_stream_seeds
-from ..limits import POSITIVE_INT, Interval
+from ..limits import SEED, TOKENS_PER_ROW, Interval
 from ..model.device import DEVICES
 from ..model.loading import declared_causal, load_model, peek_config
 from ..model.tokenizer import declared_context, model_context
-from ..outdir import write_atomic
+from ..outdir import signed, write_atomic
 from ..provenance import versions
 from ..roles.base import PROBE_ROWS
 from ..trajectory import spread
+from ..userinput import shown
 from ..workspace import DefaultSize
 from .common import (
     add_data_args,
@@ -78,11 +87,37 @@ def refuse_encoder(model: str) -> None:
 
 
 def read_plan_arg(path: str | None, model: str) -> KVPlan | None:
-    """``--kv-plan`` read and validated (format, sink, window) before the model loads; None without one."""
-    if not path:
+    """``--kv-plan`` read and validated (format, sink, window) before the model loads; None without one. An empty
+    value is refused (it would run without a plan, as if the option were not given), and a plan whose shape is not
+    the model's grid (read from its config.json) is refused before the plan's grid is even built."""
+    if path is None:
         return None
+    if not path.strip():
+        raise KVPlanError("--kv-plan is empty: give the plan file (headprune kvplan --out FILE), or leave --kv-plan "
+                          "out to run without a plan.")
     refuse_encoder(model)
-    return KVPlan.read(path)
+    obj = read_plan_file(path)
+    check_plan_shape(obj, model)
+    return KVPlan.from_json(obj)
+
+
+def check_plan_shape(obj, model: str) -> None:
+    """The plan's declared ``shape`` and ``n_heads`` against the grid ``model``'s config.json declares (nothing to
+    compare for a hub id: ``KVPlan.check_fits`` compares once it loads)."""
+    config = peek_config(model)
+    if not isinstance(obj, dict) or config is None:
+        return
+    config = config.get("text_config") or config
+    layers, n_heads = config.get("num_hidden_layers"), config.get("num_attention_heads")
+    n_kv = config.get("num_key_value_heads") or n_heads
+    shape, plan_heads = obj.get("shape"), obj.get("n_heads")
+    if not (isinstance(shape, list) and len(shape) == 2) or \
+            not all(isinstance(v, int) and not isinstance(v, bool) for v in (layers, n_heads, n_kv, *shape)) \
+            or (shape == [layers, n_kv] and plan_heads == n_heads):
+        return   # a malformed shape is KVPlan.from_json's to refuse (its bounds)
+    raise KVPlanError(f"This KV plan is for {shape[0]} blocks x {shape[1]} key/value heads "
+                      f"({shown(repr(plan_heads))} query heads); the model has {layers} x {n_kv} ({n_heads} query "
+                      f"heads, as --model {model}'s config.json says). Make a plan for this model (headprune kvplan).")
 
 
 DUO_OPTIONS = (("--duo-steps", "duo_steps", "steps"), ("--duo-lr", "duo_lr", "lr"),
@@ -98,9 +133,15 @@ def duo_options(args) -> dict:
         raise KVPlanError(f"{', '.join(flags)} train DuoAttention's gates: they apply to --rule duo only, not "
                           f"--rule {args.rule}.")
     check_duo_params(**{**DUO_DEFAULTS, **{k: v for k, v in given.items() if k != "length"}})
-    if "length" in given and POSITIVE_INT(given["length"]):
-        raise KVPlanError(f"--duo-length {given['length']!r} {POSITIVE_INT(given['length'])} (tokens per passkey "
+    if "length" in given and TOKENS_PER_ROW(given["length"]):
+        raise KVPlanError(f"--duo-length {given['length']!r} {TOKENS_PER_ROW(given['length'])} (tokens per passkey "
                           "row of the gates' training).")
+    # rows longer than the model's positions would train the gates on positions it has no embedding for
+    declared = declared_context(peek_config(args.model) or {}) if "length" in given else None
+    if declared is not None and given["length"] > declared:
+        raise KVPlanError(f"--duo-length {given['length']} is longer than --model {args.model}'s {declared} "
+                          f"positions: the gates would train on rows past them. Accepted: --duo-length up to "
+                          f"{declared}, or leave it out (the longest calibration row, at most {declared}).")
     return given
 
 
@@ -165,7 +206,8 @@ def write_plan_files(args, plan: KVPlan, summary_: dict) -> dict:
     if args.tsv:
         write_atomic(checked_out_file(args.tsv), plan.to_duo_tsv(), "--tsv")
     if args.head_ids:
-        write_atomic(checked_out_file(args.head_ids), json.dumps(plan.head_ids(), indent=1), "--head-ids")
+        write_atomic(checked_out_file(args.head_ids), json.dumps(signed(plan.head_ids(), "kvplan"), indent=1),
+                     "--head-ids")
     if getattr(args, "export_duo", None):
         write_duo_folder(plan, args.export_duo)
     return {"out": args.out, **summary_, "full_kv_heads": int(plan.full.sum()), "kv_heads": plan.full.numel(),
@@ -587,6 +629,6 @@ def add_commands(sub) -> None:
     p.add_argument("--temperature", type=float, default=None,
                    help=f"sampling temperature, with --sample only, in [{TEMPERATURE.low}, {TEMPERATURE.high:g}] "
                         "(default: 1.0)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    p.add_argument("--seed", type=checked(SEED, "a seed"), default=0, help="sampling seed (default: 0)")
     p.add_argument("--device", default="auto", choices=DEVICES, help="where to run (default: auto)")
     p.set_defaults(handler=cmd_generate)

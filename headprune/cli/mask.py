@@ -18,7 +18,6 @@ scales (``"scales"``) it was scored to.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -30,9 +29,11 @@ from ..errors import HeadpruneError
 from ..limits import UNIT
 from ..model.mask import HeadMask
 from ..scoring import ScoreMap
+from ..userinput import read_user_json
 from .output import add_force_arg, check_out_arg, write_out
 
 SAP_CRITERIA = tuple(OWN_SELECTION)
+SCORES_ACCEPTED = "the JSON of `python -m headprune score --out FILE`"
 
 
 class MaskCommandError(HeadpruneError):
@@ -62,10 +63,10 @@ def _checked(args) -> None:
 
 def read_scores(path: str) -> tuple[ScoreMap, dict]:
     """The ScoreMap in score file ``path`` and its raw JSON (MaskCommandError naming the file otherwise)."""
+    obj = read_user_json(path, "--scores", SCORES_ACCEPTED, error=MaskCommandError)   # the one safe reader
     try:
-        obj = json.loads(Path(path).read_text(encoding="utf-8"))
         scores = ScoreMap.from_json(obj)
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise MaskCommandError(f"--scores {path} is not a headprune score file ({type(exc).__name__}: {exc}). "
                                "Accepted: the JSON of `python -m headprune score --out FILE`.") from None
     check_finite_scores(obj, scores, path)

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..data import TextDataset, align_labels, load_data, row_hashes
 from ..errors import DataError
+from ..limits import SEED
 from ..model.export import FORMATS, round_to_uniform, type_problem
 from ..model.gguf_export import check_source as check_gguf_source
 from ..model.loading import LoadedModel, is_lm_config, load_model, peek_config
@@ -43,7 +44,16 @@ from ..recovery import (
 )
 from ..recovery.workdir import check_work_dir
 from ..workspace import DefaultSize, Workspace, fit_role_sizes, split_roles
-from .common import DATA_HELP, add_mask_arg, add_memory_arg, add_model_args, check_args, load_mask, tqdm_progress
+from .common import (
+    DATA_HELP,
+    add_mask_arg,
+    add_memory_arg,
+    add_model_args,
+    check_args,
+    checked,
+    load_mask,
+    tqdm_progress,
+)
 from .output import add_force_arg, checked_out_file, write_json
 
 # the fine-tuning split of a named demo: its default training data, so recovery works offline
@@ -269,7 +279,8 @@ def add_commands(sub) -> None:
                         f"encoder's parameters (default: {'on' if DEFAULTS.freeze_embeddings else 'off'})")
     t.add_argument("--dropout", action=argparse.BooleanOptionalAction, default=DEFAULTS.dropout,
                    help=f"keep the model's dropout while training (default: {'on' if DEFAULTS.dropout else 'off'})")
-    t.add_argument("--seed", type=int, default=0, help="seed of data draws, order, dropout and LoRA (default: 0)")
+    t.add_argument("--seed", type=checked(SEED, "a seed"), default=0,
+                   help="seed of data draws, order, dropout and LoRA (default: 0)")
     t.add_argument("--lora-rank", type=int, default=DEFAULTS.lora_rank,
                    help=f"LoRA rank r (default: {DEFAULTS.lora_rank})")
     t.add_argument("--lora-alpha", type=float, default=None, help="LoRA alpha (default: 2 r)")

@@ -43,6 +43,7 @@ import torch
 from ..errors import DataError
 from ..model.task import BYTES_KEY, CHARS_KEY, CHOICE_KEY, GOLD_KEY, IGNORE_INDEX
 from ..model.tokenizer import context_of, pad_token_of
+from ..userinput import MAX_JSON_DEPTH, json_depth
 from .dataset import TextDataset
 
 SEPARATOR = " "   # lm-eval's default target_delimiter between the context and a choice
@@ -136,7 +137,7 @@ def choice_fields(header: list[str], context_col: str | None = None, choices_col
 def _as_list(value, row: int, column: str, source: str) -> list:
     if isinstance(value, str):   # a CSV cell: the choices as a JSON list
         try:
-            value = json.loads(value)
+            value = json.loads(value) if json_depth(value) <= MAX_JSON_DEPTH else None
         except json.JSONDecodeError:
             raise DataError(f"{source}: row {row}, choices column '{column}' is not a JSON list: {value[:80]!r}. "
                             'Write the choices as a JSON list, e.g. ["first", "second"].') from None
@@ -154,8 +155,11 @@ def _choices_of(columns: dict[str, list], header: list[str], fields: ChoiceField
     column, _, key = fields.choices[0].partition(".")
     value = columns[_find(header, column)][row]
     if key:  # ARC: {"text": [...], "label": ["A", ...]}
-        if isinstance(value, str):
-            value = json.loads(value) if value.strip().startswith("{") else value
+        if isinstance(value, str) and value.strip().startswith("{"):
+            try:   # a cell that is not JSON (or nests past the limit) is no object: said below
+                value = json.loads(value) if json_depth(value) <= MAX_JSON_DEPTH else value
+            except json.JSONDecodeError:
+                pass
         if not isinstance(value, dict) or key not in value:
             raise DataError(f"{source}: row {row}, column '{column}' has no '{key}' entry (expected an object "
                             f"like {{\"{key}\": [...], \"label\": [...]}}).")

@@ -30,7 +30,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DataError
-from ..userinput import is_dir, is_file, shown, user_path
+from ..userinput import (
+    MAX_JSON_DEPTH,
+    is_dir,
+    is_file,
+    json_depth,
+    kind_of,
+    read_user_bytes,
+    shown,
+    user_path,
+)
 from .choice import choice_dataset, choice_fields
 from .dataset import TextDataset, as_lm_data
 
@@ -76,9 +85,15 @@ def accepted() -> str:
 
 # -- reading ---------------------------------------------------------------------------------------------------
 
+MAX_DATA_BYTES = 2 * 2**30   # a data file is read whole into rows: larger ones belong in a hf: dataset on disk
+
+
 def _decode(path: Path) -> str:
+    # the one safe reader: a FIFO or a device named as data is refused before it is opened, the size bounded
+    raw = read_user_bytes(path, "Data file", "a UTF-8 .csv/.tsv/.jsonl/.txt file of at most 2 GiB",
+                          max_bytes=MAX_DATA_BYTES, error=DataError)
     try:
-        return path.read_bytes().decode("utf-8-sig")
+        return raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise DataError(f"{path} is not UTF-8 text (byte {exc.start}: {exc.reason}). "
                         "Save it as UTF-8 CSV, TSV or JSONL.") from None
@@ -106,6 +121,9 @@ def _read_jsonl(path: Path) -> tuple[list[str], list[dict]]:
     for line, raw in enumerate(_decode(path).splitlines(), start=1):
         if not raw.strip():
             continue
+        if json_depth(raw) > MAX_JSON_DEPTH:   # the parser recurses: refused before it is asked
+            raise DataError(f"{path}, line {line} nests arrays or objects {json_depth(raw)} deep, over the "
+                            f"{MAX_JSON_DEPTH} levels read. JSONL means one JSON object per line.")
         try:
             row = json.loads(raw)
         except json.JSONDecodeError as exc:
@@ -289,6 +307,9 @@ def check_source(spec: str) -> None:
     if is_dir(path):
         raise DataError(f"{spec} is a folder, not a data file. Accepted: {accepted()} (a dataset folder written "
                         f"by save_to_disk is read as hf:{spec}).")
+    if kind_of(path) == "other":   # said as what it is: "not found" would send the user looking for it
+        raise DataError(f"{shown(spec)} is not a regular file (a FIFO, a device or a socket); nothing is read from "
+                        f"it. Accepted: {accepted()}.")
     if not is_file(path):
         raise DataError(f"Data file not found: {shown(spec)}. Accepted: {accepted()}.")
 

@@ -52,6 +52,7 @@ from ..model.layers import drop_layers
 from ..model.mask import HeadMask
 from ..model.surgery import prune_model
 from ..provenance import versions
+from ..userinput import read_user_text
 
 SHIPPED_TASKS = Path(__file__).resolve().parents[1] / "resources" / "lm_eval_tasks"
 APPLY = ("gate", "cut")
@@ -154,9 +155,9 @@ INCLUDE_KEY = re.compile(r"^include:\s*['\"]?([^'\"\s#]+)", re.MULTILINE)
 
 
 def _yaml_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
+    try:   # the one safe reader: a FIFO or a device among the YAML files is never opened
+        return read_user_text(path, "Task YAML", "a YAML file of lm-eval tasks", error=HarnessError)
+    except HarnessError:
         return ""   # lm-eval names an unreadable YAML itself when it indexes the folder
 
 

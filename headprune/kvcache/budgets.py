@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from ..limits import Interval
-from .plan import KVPlan, KVPlanError, check_window
+from .plan import PLAN_TOTAL, KVPlan, KVPlanError, check_window
 
 BETA = Interval(1, 1e6, why="HeadKV's pool parameter: the pool is floor(b / beta) tokens per group")
 TEMPERATURE = Interval(0, 100, closed="right", why="HeadKV's temperature on the normalised scores")
@@ -53,9 +53,10 @@ def check_allocation(total, n_groups: int, sink: int, beta: float = BETA_DEFAULT
         problem = limit(value)
         if problem:
             raise KVPlanError(f"{name} {value!r} {problem}.")
-    if isinstance(total, bool) or not isinstance(total, int) or total < 0:
-        raise KVPlanError(f"--budget {total!r} must be a whole number of tokens >= 0: the KV tokens all "
-                          f"{n_groups} key/value groups keep together (S + W_g each).")
+    if PLAN_TOTAL(total):
+        raise KVPlanError(f"--budget {total!r} must be a whole number of tokens >= 0, at most {PLAN_TOTAL.high:,} "
+                          f"({PLAN_TOTAL.why}): the KV tokens all {n_groups} key/value groups keep together (S + W_g "
+                          "each).")
     mean = total // n_groups
     base = mean - math.floor(mean / beta)
     if base < sink + 1:

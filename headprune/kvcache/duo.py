@@ -52,6 +52,11 @@ from .restrict import base_allowed, repeat_kv, window_allowed
 ATTENTION = "headprune_duo"
 CONFIG_KEY = "headprune_duo"
 STEPS = Interval(1, 100_000, integer=True, why="optimizer steps of the gates")
+BATCH = Interval(1, 4096, integer=True, why="passkey rows in one forward pass of the teacher and the gated copy")
+# every passkey row of the training is built before the first step (steps x batch of them, each a row of tokens):
+# each option inside its limit can still ask for 10**10 rows, so their product has a limit of its own
+TRAINING_ROWS = Interval(1, 200_000, integer=True, why="passkey rows built before training: --duo-steps x "
+                                                       "--duo-batch")
 LR = Interval(0, 10, closed="right", why="the gates' learning rate (reference: 0.1)")
 REG = Interval(0, 100, why="weight of the gates' L1 penalty (reference: 0.05)")
 THRESHOLD = Interval(0, 1, why="a gate at or above it keeps the whole cache (reference: 0.5)")
@@ -151,10 +156,14 @@ def lr_factor(step: int, steps: int) -> float:
 def check_duo_params(*, steps, lr, reg_weight, batch_size, initial_value) -> None:
     """Refuse a training parameter outside its limits (before anything loads)."""
     for name, value, limit in (("steps", steps, STEPS), ("learning rate", lr, LR), ("reg weight", reg_weight, REG),
-                               ("batch size", batch_size, STEPS), ("initial gate", initial_value, THRESHOLD)):
+                               ("batch size", batch_size, BATCH), ("initial gate", initial_value, THRESHOLD)):
         problem = limit(value)
         if problem:
             raise KVPlanError(f"DuoAttention {name} {value!r} {problem}.")
+    problem = TRAINING_ROWS(steps * batch_size)
+    if problem:
+        raise KVPlanError(f"DuoAttention steps {steps} x batch size {batch_size} = {steps * batch_size:,} passkey rows "
+                          f"{problem}: lower --duo-steps or --duo-batch.")
 
 
 def train_gates(model, tokenizer, calib: list[dict], *, sink: int, window: int, length: int | None = None,
@@ -171,6 +180,9 @@ def train_gates(model, tokenizer, calib: list[dict], *, sink: int, window: int, 
     special = set(tokenizer.all_special_ids)
     filler = filler_from_batches(calib, special)
     positions = getattr(model.config, "max_position_embeddings", None) or 4096
+    if length is not None and length > positions:   # positions past the model's own: no embedding to train on
+        raise KVPlanError(f"DuoAttention's passkey rows of {length} tokens are longer than the model's {positions} "
+                          f"positions. Accepted: a length up to {positions}.")
     length = length or min(positions, max(int(b["attention_mask"].sum(-1).max()) for b in calib))
     if length <= sink + window:
         raise KVPlanError(f"DuoAttention's passkey rows of {length} tokens fit inside sink + window ({sink} + "

@@ -27,6 +27,7 @@ not numbers, before any weights load.
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -35,6 +36,7 @@ import torch
 
 from ..limits import NON_NEGATIVE_INT, POSITIVE_INT
 from ..outdir import write_atomic
+from ..userinput import read_user_json, read_user_text
 from .plan import KVPlan, KVPlanError, check_full_share, check_window, top_share
 
 TSV, CONFIG = "full_attention_heads.tsv", "config.json"
@@ -89,8 +91,9 @@ def check_duo_folder(folder: str | Path) -> Path:
     config = folder / CONFIG
     if (folder / TSV).exists() or config.exists():
         try:
-            ours = json.loads(config.read_text()).get("source") == SOURCE
-        except (OSError, ValueError, AttributeError):
+            ours = read_user_json(config, "--export-duo config.json", "DuoAttention's config.json",
+                                  error=KVPlanError).get("source") == SOURCE
+        except (KVPlanError, AttributeError):
             ours = False
         if not ours:
             raise KVPlanError(f"--export-duo {folder} already holds a DuoAttention pattern headprune did not write; "
@@ -128,8 +131,10 @@ def read_duo_values(folder: str | Path, shape: tuple[int, int] | None = None) ->
     for path in (tsv, config_file):
         if not path.is_file():
             raise KVPlanError(f"A DuoAttention folder holds {TSV} and {CONFIG}; {path} is missing.")
+    # both files through the one safe reader (regular files only, size and nesting bounded), then parsed
+    text = read_user_text(tsv, f"DuoAttention's {TSV}", "a tab-separated table of gate values", error=KVPlanError)
     try:
-        values = np.loadtxt(tsv, dtype=float, delimiter="\t", ndmin=2)
+        values = np.loadtxt(io.StringIO(text), dtype=float, delimiter="\t", ndmin=2)
     except ValueError as exc:
         raise KVPlanError(f"{tsv} is not a tab-separated table of numbers (one line per layer, one value per "
                           f"key/value head): {exc}.") from None
@@ -138,10 +143,8 @@ def read_duo_values(folder: str | Path, shape: tuple[int, int] | None = None) ->
     if shape is not None and values.shape != tuple(shape):
         raise KVPlanError(f"{tsv} is {values.shape[0]} layers x {values.shape[1]} key/value heads; the model has "
                           f"{shape[0]} x {shape[1]}. Use the folder made for this model.")
-    try:
-        config = json.loads(config_file.read_text())
-    except ValueError as exc:
-        raise KVPlanError(f"{config_file} is not readable JSON: {exc}.") from None
+    config = read_user_json(config_file, f"DuoAttention's {CONFIG}", "a JSON object with sink_size and recent_size",
+                            error=KVPlanError)
     if not isinstance(config, dict):
         raise KVPlanError(f"{config_file} must be a JSON object with sink_size and recent_size.")
     sink, recent = config.get("sink_size"), config.get("recent_size")

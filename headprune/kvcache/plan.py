@@ -44,8 +44,9 @@ from pathlib import Path
 import torch
 
 from ..errors import HeadpruneError
-from ..limits import NON_NEGATIVE_INT, POSITIVE_INT, TOKENS_PER_ROW, UNIT, Interval
-from ..outdir import write_atomic
+from ..limits import NON_NEGATIVE_INT, TOKENS_PER_ROW, UNIT, Interval
+from ..outdir import SIGNATURE, signed, write_atomic
+from ..userinput import read_user_json, shown
 
 FORMAT = "headprune-kv-plan"
 # a sink or window past the longest row any command accepts keeps every key: bounded there, so a number like 10**20
@@ -53,6 +54,17 @@ FORMAT = "headprune-kv-plan"
 SINK = Interval(0, TOKENS_PER_ROW.high, integer=True, why="no row is longer")
 WINDOW = Interval(1, TOKENS_PER_ROW.high, integer=True, why="no row is longer")
 FULL_SHARE = UNIT             # share of key/value heads kept full
+# a plan's grid is allocated from its "shape" before it meets a model: bounded there, so a file saying 10**7 x 10**7
+# is refused in words instead of asking the allocator for 100 TB
+BLOCKS = Interval(1, 4096, integer=True, why="blocks of one model; the largest decoders have a few hundred")
+KV_HEADS = Interval(1, 4096, integer=True, why="key/value heads of one block")
+N_HEADS = Interval(1, 65_536, integer=True, why="query heads of one block")
+# a budget plan's numbers: one group keeps at most its sinks and a window, each bounded by the longest row; the total
+# is bounded where the command-line --budget is (budgets.TOTAL)
+GROUP_BUDGET = Interval(0, SINK.high + WINDOW.high, integer=True, why="S + W_g tokens, each bounded by the longest "
+                                                                        "row")
+PLAN_TOTAL = Interval(0, 2**40, integer=True, why="the KV tokens of every group together: rows are at most "
+                                                  "1,048,576 tokens, and no model has a million key/value groups")
 VERSIONS = (1, 2)             # 1: full / streaming at one window; 2: per-group budgets
 
 
@@ -103,9 +115,9 @@ class KVPlan:
         if self.full.ndim != 2 or self.full.shape[1] < 1:
             raise KVPlanError(f"A KV plan's grid is blocks x key/value heads; got shape {tuple(self.full.shape)}.")
         n_kv = self.full.shape[1]
-        if isinstance(self.n_heads, bool) or not isinstance(self.n_heads, int) or self.n_heads < n_kv \
-                or self.n_heads % n_kv:
-            raise KVPlanError(f"A KV plan's n_heads {self.n_heads!r} must be a multiple of its {n_kv} key/value heads.")
+        if N_HEADS(self.n_heads) or self.n_heads < n_kv or self.n_heads % n_kv:
+            raise KVPlanError(f"A KV plan's n_heads {shown(repr(self.n_heads))} must be a multiple of its {n_kv} "
+                              f"key/value heads, {N_HEADS.describe()} ({N_HEADS.why}).")
 
     def check_budgets(self) -> None:
         """A budget plan's windows: one per group, each >= 1 where the group streams; their budgets S + W_g within
@@ -124,7 +136,7 @@ class KVPlan:
                               f"at least S + 1 = {self.sink + 1} (the sinks and the key itself), or null (full).")
         used = self.budget_tokens()
         if self.budget is not None:
-            problem = NON_NEGATIVE_INT(self.budget)
+            problem = PLAN_TOTAL(self.budget)
             if problem:
                 raise KVPlanError(f"Budget plan total {self.budget!r} {problem} (tokens over all bounded groups).")
             if used > self.budget:
@@ -229,7 +241,7 @@ class KVPlan:
                                   f"got {groups!r}.")
             full[int(key), groups] = True
         meta = {k: v for k, v in obj.items() if k not in ("format", "version", "shape", "n_heads", "sink", "window",
-                                                          "full", "compensation")}
+                                                          "full", "compensation", SIGNATURE)}
         return cls(full, obj["n_heads"], obj.get("sink", 4), obj.get("window", 64), meta,
                    compensation=obj.get("compensation", False))
 
@@ -253,30 +265,27 @@ class KVPlan:
             raise KVPlanError(f"Budget plan budgets must be {shape[0]} lists of {shape[1]} values (its shape).")
         for row in rows:
             for value in row:
-                if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                    raise KVPlanError(f"Budget plan budget {value!r} must be a whole number of tokens >= 0 "
-                                      "(S + W_g), or null for a full group.")
+                if value is not None and GROUP_BUDGET(value):
+                    raise KVPlanError(f"Budget plan budget {shown(repr(value))} must be a whole number of tokens "
+                                      f">= 0, at most {GROUP_BUDGET.high:,} ({GROUP_BUDGET.why}): S + W_g, or null "
+                                      "for a full group.")
         full = torch.tensor([[v is None for v in row] for row in rows], dtype=torch.bool)
         windows = torch.tensor([[0 if v is None else v - sink for v in row] for row in rows], dtype=torch.long)
         meta = {k: v for k, v in obj.items() if k not in ("format", "version", "kind", "shape", "n_heads", "sink",
-                                                          "budget", "budgets", "compensation")}
+                                                          "budget", "budgets", "compensation", SIGNATURE)}
         return cls(full, obj["n_heads"], sink, 1, meta, windows=windows, budget=obj.get("budget"),
                    compensation=obj.get("compensation", False))
 
-    def write(self, path: str | Path) -> None:
+    def write(self, path: str | Path, command: str = "kvplan") -> None:
         # whole or not at all, through the one module that owns outputs: its temporary name is its own, so a
-        # user's "plan.json.tmp" (a file or a folder) is never replaced
-        write_atomic(Path(path), json.dumps(self.to_json(), indent=1))
+        # user's "plan.json.tmp" (a file or a folder) is never replaced; signed (``outdir.signed``) so that a rerun
+        # of ``command`` may replace the file it wrote, and the signature is no part of the plan when read back
+        write_atomic(Path(path), json.dumps(signed(self.to_json(), command), indent=1))
 
     @classmethod
     def read(cls, path: str | Path) -> KVPlan:
-        try:
-            obj = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise KVPlanError(f"KV plan file {path} does not exist.") from None
-        except (OSError, ValueError) as exc:
-            raise KVPlanError(f"KV plan file {path} is not readable JSON: {exc}.") from None
-        return cls.from_json(obj)
+        """The plan in the user's file ``path``, read by the one safe reader (``read_plan_file``)."""
+        return cls.from_json(read_plan_file(path))
 
     # -- other tools' layouts ------------------------------------------------------------------------------------
     def to_duo_tsv(self) -> str:
@@ -327,9 +336,22 @@ def check_decoder(adapter) -> None:
 
 
 def check_shape(shape) -> list[int]:
-    if not (isinstance(shape, list) and len(shape) == 2 and all(POSITIVE_INT(v) is None for v in shape)):
-        raise KVPlanError(f"KV plan shape {shape!r} must be [blocks, key/value heads], two integers >= 1.")
+    """A plan's ``"shape"``: [blocks, key/value heads], each inside its limit (checked before anything is sized)."""
+    if not (isinstance(shape, list) and len(shape) == 2):
+        raise KVPlanError(f"KV plan shape {shown(repr(shape))} must be [blocks, key/value heads]: two integers.")
+    for name, value, limit in (("blocks", shape[0], BLOCKS), ("key/value heads", shape[1], KV_HEADS)):
+        if limit(value):
+            raise KVPlanError(f"KV plan shape {shown(repr(shape))}: its {name} {shown(repr(value))} {limit(value)}.")
     return shape
+
+
+PLAN_ACCEPTED = 'a KV plan JSON file as headprune kvplan writes it ({"format": "headprune-kv-plan", ...})'
+
+
+def read_plan_file(path: str | Path) -> dict:
+    """The JSON object of the user's plan file ``path``: a regular file (a FIFO or a device is refused before it is
+    opened), at most ``MAX_FILE_BYTES``, nested at most ``MAX_JSON_DEPTH`` deep (``userinput.read_user_json``)."""
+    return read_user_json(path, "KV plan file", PLAN_ACCEPTED, error=KVPlanError)
 
 
 def top_share(scores: torch.Tensor, share: float) -> torch.Tensor:

@@ -25,7 +25,17 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 from ..errors import DeviceError, ModelLoadError, UntrainedHeadError
-from ..userinput import exists, is_dir, is_file, user_path
+from ..userinput import (
+    MAX_JSON_DEPTH,
+    exists,
+    is_dir,
+    is_file,
+    json_depth,
+    kind_of,
+    parse_user_json,
+    read_user_text,
+    user_path,
+)
 from .arch import ModelAdapter, adapt
 from .device import OFFLOAD_HELP, input_device, parse_device_map, parse_dtype, resolve_device
 from .layers import DROPPED_LAYERS_KEY, drop_layers
@@ -117,18 +127,36 @@ def peek_config(spec: str) -> dict | None:
 def folder_config(folder: Path) -> dict | None:
     """A folder's config.json, the one reader of it before weights load: None when it is missing or not JSON
     (load_model names the problem); ModelLoadError when it is JSON but not a configuration."""
-    try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    config = read_config_json(folder)
+    if config is None:
         return None   # load_model names the problem
     architectures = config.get("architectures") or [] if isinstance(config, dict) else None
     text_config = config.get("text_config") or {} if isinstance(config, dict) else None
+    model_types = [c.get("model_type") for c in (config, text_config) if isinstance(c, dict)]
     if (not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures)
-            or not isinstance(text_config, dict)):
+            or not isinstance(text_config, dict) or any(m is not None and not isinstance(m, str) for m in model_types)):
         raise ModelLoadError(f"{folder / 'config.json'} is not a model configuration: a config.json is a JSON "
-                             "object whose 'architectures' (if any) is a list of class names and whose "
-                             "'text_config' (if any) is an object, as save_pretrained writes it.")
+                             "object whose 'architectures' (if any) is a list of class names, whose 'model_type' "
+                             "(if any) is a name and whose 'text_config' (if any) is an object, as save_pretrained "
+                             "writes it.")
     return config
+
+
+def read_config_json(folder: Path):
+    """The JSON in ``folder``'s config.json through the one safe reader (a FIFO, a device such as /dev/zero, a file
+    over ``MAX_FILE_BYTES`` or JSON nested past ``MAX_JSON_DEPTH`` is a ModelLoadError before it is read); None when
+    there is none or it is not JSON (load_model names the problem)."""
+    path = folder / "config.json"
+    if kind_of(path) in ("missing", "unreadable", "dir"):
+        return None
+    accepted = "a config.json as save_pretrained writes it"
+    text = read_user_text(path, "The model's config.json", accepted, error=ModelLoadError)
+    if json_depth(text) > MAX_JSON_DEPTH:   # named here: parsing it would be a RecursionError
+        parse_user_json(text, str(path), accepted, error=ModelLoadError)
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
 
 
 def is_lm_config(config: dict) -> bool:
@@ -267,6 +295,8 @@ def load_model(spec: str, device: str | torch.device = "auto", attn_implementati
         elif not is_dir(path) or not is_file(path / "config.json"):
             raise ModelLoadError(f"{spec} is not a model folder: it needs config.json and model.safetensors "
                                  "(a folder written by save_pretrained or by 'python -m headprune prune').")
+        else:   # its size and nesting bounded before transformers parses it (100,000 levels: a RecursionError)
+            folder_config(Path(path))
     try:
         config = AutoConfig.from_pretrained(source, trust_remote_code=False)
     except OSError as exc:

@@ -25,7 +25,30 @@ from pathlib import Path
 import torch
 
 from ..errors import MaskError
-from ..userinput import is_dir, is_file, user_path
+from ..outdir import write_atomic
+from ..userinput import (
+    MAX_FILE_BYTES,
+    MAX_JSON_DEPTH,
+    is_dir,
+    json_depth,
+    parse_user_json,
+    read_user_bytes,
+    user_path,
+)
+
+MASK_ACCEPTED = 'a JSON file holding {"pruned": {"<layer>": [head, ...]}}'
+
+
+def mask_json(raw: bytes, source: str, kind: str):
+    """The JSON value of a mask file's bytes, or MaskError naming ``source``: not UTF-8 JSON, or nested past
+    ``MAX_JSON_DEPTH`` (refused before parsing: ``userinput.parse_user_json``)."""
+    try:
+        text = raw.decode("utf-8")
+        if json_depth(text) > MAX_JSON_DEPTH:
+            return parse_user_json(text, source, MASK_ACCEPTED, error=MaskError)   # raises, naming the depth
+        return json.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise MaskError(f"{source} is not {kind} ({exc}). Accepted: {MASK_ACCEPTED}.") from None
 
 
 class HeadMask:
@@ -159,17 +182,13 @@ class HeadMask:
 
         Raises MaskError when the path is a folder, missing, or not UTF-8 JSON.
         """
-        path = user_path(str(path), "Mask file", 'a JSON file holding {"pruned": {"<layer>": [head, ...]}}',
-                         MaskError)
+        path = user_path(str(path), "Mask file", MASK_ACCEPTED, MaskError)
         if is_dir(path):
             raise MaskError(f"Mask file {path} is a folder; give the JSON file, e.g. {path / 'mask.json'}, holding "
                             '{"pruned": {"<layer>": [head, ...]}}.')
-        if not is_file(path):
-            raise MaskError(f"Mask file not found: {path}")
-        try:
-            return json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise MaskError(f"Mask file {path} is not valid UTF-8 JSON ({exc}).") from exc
+        # the one safe reader: a FIFO or a device is refused before it is opened, the size and the nesting bounded
+        return mask_json(read_user_bytes(path, "Mask file", MASK_ACCEPTED, error=MaskError), f"Mask file {path}",
+                         "valid UTF-8 JSON")
 
     @classmethod
     def from_bytes(cls, raw: bytes, name: str, shape: tuple[int, int],
@@ -178,12 +197,10 @@ class HeadMask:
 
         Raises MaskError naming ``name`` when the bytes are not UTF-8 JSON or not a mask of this shape.
         """
-        try:
-            obj = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise MaskError(f'{name} is not UTF-8 JSON ({exc}). A mask is {{"pruned": {{"<layer>": [heads]}}}}.') \
-                from None
-        return cls.from_json(obj, shape, groups)
+        if len(raw) > MAX_FILE_BYTES:
+            raise MaskError(f"{name} is {len(raw):,} bytes, over the {MAX_FILE_BYTES:,} bytes read. Accepted: "
+                            f"{MASK_ACCEPTED}.")
+        return cls.from_json(mask_json(raw, name, "UTF-8 JSON"), shape, groups)
 
     # -- views --------------------------------------------------------------------------------------------
     @property
@@ -226,7 +243,7 @@ class HeadMask:
         return obj
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_json(), indent=1), encoding="utf-8")
+        write_atomic(Path(path), json.dumps(self.to_json(), indent=1))   # whole or not at all
 
     @property
     def n_pruned(self) -> int:

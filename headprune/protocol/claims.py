@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import HeadpruneError
+from ..userinput import MAX_JSON_DEPTH, json_depth, kind_of, read_user_text
 
 HEARTBEAT = 10.0      # seconds between touches of a held claim
 STALE_AFTER = 120.0   # a claim whose heartbeat is older than this is the claim of a dead or cut-off holder
@@ -67,13 +68,31 @@ def read_folder_json(path: Path, what: str, fields: dict[str, Check], optional: 
     """The JSON object at ``path`` (a ``what`` of a results folder), checked field by field: ``fields`` must be
     present and pass their check, ``optional`` pass theirs where present. None when the file is missing or not JSON
     (module doc); a FolderError when it is JSON but not such an object."""
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):   # gone, or being written this instant (empty): nobody we can name
+    record = read_folder_value(path, what)
+    return None if record is None else check_record(record, path, what, fields, optional)
+
+
+def read_folder_value(path: Path, what: str):
+    """The JSON value of a results folder's file ``path`` (a ``what``) through the one safe reader
+    (``userinput.read_user_bytes``): None when it is missing or not JSON (gone, or being written this instant:
+    nobody we can name); a FolderError naming it when it is no regular file (a FIFO would hang the reader, a device
+    such as /dev/zero never ends), is over ``MAX_FILE_BYTES`` or nests deeper than any file headprune writes."""
+    if kind_of(path) == "missing":
         return None
-    except RecursionError:          # nested past Python's stack: no file headprune writes
-        record = "a value nested too deep"
-    return check_record(record, path, what, fields, optional)
+    accepted = f"the {what} as `headprune run` wrote it"
+    try:
+        text = read_user_text(path, f"The {what}", accepted, error=FolderError)
+    except FolderError as exc:
+        if kind_of(path) == "missing":   # removed between the two looks (a claim released this instant)
+            return None
+        raise FolderError(f"{exc} Move it out of the folder (its cell then counts as not computed).") from None
+    if json_depth(text) > MAX_JSON_DEPTH:
+        raise not_written(path, f"it nests arrays or objects {json_depth(text)} deep (at most {MAX_JSON_DEPTH})",
+                          what)
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
 
 
 def check_record(record, path: Path, what: str, fields: dict[str, Check], optional: dict[str, Check] | None = None
@@ -277,8 +296,11 @@ def read_failure(out: Path, key: str) -> dict | None:
 
 def taken(out: Path) -> list[tuple[str, int]]:
     """(cell key, pid) of every claim taken in ``out``, in order (``claims/taken.log``)."""
-    try:
-        lines = (Path(out) / "claims" / "taken.log").read_text(encoding="utf-8").splitlines()
-    except OSError:
+    path = Path(out) / "claims" / "taken.log"
+    if kind_of(path) == "missing":
         return []
-    return [(parts[1], int(parts[3])) for parts in (line.split() for line in lines) if len(parts) >= 4]
+    lines = read_user_text(path, "The claims log", "the claims/taken.log `headprune run` appends to",
+                           error=FolderError).splitlines()
+    # a line as written: "<time> <key> <host> <pid> <worker>"; an edited line that is not is skipped, not a crash
+    return [(parts[1], int(parts[3])) for parts in (line.split() for line in lines)
+            if len(parts) >= 4 and parts[3].isascii() and parts[3].isdigit()]

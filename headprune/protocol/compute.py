@@ -48,6 +48,7 @@ from ..scoring import ScoreMap
 from ..trajectory import Trajectory, run_trajectory
 from . import cells as adapter
 from .cells import Progress
+from .claims import read_folder_value
 from .plan import DENSE, KV, RECOVERED, TOLERANCE, TRAIN_PASS, Cell, kv_work, lm_eval_runs, recovery_rows, slug
 from .spec import CriterionEntry, ModelEntry, Protocol, TrajectoryPart
 
@@ -70,11 +71,11 @@ def as_json(obj) -> str:
 
 
 def read_json(path: Path) -> dict | None:
-    """The JSON at ``path``, or None when it is missing or unreadable."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+    """The JSON object at ``path`` in a results folder, or None when it is missing, not JSON or not an object; read
+    through the one safe reader (``claims.read_folder_value``: a FIFO, a device or a file past the size or nesting
+    limits is a FolderError naming it)."""
+    value = read_folder_value(path, "results folder's file")
+    return value if isinstance(value, dict) else None
 
 
 def fingerprint(protocol: Protocol, entry: ModelEntry, cell: Cell) -> str:
@@ -215,7 +216,10 @@ class CellComputer:
                  "max_length": self.protocol.max_length, "dtype": self.protocol.dtype}
         saved = read_json(path)
         if saved and saved.get("stamp") == stamp:
-            return ScoreMap.from_json(saved)
+            try:
+                return ScoreMap.from_json(saved)
+            except (KeyError, TypeError, ValueError, AttributeError):   # an edited file: scored again, replaced
+                pass
         ctx.progress = progress
         scores = adapter.score_cell(ctx, c.criterion, params, None)
         ctx.progress = None

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from ..userinput import read_user_bytes, read_user_json
 from .compute import write_atomic
 from .run import RunError, merge
 from .schedule import run_shard, units, worker_name
@@ -42,6 +43,7 @@ from .spec import Protocol
 Say = Callable[[str], None]
 EXECUTORS = ("local", "pool", "slurm")
 STOP_GRACE = 30.0   # seconds a worker has to give its claims back after SIGTERM before it is killed
+LOG_TAIL_BYTES = 64 * 1024   # the end of a worker's log read to show its last lines
 
 
 def _raise_interrupt(signum, frame):
@@ -68,7 +70,8 @@ def pool_worker(call: str) -> int:
     """A pool's worker process (``python -m headprune.protocol.executors JOB.json``): its shard, then any cell
     left. The pool's stop (SIGTERM) is a KeyboardInterrupt here, so ``run_shard``'s finally gives the claims back
     (submitit keeps its own SIGTERM handling: requeue)."""
-    job = json.loads(Path(call).read_text(encoding="utf-8"))
+    # the pool wrote it a moment ago, in a folder others may write to: read as any user's file
+    job = read_user_json(call, "Worker job file", "the JSON file a pool writes for its worker", error=RunError)
     signal.signal(signal.SIGTERM, _raise_interrupt)
     shard_job(job["text"], job["source"], job["out"], tuple(job["shard"]), steal=True, threads=job["threads"],
               memory_budget=job["memory_budget"])
@@ -140,9 +143,10 @@ def run_pool(protocol: Protocol, out: str | Path, workers: int | None = None, *,
 
 def log_tail(path: Path, lines: int = 8) -> str:
     """The last ``lines`` lines of a worker's log (progress bars' carriage returns split too), indented."""
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError as exc:
+    try:   # its end only: a worker's log of progress bars grows without a bound
+        text = read_user_bytes(path, "Worker log", "a worker's log", max_bytes=LOG_TAIL_BYTES, tail=True,
+                               error=RunError).decode("utf-8", errors="replace")
+    except RunError as exc:
         return f"    (unreadable: {exc})"
     tail = [line for line in text.replace("\r", "\n").splitlines() if line.strip()][-lines:]
     return "\n".join(f"    {line}" for line in tail) or "    (empty)"

@@ -35,7 +35,7 @@ from ..estimate import LIVE_STEP, forward_rate, human_duration
 from ..evaluation.harness import metric_tasks
 from ..kvcache.duo import DEFAULTS as DUO_DEFAULTS
 from ..model.arch import adapt
-from ..model.loading import NAMED_MODELS, auto_class, model_source_kind
+from ..model.loading import NAMED_MODELS, auto_class, folder_config, model_source_kind
 from ..model.memory import plan_for
 from ..scoring import ScoringContext
 from .cells import check_roles, harness_tasks, scored_params
@@ -138,7 +138,8 @@ def local_config(spec: str):
     try:
         if kind == "named":
             return AutoConfig.from_pretrained(str(NAMED_MODELS[spec].build()))
-        if kind == "folder":
+        if kind == "folder":   # read by the one safe reader first: a FIFO, /dev/zero, a list model_type refused
+            folder_config(Path(spec).expanduser())
             return AutoConfig.from_pretrained(str(Path(spec).expanduser()))
         return AutoConfig.from_pretrained(spec, local_files_only=True)
     except (OSError, ValueError):

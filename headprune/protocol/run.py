@@ -56,6 +56,7 @@ from ..model.task import Task
 from ..outdir import OutError
 from ..provenance import versions
 from ..trajectory import Trajectory, spread
+from ..userinput import shown
 from . import cells as adapter
 from .claims import check_record, not_written, number, read_failure, read_folder_json, text
 from .compute import CellComputer, RunError, as_json, fingerprint, read_json, write_atomic
@@ -137,7 +138,78 @@ def finished(out: Path, protocol: Protocol, entry: ModelEntry, cell: Cell) -> di
         if missing:
             raise not_written(path, f"its 'metrics' lack {', '.join(missing)} (of {', '.join(names)})",
                               "cell record")
+    if "trajectory" in record:
+        traj = checked_trajectory(record["trajectory"], path)
+        if "saved_mask" in record:
+            problem = saved_mask_problem(record["saved_mask"], traj)
+            if problem:
+                raise not_written(path, problem, "cell record")
     return record
+
+
+def checked_trajectory(obj: dict, path: Path) -> Trajectory:
+    """A cell record's trajectory as the table and plots read it (every point's ratio and metric read now), or the
+    FolderError naming the file: an edited step fails here, not inside a table or a plot."""
+    try:
+        traj = Trajectory.from_json(obj)
+        ratios, values = traj.ratios().astype(float), traj.values()
+    except (TypeError, KeyError, ValueError, AttributeError, IndexError) as exc:
+        raise not_written(path, f"its 'trajectory' is not one headprune writes ({type(exc).__name__}: "
+                          f"{str(exc)[:80]})", "cell record") from None
+    if not (np.isfinite(ratios).all() and ((ratios >= 0) & (ratios <= 1)).all()):
+        raise not_written(path, "its 'trajectory' has a pruned ratio outside [0, 1]", "cell record")
+    if len(values) != len(ratios):
+        raise not_written(path, "its 'trajectory' has steps without a metric", "cell record")
+    return traj
+
+
+SIZE_KEYS = ("params_before", "params_after", "mb_before", "mb_after", "reduction_pct")   # ``compute.size_at``
+
+
+def saved_mask_problem(saved: dict, traj: Trajectory) -> str | None:
+    """Why a cell record's ``saved_mask`` (``compute.saved_step``: step, ratio, rule, size, points) cannot be what
+    the run wrote for ``traj``, naming the field; None when it can. The step indexes the trajectory's points (0 =
+    dense .. its last step) and its ratio is the trajectory's at that step, so the table's ratio and metric are
+    one step's."""
+    ratios = traj.ratios()
+    last = len(ratios) - 1
+
+    def step_problem(name: str, step) -> str | None:
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= last:
+            return (f"its '{name}' is {shown(repr(step))}, not a step of its trajectory (a whole number from 0, the "
+                    f"dense model, to {last})")
+        return None
+
+    def ratio_problem(name: str, value, step: int) -> str | None:
+        if not number(value) or abs(value - float(ratios[step])) > 1e-6:
+            return (f"its '{name}' is {shown(repr(value))}, not the pruned ratio of its step {step} "
+                    f"({float(ratios[step]):.6g})")
+        return None
+
+    problem = next((f"its 'saved_mask' has no '{k}'" for k in ("step", "ratio", "rule", "size") if k not in saved),
+                   None) or step_problem("saved_mask.step", saved["step"])
+    if problem:
+        return problem
+    problem = ratio_problem("saved_mask.ratio", saved["ratio"], saved["step"])
+    if problem:
+        return problem
+    if not isinstance(saved["rule"], str):
+        return f"its 'saved_mask.rule' is {shown(repr(saved['rule']))}, not a text"
+    size = saved["size"]
+    if not isinstance(size, dict) or any(not number(size.get(k)) for k in SIZE_KEYS):
+        return (f"its 'saved_mask.size' is {shown(repr(size))}, not an object of numbers "
+                f"({', '.join(SIZE_KEYS)})")
+    points = saved.get("points", {})
+    if not isinstance(points, dict):
+        return f"its 'saved_mask.points' is {shown(repr(points))}, not an object of points by rule"
+    for rule, point in points.items():
+        if not isinstance(point, dict) or not {"step", "ratio", "value"} <= point.keys():
+            return f"its 'saved_mask.points.{rule}' is {shown(repr(point))}, not a point (step, ratio, value)"
+        problem = step_problem(f"saved_mask.points.{rule}.step", point["step"]) or \
+            ratio_problem(f"saved_mask.points.{rule}.ratio", point["ratio"], point["step"])
+        if problem or not number(point["value"]):
+            return problem or f"its 'saved_mask.points.{rule}.value' is {shown(repr(point['value']))}, not a number"
+    return None
 
 
 def cell_fields(protocol: Protocol, cell: Cell) -> dict:
@@ -463,10 +535,12 @@ def size_rows(protocol: Protocol, records: dict[str, dict]) -> list[dict]:
                     "ratio": float(np.mean([r["saved_mask"]["ratio"] for r in recs])),
                     "before": float(np.mean([t.values()[0] for t in trajs])),
                     "after": float(np.mean([t.values()[i] for t, i in zip(trajs, steps)])),
-                    **{k: float(np.mean([s[k] for s in sizes])) for k in sizes[0]},
-                    # every rule's point (the saved one and the other), mean ratio over repeats
+                    **{k: float(np.mean([s[k] for s in sizes])) for k in SIZE_KEYS},
+                    # every rule's point (the saved one and the other), mean ratio over repeats: the rules every
+                    # repeat's record names (one protocol's records name the same ones)
                     "points": {k: float(np.mean([r["saved_mask"]["points"][k]["ratio"] for r in recs]))
-                               for k in recs[0]["saved_mask"].get("points", {})}})
+                               for k in recs[0]["saved_mask"].get("points", {})
+                               if all(k in r["saved_mask"].get("points", {}) for r in recs)}})
     return out
 
 
@@ -607,20 +681,26 @@ def pool_note(protocol: Protocol) -> str:
     return "".join(notes)
 
 
-def left_out_note(protocol: Protocol, records: dict[str, dict | None]) -> str:
-    """Said under the table for each model whose protocol lists a stability measure its task cannot give: a
-    language model or a regression head gives no answers to compare (``cells.answering``), so the table leaves the
-    measure out of that model's rows -- said, not silent."""
-    lines = []
+def left_out(protocol: Protocol, records: dict[str, dict | None]) -> list[tuple[str, str]]:
+    """(what, why) for each model whose protocol lists a stability measure its task cannot give: a language model or
+    a regression head gives no answers to compare (``cells.answering``), so the table leaves the measure out of that
+    model's rows -- said under the table and in the run file's notes, not silent (a protocol naming only such
+    measures gets rows without a metric, and these words)."""
+    said = []
     for entry in protocol.models:
         asked = [m for m in entry.metrics if m in STABILITY_METRICS]
         kinds = sorted({r["task"] for r in records.values() if r is not None and r["model"] == entry.name
                         and not adapter.answering(Task(r["task"]))})
         if asked and kinds:
-            lines.append(f"\n> **{', '.join(asked)} not reported for {entry.name}:** its task is {' / '.join(kinds)}, "
-                         "which gives no answers to compare; the stability measures need a classifier or multiple "
-                         "choice.\n")
-    return "".join(lines)
+            said.append((f"{', '.join(asked)} not reported for {entry.name}",
+                         f"its task is {' / '.join(kinds)}, which gives no answers to compare; the stability "
+                         "measures need a classifier or multiple choice"))
+    return said
+
+
+def left_out_note(protocol: Protocol, records: dict[str, dict | None]) -> str:
+    """``left_out`` as Markdown under the table."""
+    return "".join(f"\n> **{what}:** {why}.\n" for what, why in left_out(protocol, records))
 
 
 def records_of(protocol: Protocol, out: Path) -> dict[str, dict | None]:
@@ -652,6 +732,7 @@ def merge(protocol: Protocol, out: str | Path, *, computed: list[str] = (), memo
              + left_out_note(protocol, records))
     write_atomic(out / "results.md", table)
     plotted, notes = write_plots(protocol, records, rows, out) if plots else ([], ["plots not asked for"])
+    notes = notes + [f"{what}: {why}" for what, why in left_out(protocol, records)]
     first = {m.name: next(r for r in records.values() if r["model"] == m.name) for m in protocol.models}
     models = [{**m.to_json(), **first[m.name]["loaded"], "roles": first[m.name]["roles"]} for m in protocol.models]
     run = {"protocol": {"source": protocol.source, "sha256": protocol.hash, "text": protocol.text,

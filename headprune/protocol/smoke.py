@@ -56,6 +56,7 @@ from ..errors import HeadpruneError
 from ..evaluation.harness import is_harness_metric, parse_metric
 from ..model.loading import NAMED_MODELS, is_lm_config, model_source_kind
 from ..testing import ARCHS, DECODER_ARCHS, tiny_config, tiny_decoder_config, write_choice_task
+from .claims import read_folder_value
 from .plan import local_config, slug
 from .run import RunError, check_out, run_protocol, write_atomic
 from .spec import ModelEntry, Protocol, ProtocolError, Role
@@ -684,8 +685,8 @@ def smoke_protocol(protocol: Protocol, out: str | Path) -> Protocol | None:
     mark = Path(out).expanduser() / STAND_INS / MARK
     if not mark.is_file():
         return None
+    recorded = read_folder_value(mark, "smoke run's mark")   # a results folder's file: the one safe reader
     try:
-        recorded = json.loads(mark.read_text(encoding="utf-8"))
         return build_smoke(protocol, mark.parent, recorded=recorded).protocol
     except (ValueError, KeyError, TypeError, HeadpruneError):   # a mark of another version: read as a plain run
         return None

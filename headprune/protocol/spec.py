@@ -52,12 +52,13 @@ from ..evaluation.metrics import Metrics
 from ..evaluation.stability import STABILITY_METRICS
 from ..kvcache.plan import FULL_SHARE, SINK, WINDOW
 from ..kvcache.scores import REDUCE, check_rule
-from ..limits import ROWS_PER_BATCH, TOKENS_PER_ROW, UNIT, Interval
+from ..limits import ROWS_PER_BATCH, SEED, TOKENS_PER_ROW, UNIT, Interval
 from ..model.device import DEVICES
 from ..model.loading import declared_causal
 from ..model.memory import MemoryBudgetError, parse_budget
 from ..recovery.spec import RecoverySpec
 from ..trajectory import INFLECTION_DROP, INFLECTION_WINDOW, TrajectoryError, TrajectorySpec, check_inflection
+from ..userinput import read_user_text
 
 ROLES = ("calib", "select", "eval", "train")   # train: recovery's rows ([recovery])
 # metric names a protocol may ask for: every field of Metrics that is a metric (new metrics join by themselves)
@@ -72,7 +73,6 @@ DTYPES = ("fp32", "bf16", "fp16")
 REPEATS = Interval(1, 1000, integer=True, why="each repeat is a full set of scored cells, listed, planned and run "
                                                "one by one")
 RANDOM_BOXES = Interval(0, 1000, integer=True, why="each box is one random-order trajectory cell")
-SEED = Interval(0, 2**31 - 1, integer=True, why="seed + repeat seeds numpy and torch generators")
 ROLE_SIZE = Interval(1, 100_000_000, integer=True, why="rows drawn from a source, whose rows are read into memory; "
                                                        "checked against the source's row count before the first cell")
 
@@ -89,6 +89,8 @@ def metric_names() -> tuple[str, ...]:
 
 # -- where a key is written -------------------------------------------------------------------------------------
 
+MAX_PROTOCOL_BYTES = 1 * 2**20   # a protocol is a page of settings; a larger file is no protocol (read before parsing)
+PROTOCOL_ACCEPTED = "a regular file of UTF-8 TOML text (docs/how-to/protocols.md)"
 MAX_SCANNED_LINE = 4096   # longer lines are left to the TOML parser: a key written there is named by its table's line
 MAX_TOML_DEPTH = 32       # arrays and inline tables nested deeper are refused before parsing (the parser recurses)
 MAX_KEY_PARTS = 32        # a dotted key or header of more parts is refused before parsing (tomllib: quadratic in it)
@@ -621,12 +623,18 @@ class PaperValues(Located):
             if not isinstance(cells, Mapping):
                 raise self.fail(label, f"expected {{ \"SPARSITY\" = VALUE, ... }}, got {cells!r}.")
             here = Located(path=self.path + (label,), where=self.where)
-            values[label] = {}
+            values[label], spelled = {}, {}
             for ratio, value in cells.items():
                 try:
                     at = float(ratio)
                 except ValueError:
                     raise here.fail(ratio, "expected a sparsity as the key (e.g. \"0.5\").") from None
+                if UNIT(at):
+                    raise here.fail(ratio, f"the sparsity {ratio!r} {UNIT(at)} (a pruned share of the heads).")
+                if at in spelled:   # "0.5" and "0.50" name one sparsity: one value would silently replace the other
+                    raise here.fail(ratio, f"\"{spelled[at]}\" and \"{ratio}\" are the same sparsity {at:g}; give "
+                                           "each sparsity once.")
+                spelled[at] = ratio
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                     raise here.fail(ratio, f"expected a finite number (the paper's value), got {value!r}.")
                 values[label][at] = float(value)
@@ -831,10 +839,12 @@ class Protocol(Located):
     def read(cls, path: str | Path) -> Protocol:
         """The protocol in the TOML file ``path`` (ProtocolError naming the line of any problem)."""
         path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ProtocolError(f"Cannot read protocol file {path}: {exc}. Accepted: a UTF-8 TOML file.") from None
+        # what a protocol file may be (docs/reference/formats.md): a regular file of UTF-8 TOML text of at most
+        # MAX_PROTOCOL_BYTES, wherever its links lead (it is the user's own file, read with the user's rights); a
+        # FIFO, a device or a socket is refused before it is opened, and an error names a key and a line, never
+        # the file's lines, so a link to another file (/etc/passwd) shows nothing of it
+        text = read_user_text(path, "Protocol file", PROTOCOL_ACCEPTED, max_bytes=MAX_PROTOCOL_BYTES,
+                              error=ProtocolError)
         return cls.parse(text, str(path), default_name=path.stem)
 
     @classmethod

@@ -26,11 +26,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ..errors import HeadpruneError
-from ..limits import POSITIVE, POSITIVE_INT, UNIT, Interval
+from ..limits import POSITIVE, ROWS_PER_BATCH, TOKENS_PER_ROW, UNIT, Interval
 
 METHODS = ("finetune", "lora", "distill", "lora+distill")
 DEFAULT_LR = {"finetune": 2e-4, "distill": 2e-4, "lora": 1e-3, "lora+distill": 1e-3}   # peak, after warm-up
 WARMUP = Interval(0, 1, closed="left")     # share of the steps with a rising learning rate: [0, 1)
+# upper bounds, each with its reason: a number past them reached the Trainer as an OverflowError or a run of ages
+EPOCHS = Interval(1, 10_000, integer=True, why="passes over the training rows, run one after another")
+STEPS = Interval(1, 100_000_000, integer=True, why="optimizer steps, run one after another")
+LORA_RANK = Interval(1, 65_536, integer=True, why="the rank of an adapter is at most its layer's width")
+MAX_LENGTH = Interval(2, TOKENS_PER_ROW.high, integer=True, why="tokens per row; rows are cut to the model's context")
 
 
 class RecoveryError(HeadpruneError):
@@ -70,17 +75,17 @@ class RecoverySpec:
     def __post_init__(self):
         if self.method not in METHODS:
             raise RecoveryError(f"Unknown recovery method {self.method!r}. Accepted: {', '.join(METHODS)}.")
-        checks = [("epochs", self.epochs, POSITIVE_INT, "passes over the training data"),
-                  ("steps", self.steps, POSITIVE_INT, "optimizer steps"),
+        checks = [("epochs", self.epochs, EPOCHS, "passes over the training data"),
+                  ("steps", self.steps, STEPS, "optimizer steps"),
                   ("lr", self.lr, POSITIVE, "the learning rate"),
-                  ("batch-size", self.batch_size, POSITIVE_INT, "rows per optimizer step"),
+                  ("batch-size", self.batch_size, ROWS_PER_BATCH, "rows per optimizer step"),
                   ("weight-decay", self.weight_decay, Interval(0, None), "AdamW's weight decay"),
                   ("warmup", self.warmup, WARMUP, "share of the steps with a rising learning rate"),
-                  ("lora-rank", self.lora_rank, POSITIVE_INT, "the rank of the LoRA adapters"),
+                  ("lora-rank", self.lora_rank, LORA_RANK, "the rank of the LoRA adapters"),
                   ("lora-alpha", self.lora_alpha, POSITIVE, "LoRA's scale numerator"),
                   ("temperature", self.temperature, POSITIVE, "the distillation temperature T"),
                   ("alpha", self.alpha, UNIT, "the weight of the distillation term"),
-                  ("max-length", self.max_length, Interval(2, None, integer=True), "tokens per row")]
+                  ("max-length", self.max_length, MAX_LENGTH, "tokens per row")]
         for name in ("freeze_embeddings", "dropout"):
             if not isinstance(getattr(self, name), bool):
                 raise RecoveryError(f"{name} {getattr(self, name)!r}: must be true or false.")

