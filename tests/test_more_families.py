@@ -351,3 +351,26 @@ def test_weights_that_do_not_fit_the_config_are_refused_before_loading(tmp_path,
     out = tmp_path / "cut"
     err = refused(["prune", "--model", folder, "--mask", mask_file(tmp_path), "--out", out], capsys)
     assert "do not match its config.json" in err and "[16]" in err and "[32]" in err and not out.exists()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_roles_report_on_every_family(arch):
+    """Every probe and statistic role of every live head is scored through the captured maps: finite where a head
+    is live, NaN where the mask gated it off (the syntactic role needs more parsed arcs than two short texts give,
+    NaN then on any family, Llama's included)."""
+    from headprune.roles.report import head_roles
+    from headprune.testing import offline_tokenizer
+
+    texts = ["The cat sat on the mat while the dogs ran far away.", "I laughed, didn't I?"]
+    tokenizer = offline_tokenizer("byte-level-bpe", texts * 3)
+    model = tiny_more(arch, vocab_size=320)
+    enc = tokenizer(texts, padding=True, return_tensors="pt")
+    mask = HeadMask.ones(adapt(model).grid_shape).prune(1, 2)
+    report = head_roles(model, tokenizer, [{"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}],
+                        texts=texts, mask=mask)
+    scores = np.stack([np.asarray(v.scores, dtype=float) for k, v in report.scores.items() if k != "syntactic"])
+    assert len(scores) == len(report.scores) - 1 >= 6
+    assert np.isnan(scores[:, 1, 2]).all()
+    live = np.ones(scores.shape[1:], dtype=bool)
+    live[1, 2] = False
+    assert np.isfinite(scores[:, live]).all()
