@@ -167,7 +167,8 @@ def clicks(shapes: list[str], eval_size: int, n_clicks: int, phi_layers: int) ->
         print(f"{shape} ({live.adapter.family}, {n_layers} x {n_heads}): {sum(len(b['input_ids']) for b in batches)} "
               f"rows in {len(batches)} batches, first pass {first_pass:.2f} s, {n_clicks} clicks (layers spread "
               f"0..{n_layers - 1}): first number p50 {statistics.median(firsts):.2f} s (max {max(firsts):.2f}), "
-              f"exact p50 {statistics.median(exacts):.2f} s (max {max(exacts):.2f}); load {os.getloadavg()[0]:.1f}")
+              f"exact p50 {statistics.median(exacts):.2f} s (max {max(exacts):.2f}); load {os.getloadavg()[0]:.1f}; "
+              f"chunked LM head {live.chunked_head}, {live.fast_path_note}")
         del ws, model, live
 
 

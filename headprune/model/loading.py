@@ -463,6 +463,10 @@ def _unreadable_weights(spec: str, exc: Exception) -> str | None:
                 "tensors (torch.load with weights_only=True) so that no code from a file runs. Accepted: "
                 "model.safetensors, or a pytorch_model.bin holding a plain state_dict. If you trust the file, "
                 "load it yourself and write model.safetensors with save_pretrained(folder).")
+    if isinstance(exc, RuntimeError) and "mismatched_sizes" in str(exc):   # a .bin checkpoint (no header to read)
+        return (f"The weights in {spec} do not match its config.json: transformers found tensors of other shapes "
+                "than the config describes. Accepted: the config.json saved with these weights (save_pretrained "
+                "writes both).")
     if isinstance(exc, SafetensorError):
         return (f"The weights in {spec} are not a readable safetensors file ({exc}); the file may be truncated "
                 "or not safetensors at all. Accepted: a model.safetensors written by save_pretrained.")
