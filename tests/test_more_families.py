@@ -147,6 +147,8 @@ def test_capture_equals_the_cut_models_own_eager_attentions(arch):
     batch = inputs(arch, seed=2)
     maps = capture_attention(model, batch, mask)
     cut = prune_model(model, mask)
+    emptied = HeadMask(torch.cat([torch.zeros(1, 4), torch.ones(2, 4)]))   # a cut model with a block left empty
+    assert not capture_attention(prune_model(model, emptied), batch).probs[0].any()
     with torch.no_grad():
         reference = cut(**batch, output_attentions=True).attentions
     valid = batch["attention_mask"].bool()
@@ -198,6 +200,8 @@ def test_longformer_maps_reproduce_each_heads_context():
         assert (probs.sum(-1).transpose(1, 2)[valid] - 1).abs().max() <= 1e-5
         far = probs[:, :, 5:, 1:3]   # tokens 5.. see keys 1-2 only through the window (w = 2 each side): never
         assert not far.any()
+    empty = prune_model(model, HeadMask(torch.cat([torch.ones(1, 4), torch.zeros(1, 4), torch.ones(1, 4)])))
+    assert not capture_attention(empty, batch).probs[1].any()   # a layer cut to no heads: its maps are zero
 
 
 def test_taylor_on_longformer_is_refused_before_its_weights_load(tmp_path, capsys):

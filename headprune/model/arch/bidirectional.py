@@ -79,18 +79,18 @@ def _set_heads(core: nn.Module, n_query: int, _n_kv: int) -> None:
 
 
 def _empty_inner_output(output_name: str):
-    """A core applying O itself, left with no heads: O of an empty context (its bias), as a 1-tuple."""
+    """A core applying O itself, left with no heads: O of an empty context (its bias), and no probabilities (the
+    callers read item 1 only when they asked for probabilities, and then take None as a layer without maps)."""
 
     def forward(core, _inner, *args, **kwargs):
-        out = getattr(core, output_name)(empty_context(args, kwargs))
-        return (out, None) if kwargs.get("output_attentions") else (out,)
+        return getattr(core, output_name)(empty_context(args, kwargs)), None
 
     return forward
 
 
 def _empty_sibling(core, _inner, *args, **kwargs):
-    """O in the sibling output module: an empty context, to which O adds only its bias."""
-    return (empty_context(args, kwargs), None) if kwargs.get("output_attentions") else (empty_context(args, kwargs),)
+    """O in the sibling output module: an empty context, to which O adds only its bias; no probabilities."""
+    return empty_context(args, kwargs), None
 
 
 # -- MPNet ----------------------------------------------------------------------------------------------------
@@ -135,7 +135,7 @@ def longformer(model: nn.Module) -> ModelAdapter | None:
     n_heads = model.config.num_attention_heads
     parts = [(c, c.query, c.key, c.value, layer.attention.output.dense) for layer, c in
              ((layer, _self_core(layer)) for layer in layers)]
-    blocks = _blocks(model, parts, n_heads, parts[0][0].head_dim, _set_heads, _empty_sibling,
+    blocks = _blocks(model, parts, n_heads, parts[0][0].head_dim, _set_heads, _empty_longformer,
                      extra_rows=lambda c: [(c.query_global, "query"), (c.key_global, "key"), (c.value_global, "key")],
                      counted_forward=lambda _core: _longformer_forward)
     return ModelAdapter("longformer", model, blocks, n_heads, len(blocks), False, list(range(len(blocks))), layers,
@@ -192,6 +192,19 @@ def _longformer_forward(core, _inner, hidden_states, attention_mask=None, is_ind
         probs[global_at] = 0
     outputs = (out.transpose(0, 1),) + ((probs,) if output_attentions else ())
     return outputs + (global_probs,) if (is_global_attn and output_attentions) else outputs
+
+
+def _empty_longformer(core, _inner, hidden_states, attention_mask=None, is_index_masked=None,
+                      is_index_global_attn=None, is_global_attn=None, output_attentions=False):
+    """A Longformer core with no heads: an empty context (O, in the sibling module, adds its bias) and, when asked,
+    zero-head probabilities in the banded shapes the encoder reads from every layer."""
+    context = empty_context((hidden_states,), {})
+    if not output_attentions:
+        return (context,)
+    b, t = hidden_states.shape[:2]
+    n_global = core._get_global_attn_indices(is_index_global_attn)[0] if is_global_attn else 0
+    banded = hidden_states.new_zeros(b, t, 0, n_global + 2 * core.one_sided_attn_window_size + 1)
+    return (context, banded) + ((hidden_states.new_zeros(b, 0, n_global, t),) if is_global_attn else ())
 
 
 def longformer_maps(block: AttentionBlock, args: tuple, kwargs: dict, output) -> torch.Tensor | None:
