@@ -22,10 +22,11 @@ demo-lm tokenizer -- it only decides which embedding rows are read; the LM head 
 
 ``cli``: per shape, in its own process each (peak RSS its own), ``evaluate`` (--eval-size rows of demo-lm),
 ``score --criterion his`` (--calib-size rows; the duration it tells beforehand on stderr, ``estimate: ...``, next to
-the seconds it took) and ``prune`` (a quarter of the heads, --format headprune); seconds, peak RSS, the weights'
-size and the memory budget the planner used. ``clicks``: the dashboard's live evaluator on --eval-size rows of
-demo-lm (``Workspace.build`` as the dashboard builds it), one head toggled per layer spread over the depth, the
-time to the first running estimate and to the exact value, per shape (benchmarks/bench_gpt2_live.py's method).
+the seconds it took), both under ``--memory-budget`` (--budget-gb), and ``prune`` (a quarter of the heads, --format
+headprune); seconds and peak RSS, held against the weights' size plus the budget. ``clicks``: the dashboard's
+live evaluator on --eval-size rows of demo-lm (``Workspace.build`` as the dashboard builds it), one head toggled
+per layer spread over the depth, the time to the first running estimate and to the exact value, per shape
+(benchmarks/bench_gpt2_live.py's method).
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ def run_cli(argv: list[str], threads: int) -> dict:
             "told": told.group(1).strip() if told else None, "json": out}
 
 
-def cli(shapes: list[str], calib_size: int, eval_size: int, phi_layers: int, threads: int) -> None:
+def cli(shapes: list[str], calib_size: int, eval_size: int, phi_layers: int, threads: int, budget_gb: float) -> None:
     from transformers import AutoConfig
 
     for shape in shapes:
@@ -123,8 +124,10 @@ def cli(shapes: list[str], calib_size: int, eval_size: int, phi_layers: int, thr
         config = AutoConfig.from_pretrained(folder)
         weights = sum(f.stat().st_size for f in folder.glob("*.safetensors")) / 1e9
         data = ["--data", "demo-lm", "--calib-size", str(calib_size), "--eval-size", str(eval_size)]
-        evaluated = run_cli(["evaluate", "--model", str(folder), *data], threads)
-        scored = run_cli(["score", "--model", str(folder), "--criterion", "his", *data], threads)
+        budget = f"{budget_gb}GB"   # the planner's budget, given explicitly so the peak can be held against it
+        evaluated = run_cli(["evaluate", "--model", str(folder), *data, "--memory-budget", budget], threads)
+        scored = run_cli(["score", "--model", str(folder), "--criterion", "his", *data, "--memory-budget", budget],
+                         threads)
         layers, heads = config.num_hidden_layers, config.num_attention_heads
         with tempfile.TemporaryDirectory() as tmp:
             mask = Path(tmp) / "mask.json"
@@ -133,6 +136,7 @@ def cli(shapes: list[str], calib_size: int, eval_size: int, phi_layers: int, thr
                              threads)
         print(f"{shape} ({layers} layers x {heads} heads, weights {weights:.2f} GB float32), {threads} thread(s), "
               f"load {os.getloadavg()[0]:.1f}:")
+        print(f"  memory budget {budget} beyond the weights: peak RSS may reach {weights + budget_gb:.2f} GB")
         print(f"  evaluate {eval_size} rows: {evaluated['wall_s']} s wall, peak RSS {evaluated['peak_rss_gb']} GB, "
               f"perplexity {evaluated['json'].get('perplexity', float('nan')):.1f}")
         print(f"  score his on {calib_size} rows: told '{scored['told']}', took {scored['json'].get('seconds', 0):.1f}"
@@ -184,6 +188,7 @@ def main() -> None:
     parser.add_argument("--eval-size", type=int, default=32)
     parser.add_argument("--clicks", type=int, default=6)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--budget-gb", type=float, default=1.0, help="cli: --memory-budget of evaluate and score")
     args = parser.parse_args()
     import torch
 
@@ -193,7 +198,7 @@ def main() -> None:
         for shape in shapes:
             print(build(shape, args.phi_layers))
     elif args.what == "cli":
-        cli(shapes, args.calib_size, args.eval_size, args.phi_layers, args.threads)
+        cli(shapes, args.calib_size, args.eval_size, args.phi_layers, args.threads, args.budget_gb)
     else:
         clicks(shapes, args.eval_size, args.clicks, args.phi_layers)
 
