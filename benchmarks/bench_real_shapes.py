@@ -68,7 +68,7 @@ def folder_of(shape: str, phi_layers: int) -> Path:
 
 
 def build(shape: str, phi_layers: int) -> Path:
-    """The shape's random model with the demo-lm tokenizer, written once (temporary folder, then rename)."""
+    """The shape's random model with the demo-lm tokenizer, written once (staged, then renamed into place)."""
     folder = folder_of(shape, phi_layers)
     if (folder / "config.json").exists():
         return folder
@@ -77,6 +77,7 @@ def build(shape: str, phi_layers: int) -> Path:
     from transformers import PreTrainedTokenizerFast
 
     from headprune.demos.lm import ensure_demo_lm_model
+    from headprune.model.loading import write_staged
 
     tokenizer = PreTrainedTokenizerFast.from_pretrained(ensure_demo_lm_model())
     cls_name, kwargs = SHAPES[shape]
@@ -84,13 +85,8 @@ def build(shape: str, phi_layers: int) -> Path:
     config = getattr(transformers, cls_name)(**kwargs, **layers, pad_token_id=tokenizer.pad_token_id,
                                              bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-    tmp.parent.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    tmp.rename(folder)
-    return folder
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return write_staged(folder, lambda staging: (model.save_pretrained(staging), tokenizer.save_pretrained(staging)))
 
 
 def child(argv: list[str]) -> None:
