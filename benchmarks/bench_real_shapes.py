@@ -25,8 +25,8 @@ demo-lm tokenizer -- it only decides which embedding rows are read; the LM head 
 the seconds it took), both under ``--memory-budget`` (--budget-gb), and ``prune`` (a quarter of the heads, --format
 headprune); seconds and peak RSS, held against the weights' size plus the budget. ``clicks``: the dashboard's
 live evaluator on --eval-size rows of demo-lm (``Workspace.build`` as the dashboard builds it), one head toggled
-per layer spread over the depth, the time to the first running estimate and to the exact value, per shape
-(benchmarks/bench_gpt2_live.py's method).
+per layer spread over the depth, the time to the first running estimate and to the exact value, per shape, the
+shapes' clicks interleaved (benchmarks/bench_gpt2_live.py's method).
 """
 
 from __future__ import annotations
@@ -141,35 +141,41 @@ def cli(shapes: list[str], calib_size: int, eval_size: int, phi_layers: int, thr
 
 
 def clicks(shapes: list[str], eval_size: int, n_clicks: int, phi_layers: int) -> None:
+    """The live evaluators of every shape side by side, their clicks interleaved (shape A's click i, then shape B's
+    click i, ...), so a shared machine's changing load reaches every shape alike."""
     import torch
 
     from headprune.evaluation.live import LiveEvaluator
     from headprune.workspace import Workspace
 
+    lives, first_pass = {}, {}
     for shape in shapes:
-        folder = build(shape, phi_layers)
-        ws = Workspace.build(str(folder), "demo-lm", calib_size=8, eval_size=eval_size, seed=0, device="cpu")
-        model, batches = ws.loaded.model, ws.eval_batches
+        ws = Workspace.build(str(build(shape, phi_layers)), "demo-lm", calib_size=8, eval_size=eval_size, seed=0,
+                             device="cpu")
         start = time.perf_counter()
-        live = LiveEvaluator(model, batches)
-        first_pass = time.perf_counter() - start
-        n_layers, n_heads = live.adapter.grid_shape
-        firsts, exacts = [], []
-        with torch.no_grad():
-            for i in range(n_clicks):
+        lives[shape] = LiveEvaluator(ws.loaded.model, ws.eval_batches)
+        first_pass[shape] = time.perf_counter() - start
+    firsts: dict[str, list[float]] = {shape: [] for shape in shapes}
+    exacts: dict[str, list[float]] = {shape: [] for shape in shapes}
+    with torch.no_grad():
+        for i in range(n_clicks):
+            for shape, live in lives.items():
+                n_layers, n_heads = live.adapter.grid_shape
                 layer = round(i * (n_layers - 1) / max(n_clicks - 1, 1))
                 seen: list[float] = []
                 t0 = time.perf_counter()
                 live.toggle(layer, i % n_heads, on_estimate=lambda _e, t0=t0, seen=seen: seen.append(
                     time.perf_counter() - t0))
-                exacts.append(time.perf_counter() - t0)
-                firsts.append(seen[0] if seen else exacts[-1])
-        print(f"{shape} ({live.adapter.family}, {n_layers} x {n_heads}): {sum(len(b['input_ids']) for b in batches)} "
-              f"rows in {len(batches)} batches, first pass {first_pass:.2f} s, {n_clicks} clicks (layers spread "
-              f"0..{n_layers - 1}): first number p50 {statistics.median(firsts):.2f} s (max {max(firsts):.2f}), "
-              f"exact p50 {statistics.median(exacts):.2f} s (max {max(exacts):.2f}); load {os.getloadavg()[0]:.1f}; "
-              f"chunked LM head {live.chunked_head}, {live.fast_path_note}")
-        del ws, model, live
+                exacts[shape].append(time.perf_counter() - t0)
+                firsts[shape].append(seen[0] if seen else exacts[shape][-1])
+    for shape, live in lives.items():
+        n_layers, n_heads = live.adapter.grid_shape
+        print(f"{shape} ({live.adapter.family}, {n_layers} x {n_heads}): {live.n_rows} rows in {len(live.batches)} "
+              f"batches, first pass {first_pass[shape]:.2f} s, {n_clicks} clicks (layers spread 0..{n_layers - 1}): "
+              f"first number p50 {statistics.median(firsts[shape]):.2f} s (max {max(firsts[shape]):.2f}), exact p50 "
+              f"{statistics.median(exacts[shape]):.2f} s (max {max(exacts[shape]):.2f}); chunked LM head "
+              f"{live.chunked_head}, {live.fast_path_note}")
+    print(f"load average at the end {os.getloadavg()[0]:.1f}; {torch.get_num_threads()} thread(s)")
 
 
 def main() -> None:
