@@ -79,8 +79,10 @@ Which model families headprune opens, and what each can do. A family is recognis
 (its attention layout), never from its name, so a fine-tune or a renamed checkpoint of a family opens as the
 family does. Every cell is checked in CI on a tiny random model of the family (`tests/test_support_table.py`):
 a gated model equals the cut one exactly (float32, an uneven mask, whole key/value groups where attention is
-grouped, a padded batch), every listed criterion scores, every listed export format is written and loaded
-back, and a decoder takes a KV cache plan or is refused by name.
+grouped, a padded batch), every listed criterion scores, every listed export format is written and read back
+(a headprune checkpoint by headprune, masked and uniform ones by plain transformers, an ONNX graph by
+onnxruntime in the exporter's own check), and a decoder takes a KV cache plan or is refused by name. A format
+missing from a row is refused by name before the model loads (`prune --format ...`), saying why.
 
 {head}{body}
 Refusals, as the user reads them (before any weight loads, from the model's config):

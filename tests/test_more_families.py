@@ -220,6 +220,17 @@ def test_taylor_on_longformer_is_refused_before_its_weights_load(tmp_path, capsy
     assert err.startswith("error: --criterion taylor cannot run") and "banded" in err and not out.exists()
 
 
+@pytest.mark.parametrize("arch,fmt", [("longformer", "onnx"), ("gpt-oss", "onnx"), ("opt", "uniform")])
+def test_a_format_that_cannot_write_the_family_is_refused_before_loading(arch, fmt, tmp_path, capsys):
+    """The format's family_problem, asked of the model built from its config: the weight file is not even valid."""
+    folder = saved(arch, tmp_path / arch)
+    (folder / "model.safetensors").write_bytes(b"not weights")
+    out = tmp_path / "cut"
+    err = refused(["prune", "--model", folder, "--mask", mask_file(tmp_path), "--format", fmt, "--out", out],
+                  capsys)
+    assert (f"cannot write {arch}" if fmt == "onnx" else "head_dim explicitly") in err and not out.exists()
+
+
 # -- running from a layer, live evaluation ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("arch", tuple(a for a in ARCHS if a != "xlm"))

@@ -143,8 +143,9 @@ def test_every_criterion_scores_or_is_refused_by_name(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_every_export_format_is_written_and_loads_back(name, tmp_path):
-    """headprune: back through load_model; masked and uniform: plain transformers (the family's Auto class);
-    a format that refuses the family says so; any other format must at least write."""
+    """headprune: back through load_model; masked and uniform: plain transformers (the family's Auto class); onnx
+    and gguf: written (the ONNX exporter runs its graph in onnxruntime against the cut model before it writes);
+    a format that refuses the family says so, and the CLI says it before the model loads."""
     model = tiny(name)
     mask = masks(name)["uneven"]
     inputs = batch(name)

@@ -52,6 +52,7 @@ from .layers import drop_layers
 from .loading import save_pruned, write_staged
 from .mask import HeadMask
 from .onnx_export import OPSET, export_onnx
+from .onnx_export import family_problem as onnx_family_problem
 from .surgery import bake_scales, head_features, prune_model
 
 # model_type values whose config and attention read an explicit head_dim (transformers 5.23:
@@ -82,7 +83,7 @@ FORMATS = {
                      "encoder classifiers and causal LMs without a key/value cache), the tokenizer beside it",
              "loads_in": "onnxruntime (onnxruntime.InferenceSession on model.onnx, any language binding) and every "
                          "runtime that reads ONNX; no transformers or headprune needed",
-             "saves_compute": True},
+             "saves_compute": True, "family_problem": lambda model: onnx_family_problem(model)},
 }
 # A format may say which families it cannot write at all: FORMATS[name]["family_problem"](model) -> why, or None (every
 # family; see format_problem). The support table (docs/reference/support.md) lists formats per family from it.
@@ -404,6 +405,9 @@ def export_model(model: nn.Module, tokenizer, mask: HeadMask, out: str | Path, f
     """
     if format not in FORMATS:
         raise ExportError(f"Unknown export format {format!r}; accepted: {', '.join(FORMATS)}.")
+    problem = format_problem(format, model)
+    if problem:
+        raise ExportError(problem)
     if dropped_layers and format not in DROPS_LAYERS:
         raise ExportError(f"The mask drops whole layers {list(dropped_layers)} (SAP's layer rule); only the "
                           f"{' and '.join(DROPS_LAYERS)} formats carry a dropped layer, {format!r} cannot. Accepted: "

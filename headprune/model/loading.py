@@ -28,7 +28,7 @@ from safetensors.torch import load_file
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-from ..errors import DeviceError, ModelLoadError, UntrainedHeadError
+from ..errors import DeviceError, ModelLoadError, UnsupportedArchitecture, UntrainedHeadError
 from ..userinput import exists, is_dir, is_file, user_path
 from .arch import ModelAdapter, adapt, supported
 from .device import OFFLOAD_HELP, input_device, parse_device_map, parse_dtype, resolve_device
@@ -218,24 +218,27 @@ def _check_checkpoint_shapes(spec: str, shell: nn.Module, folder: Path) -> None:
                              "(save_pretrained writes both).")
 
 
+def declared_model(spec: str) -> nn.Module | None:
+    """``spec``'s model built from its config alone, on the meta device (shapes, no weights, no memory), so a path
+    its family cannot take is refused before any weight loads; None when only loading can tell (a hub id, a folder
+    without a readable config, a saved pruned model) or the config cannot be built (load_model names why)."""
+    raw = peek_config(spec)
+    if raw is None or raw.get("headprune_kept_heads") or "model_type" not in raw:
+        return None
+    try:
+        return shell_model(AutoConfig.for_model(**raw))
+    except Exception:  # noqa: BLE001 - a config transformers cannot build: load_model says what is wrong
+        return None
+
+
 def declared_refusal(spec: str, path: str) -> str | None:
     """Why ``spec``'s family refuses ``path`` ("kv", a criterion's name: ``ModelAdapter.refuses``), told from its
-    config on the meta device before any weight loads; None when it does not, or when only loading can tell (a hub
-    id, a folder without a readable config, a saved pruned model: their own checks run once it loads)."""
-    raw = peek_config(spec)
-    if raw is None or raw.get("headprune_kept_heads"):
-        return None
+    config before any weight loads (:func:`declared_model`); None when it does not or only loading can tell."""
+    shell = declared_model(spec)
     try:
-        config = AutoConfig.for_model(**raw) if "model_type" in raw else None
-    except (ValueError, TypeError, KeyError):
-        return None
-    if config is None:
-        return None
-    try:
-        adapter = adapt(shell_model(config))
-    except (ValueError, AssertionError, TypeError):
-        return None   # load_model names what is wrong with the config
-    return adapter.refuses.get(path)
+        return None if shell is None else adapt(shell).refuses.get(path)
+    except UnsupportedArchitecture:
+        return None   # load_model refuses it, with the supported families
 
 
 def is_lm_config(config: dict) -> bool:
