@@ -21,7 +21,14 @@ from headprune.estimate import TimeEstimate, estimate_harness
 from headprune.evaluation.harness import HarnessError, HarnessSpec, Tasks, lm_eval_version, resolve_tasks, run_lm_eval
 from headprune.evaluation.metrics import evaluate
 from headprune.evaluation.speed import onnx_speed
-from headprune.model.export import FORMATS, UNIFORM_TYPES, export_model, family_problem, round_to_uniform
+from headprune.model.export import (
+    FORMATS,
+    UNIFORM_TYPES,
+    export_model,
+    family_problem,
+    format_problem,
+    round_to_uniform,
+)
 from headprune.model.gguf_export import GGUF_TYPES, model_problem
 from headprune.model.onnx_export import logits_gap, open_session, runtime_problem
 from headprune.model.sizes import size_report
@@ -65,7 +72,8 @@ def export_formats(ws: DashboardWorkspace) -> dict[str, dict]:
     cut = (f"The loaded model already has {ws.n_cut} heads cut out, so it is not the original architecture any "
            "more; load the original model to export a stock checkpoint.") if ws.n_cut else None
     problems = {"headprune": None, "masked": cut, "uniform": cut or family_problem(ws.loaded.model),
-                "onnx": runtime_problem(), "gguf": model_problem(ws.loaded.model, ws.loaded.tokenizer)}
+                "onnx": runtime_problem() or format_problem("onnx", ws.loaded.model),
+                "gguf": model_problem(ws.loaded.model, ws.loaded.tokenizer)}
     labels = {"headprune": "headprune checkpoint (smaller, any mask)",
               "masked": "masked stock checkpoint (original size, loads anywhere)",
               "uniform": "uniform stock cut (smaller, loads anywhere)",

@@ -17,11 +17,19 @@ from ..evaluation.metrics import evaluate
 from ..evaluation.speed import compare_speed, onnx_speed
 from ..kvcache.plan import KVPlanError
 from ..kvcache.restrict import restricted
-from ..model.export import DROPS_LAYERS, FORMATS, ExportError, export_model, round_to_uniform, type_problem
+from ..model.export import (
+    DROPS_LAYERS,
+    FORMATS,
+    ExportError,
+    export_model,
+    format_problem,
+    round_to_uniform,
+    type_problem,
+)
 from ..model.gguf_export import GGUF_TYPES
 from ..model.gguf_export import check_source as check_gguf_source
 from ..model.layers import skip_layers
-from ..model.loading import check_head, is_lm_config, load_model, model_source_kind, peek_config
+from ..model.loading import check_head, declared_model, is_lm_config, load_model, model_source_kind, peek_config
 from ..model.mask import HeadMask
 from ..model.onnx_export import OnnxExportError, check_runtime, option_problem
 from ..model.sizes import size_report
@@ -195,6 +203,10 @@ def check_prune_out(out: str, option: str, format: str, model: str, gguf_type: s
     check_model_folder(out, option)
     if format == "uniform":
         _check_uniform_family(model)
+    shell = declared_model(model)   # a family the format cannot write is refused from its config, before loading
+    problem = format_problem(format, shell) if shell is not None else None
+    if problem:
+        raise ExportError(problem)
     if format == "onnx":
         check_runtime()
     if format == "gguf":

@@ -46,7 +46,7 @@ from ..kvcache.scores import (
 from ..kvcache.stream import FORMAT, StreamSpec, run_stream, run_stream_seeds
 from ..limits import SEED, TOKENS_PER_ROW, Interval
 from ..model.device import DEVICES
-from ..model.loading import declared_causal, load_model, peek_config
+from ..model.loading import declared_causal, declared_refusal, load_model, peek_config
 from ..model.tokenizer import declared_context, model_context
 from ..outdir import signed, write_atomic
 from ..provenance import versions
@@ -84,6 +84,9 @@ def refuse_encoder(model: str) -> None:
         raise KVPlanError(f"--model {model} is an encoder: a KV cache plan needs a decoder (an encoder keeps no "
                           "key/value cache; every query sees every key of the row at once). Use a causal LM such "
                           "as demo-lm or demo-circuit.")
+    refused = declared_refusal(model, "kv")
+    if refused:
+        raise KVPlanError(f"--model {model} cannot take a KV cache plan: {refused}")
 
 
 def read_plan_arg(path: str | None, model: str) -> KVPlan | None:

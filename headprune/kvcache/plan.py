@@ -333,6 +333,8 @@ def check_decoder(adapter) -> None:
     if not adapter.causal:
         raise KVPlanError(f"A KV cache plan needs a decoder; {adapter.family or adapter.arch} is an encoder: it keeps "
                           "no key/value cache (every query sees every key of the row at once).")
+    if "kv" in adapter.refuses:
+        raise KVPlanError(f"A KV cache plan cannot run on {adapter.family or adapter.arch}: {adapter.refuses['kv']}")
 
 
 def check_shape(shape) -> list[int]:

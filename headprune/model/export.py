@@ -8,7 +8,9 @@ headprune   ``loading.save_pruned``: physically cut, any mask, kept heads record
 masked      the original architecture and config, the pruned heads' weights zeroed. For a pruned head h of a block
             with head size d_h at physical position p: W_O input columns [p d_h, (p+1) d_h) and W_Q output rows (with
             bias) of the same span are set to 0 -- and the rows of any further query-side per-head projection
-            (``AttentionBlock.extra_rows``). The O columns alone make the head's contribution
+            (``AttentionBlock.extra_rows``) -- except where Q and K feed a norm over all heads (OLMo 2,
+            ``AttentionBlock.norm_spans_heads``): there a head's Q/K rows set the other heads' queries and keys,
+            so they stay and only O columns and V rows are zeroed. The O columns alone make the head's contribution
             W_O[:, p] c_h = 0 for every context c_h, i.e. exactly a 0 gate (``gating.py``); Q then no longer
             matters and is zeroed for sparsity. A key/value head's W_K / W_V rows (and key-side extras) are zeroed
             only when every query head reading it is pruned, so every kept head sees its own keys and values
@@ -45,16 +47,18 @@ from torch import nn
 from ..errors import HeadpruneError
 from .arch import AttentionBlock, adapt, out_axis
 from .gguf_export import GGUF_FAMILIES, GGUF_TYPES, export_gguf
+from .gguf_export import config_problem as gguf_config_problem
 from .layers import drop_layers
 from .loading import save_pruned, write_staged
 from .mask import HeadMask
 from .onnx_export import OPSET, export_onnx
+from .onnx_export import family_problem as onnx_family_problem
 from .surgery import bake_scales, head_features, prune_model
 
 # model_type values whose config and attention read an explicit head_dim (transformers 5.23:
 # ``getattr(config, "head_dim", hidden_size // num_attention_heads)`` in each attention's __init__)
 UNIFORM_TYPES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3",
-                 "gemma3_text": "Gemma 3 (text)", "phi3": "Phi-3"}
+                 "gemma3_text": "Gemma 3 (text)", "phi3": "Phi-3", "gpt_oss": "gpt-oss"}
 
 FORMATS = {
     "headprune": {"what": "physically cut, any mask; kept heads recorded in the config",
@@ -68,18 +72,21 @@ FORMATS = {
                         f"families: {', '.join(UNIFORM_TYPES.values())}",
                 "loads_in": "plain transformers and every runtime that reads the family's config with an explicit "
                             "head_dim (vLLM, TGI, llama.cpp conversion)",
-                "saves_compute": True},
+                "saves_compute": True, "family_problem": lambda model: family_problem(model)},
     "gguf": {"what": "one .gguf file for llama.cpp (architecture 'deci': per-layer query and key/value head "
                      f"counts), any mask; tensor types {', '.join(GGUF_TYPES)}; families: "
                      f"{', '.join(GGUF_FAMILIES.values())}",
              "loads_in": "llama.cpp unmodified (llama-cli, llama-server, llama-cpp-python, ollama, LM Studio)",
-             "saves_compute": True},
+             "saves_compute": True, "family_problem": lambda model: gguf_config_problem(
+                 {**model.config.to_dict(), "architectures": [type(model).__name__]})},
     "onnx": {"what": f"one ONNX graph of the cut model (any mask, opset {OPSET}, dynamic batch and sequence axes; "
                      "encoder classifiers and causal LMs without a key/value cache), the tokenizer beside it",
              "loads_in": "onnxruntime (onnxruntime.InferenceSession on model.onnx, any language binding) and every "
                          "runtime that reads ONNX; no transformers or headprune needed",
-             "saves_compute": True},
+             "saves_compute": True, "family_problem": lambda model: onnx_family_problem(model)},
 }
+# A format may say which families it cannot write at all: FORMATS[name]["family_problem"](model) -> why, or None (every
+# family; see format_problem). The support table (docs/reference/support.md) lists formats per family from it.
 
 # formats that carry a mask's dropped layers: a headprune checkpoint records them, an ONNX graph leaves them out
 DROPS_LAYERS = ("headprune", "onnx")
@@ -135,9 +142,11 @@ def _mask_block(block: AttentionBlock, pruned: list[int]) -> None:
     k_off = block.fused_span("key")[0] if block.fused else 0
     v_off = block.fused_span("value")[0] if block.fused else 0
     _zero(block.output, head_features(q_pos, d), output_side=False)
-    _zero(block.query, head_features(q_pos, d, q_off), output_side=True)
+    if not block.norm_spans_heads:   # OLMo 2: a head's Q/K rows set the other heads' norm, so they stay
+        _zero(block.query, head_features(q_pos, d, q_off), output_side=True)
     if dead_kv:
-        _zero(block.key, head_features(dead_kv, d, k_off), output_side=True)
+        if not block.norm_spans_heads:
+            _zero(block.key, head_features(dead_kv, d, k_off), output_side=True)
         _zero(block.value, head_features(dead_kv, d, v_off), output_side=True)
     for module, side in block.extra_rows:
         rows = q_pos if side == "query" else dead_kv
@@ -230,6 +239,12 @@ def family_problem(model: nn.Module) -> str | None:
         return ("A uniform export starts from the original model, but this one already has heads cut out. Load the "
                 "uncut model and give the whole mask.")
     return None
+
+
+def format_problem(format: str, model: nn.Module) -> str | None:
+    """Why ``format`` cannot write ``model``'s family whatever the mask (FORMATS[format]["family_problem"]), or None."""
+    check = FORMATS[format].get("family_problem")
+    return None if check is None else check(model)
 
 
 def uniform_problem(model: nn.Module, mask: HeadMask) -> str | None:
@@ -390,6 +405,9 @@ def export_model(model: nn.Module, tokenizer, mask: HeadMask, out: str | Path, f
     """
     if format not in FORMATS:
         raise ExportError(f"Unknown export format {format!r}; accepted: {', '.join(FORMATS)}.")
+    problem = format_problem(format, model)
+    if problem:
+        raise ExportError(problem)
     if dropped_layers and format not in DROPS_LAYERS:
         raise ExportError(f"The mask drops whole layers {list(dropped_layers)} (SAP's layer rule); only the "
                           f"{' and '.join(DROPS_LAYERS)} formats carry a dropped layer, {format!r} cannot. Accepted: "

@@ -2,7 +2,11 @@
 
 Named models are registered with :func:`register_model` by the packages that build them (``headprune.demos``
 registers "demo", "demo-lm" and "demo-circuit" when ``headprune`` is imported), so this module never imports a
-demo. No code from a user's files runs: ``trust_remote_code=False`` always, safetensors preferred. A folder saved by
+demo. No code from a user's files runs: ``trust_remote_code=False`` always, safetensors preferred, and a remote-code
+model (an ``auto_map`` in its config, .py files in its folder) is refused by name. Before any weight loads, the
+config is checked (heads dividing the hidden size), the architecture is adapted on the meta device
+(``UnsupportedArchitecture`` and family refusals cost no waiting) and a safetensors checkpoint's tensor shapes are
+compared with the config's. A folder saved by
 ``save_pruned`` records its kept heads in its config; it is rebuilt at full size, cut by surgery to the same
 shape, and then the saved weights are loaded strictly.
 """
@@ -19,12 +23,12 @@ from pathlib import Path
 
 import torch
 from accelerate import dispatch_model, infer_auto_device_map, init_empty_weights
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-from ..errors import DeviceError, ModelLoadError, UntrainedHeadError
+from ..errors import DeviceError, ModelLoadError, UnsupportedArchitecture, UntrainedHeadError
 from ..userinput import (
     MAX_JSON_DEPTH,
     exists,
@@ -36,7 +40,7 @@ from ..userinput import (
     read_user_text,
     user_path,
 )
-from .arch import ModelAdapter, adapt
+from .arch import ModelAdapter, adapt, supported
 from .device import OFFLOAD_HELP, input_device, parse_device_map, parse_dtype, resolve_device
 from .layers import DROPPED_LAYERS_KEY, drop_layers
 from .surgery import apply_layout, plan_block, record_kept_heads
@@ -127,9 +131,13 @@ def peek_config(spec: str) -> dict | None:
 def folder_config(folder: Path) -> dict | None:
     """A folder's config.json, the one reader of it before weights load: None when it is missing or not JSON
     (load_model names the problem); ModelLoadError when it is JSON but not a configuration."""
+    refuse_code_files(folder)
     config = read_config_json(folder)
     if config is None:
         return None   # load_model names the problem
+    if isinstance(config, dict) and config.get("auto_map"):
+        raise ModelLoadError(remote_code_message(str(folder), "its config.json has an 'auto_map' (classes in the "
+                                                 f"folder's own .py files: {', '.join(sorted(config['auto_map']))})"))
     architectures = config.get("architectures") or [] if isinstance(config, dict) else None
     text_config = config.get("text_config") or {} if isinstance(config, dict) else None
     model_types = [c.get("model_type") for c in (config, text_config) if isinstance(c, dict)]
@@ -157,6 +165,108 @@ def read_config_json(folder: Path):
         return json.loads(text)
     except ValueError:
         return None
+
+
+def remote_code_message(spec: str, why: str) -> str:
+    return (f"{spec} is a remote-code model: {why}. headprune runs no code from a user's files (it loads models "
+            "with trust_remote_code=False), so it cannot load it. Accepted: a model of a family transformers itself "
+            "implements (a config.json without 'auto_map', no .py files in the folder); headprune's families are: "
+            f"{supported()}.")
+
+
+def refuse_code_files(folder: Path) -> None:
+    """Refuse a model folder that ships Python files (a remote-code model's modeling code): none of it would run
+    here, and a model that needs it cannot be built without it."""
+    try:
+        code = sorted(p.name for p in folder.glob("*.py"))
+    except OSError:
+        return
+    if code:
+        raise ModelLoadError(remote_code_message(str(folder), f"the folder holds Python code ({', '.join(code[:3])})"))
+
+
+def check_head_split(config, raw: dict | None = None) -> None:
+    """Refuse a config whose attention heads do not divide its hidden size where the family derives the head size
+    as hidden / heads (no explicit ``head_dim``): the model could not be built as described, or its weights would
+    not fit it. ``raw``: the config.json as written (an explicit head_dim there is the family's own choice)."""
+    config = getattr(config, "text_config", None) or config
+    hidden, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
+    raw = (raw or {}).get("text_config") or raw or {}
+    if "head_dim" in raw or not isinstance(hidden, int) or not isinstance(heads, int) or heads <= 0:
+        return
+    if hidden % heads:
+        raise ModelLoadError(f"The config's hidden size {hidden} is not a multiple of its {heads} attention heads "
+                             f"({hidden / heads:g} features per head). Accepted: a config whose hidden size is a "
+                             "multiple of num_attention_heads (or one that sets head_dim explicitly, where its "
+                             "family reads it).")
+
+
+def shell_model(config):
+    """The model of ``config`` with every parameter on the meta device: its shapes, no memory, no weights."""
+    with init_empty_weights(include_buffers=False):
+        return auto_class(config).from_config(config, trust_remote_code=False)
+
+
+def check_before_weights(spec: str, config, folder: Path | None) -> ModelAdapter | None:
+    """What can be refused from the config alone, before a weight loads: heads that do not divide the hidden size,
+    an architecture headprune does not adapt (``UnsupportedArchitecture``, built on the meta device), and a
+    safetensors checkpoint whose tensors do not fit the config (shapes read from the file headers)."""
+    check_head_split(config, folder_config(folder) if folder is not None else config.to_dict())
+    try:
+        shell = shell_model(config)
+    except (ValueError, AssertionError, TypeError) as exc:
+        raise ModelLoadError(f"{spec}: its config does not describe a model transformers can build: {exc}") from exc
+    except Exception:  # noqa: BLE001 - e.g. a quantisation library's own check: loading itself says what it is
+        return None
+    adapter = adapt(shell)
+    if folder is not None:
+        _check_checkpoint_shapes(spec, shell, folder)
+    return adapter
+
+
+def _check_checkpoint_shapes(spec: str, shell: nn.Module, folder: Path) -> None:
+    expected = {name: tuple(p.shape) for name, p in shell.state_dict().items()}
+    found = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), "pt") as f:
+                found.update({name: tuple(f.get_slice(name).get_shape()) for name in f.keys()})
+        except (OSError, SafetensorError):
+            return   # load_model names an unreadable file
+    prefix = getattr(shell, "base_model_prefix", "") or ""
+    wrong = []
+    for name, shape in found.items():
+        target = expected.get(name, expected.get(f"{prefix}.{name}") if prefix else None)
+        if target is not None and target != shape:
+            wrong.append(f"{name} is {list(shape)} in the checkpoint, {list(target)} by the config")
+    if wrong:
+        more = " ..." if len(wrong) > 3 else ""
+        raise ModelLoadError(f"The weights in {spec} do not match its config.json ({len(wrong)} tensor(s): "
+                             f"{'; '.join(wrong[:3])}{more}). Accepted: the config.json saved with these weights "
+                             "(save_pretrained writes both).")
+
+
+def declared_model(spec: str) -> nn.Module | None:
+    """``spec``'s model built from its config alone, on the meta device (shapes, no weights, no memory), so a path
+    its family cannot take is refused before any weight loads; None when only loading can tell (a hub id, a folder
+    without a readable config, a saved pruned model) or the config cannot be built (load_model names why)."""
+    raw = peek_config(spec)
+    if raw is None or raw.get("headprune_kept_heads") or "model_type" not in raw:
+        return None
+    try:
+        return shell_model(AutoConfig.for_model(**raw))
+    except Exception:  # noqa: BLE001 - a config transformers cannot build: load_model says what is wrong
+        return None
+
+
+def declared_refusal(spec: str, path: str) -> str | None:
+    """Why ``spec``'s family refuses ``path`` ("kv", a criterion's name: ``ModelAdapter.refuses``), told from its
+    config before any weight loads (:func:`declared_model`); None when it does not or only loading can tell."""
+    shell = declared_model(spec)
+    try:
+        return None if shell is None else adapt(shell).refuses.get(path)
+    except UnsupportedArchitecture:
+        return None   # load_model refuses it, with the supported families
 
 
 def is_lm_config(config: dict) -> bool:
@@ -295,8 +405,9 @@ def load_model(spec: str, device: str | torch.device = "auto", attn_implementati
         elif not is_dir(path) or not is_file(path / "config.json"):
             raise ModelLoadError(f"{spec} is not a model folder: it needs config.json and model.safetensors "
                                  "(a folder written by save_pretrained or by 'python -m headprune prune').")
-        else:   # its size and nesting bounded before transformers parses it (100,000 levels: a RecursionError)
-            folder_config(Path(path))
+    if path is not None and spec not in NAMED_MODELS:
+        folder_config(path)   # a remote-code folder refused, its config's size and nesting bounded (100,000 levels:
+                              # a RecursionError) before transformers parses it
     try:
         config = AutoConfig.from_pretrained(source, trust_remote_code=False)
     except OSError as exc:
@@ -306,7 +417,13 @@ def load_model(spec: str, device: str | torch.device = "auto", attn_implementati
                 f"Use a named model ({named_models_help()}) or a local folder when there is no network.") from exc
         raise ModelLoadError(f"Could not read the config in {spec}: {exc}") from exc
     except ValueError as exc:
+        if "trust_remote_code" in str(exc):
+            raise ModelLoadError(remote_code_message(spec, "its configuration needs the model's own code")) from exc
         raise ModelLoadError(f"{spec}: {exc}") from exc
+    if getattr(config, "auto_map", None):
+        raise ModelLoadError(remote_code_message(spec, "its config has an 'auto_map'"))
+    if not getattr(config, "headprune_kept_heads", None):   # a pruned folder is checked as it is rebuilt
+        check_before_weights(spec, config, path if path is not None and spec not in NAMED_MODELS else None)
     try:
         untrained: list[str] = []   # a saved pruned folder is loaded strictly: every weight is there
         if getattr(config, "headprune_kept_heads", None):
@@ -385,6 +502,10 @@ def _unreadable_weights(spec: str, exc: Exception) -> str | None:
                 "tensors (torch.load with weights_only=True) so that no code from a file runs. Accepted: "
                 "model.safetensors, or a pytorch_model.bin holding a plain state_dict. If you trust the file, "
                 "load it yourself and write model.safetensors with save_pretrained(folder).")
+    if isinstance(exc, RuntimeError) and "mismatched_sizes" in str(exc):   # a .bin checkpoint (no header to read)
+        return (f"The weights in {spec} do not match its config.json: transformers found tensors of other shapes "
+                "than the config describes. Accepted: the config.json saved with these weights (save_pretrained "
+                "writes both).")
     if isinstance(exc, SafetensorError):
         return (f"The weights in {spec} are not a readable safetensors file ({exc}); the file may be truncated "
                 "or not safetensors at all. Accepted: a model.safetensors written by save_pretrained.")

@@ -101,6 +101,25 @@ def runtime_problem() -> str | None:
     return None
 
 
+# families whose trace does not reproduce the model, found by exporting a tiny cut model of every family
+# (tests/test_support_table.py, 2026-11-29): refused by name before anything is traced
+REFUSED_FAMILIES = {
+    "longformer": "Longformer pads the sequence to its attention window and gathers its global tokens inside the "
+                  "forward; the trace keeps the traced batch's lengths and indices, so the graph fails in "
+                  "onnxruntime at any other shape",
+    "gpt-oss": "gpt-oss routes tokens to its experts with torch.histc, which ONNX opset 17 cannot express",
+}
+
+
+def family_problem(model: nn.Module) -> str | None:
+    """Why no ONNX graph of ``model``'s family can be written (whatever the mask), or None."""
+    family = adapt(model).family
+    if family in REFUSED_FAMILIES:
+        return (f"--format onnx cannot write {family}: {REFUSED_FAMILIES[family]}. Export it with format "
+                "'headprune' (or 'masked', which loads wherever the original does).")
+    return None
+
+
 def check_runtime() -> None:
     problem = runtime_problem()
     if problem:
@@ -306,7 +325,12 @@ def export_onnx(model: nn.Module, tokenizer, mask: HeadMask | None, out: str | P
                     f"torch's ONNX exporter cannot write this {private.config.model_type} model ({exc}). Nothing was "
                     "written. Export it with format 'headprune'.") from exc
         report(0.7, "checking the graph in onnxruntime")
-        check = logits_gap(open_session(path), private, [traced, checked])
+        try:
+            check = logits_gap(open_session(path), private, [traced, checked])
+        except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own types: a graph that does not run
+            raise OnnxExportError(f"The ONNX graph of this {private.config.model_type} model does not run in "
+                                  f"onnxruntime at another batch and length ({exc}). Nothing was written. Export it "
+                                  "with format 'headprune'.") from exc
         if not check["relative"] <= TOLERANCE:
             raise OnnxExportError(
                 f"The ONNX graph of this {private.config.model_type} model does not reproduce the cut model: its "

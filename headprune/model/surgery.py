@@ -4,12 +4,16 @@ For a block with head size d_h, keeping query heads K (original ids) keeps
     W_Q  rows     [p*d_h : (p+1)*d_h] for the physical position p of every h in K   (and its bias)
     W_O  columns  the same positions                                                (its bias is untouched)
     W_K, W_V rows of the key/value heads the kept query heads read (see "Grouped-query attention" below)
-    any further per-head projection the adapter lists in ``extra_rows`` (DeBERTa's position projections): its
-             rows with the side (query or key/value) it is multiplied with
-which is exactly what a 0 gate on the removed heads computes (see gating.py). Fused Q|K|V modules (GPT-2
-``c_attn``, Phi-3 ``qkv_proj``, ModernBERT ``Wqkv``) are sliced part by part; Conv1D weights (in x out) along
-their output axis. Parameters are replaced in place on the copy, so module identity (and any accelerate hook on
-it) is kept. A block with no heads left contributes only what O adds for an empty context (its bias); its core's
+    any further per-head projection the adapter lists in ``extra_rows`` (DeBERTa's position projections,
+             Longformer's global projections): its rows with the side (query or key/value) it is multiplied with
+    any per-head parameter in ``head_params`` (gpt-oss's attention sinks, Nystromformer's per-head convolution):
+             its entries of the kept query heads
+which is exactly what a 0 gate on the removed heads computes (see gating.py). Where Q and K pass through a norm
+over all heads (OLMo 2, ``AttentionBlock.norm_spans_heads``) a head's Q/K rows also set the kept heads' norm, so
+they stay, and only V rows and O columns are cut; the core then attends with the kept heads only. Fused Q|K|V
+modules (GPT-2 ``c_attn``, Phi-3 ``qkv_proj``, ModernBERT ``Wqkv``) are sliced part by part; Conv1D weights (in x
+out) along their output axis. Parameters are replaced in place on the copy, so module identity (and any accelerate
+hook on it) is kept. A block with no heads left contributes only what O adds for an empty context (its bias); its core's
 forward is replaced by the adapter's ``empty_forward`` (``headprune.modwrap``).
 
 Grouped-query attention (stock transformers pairs physical query position p with key/value head
@@ -99,19 +103,35 @@ def apply_layout(block: AttentionBlock, keep: list[int], sources: list[int]) -> 
         _keep_features(block.query, head_features(q_pos, d, q_start) + head_features(kv_pos, d, k_start)
                        + head_features(kv_pos, d, v_start), output_side=True)
     else:
-        _keep_features(block.query, head_features(q_pos, d), output_side=True)
-        _keep_features(block.key, head_features(kv_pos, d), output_side=True)
+        if not block.norm_spans_heads:   # else every head's Q/K rows feed the norm of the kept ones (base.py)
+            _keep_features(block.query, head_features(q_pos, d), output_side=True)
+            _keep_features(block.key, head_features(kv_pos, d), output_side=True)
         _keep_features(block.value, head_features(kv_pos, d), output_side=True)
     for module, side in block.extra_rows:
         _keep_features(module, head_features(q_pos if side == "query" else kv_pos, d), output_side=True)
+    for module, name in block.head_params:
+        _keep_entries(module, name, q_pos)
     _keep_features(block.output, head_features(q_pos, d), output_side=False)
     block.kept, block.kv_sources = list(keep), list(sources)
     install_forwards(block)
 
 
+def _keep_entries(module: nn.Module, name: str, positions: list[int]) -> None:
+    """Keep the dim-0 entries ``positions`` of the per-head parameter ``module.<name>``, in place."""
+    param = getattr(module, name)
+    idx = torch.tensor(positions, dtype=torch.long, device=param.device)
+    setattr(module, name, nn.Parameter(param.detach().index_select(0, idx).clone(), requires_grad=param.requires_grad))
+
+
 def install_forwards(block: AttentionBlock) -> None:
-    """Set the core's head counts and, where needed, the forward that reads them (zero heads, Phi-3)."""
+    """Set the core's head counts and, where needed, the forward that reads them (zero heads, Phi-3).
+
+    The core also gets its layout, ``headprune_layout`` = (kept query heads, key/value group of each physical
+    key/value head), original ids: forwards that select heads from something computed for all of them (MPNet's
+    shared position bias, OLMo 2's norm over all heads) read it.
+    """
     core = block.core
+    core.headprune_layout = (list(block.kept), list(block.kv_sources))
     if block.set_counts is not None:
         block.set_counts(core, block.n_live, block.n_kv_live)
     wraps = core.__dict__.setdefault("_headprune_surgery_undo", [])

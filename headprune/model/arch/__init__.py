@@ -3,8 +3,10 @@
     base.py       what every adapter produces: ModelAdapter, AttentionBlock (Q/K/V/O, fused spans, groups)
     registry.py   the one registry of families (@family, adapt, supported)
     encoders.py   BERT family, DistilBERT, ALBERT (tied)
+    causal.py     GPT-J, GPT-Neo, OPT, Phi-1/1.5/2, OLMo 2 (norm over all heads), gpt-oss (sinks)
     decoders.py   Llama-style (Llama, Qwen2/3, Mistral, Gemma 3), Phi-3, GPT-2
     modern.py     DeBERTa-v2/v3, ModernBERT
+    bidirectional.py  MPNet (shared per-head position bias), Longformer (local + global), XLM, Nystromformer
 
 Everything else in headprune (gating, surgery, capture, criteria, live evaluation) talks to heads through the
 adapter only. The family modules are imported here, in detection order, so that importing ``arch`` registers
@@ -13,7 +15,9 @@ them all.
 
 from __future__ import annotations
 
-from . import decoders, encoders, modern  # noqa: F401  (registration; this order is the detection order)
+# causal before decoders: OLMo 2 and gpt-oss also have Llama's q/k/v/o_proj, and their own detector must see them first
+# bidirectional before encoders: Longformer and Nystromformer also have BERT's attention.self/output layout
+from . import bidirectional, causal, decoders, encoders, modern  # noqa: F401  (registration; this order is detection's)
 from .base import PARTS, AttentionBlock, ModelAdapter, in_features, out_axis, out_features
 from .registry import FAMILIES, adapt, family, supported
 

@@ -25,6 +25,7 @@ contexts. A module is an ``nn.Linear`` (weight out x in) or transformers' ``Conv
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,6 +74,15 @@ class AttentionBlock:
     # projections pos_key_proj / pos_query_proj). Gating needs nothing: a gate on the context entering O
     # silences every path of the head.
     extra_rows: list[tuple[nn.Module, str]] = field(default_factory=list)
+    # Further per-head parameters, each (module, attribute name): a tensor whose dim 0 holds one entry per
+    # physical query head (gpt-oss's learned attention sinks, Nystromformer's per-head convolution over values).
+    # Surgery keeps the kept heads' entries; the family's ``set_counts`` updates whatever counts them.
+    head_params: list[tuple[nn.Module, str]] = field(default_factory=list)
+    # True when Q and K pass through a norm over *all* heads' features before attention (OLMo 2's q_norm /
+    # k_norm): every head's Q/K rows feed the statistics of the others, so surgery keeps the Q and K rows of every
+    # original head (and the norms) and cuts V and O only; the core's forward (``counted_forward``) picks the kept
+    # heads after the norm. Masked exports zero only O columns and V rows for the same reason.
+    norm_spans_heads: bool = False
 
     @property
     def n_live(self) -> int:
@@ -116,6 +126,20 @@ class AttentionBlock:
         g = self.n_live // self.n_kv_live
         return [p // g for p in range(self.n_live)]
 
+    def part_layout(self, name: str) -> tuple[int, list[int]]:
+        """(head slots held by the rows of part ``name``, the slot each physical query position reads).
+
+        Normally Q holds the live query heads in weight order and K/V the physical key/value heads; where a norm
+        spans all heads (``norm_spans_heads``) Q and K keep every original head and group, read by original id.
+        """
+        if self.norm_spans_heads and name == "query":
+            return self.n_heads, list(self.kept)
+        if self.norm_spans_heads and name == "key":
+            return self.n_kv_heads, [self.group_of(h) for h in self.kept]
+        if name == "query":
+            return self.n_live, list(range(self.n_live))
+        return self.n_kv_live, self.kv_of_position()
+
 
 @dataclass
 class ModelAdapter:
@@ -140,6 +164,16 @@ class ModelAdapter:
     layer_kinds: list[str] | None = None
     # True when the stock forward must be told to return attention probabilities (DeBERTa).
     needs_output_attentions: bool = False
+    # Paths this model cannot take, each with the reason said to the user: "kv" (KV cache plans, which replace
+    # transformers' registered attention functions: GPT-J and GPT-Neo compute attention in their own code, so a
+    # plan would be silently ignored) or a criterion's name (Longformer's "taylor"). Read before weights load too
+    # (``loading.declared_adapter``), so a refused path costs no waiting.
+    refuses: dict[str, str] = field(default_factory=dict)
+    # (block, core args, core kwargs, core output) -> (B, h_live, T, T) probabilities, for a core whose own output
+    # is not that (Longformer's banded local + global form); None: the core's second output is the map.
+    attention_probs: Callable[..., Any] | None = None
+    # True when the cores' projections see (T, B, features) rather than (B, T, features) (Longformer).
+    sequence_first: bool = False
 
     @property
     def grid_shape(self) -> tuple[int, int]:
@@ -170,6 +204,14 @@ class ModelAdapter:
         return torch.tensor([[b.group_of(h) for h in range(self.n_heads)] for b in self.blocks], dtype=torch.long)
 
 
+def own_attention_refusal(family: str) -> str:
+    """Why a family whose cores compute attention in their own code cannot take a KV cache plan (``refuses["kv"]``)."""
+    return (f"{family} computes attention in its own code rather than through transformers' registered attention "
+            "functions, which a KV cache plan replaces; the plan would be silently ignored, so it is refused. KV "
+            "plans work on decoders that call those functions (Llama, Qwen, Mistral, Gemma, Phi, OPT, OLMo, "
+            "gpt-oss, ...).")
+
+
 def kept_heads(model: nn.Module, block_index: int, n_heads: int) -> list[int]:
     """Original query heads physically present in block ``block_index`` (recorded by surgery in the config)."""
     recorded = getattr(model.config, "headprune_kept_heads", None) or {}
@@ -189,7 +231,58 @@ def kv_sources(model: nn.Module, block_index: int, n_heads: int, n_kv_heads: int
     return sorted({h // group_size for h in kept})
 
 
+def make_block(model: nn.Module, index: int, core: nn.Module, parts: tuple, head_size: int, n_heads: int,
+               n_kv_heads: int, **behaviour) -> AttentionBlock:
+    """Block ``index`` of ``model`` with Q/K/V/O ``parts``, its kept heads and key/value sources as surgery recorded
+    them in the config (all heads of an uncut model), and the family's ``behaviour`` (AttentionBlock's fields)."""
+    kept = kept_heads(model, index, n_heads)
+    return AttentionBlock(index, core, *parts, head_size, kept, n_heads, n_kv_heads,
+                          kv_sources(model, index, n_heads, n_kv_heads, kept), **behaviour)
+
+
 def empty_context(args: tuple, kwargs: dict) -> torch.Tensor:
     """The (..., 0) context of a core with no heads, shaped like its hidden-states input."""
     hidden = args[0] if args else kwargs["hidden_states"]
     return hidden.new_zeros(*hidden.shape[:-1], 0)
+
+
+def submodule(path: str) -> Callable[[nn.Module], nn.Module | None]:
+    """A function giving ``layer.<path>`` (a dotted attribute path), or None where the layer lacks a step of it."""
+
+    def find(layer: nn.Module) -> nn.Module | None:
+        for name in path.split("."):
+            layer = getattr(layer, name, None)
+        return layer
+
+    return find
+
+
+def find_layers(model: nn.Module, core_of: Callable[[nn.Module], nn.Module | None],
+                needs: tuple[str, ...]) -> nn.ModuleList | None:
+    """The first ModuleList of layers whose attention core (``core_of(layer)``) has every attribute in ``needs``."""
+    for module in model.modules():
+        for child in module.children():
+            if isinstance(child, nn.ModuleList) and len(child) > 0:
+                core = core_of(child[0])
+                if core is not None and all(hasattr(core, a) for a in needs):
+                    return child
+    return None
+
+
+def rotary_attention(core: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     position_embeddings, attention_mask, past_key_values, window: int | None, **kwargs):
+    """The tail every rotary decoder's attention forward shares (transformers 5.23's Llama-style cores), for the
+    forwards headprune installs on cut cores: rotary on Q and K (the core's own module's ``apply_rotary_pos_emb``),
+    the cache update, then the registered attention function (the model's ``_attn_implementation``, so a KV plan's
+    restriction applies). Returns (the heads' context (B, T, H_live * d), attention weights or None)."""
+    mod = sys.modules[type(core).__module__]
+    cos, sin = position_embeddings
+    query, key = mod.apply_rotary_pos_emb(query, key, cos, sin)
+    if past_key_values is not None:
+        key, value = past_key_values.update(key, value, core.layer_idx)
+    interface = mod.ALL_ATTENTION_FUNCTIONS.get_interface(core.config._attn_implementation,
+                                                          mod.eager_attention_forward)
+    out, weights = interface(core, query, key, value, attention_mask,
+                             dropout=0.0 if not core.training else core.attention_dropout, scaling=core.scaling,
+                             **({"sliding_window": window} if window is not None else {}), **kwargs)
+    return out.reshape(*query.shape[:1], query.shape[2], -1).contiguous(), weights

@@ -39,20 +39,9 @@ from __future__ import annotations
 from torch import nn
 
 from ..hooks import passthrough
-from .base import AttentionBlock, ModelAdapter, empty_context, kept_heads, kv_sources
+from .base import AttentionBlock, ModelAdapter, empty_context, find_layers, kept_heads, kv_sources
 from .encoders import empty_sibling_output, set_encoder_counts
 from .registry import family
-
-
-def _layer_list(model: nn.Module, core_of, needs: tuple[str, ...]) -> nn.ModuleList | None:
-    """The first ModuleList of layers whose attention core (``core_of(layer)``) has every attribute in ``needs``."""
-    for module in model.modules():
-        for child in module.children():
-            if isinstance(child, nn.ModuleList) and len(child) > 0:
-                core = core_of(child[0])
-                if core is not None and all(hasattr(core, a) for a in needs):
-                    return child
-    return None
 
 
 def _blocks(model: nn.Module, parts: list[tuple], n_heads: int, head_size: int, **behaviour) -> list[AttentionBlock]:
@@ -82,7 +71,7 @@ def _deberta_parts(layer: nn.Module) -> tuple:
 
 @family("deberta-v2", "DeBERTa-v2/v3: disentangled attention with per-head relative-position projections")
 def deberta_v2(model: nn.Module) -> ModelAdapter | None:
-    layers = _layer_list(model, _deberta_core, ("query_proj", "key_proj", "value_proj", "pos_att_type"))
+    layers = find_layers(model, _deberta_core, ("query_proj", "key_proj", "value_proj", "pos_att_type"))
     if layers is None:
         return None
     n_heads = model.config.num_attention_heads
@@ -107,7 +96,7 @@ def _empty_modernbert(core, _inner, *args, **kwargs):
 
 @family("modernbert", "ModernBERT: fused Wqkv, rotary positions, alternating global and local (sliding) layers")
 def modernbert(model: nn.Module) -> ModelAdapter | None:
-    layers = _layer_list(model, lambda layer: getattr(layer, "attn", None), ("Wqkv", "Wo"))
+    layers = find_layers(model, lambda layer: getattr(layer, "attn", None), ("Wqkv", "Wo"))
     if layers is None or not hasattr(layers[0], "attention_type"):
         return None
     n_heads = model.config.num_attention_heads
