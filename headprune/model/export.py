@@ -6,9 +6,10 @@ Three formats (:data:`FORMATS`):
 headprune   ``loading.save_pruned``: physically cut, any mask, kept heads recorded in the config
             (``headprune_kept_heads``); only ``headprune.load_model`` rebuilds it.
 masked      the original architecture and config, the pruned heads' weights zeroed. For a pruned head h of a block
-            with head size d_h at physical position p: W_O input columns [p d_h, (p+1) d_h) and W_Q output rows (with
-            bias) of the same span are set to 0 -- and the rows of any further query-side per-head projection
-            (``AttentionBlock.extra_rows``). The O columns alone make the head's contribution
+            with head size d_h at physical position p: W_O input columns [p d_h, (p+1) d_h) and the W_Q output rows
+            (with bias) holding head p (``AttentionBlock.rows``: in a fused Q/K/V wherever its layout puts them) are
+            set to 0 -- and the rows of any further query-side per-head projection
+            (``AttentionBlock.extra_rows``, ``head_vectors``). The O columns alone make the head's contribution
             W_O[:, p] c_h = 0 for every context c_h, i.e. exactly a 0 gate (``gating.py``); Q then no longer
             matters and is zeroed for sparsity. A key/value head's W_K / W_V rows (and key-side extras) are zeroed
             only when every query head reading it is pruned, so every kept head sees its own keys and values
@@ -115,18 +116,21 @@ def _mask_block(block: AttentionBlock, pruned: list[int]) -> None:
     q_pos = [block.kept.index(h) for h in pruned]
     readers = block.kv_of_position()
     dead_kv = [j for j in range(block.n_kv_live) if all(p in q_pos for p, r in enumerate(readers) if r == j)]
-    q_off = block.fused_span("query")[0] if block.fused else 0
-    k_off = block.fused_span("key")[0] if block.fused else 0
-    v_off = block.fused_span("value")[0] if block.fused else 0
     _zero(block.output, head_features(q_pos, d), output_side=False)
-    _zero(block.query, head_features(q_pos, d, q_off), output_side=True)
+    _zero(block.query, block.rows("query", q_pos), output_side=True)
     if dead_kv:
-        _zero(block.key, head_features(dead_kv, d, k_off), output_side=True)
-        _zero(block.value, head_features(dead_kv, d, v_off), output_side=True)
+        _zero(block.key, block.rows("key", dead_kv), output_side=True)
+        _zero(block.value, block.rows("value", dead_kv), output_side=True)
     for module, side in block.extra_rows:
         rows = q_pos if side == "query" else dead_kv
         if rows:
             _zero(module, head_features(rows, d), output_side=True)
+    for owner, name, side in block.head_vectors:   # DeBERTa v1's q_bias (query side), v_bias (value side)
+        rows = q_pos if side == "query" else dead_kv
+        if rows:
+            with torch.no_grad():
+                getattr(owner, name).index_fill_(0, torch.tensor(head_features(rows, d), dtype=torch.long,
+                                                                  device=getattr(owner, name).device), 0.0)
 
 
 def masked_model(model: nn.Module, mask: HeadMask) -> nn.Module:

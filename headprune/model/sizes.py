@@ -39,6 +39,7 @@ def parameters_left(model: nn.Module, mask: HeadMask) -> int:
         removed += fewer_kv * (head_rows(block.key, d) + head_rows(block.value, d))
         removed += sum((fewer_query if side == "query" else fewer_kv) * head_rows(module, d)
                        for module, side in block.extra_rows)
+        removed += sum((fewer_query if side == "query" else fewer_kv) * d for _, _, side in block.head_vectors)
     return sum(p.numel() for p in model.parameters()) - removed
 
 
@@ -96,7 +97,8 @@ def layout_report(model: nn.Module) -> list[dict]:
 
 def _group_of(param_name: str) -> str:
     parts = param_name.split(".")
-    if {"embeddings", "embeddings_project", "embed_tokens", "wte", "wpe"} & set(parts):
+    if {"embeddings", "embeddings_project", "embed_tokens", "wte", "wpe", "embed_in", "word_embeddings",
+            "word_embeddings_layernorm"} & set(parts):   # embed_in: GPT-NeoX; word_embeddings: BLOOM, Falcon
         return "embeddings"
     if {"encoder", "transformer", "layers", "h"} & set(parts):  # decoders keep their layers here too
         return "encoder"
@@ -126,6 +128,10 @@ def parameter_counts(model: nn.Module) -> dict[str, dict[str, float]]:
             for p in module.parameters():
                 attention["params"] += p.numel()
                 attention["mb"] += p.numel() * p.element_size() / 2**20
+        for owner, name, _ in block.head_vectors:   # per-head vectors on the core (DeBERTa v1's q_bias, v_bias)
+            p = getattr(owner, name)
+            attention["params"] += p.numel()
+            attention["mb"] += p.numel() * p.element_size() / 2**20
     total = {"params": sum(g["params"] for g in groups.values()), "mb": sum(g["mb"] for g in groups.values())}
     out = {k: groups[k] for k in ("embeddings", "encoder", "pooler", "classifier") if k in groups}
     out["attention_qkvo"] = attention

@@ -5,12 +5,16 @@ For a block with head size d_h, keeping query heads K (original ids) keeps
     W_O  columns  the same positions                                                (its bias is untouched)
     W_K, W_V rows of the key/value heads the kept query heads read (see "Grouped-query attention" below)
     any further per-head projection the adapter lists in ``extra_rows`` (DeBERTa's position projections): its
-             rows with the side (query or key/value) it is multiplied with
-which is exactly what a 0 gate on the removed heads computes (see gating.py). Fused Q|K|V modules (GPT-2
-``c_attn``, Phi-3 ``qkv_proj``, ModernBERT ``Wqkv``) are sliced part by part; Conv1D weights (in x out) along
-their output axis. Parameters are replaced in place on the copy, so module identity (and any accelerate hook on
-it) is kept. A block with no heads left contributes only what O adds for an empty context (its bias); its core's
-forward is replaced by the adapter's ``empty_forward`` (``headprune.modwrap``).
+             rows with the side (query or key/value) it is multiplied with; likewise the entries of any per-head
+             parameter vector in ``head_vectors`` (DeBERTa v1's q_bias / v_bias)
+which is exactly what a 0 gate on the removed heads computes (see gating.py). Which rows hold a head is the
+adapter's one description (``AttentionBlock.chunks``): a fused Q/K/V module -- Q|K|V blocks (GPT-2 ``c_attn``,
+Phi-3 ``qkv_proj``, ModernBERT and MPT ``Wqkv``) or interleaved per key/value group (GPT-NeoX, BLOOM, Falcon,
+DeBERTa v1) -- keeps the kept heads' rows in the order its layout has at the new head counts
+(``AttentionBlock.rows_after``); Conv1D weights (in x out) along their output axis. Parameters are replaced in
+place on the copy, so module identity (and any accelerate hook on it) is kept. A block with no heads left
+contributes only what O adds for an empty context (its bias); its core's forward is replaced by the adapter's
+``empty_forward`` (``headprune.modwrap``).
 
 Grouped-query attention (stock transformers pairs physical query position p with key/value head
 p // num_key_value_groups, one count per layer). Let c_g be the number of kept query heads of original group g:
@@ -76,6 +80,14 @@ def _keep_features(module: nn.Module, index: list[int], output_side: bool) -> No
         module.nf = n
 
 
+def _keep_entries(owner: nn.Module, name: str, index: list[int]) -> None:
+    """Keep entries ``index`` of the parameter vector ``owner.<name>``, in place."""
+    vector = getattr(owner, name)
+    idx = torch.tensor(index, dtype=torch.long, device=vector.device)
+    setattr(owner, name, nn.Parameter(vector.detach().index_select(0, idx).clone(),
+                                      requires_grad=vector.requires_grad))
+
+
 def plan_block(block: AttentionBlock, keep: list[int]) -> tuple[list[int], list[int]]:
     """(new kept query heads in weight order, original group of each new key/value head) for keeping ``keep``."""
     keep = sorted(keep, key=lambda h: (block.group_of(h), block.kept.index(h)))
@@ -92,26 +104,24 @@ def apply_layout(block: AttentionBlock, keep: list[int], sources: list[int]) -> 
     d = block.head_size
     q_pos = [block.kept.index(h) for h in keep]
     kv_pos = [block.kv_sources.index(g) for g in sources]
-    if block.fused:
-        q_start, _ = block.fused_span("query")
-        k_start, _ = block.fused_span("key")
-        v_start, _ = block.fused_span("value")
-        _keep_features(block.query, head_features(q_pos, d, q_start) + head_features(kv_pos, d, k_start)
-                       + head_features(kv_pos, d, v_start), output_side=True)
-    else:
-        _keep_features(block.query, head_features(q_pos, d), output_side=True)
-        _keep_features(block.key, head_features(kv_pos, d), output_side=True)
-        _keep_features(block.value, head_features(kv_pos, d), output_side=True)
+    for module in block.projections():
+        _keep_features(module, block.rows_after(module, q_pos, kv_pos), output_side=True)
     for module, side in block.extra_rows:
         _keep_features(module, head_features(q_pos if side == "query" else kv_pos, d), output_side=True)
+    for owner, name, side in block.head_vectors:
+        _keep_entries(owner, name, head_features(q_pos if side == "query" else kv_pos, d))
     _keep_features(block.output, head_features(q_pos, d), output_side=False)
     block.kept, block.kv_sources = list(keep), list(sources)
     install_forwards(block)
 
 
 def install_forwards(block: AttentionBlock) -> None:
-    """Set the core's head counts and, where needed, the forward that reads them (zero heads, Phi-3)."""
+    """Set the core's head counts and, where needed, the forward that reads them (zero heads, Phi-3, ALiBi).
+
+    ``core.headprune_kept`` records the kept heads in weight order for counted forwards that slice what the model
+    builds once per forward for all of its heads (BLOOM's, Falcon's and MPT's ALiBi biases)."""
     core = block.core
+    core.headprune_kept = list(block.kept)
     if block.set_counts is not None:
         block.set_counts(core, block.n_live, block.n_kv_live)
     wraps = core.__dict__.setdefault("_headprune_surgery_undo", [])

@@ -4,7 +4,9 @@
     registry.py   the one registry of families (@family, adapt, supported)
     encoders.py   BERT family, DistilBERT, ALBERT (tied)
     decoders.py   Llama-style (Llama, Qwen2/3, Mistral, Gemma 3), Phi-3, GPT-2
-    modern.py     DeBERTa-v2/v3, ModernBERT
+    modern.py     DeBERTa v1, v2/v3, ModernBERT
+    fused.py      GPT-NeoX / Pythia (fused head-interleaved Q/K/V), the fused decoders' shared builder
+    alibi.py      BLOOM, Falcon, MPT (attention in their own code, ALiBi biases sliced per layer after a cut)
 
 Everything else in headprune (gating, surgery, capture, criteria, live evaluation) talks to heads through the
 adapter only. The family modules are imported here, in detection order, so that importing ``arch`` registers
@@ -14,6 +16,9 @@ them all.
 from __future__ import annotations
 
 from . import decoders, encoders, modern  # noqa: F401  (registration; this order is the detection order)
+
+# isort: split
+from . import alibi, fused  # noqa: F401  (issue 47's fused / ALiBi families after the above; alibi imports fused)
 from .base import PARTS, AttentionBlock, ModelAdapter, in_features, out_axis, out_features
 from .registry import FAMILIES, adapt, family, supported
 
