@@ -25,6 +25,9 @@ if not ws.adapter.causal:
                "sees every key of the row at once, so there is nothing to stream. Load a decoder (demo-lm, "
                "demo-circuit) on Model & data.")
     st.stop()
+if ws.adapter.kv_refusal:
+    st.warning(f"{ws.setup.model} ({ws.adapter.family}): {ws.adapter.kv_refusal}")
+    st.stop()
 
 left, mid, right = st.columns(3)
 rule = left.selectbox("Score", RULES, key="kv-rule", help="each rule's card below says what it is: the published "

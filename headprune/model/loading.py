@@ -19,12 +19,15 @@ from pathlib import Path
 
 import torch
 from accelerate import dispatch_model, infer_auto_device_map, init_empty_weights
-from safetensors import SafetensorError
+from huggingface_hub.errors import StrictDataclassError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+from transformers.conversion_mapping import get_model_conversion_mapping
+from transformers.core_model_loading import WeightRenaming, apply_renamings
 
-from ..errors import DeviceError, ModelLoadError, UntrainedHeadError
+from ..errors import DeviceError, HeadpruneError, ModelLoadError, UntrainedHeadError
 from ..userinput import exists, is_dir, is_file, user_path
 from .arch import ModelAdapter, adapt
 from .device import OFFLOAD_HELP, input_device, parse_device_map, parse_dtype, resolve_device
@@ -86,6 +89,26 @@ def declared_causal(spec: str) -> bool | None:
         return None
     model_type = (config.get("text_config") or {}).get("model_type") or config.get("model_type")
     return None if not model_type else model_type not in ENCODER_TYPES
+
+
+def shell_model(config):
+    """The model of ``config`` with every parameter on the meta device: its modules and shapes, no memory, no
+    weights (``trust_remote_code`` off, as everywhere)."""
+    with init_empty_weights(include_buffers=False):
+        return auto_class(config).from_config(config, trust_remote_code=False)
+
+
+def declared_kv_refusal(spec: str) -> str | None:
+    """Why a KV cache plan cannot apply to the local folder ``spec`` (``ModelAdapter.kv_refusal`` of its family,
+    found from the modules of a weightless shell built from its config.json), read before any weight loads; None
+    when it can, or when nothing local says (a named model, a hub id, an unreadable config: checked once loaded)."""
+    if spec in NAMED_MODELS or model_source_kind(spec) != "folder" or folder_config(Path(spec).expanduser()) is None:
+        return None
+    try:
+        config = AutoConfig.from_pretrained(str(Path(spec).expanduser()), trust_remote_code=False)
+        return adapt(shell_model(config)).kv_refusal
+    except (OSError, ValueError, StrictDataclassError, HeadpruneError):   # load_model names the problem
+        return None
 
 
 def model_source_kind(spec: str) -> str:
@@ -176,7 +199,10 @@ def _load_pruned_folder(folder: Path, config, attn_implementation: str) -> nn.Mo
         if (keep, [int(g) for g in src]) != (block.kept, block.kv_sources):
             apply_layout(block, keep, [int(g) for g in src])
     record_kept_heads(adapter)
-    state = _load_state_dict(folder)
+    state = _model_names(model, _load_state_dict(folder))
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}   # assign=True would take any shape
+    check_weight_shapes(str(folder), [(k, t.shape, shapes[k]) for k, t in state.items()
+                                      if k in shapes and tuple(t.shape) != shapes[k]])
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     missing = [k for k in missing if "position_ids" not in k]
     tied = getattr(model, "_tied_weights_keys", None) or {}
@@ -194,6 +220,52 @@ def _load_pruned_folder(folder: Path, config, attn_implementation: str) -> nn.Mo
         setattr(model.config, DROPPED_LAYERS_KEY, None)
         drop_layers(adapter, dropped)
     return model
+
+
+def check_weight_shapes(spec: str, mismatched) -> None:
+    """Refuse a checkpoint whose tensors have other shapes than its config.json gives the model: ``mismatched``
+    holds (name, checkpoint shape, configured shape) triples. Raises ModelLoadError naming the first ones."""
+    mismatched = list(mismatched)
+    if not mismatched:
+        return
+    named = "; ".join(f"{name} is {tuple(ckpt)} in the checkpoint but {tuple(want)} by the config"
+                      for name, ckpt, want in sorted(mismatched, key=lambda m: m[0])[:3])
+    more = f" (and {len(mismatched) - 3} more)" if len(mismatched) > 3 else ""
+    raise ModelLoadError(f"The weights in {spec} do not match its config.json: {named}{more}. Accepted: a "
+                         "checkpoint saved together with its own config (save_pretrained writes both); check that "
+                         "config.json is the one these weights were trained with.")
+
+
+def refuse_before_weights(spec: str, path: Path | None, config) -> None:
+    """Refuse, from config.json and the weight files' headers alone, what would otherwise be refused only once the
+    weights are in memory: a model whose heads headprune cannot find or whose head counts do not fit its family
+    (``arch.adapt`` on a weightless shell), and a local safetensors tensor whose shape is not the one the config
+    gives the model (``check_weight_shapes``). Raises HeadpruneError; a config transformers cannot build without
+    weights is left to the real load, which names its problem."""
+    try:
+        shell = shell_model(config)
+    except Exception:   # noqa: BLE001  (any failure here is the real load's to report, in its own words)
+        return
+    adapt(shell)
+    if path is None:
+        return
+    shapes = {k: tuple(v.shape) for k, v in shell.state_dict().items()}
+    stored = {}
+    for file in sorted(path.glob("*.safetensors")):
+        with safe_open(str(file), "pt") as handle:   # the header only: no tensor is read
+            stored.update({key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()})
+    stored = _model_names(shell, stored)
+    check_weight_shapes(spec, [(k, shape, shapes[k]) for k, shape in stored.items() if k in shapes
+                               and shape != shapes[k]])
+
+
+def _model_names(model: nn.Module, state: dict) -> dict:
+    """``state`` (as save_pretrained wrote it) under the model's own parameter names. transformers renames some
+    keys between a checkpoint and the modules (GPT-NeoX's ``embed_out`` is ``lm_head`` in the model, legacy
+    ``LayerNorm.gamma`` is ``.weight``): from_pretrained renames them on load and save_pretrained back on save. A
+    saved cut model is loaded without from_pretrained, so the same renamings are applied here."""
+    renamings = [t for t in get_model_conversion_mapping(model) if isinstance(t, WeightRenaming)]
+    return {apply_renamings(key, renamings): tensor for key, tensor in state.items()} if renamings else state
 
 
 def head_keys(model: nn.Module, missing) -> list[str]:
@@ -272,6 +344,9 @@ def load_model(spec: str, device: str | torch.device = "auto", attn_implementati
         raise ModelLoadError(f"Could not read the config in {spec}: {exc}") from exc
     except ValueError as exc:
         raise ModelLoadError(f"{spec}: {exc}") from exc
+    except StrictDataclassError as exc:   # the config class's own validation (e.g. heads that do not divide hidden)
+        raise ModelLoadError(f"{spec}: its config.json is not a valid configuration: "
+                             f"{str(exc.__cause__ or exc).strip()}") from exc
     try:
         untrained: list[str] = []   # a saved pruned folder is loaded strictly: every weight is there
         if getattr(config, "headprune_kept_heads", None):
@@ -283,13 +358,17 @@ def load_model(spec: str, device: str | torch.device = "auto", attn_implementati
         else:
             if path is not None:
                 _load_state_dict_exists(path)
+            refuse_before_weights(spec, path, config)
             placed = {} if placement is None else {
                 "device_map": placement, "offload_folder": offload_folder or tempfile.mkdtemp(prefix="headprune-")}
+            # mismatched sizes are let through so that the loading report names them (transformers' own error
+            # only points to a log); any mismatch is then refused below, before the model is used
             kwargs = dict(trust_remote_code=False, use_safetensors=None, dtype=torch_dtype, output_loading_info=True,
-                          **placed)
+                          ignore_mismatched_sizes=True, **placed)
             model, info = _eager_if_unsupported(
                 lambda attn: auto_class(config).from_pretrained(source, attn_implementation=attn, **kwargs),
                 attn_implementation)
+            check_weight_shapes(spec, info.get("mismatched_keys") or ())
             untrained = head_keys(model, info.get("missing_keys") or ())
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
     except ModelLoadError:

@@ -48,7 +48,7 @@ from torch import nn
 
 from ..errors import MaskError
 from .arch import AttentionBlock, ModelAdapter, adapt, out_axis
-from .hooks import wrap_forward
+from .hooks import unwrap_forward, wrap_forward
 from .mask import HeadMask
 
 GQA_STRATEGY = "kv-gcd-replicate"
@@ -124,13 +124,16 @@ def install_forwards(block: AttentionBlock) -> None:
     core.headprune_kept = list(block.kept)
     if block.set_counts is not None:
         block.set_counts(core, block.n_live, block.n_kv_live)
-    wraps = core.__dict__.setdefault("_headprune_surgery_undo", [])
-    while wraps:  # a second cut replaces the first cut's forward
-        wraps.pop()()
+    # a second cut replaces the first cut's forward. The wraps are found by their function, not by undo closures
+    # kept from the first cut: a cut of a cut works on a deep copy, where such closures would still point at the
+    # first cut's modules (unwrapping those, and leaving the copy wrapped twice)
+    for wrapper in (block.empty_forward, block.counted_forward):
+        if wrapper is not None:
+            unwrap_forward(core, wrapper)
     if not block.kept and block.empty_forward is not None:
-        wraps.append(wrap_forward(core, block.empty_forward))
+        wrap_forward(core, block.empty_forward)
     elif block.counted_forward is not None and (block.n_live, block.n_kv_live) != (block.n_heads, block.n_kv_heads):
-        wraps.append(wrap_forward(core, block.counted_forward))
+        wrap_forward(core, block.counted_forward)
 
 
 def record_kept_heads(adapter: ModelAdapter) -> None:

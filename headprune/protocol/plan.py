@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from accelerate import init_empty_weights
+from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from ..criteria import get
@@ -35,7 +35,7 @@ from ..estimate import LIVE_STEP, forward_rate, human_duration
 from ..evaluation.harness import metric_tasks
 from ..kvcache.duo import DEFAULTS as DUO_DEFAULTS
 from ..model.arch import adapt
-from ..model.loading import NAMED_MODELS, auto_class, model_source_kind
+from ..model.loading import NAMED_MODELS, auto_class, model_source_kind, shell_model
 from ..model.memory import plan_for
 from ..scoring import ScoringContext
 from .cells import check_roles, harness_tasks, scored_params
@@ -141,14 +141,8 @@ def local_config(spec: str):
         if kind == "folder":
             return AutoConfig.from_pretrained(str(Path(spec).expanduser()))
         return AutoConfig.from_pretrained(spec, local_files_only=True)
-    except (OSError, ValueError):
+    except (OSError, ValueError, StrictDataclassError):   # an invalid config.json: load_model names it
         return None
-
-
-def shell_model(config):
-    """The model of ``config`` with every parameter on the meta device: its shapes, no memory, no weights."""
-    with init_empty_weights(include_buffers=False):
-        return auto_class(config).from_config(config)
 
 
 @dataclass

@@ -22,7 +22,8 @@ from collections.abc import Callable
 
 from torch import nn
 
-from .base import AttentionBlock, ModelAdapter, empty_context, find_layers, kept_heads, kv_sources
+from ...errors import ModelLoadError
+from .base import AttentionBlock, ModelAdapter, empty_context, find_layers, kept_heads, kv_sources, out_features
 from .registry import family
 
 
@@ -31,7 +32,15 @@ def fused_decoder(model: nn.Module, layers: nn.ModuleList, cores: list[nn.Module
                   set_counts: Callable | None = None, layer_output: Callable | None = None,
                   kv_refusal: str | None = None) -> ModelAdapter:
     """A causal adapter with one block per layer, Q/K/V fused in one module of ``layout``; ``parts(core)`` gives
-    (fused Q/K/V, O)."""
+    (fused Q/K/V, O). These families derive the head size as hidden / heads, so a config whose heads do not divide
+    the hidden size (or whose key/value heads do not divide the heads) is refused here, by what it says."""
+    hidden = out_features(parts(cores[0])[1])
+    if hidden % n_heads or n_heads % n_kv:
+        raise ModelLoadError(
+            f"This {model.config.model_type} config has hidden size {hidden}, {n_heads} attention heads and {n_kv} "
+            "key/value heads: its head size is hidden / heads, so the heads must divide the hidden size and the "
+            "key/value heads must divide the heads. Accepted: a config.json whose counts divide (the one the "
+            "checkpoint was trained with).")
     blocks = []
     for i, core in enumerate(cores):
         qkv, out = parts(core)
