@@ -27,7 +27,7 @@ from safetensors.torch import save_file
 from headprune.criteria import ScoringContext, available, get
 from headprune.errors import HeadpruneError, ModelLoadError, UnsupportedArchitecture
 from headprune.kvcache.plan import KVPlan, KVPlanError, check_decoder
-from headprune.model.arch import adapt, out_axis
+from headprune.model.arch import adapt
 from headprune.model.capture import capture_attention
 from headprune.model.export import export_model
 from headprune.model.gating import gate_heads
@@ -169,19 +169,11 @@ def test_each_kept_alibi_head_keeps_its_own_slope(arch):
 
 @pytest.mark.parametrize("arch", FUSED_ARCHS)
 def test_capture_equals_the_stock_eager_attentions(arch):
+    from test_decoders import check_capture_against_eager
+
     model = tiny_fused(arch)
-    batch = batch_of(arch)
-    cut_mask = HeadMask.from_pruned({2: [0, 1]}, adapt(model).grid_shape)
-    gate = HeadMask.from_pruned({1: [2]}, adapt(model).grid_shape)
-    maps = capture_attention(prune_model(model, cut_mask), batch, gate)
-    with torch.no_grad(), gate_heads(model, gate & cut_mask):
-        reference = model(**batch, output_attentions=True).attentions
-    valid = batch["attention_mask"].bool()
-    pair = valid[:, None, :, None] & valid[:, None, None, :]
-    for layer, probs in enumerate(maps.probs):
-        expected = reference[layer] * pair
-        expected[:, ~maps.live[layer]] = 0.0
-        assert (probs - expected).abs().max() <= 1e-6, layer
+    maps = check_capture_against_eager(model, batch_of(arch), HeadMask.from_pruned({1: [2]}, (3, 4)),
+                                       HeadMask.from_pruned({2: [0, 1]}, (3, 4)))
     assert not maps.live[2, :2].any() and not maps.live[1, 2]
 
 
@@ -201,28 +193,17 @@ def test_run_from_every_layer_equals_the_full_forward(arch):
 def test_gnorm_matches_batch_size_one_autograd(arch):
     """G_Q per query head, G_K / G_V of the key/value head it reads, on interleaved fused rows (right padding:
     each example runs alone, unpadded)."""
+    from test_decoders import check_gnorm_by_single_examples
+
     model = tiny_fused(arch, head="cls")
     batch = random_decoder_batch(batch_size=3) if arch != "deberta" else random_batch(batch_size=3)
     batch["labels"] = torch.tensor([0, 2, 1])
-    adapter = adapt(model)
-    expected = torch.zeros((3, *adapter.grid_shape), dtype=torch.float64)
-    for b in range(3):
-        length = int(batch["attention_mask"][b].sum())
-        model.zero_grad()
-        model(input_ids=batch["input_ids"][b:b + 1, :length]).logits.norm().backward()
-        for block in adapter.blocks:
-            grad = block.query.weight.grad.double()
-            grad = grad if out_axis(block.query) == 0 else grad.T
-            for i, part in enumerate(("query", "key", "value")):
-                for h in range(block.n_heads):
-                    head = h if part == "query" else block.group_of(h)
-                    first = independent_start(arch, part, head)
-                    expected[i, block.index, h] += grad[first:first + 8].norm()
-    expected /= 3
-    result = get("gnorm")(ScoringContext(model=model, calib=[batch]), {"objective": "logits_norm"})
-    for i, name in enumerate(("G_Q", "G_K", "G_V")):
-        torch.testing.assert_close(torch.as_tensor(result.meta[name], dtype=torch.float64), expected[i],
-                                   rtol=1e-6, atol=1e-9, msg=name)
+
+    def rows(block, part: str, head: int) -> slice:
+        first = independent_start(arch, part, head)
+        return slice(first, first + 8)
+
+    check_gnorm_by_single_examples(model, batch, rows)
 
 
 @pytest.mark.parametrize("arch", FUSED_ARCHS)
