@@ -189,6 +189,28 @@ def test_run_from_every_layer_equals_the_full_forward(arch):
             assert torch.equal(model(**batch).logits, full), layer
 
 
+@pytest.mark.parametrize("arch", FUSED_ARCHS)
+def test_live_evaluation_follows_toggles_exactly(arch):
+    """LiveEvaluator (replays from the changed layer) == a full evaluation under the same mask after every toggle,
+    on left-padded LM rows (perplexity) or padded classifier rows (loss)."""
+    from headprune.evaluation.live import LiveEvaluator
+    from headprune.evaluation.metrics import evaluate
+
+    model = tiny_fused(arch)
+    batches = []
+    for seed in range(2):
+        batch = batch_of(arch, seed)
+        batch["labels"] = lm_labels(batch["input_ids"], batch["attention_mask"]) if arch in FUSED_DECODERS else \
+            torch.tensor([0, 2, 1, 0])
+        batches.append(batch)
+    live = LiveEvaluator(model, batches)
+    for layer, head in ((2, 1), (0, 3), (1, 0), (2, 1)):
+        metrics = live.toggle(layer, head)
+        reference = evaluate(model, batches, live.mask)
+        assert metrics.loss == pytest.approx(reference.loss, rel=1e-5), (layer, head)
+    assert live.stats.partial_runs >= 1
+
+
 @pytest.mark.parametrize("arch", ["gpt-neox", "falcon", "deberta"])
 def test_gnorm_matches_batch_size_one_autograd(arch):
     """G_Q per query head, G_K / G_V of the key/value head it reads, on interleaved fused rows (right padding:
