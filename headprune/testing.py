@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -304,3 +305,105 @@ def tiny_fused(arch: str, head: str | None = None, seed: int = 0, attn_implement
     head = head or ("lm" if arch in FUSED_DECODERS else "cls")
     auto = AutoModelForCausalLM if head == "lm" else AutoModelForSequenceClassification
     return auto.from_config(config, attn_implementation=attn_implementation).eval()
+
+
+# -- issue 47 families: GPT-J, GPT-Neo, OPT, Phi, OLMo, OLMo 2, gpt-oss (decoders); MPNet, Longformer, XLM,
+# -- Nystromformer (encoders) ------------------------------------------------------------------------------------
+
+MORE_DECODERS = ("gptj", "gpt-neo", "opt", "phi", "olmo", "olmo2", "gpt-oss")
+MORE_ENCODERS = ("mpnet", "longformer", "xlm", "nystromformer")
+
+
+def tiny_more_config(arch: str, n_layers: int = 3, n_heads: int = 4, n_kv_heads: int | None = None,
+                     head_dim: int = 8, vocab_size: int = 120, num_labels: int = 3, max_positions: int = 64):
+    """A tiny random config of an issue-47 family, with what makes the family itself on (dropout off):
+
+    GPT-J and Phi partial rotary (half the head), GPT-Neo alternating global/local layers (window 4), OPT
+    biases and a pre-norm, Phi biases, a parallel block and per-head q/k LayerNorms, OLMo ``clip_qkv``, OLMo 2
+    and gpt-oss grouped-query attention (``n_kv_heads``, default half the heads), gpt-oss sliding and full
+    layers (window 4) and a mixture of 4 experts (2 per token), Longformer a local window of 4 tokens, XLM
+    per-layer module lists, Nystromformer its exact softmax path (``num_landmarks == segment_means_seq_len``)
+    with the per-head convolution over values. ``initializer_range`` 0.2 so one head visibly moves the output.
+    """
+    hidden = n_heads * head_dim
+    n_kv = n_kv_heads or max(1, n_heads // 2)
+    ids = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    common = dict(vocab_size=vocab_size, num_labels=num_labels, **ids)
+    llama_like = dict(common, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=n_layers,
+                      num_attention_heads=n_heads, max_position_embeddings=max_positions, initializer_range=0.2)
+    rope = {"rope_type": "default", "rope_theta": 10000.0}
+    if arch == "gptj":
+        return tf.GPTJConfig(**common, n_positions=max_positions, n_embd=hidden, n_layer=n_layers, n_head=n_heads,
+                             rotary_dim=head_dim // 2, n_inner=2 * hidden, resid_pdrop=0.0, embd_pdrop=0.0,
+                             attn_pdrop=0.0, initializer_range=0.2)
+    if arch == "gpt-neo":
+        return tf.GPTNeoConfig(**common, max_position_embeddings=max_positions, hidden_size=hidden,
+                               num_layers=n_layers,
+                               attention_types=[[["global", "local"][i % 2:i % 2 + 1], 1] for i in range(n_layers)],
+                               num_heads=n_heads, intermediate_size=2 * hidden, window_size=4, resid_dropout=0.0,
+                               embed_dropout=0.0, attention_dropout=0.0, classifier_dropout=0.0,
+                               initializer_range=0.2)
+    if arch == "opt":
+        return tf.OPTConfig(**common, hidden_size=hidden, num_hidden_layers=n_layers, ffn_dim=2 * hidden,
+                            max_position_embeddings=max_positions, word_embed_proj_dim=hidden,
+                            num_attention_heads=n_heads, dropout=0.0, attention_dropout=0.0, init_std=0.2)
+    if arch == "phi":
+        return tf.PhiConfig(**llama_like, num_key_value_heads=n_heads, resid_pdrop=0.0, embd_pdrop=0.0,
+                            attention_dropout=0.0, qk_layernorm=True,
+                            rope_parameters={**rope, "partial_rotary_factor": 0.5})
+    if arch == "olmo":
+        return tf.OlmoConfig(**llama_like, num_key_value_heads=n_kv, clip_qkv=0.5)
+    if arch == "olmo2":
+        return tf.Olmo2Config(**llama_like, num_key_value_heads=n_kv)
+    if arch == "gpt-oss":
+        kinds = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n_layers)]
+        return tf.GptOssConfig(**llama_like, num_key_value_heads=n_kv, head_dim=head_dim, sliding_window=4,
+                               layer_types=kinds, num_local_experts=4, num_experts_per_tok=2, attention_dropout=0.0,
+                               rope_parameters=rope)
+    encoder = dict(common, hidden_size=hidden, num_hidden_layers=n_layers, num_attention_heads=n_heads,
+                   intermediate_size=2 * hidden, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                   max_position_embeddings=max_positions, initializer_range=0.2)
+    if arch == "mpnet":
+        return tf.MPNetConfig(**{**encoder, "pad_token_id": 1})
+    if arch == "longformer":
+        return tf.LongformerConfig(**{**encoder, "pad_token_id": 1}, attention_window=4, type_vocab_size=1,
+                                   sep_token_id=2)
+    if arch == "xlm":
+        return tf.XLMConfig(**{k: v for k, v in common.items() if k != "pad_token_id"}, pad_token_id=2,
+                            emb_dim=hidden, n_layers=n_layers, n_heads=n_heads, dropout=0.0, attention_dropout=0.0,
+                            max_position_embeddings=max_positions, n_langs=1, init_std=0.2, embed_init_std=0.2)
+    if arch == "nystromformer":
+        return tf.NystromformerConfig(**encoder, segment_means_seq_len=max_positions, num_landmarks=max_positions,
+                                      conv_kernel_size=3)
+    raise ValueError(f"unknown arch {arch}; known: {MORE_DECODERS + MORE_ENCODERS}")
+
+
+def tiny_more(arch: str, head: str | None = None, seed: int = 0, attn_implementation: str = "eager", **kw):
+    """A tiny random ``tiny_more_config`` model in eval mode: decoders as causal LMs (``head="lm"``, default) or
+    sequence classifiers (``"cls"``), encoders as sequence classifiers."""
+    torch.manual_seed(seed)
+    config = tiny_more_config(arch, **kw)
+    head = head or ("lm" if arch in MORE_DECODERS else "cls")
+    auto = AutoModelForCausalLM if head == "lm" else AutoModelForSequenceClassification
+    return auto.from_config(config, attn_implementation=attn_implementation).eval()
+
+
+def left_padded(batch: dict, pad_id: int = 0) -> dict:
+    """``batch`` with each row's padding moved to its start (left padding, as decoders are batched to generate)."""
+    mask = batch["attention_mask"]
+    order = torch.argsort(mask, dim=1, stable=True)   # pads (0) first, real tokens in their order after them
+    out = dict(batch)
+    out["attention_mask"] = mask.gather(1, order)
+    out["input_ids"] = torch.where(out["attention_mask"].bool(), batch["input_ids"].gather(1, order), pad_id)
+    return out
+
+
+# One tiny random model per family of the registry (``headprune.model.arch.FAMILIES``), built by
+# ``TINY_FAMILIES[name](vocab_size=...)``: the support table's tests (tests/test_support_table.py) run every path
+# on it. A new family adds its line here; nothing else in the table's code changes.
+TINY_FAMILIES = {
+    **{name: partial(tiny_decoder, name) for name in ("llama", "phi3", "gpt2")},
+    **{name: partial(tiny_model, name) for name in ("albert", "bert", "distilbert")},
+    **{name: partial(tiny_modern, name) for name in ("deberta-v2", "modernbert")},
+    **{name: partial(tiny_more, name) for name in MORE_DECODERS + MORE_ENCODERS if name != "olmo"},  # OLMo: llama
+}

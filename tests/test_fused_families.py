@@ -365,7 +365,7 @@ def test_families_a_plan_cannot_reach_are_refused_by_name(arch, tmp_path, tiny_t
     monkeypatch.setattr(headprune.workspace, "load_model", no_loading)
     code = main(["evaluate", "--model", str(tmp_path / arch), "--data", tiny_csv, "--kv-plan", str(plan)])
     err = capsys.readouterr().err
-    assert code == 2 and err.startswith("error:") and "KV cache plan cannot apply" in err
+    assert code == 2 and err.startswith("error:") and "cannot take a KV cache plan" in err
     assert ("ALiBi" in err) == arch.endswith(("alibi", "bloom", "mpt"))
 
 
@@ -377,6 +377,10 @@ def test_a_fused_qkv_of_another_width_is_refused_by_the_adapter():
     core.query_key_value = torch.nn.Linear(32, 80)   # 80 rows: not 3 x 4 heads x 8
     with pytest.raises(ModelLoadError, match="block 1: its fused Q/K/V projection has 80 output features.*need 96"):
         adapt(model)
+    mpt = tiny_fused("mpt")
+    mpt.config.n_heads = 3   # an in-memory model whose config no longer divides: refused by the adapter itself
+    with pytest.raises(ModelLoadError, match="hidden size 32, 3 attention heads"):
+        adapt(mpt)
 
 
 def test_unsupported_configs_of_known_families_are_refused_by_name():
@@ -396,7 +400,7 @@ def edit_config(folder, **changes) -> None:
     path.write_text(json.dumps({**json.loads(path.read_text()), **changes}), encoding="utf-8")
 
 
-@pytest.mark.parametrize("case", ["heads do not divide (config check)", "heads do not divide (adapter)",
+@pytest.mark.parametrize("case", ["heads do not divide (config check)", "heads do not divide (MPT)",
                                   "weights of another shape"])
 def test_bad_checkpoints_are_an_error_before_work(case, tmp_path, tiny_tokenizer, capsys):
     """``prune`` on a broken folder: one ``error:`` line naming the problem, exit 2, no output folder written."""
@@ -404,18 +408,19 @@ def test_bad_checkpoints_are_an_error_before_work(case, tmp_path, tiny_tokenizer
 
     folder = tmp_path / "model"
     arch, build = {"heads do not divide (config check)": ("gpt-neox", {}),   # transformers' own validation
-                   "heads do not divide (adapter)": ("mpt", {}),             # MPT's config checks nothing
+                   "heads do not divide (MPT)": ("mpt", {}),                 # MPT's own config checks nothing
                    "weights of another shape": ("gpt-neox", {"head_dim": 12})}[case]
     tiny_fused(arch, head="cls", num_labels=2, **build).save_pretrained(folder)
     tiny_tokenizer.save_pretrained(folder)
     capsys.readouterr()
     if case == "weights of another shape":
         edit_config(folder, hidden_size=32)      # the weights were saved at hidden 48
-        words = "do not match its config.json: gpt_neox.embed_in.weight is (120, 48) in the checkpoint but (120, 32)"
+        words = "do not match its config.json (37 tensor(s): gpt_neox.embed_in.weight is [120, 48] in the checkpoint, " \
+            "[120, 32] by the config"
     else:
         edit_config(folder, **({"num_attention_heads": 3} if arch == "gpt-neox" else {"n_heads": 3}))
         words = "not divisible by the number of attention heads" if arch == "gpt-neox" else \
-            "hidden size 32, 3 attention heads"
+            "hidden size 32 is not a multiple of its 3 attention heads"
     out = tmp_path / "cut"
     mask = tmp_path / "mask.json"
     mask.write_text(json.dumps({"pruned": {"0": [1]}}), encoding="utf-8")

@@ -25,8 +25,8 @@ if not ws.adapter.causal:
                "sees every key of the row at once, so there is nothing to stream. Load a decoder (demo-lm, "
                "demo-circuit) on Model & data.")
     st.stop()
-if ws.adapter.kv_refusal:
-    st.warning(f"{ws.setup.model} ({ws.adapter.family}): {ws.adapter.kv_refusal}")
+if "kv" in ws.adapter.refuses:
+    st.warning(f"{ws.setup.model} ({ws.adapter.family}) cannot take a KV cache plan: {ws.adapter.refuses['kv']}")
     st.stop()
 
 left, mid, right = st.columns(3)

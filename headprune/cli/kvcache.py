@@ -38,7 +38,7 @@ from ..kvcache.scores import (
 from ..kvcache.stream import FORMAT, StreamSpec, run_stream, run_stream_seeds
 from ..limits import POSITIVE_INT, Interval
 from ..model.device import DEVICES
-from ..model.loading import declared_causal, declared_kv_refusal, load_model, peek_config
+from ..model.loading import declared_causal, declared_refusal, load_model, peek_config
 from ..model.tokenizer import declared_context, model_context
 from ..outdir import write_atomic
 from ..provenance import versions
@@ -71,14 +71,14 @@ RANDOM_ORDERS_DEFAULT = 3
 
 def refuse_encoder(model: str) -> None:
     """An encoder named by ``--model`` is refused before it loads (it keeps no KV cache), and so is a decoder whose
-    family a plan cannot reach (BLOOM, Falcon, MPT: ``loading.declared_kv_refusal``)."""
+    family a plan cannot reach (GPT-J, BLOOM, Falcon, MPT, ...: ``loading.declared_refusal``)."""
     if declared_causal(model) is False:
         raise KVPlanError(f"--model {model} is an encoder: a KV cache plan needs a decoder (an encoder keeps no "
                           "key/value cache; every query sees every key of the row at once). Use a causal LM such "
                           "as demo-lm or demo-circuit.")
-    refusal = declared_kv_refusal(model)
-    if refusal:
-        raise KVPlanError(f"--model {model}: a KV cache plan cannot apply to it. {refusal}")
+    refused = declared_refusal(model, "kv")
+    if refused:
+        raise KVPlanError(f"--model {model} cannot take a KV cache plan: {refused}")
 
 
 def read_plan_arg(path: str | None, model: str) -> KVPlan | None:

@@ -19,6 +19,7 @@ from ..evaluation.harness import harness_metrics, is_harness_metric, metric_task
 from ..evaluation.stability import STABILITY_METRICS
 from ..limits import UNIT
 from ..model.export import FORMATS
+from ..model.loading import declared_refusal
 from ..trajectory import (
     RUNS,
     CalibrationDraw,
@@ -66,6 +67,9 @@ def _checked(args, evaluation: str | None = None, extra_metrics: tuple[str, ...]
     crit = get(args.criterion)
     params = _params(args.param)
     crit.resolve_params(params)
+    refused = declared_refusal(args.model, crit.name)   # a family that cannot take it, said before loading
+    if refused:
+        raise CriterionError(f"--criterion {crit.name} cannot run on {args.model}: {refused}")
     return crit, params
 
 

@@ -72,6 +72,7 @@ from ..data import model_inputs
 from ..errors import CriterionError
 from ..limits import NON_NEGATIVE, POSITIVE, Interval
 from ..model.arch import adapt, out_axis
+from ..model.capture import crop
 from ..model.gating import BEFORE_GATE, gate_heads
 from ..model.hooks import attached, post_hook, pre_hook
 from ..model.layers import input_of, start_at_layer
@@ -254,10 +255,14 @@ def layer_fit(model, adapter, layer: int, batches: Sequence[dict], teacher_in: l
         seen: dict[str, torch.Tensor] = {}
         teacher_hooks = _recorders(adapter.layer_modules[layer], block.output, seen, "o_out")
         next_teacher.append(_run_layer(model, adapter, layer, teacher_in[b], inputs, teacher_hooks, teacher_mask))
-        target = (seen.pop("o_out") + seen.pop("x"))[real].double()       # (n tokens, D), O's bias included
+
+        def tokens(name, _seen=seen, _real=real):   # the batch's real tokens (Longformer pads inside: more)
+            return crop(_seen.pop(name), _real.shape[1], (1,))[_real].double()
+
+        target = tokens("o_out") + tokens("x")                              # (n tokens, D), O's bias included
         _run_layer(model, adapter, layer, student_in[b], inputs,
                    _recorders(adapter.layer_modules[layer], block.output, seen, "c"), student_mask)
-        x_s, context = seen["x"][real].double(), seen["c"][real].double()
+        x_s, context = tokens("x"), tokens("c")
         bias = block.output.bias.detach().double() if getattr(block.output, "bias", None) is not None else 0.0
         rhs = target - bias - x_s                                            # B: what the kept heads must give
         if k:
@@ -282,8 +287,10 @@ def tune_masks(model, batches: Sequence[dict], mask: HeadMask, teacher: HeadMask
     pass a private copy. Raises CriterionError for ALBERT."""
     adapter = adapt(model)
     if adapter.layer_modules is None or adapter.tied:
-        raise CriterionError("Kwon et al.'s mask tuning fits each layer in turn, but ALBERT shares one block across "
-                             "its depth (one scale per head would have to serve every layer). Accepted: tune=false.")
+        raise CriterionError(f"Kwon et al.'s mask tuning fits each layer in turn, but {adapter.family} has no module "
+                             "per layer to run one at a time (ALBERT shares one block across its depth, so one scale "
+                             "per head would have to serve every layer; XLM keeps attention, feed-forward and norms "
+                             "in separate lists). Accepted: tune=false.")
     device = device if device is not None else next(model.parameters()).device
     teacher = teacher if teacher is not None else HeadMask.ones(adapter.grid_shape)
     scales = torch.ones(adapter.grid_shape)

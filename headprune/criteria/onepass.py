@@ -57,7 +57,7 @@ import torch
 from ..data import model_inputs
 from ..errors import CriterionError
 from ..model.arch import PARTS, adapt
-from ..model.capture import record_attention
+from ..model.capture import crop, record_attention
 from ..model.gating import AFTER_GATE, gate_heads
 from ..model.hooks import Stage, attached, post_hook, pre_hook
 from ..model.memory import plan_for, planned_batches
@@ -202,6 +202,9 @@ def run_pass(model, batches: list[dict], keys, mask=None, device=None, progress=
     """
     keys = set(keys)
     adapter = adapt(model)
+    refused = sorted({k[0] for k in keys} & set(adapter.refuses))
+    if refused:
+        raise CriterionError(f"{refused[0]} cannot run on {adapter.family}: {adapter.refuses[refused[0]]}")
     n_blocks, n_heads = adapter.grid_shape
     device = torch.device(device) if device is not None else next(model.parameters()).device
     layers_per_block = np.bincount(adapter.layer_to_block, minlength=n_blocks).clip(min=1)
@@ -293,7 +296,7 @@ def _attention_stat(key, records, adapter, valid, layers_per_block) -> torch.Ten
     for block_index, weights in records:
         if weights is None:
             continue
-        p = weights.detach().to(torch.promote_types(weights.dtype, torch.float32)) * pair
+        p = crop(weights.detach(), valid.shape[1]).to(torch.promote_types(weights.dtype, torch.float32)) * pair
         if key[0] == "entropy":
             per_sentence = (entropy_terms(p, key[1], key[2]) * pair).sum((-1, -2)) / n[:, None]
         else:  # AD = 1 − (1/(n log n)) Σ_t H(α_t); one-token sentences count as fully concentrated
@@ -310,7 +313,8 @@ def _taylor_terms(rec, grad_of, adapter, valid) -> dict[int, torch.Tensor]:
     terms = defaultdict(lambda: 0)
     for block_index, w in rec["probs"]:
         if w is not None and id(w) in grad_of:
-            terms[block_index] = terms[block_index] + ((w * grad_of[id(w)]).sum(-1) * valid[:, None, :]).sum(-1)
+            product = crop(w * grad_of[id(w)], valid.shape[1])
+            terms[block_index] = terms[block_index] + (product.sum(-1) * valid[:, None, :]).sum(-1)
     return terms
 
 
@@ -321,7 +325,7 @@ def _his_terms(rec, grad_of, adapter, valid) -> dict[int, torch.Tensor]:
         d_h = adapter.blocks[block_index].head_size
         for c in contexts:
             if id(c) in grad_of:
-                inner = (c * grad_of[id(c)] * valid[..., None]).sum(1)
+                inner = (crop(c * grad_of[id(c)], valid.shape[1], (1,)) * valid[..., None]).sum(1)
                 terms[block_index] = terms[block_index] + inner.view(len(c), -1, d_h).sum(-1)
     return terms
 
@@ -335,19 +339,23 @@ def _gnorm_stat(key, rec, grad_of, adapter, valid) -> torch.Tensor:
     heads share it). Q norms are per query head as usual.
     """
     out = torch.zeros((3, *adapter.grid_shape), dtype=torch.float64)
+    t = valid.shape[1]
+
+    def tokens(tensor):   # (B, T, features) of the batch's own T (module doc: Longformer's layout and padding)
+        return crop(tensor.transpose(0, 1) if adapter.sequence_first else tensor, t, (1,))
+
     for (block_index, name), records in rec["qkv"].items():
         block = adapter.blocks[block_index]
-        n_part = block.n_live if name == "query" else block.n_kv_live
-        if not n_part:
+        n_part, read = block.part_layout(name)   # rows' head slots; the slot each kept query head reads
+        if not block.n_live:
             continue
-        x = torch.cat([x.detach() for x, _ in records], 1) * valid.repeat(1, len(records))[..., None]
-        g = torch.cat([_part_grad(grad_of, y, block, name) for _, y in records], 1)
+        x = torch.cat([tokens(x.detach()) for x, _ in records], 1) * valid.repeat(1, len(records))[..., None]
+        g = torch.cat([tokens(_part_grad(grad_of, y, block, name)) for _, y in records], 1)
         if key[2] == "batch":
             norms = torch.einsum("btk,btd->kd", g, x).view(n_part, -1).norm(dim=1)
         else:
             norms = per_example_sq_norms(x, g, n_part).sqrt().sum(0)
-        if name != "query":  # per key/value head -> per query head reading it
-            norms = norms[block.kv_of_position()]
+        norms = norms[read]   # per head slot -> per query head reading it
         out[("query", "key", "value").index(name), block_index] = _scatter(norms.double().cpu(), block.kept,
                                                                           adapter.n_heads)
     return out

@@ -321,13 +321,12 @@ class KVPlan:
 
 
 def check_decoder(adapter) -> None:
-    """Refuse an encoder (no cache) or a decoder whose family a plan cannot reach (``ModelAdapter.kv_refusal``)."""
+    """Refuse an encoder (no cache) or a decoder whose family a plan cannot reach (``ModelAdapter.refuses``)."""
     if not adapter.causal:
         raise KVPlanError(f"A KV cache plan needs a decoder; {adapter.family or adapter.arch} is an encoder: it keeps "
                           "no key/value cache (every query sees every key of the row at once).")
-    if adapter.kv_refusal:
-        raise KVPlanError(f"A KV cache plan cannot apply to this {adapter.family or adapter.arch} model: "
-                          f"{adapter.kv_refusal}")
+    if "kv" in adapter.refuses:
+        raise KVPlanError(f"A KV cache plan cannot run on {adapter.family or adapter.arch}: {adapter.refuses['kv']}")
 
 
 def check_shape(shape) -> list[int]:

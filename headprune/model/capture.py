@@ -3,7 +3,8 @@
 Under ``sdpa`` transformers returns no attention probabilities, so for the duration of a capture the model is
 switched to ``eager`` (restored afterwards) and a forward hook on every attention core records the
 probabilities its eager kernel returns; families whose core returns them only on request (DeBERTa,
-``adapter.needs_output_attentions``) are asked through ``config.output_attentions``, and a live core that still
+``adapter.needs_output_attentions``) are asked through ``config.output_attentions``, a core whose output is another
+form (Longformer's bands) is read through ``adapter.attention_probs``, and a live core that still
 returns none raises :class:`CaptureError` rather than yielding all-zero maps. Heads removed by surgery, or
 gated to 0 by ``mask``, come back as all-zero maps in their original position, so an L x H grid is always
 drawable. Padded query rows and key columns are zeroed.
@@ -85,7 +86,10 @@ def record_attention(model, adapter: ModelAdapter | None = None,
 
     def recorder(block):
         def record(module, args, kwargs, output):
-            weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+            if adapter.attention_probs is not None:   # a core whose own output is not the (B, h, T, T) map
+                weights = adapter.attention_probs(block, args, kwargs, output)
+            else:
+                weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
             if weights is None and block.kept:  # zero-head cores legitimately return none
                 raise CaptureError(
                     f"The attention core of block {block.index} ({type(module).__name__}, family "
@@ -127,8 +131,18 @@ def expand_heads(weights: torch.Tensor | None, kept: list[int], n_heads: int, li
     b, t = like.shape[0], like.shape[1]
     full = torch.zeros(b, n_heads, t, t, dtype=torch.float32, device=like.device)
     if weights is not None and kept:
-        full[:, kept] = weights.float()
+        full[:, kept] = crop(weights, t).float()
     return full
+
+
+def crop(tensor: torch.Tensor, length: int, dims: tuple[int, ...] = (-2, -1)) -> torch.Tensor:
+    """``tensor`` cut to the batch's ``length`` along ``dims``. A model that pads the sequence inside its forward
+    (Longformer, to a multiple of its window) hands out longer maps and activations; the positions it added are
+    masked (they neither attend nor are attended), so cutting them off loses nothing."""
+    for dim in dims:
+        if tensor.shape[dim] > length:
+            tensor = tensor.narrow(dim, 0, length)
+    return tensor
 
 
 @torch.no_grad()

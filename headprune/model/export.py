@@ -8,8 +8,10 @@ headprune   ``loading.save_pruned``: physically cut, any mask, kept heads record
 masked      the original architecture and config, the pruned heads' weights zeroed. For a pruned head h of a block
             with head size d_h at physical position p: W_O input columns [p d_h, (p+1) d_h) and the W_Q output rows
             (with bias) holding head p (``AttentionBlock.rows``: in a fused Q/K/V wherever its layout puts them) are
-            set to 0 -- and the rows of any further query-side per-head projection
-            (``AttentionBlock.extra_rows``, ``head_vectors``). The O columns alone make the head's contribution
+            set to 0 -- and the rows of any further query-side per-head projection (``AttentionBlock.extra_rows``)
+            -- except where Q and K feed a norm over all heads (OLMo 2, ``AttentionBlock.norm_spans_heads``): there
+            a head's Q/K rows set the other heads' queries and keys, so they stay and only O columns and V rows are
+            zeroed. The O columns alone make the head's contribution
             W_O[:, p] c_h = 0 for every context c_h, i.e. exactly a 0 gate (``gating.py``); Q then no longer
             matters and is zeroed for sparsity. A key/value head's W_K / W_V rows (and key-side extras) are zeroed
             only when every query head reading it is pruned, so every kept head sees its own keys and values
@@ -52,7 +54,7 @@ from .surgery import bake_scales, head_features, prune_model
 # model_type values whose config and attention read an explicit head_dim (transformers 5.23:
 # ``getattr(config, "head_dim", hidden_size // num_attention_heads)`` in each attention's __init__)
 UNIFORM_TYPES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3",
-                 "gemma3_text": "Gemma 3 (text)", "phi3": "Phi-3"}
+                 "gemma3_text": "Gemma 3 (text)", "phi3": "Phi-3", "gpt_oss": "gpt-oss"}
 
 FORMATS = {
     "headprune": {"what": "physically cut, any mask; kept heads recorded in the config",
@@ -66,8 +68,10 @@ FORMATS = {
                         f"families: {', '.join(UNIFORM_TYPES.values())}",
                 "loads_in": "plain transformers and every runtime that reads the family's config with an explicit "
                             "head_dim (vLLM, TGI, llama.cpp conversion)",
-                "saves_compute": True},
+                "saves_compute": True, "family_problem": lambda model: family_problem(model)},
 }
+# A format may say which families it cannot write at all: FORMATS[name]["family_problem"](model) -> why, or None (every
+# family; see format_problem). The support table (docs/reference/support.md) lists formats per family from it.
 
 MASKED_NOTE = ("The masked export has the original size and speed: pruned heads are zeroed, not removed, so it "
                "saves no compute or memory. It loads anywhere the original loads. For a smaller, faster model use "
@@ -117,20 +121,16 @@ def _mask_block(block: AttentionBlock, pruned: list[int]) -> None:
     readers = block.kv_of_position()
     dead_kv = [j for j in range(block.n_kv_live) if all(p in q_pos for p, r in enumerate(readers) if r == j)]
     _zero(block.output, head_features(q_pos, d), output_side=False)
-    _zero(block.query, block.rows("query", q_pos), output_side=True)
+    if not block.norm_spans_heads:   # OLMo 2: a head's Q/K rows set the other heads' norm, so they stay
+        _zero(block.query, block.rows("query", q_pos), output_side=True)
     if dead_kv:
-        _zero(block.key, block.rows("key", dead_kv), output_side=True)
+        if not block.norm_spans_heads:
+            _zero(block.key, block.rows("key", dead_kv), output_side=True)
         _zero(block.value, block.rows("value", dead_kv), output_side=True)
     for module, side in block.extra_rows:
         rows = q_pos if side == "query" else dead_kv
         if rows:
             _zero(module, head_features(rows, d), output_side=True)
-    for owner, name, side in block.head_vectors:   # DeBERTa v1's q_bias (query side), v_bias (value side)
-        rows = q_pos if side == "query" else dead_kv
-        if rows:
-            with torch.no_grad():
-                getattr(owner, name).index_fill_(0, torch.tensor(head_features(rows, d), dtype=torch.long,
-                                                                  device=getattr(owner, name).device), 0.0)
 
 
 def masked_model(model: nn.Module, mask: HeadMask) -> nn.Module:
@@ -218,6 +218,12 @@ def family_problem(model: nn.Module) -> str | None:
         return ("A uniform export starts from the original model, but this one already has heads cut out. Load the "
                 "uncut model and give the whole mask.")
     return None
+
+
+def format_problem(format: str, model: nn.Module) -> str | None:
+    """Why ``format`` cannot write ``model``'s family whatever the mask (FORMATS[format]["family_problem"]), or None."""
+    check = FORMATS[format].get("family_problem")
+    return None if check is None else check(model)
 
 
 def uniform_problem(model: nn.Module, mask: HeadMask) -> str | None:

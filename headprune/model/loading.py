@@ -2,7 +2,11 @@
 
 Named models are registered with :func:`register_model` by the packages that build them (``headprune.demos``
 registers "demo", "demo-lm" and "demo-circuit" when ``headprune`` is imported), so this module never imports a
-demo. No code from a user's files runs: ``trust_remote_code=False`` always, safetensors preferred. A folder saved by
+demo. No code from a user's files runs: ``trust_remote_code=False`` always, safetensors preferred, and a remote-code
+model (an ``auto_map`` in its config, .py files in its folder) is refused by name. Before any weight loads, the
+config is checked (heads dividing the hidden size), the architecture is adapted on the meta device
+(``UnsupportedArchitecture`` and family refusals cost no waiting) and a safetensors checkpoint's tensor shapes are
+compared with the config's. A folder saved by
 ``save_pruned`` records its kept heads in its config; it is rebuilt at full size, cut by surgery to the same
 shape, and then the saved weights are loaded strictly.
 """
@@ -27,9 +31,9 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceC
 from transformers.conversion_mapping import get_model_conversion_mapping
 from transformers.core_model_loading import WeightRenaming, apply_renamings
 
-from ..errors import DeviceError, HeadpruneError, ModelLoadError, UntrainedHeadError
+from ..errors import DeviceError, ModelLoadError, UntrainedHeadError
 from ..userinput import exists, is_dir, is_file, user_path
-from .arch import ModelAdapter, adapt
+from .arch import ModelAdapter, adapt, supported
 from .device import OFFLOAD_HELP, input_device, parse_device_map, parse_dtype, resolve_device
 from .layers import DROPPED_LAYERS_KEY, drop_layers
 from .surgery import apply_layout, plan_block, record_kept_heads
@@ -91,26 +95,6 @@ def declared_causal(spec: str) -> bool | None:
     return None if not model_type else model_type not in ENCODER_TYPES
 
 
-def shell_model(config):
-    """The model of ``config`` with every parameter on the meta device: its modules and shapes, no memory, no
-    weights (``trust_remote_code`` off, as everywhere)."""
-    with init_empty_weights(include_buffers=False):
-        return auto_class(config).from_config(config, trust_remote_code=False)
-
-
-def declared_kv_refusal(spec: str) -> str | None:
-    """Why a KV cache plan cannot apply to the local folder ``spec`` (``ModelAdapter.kv_refusal`` of its family,
-    found from the modules of a weightless shell built from its config.json), read before any weight loads; None
-    when it can, or when nothing local says (a named model, a hub id, an unreadable config: checked once loaded)."""
-    if spec in NAMED_MODELS or model_source_kind(spec) != "folder" or folder_config(Path(spec).expanduser()) is None:
-        return None
-    try:
-        config = AutoConfig.from_pretrained(str(Path(spec).expanduser()), trust_remote_code=False)
-        return adapt(shell_model(config)).kv_refusal
-    except (OSError, ValueError, StrictDataclassError, HeadpruneError):   # load_model names the problem
-        return None
-
-
 def model_source_kind(spec: str) -> str:
     """What ``spec`` names: "named" (a registered model), "folder" (an existing path, or one written as a path)
     or "hub" (a Hugging Face id such as ``org/name``)."""
@@ -135,10 +119,14 @@ def peek_config(spec: str) -> dict | None:
 def folder_config(folder: Path) -> dict | None:
     """A folder's config.json, the one reader of it before weights load: None when it is missing or not JSON
     (load_model names the problem); ModelLoadError when it is JSON but not a configuration."""
+    refuse_code_files(folder)
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None   # load_model names the problem
+    if isinstance(config, dict) and config.get("auto_map"):
+        raise ModelLoadError(remote_code_message(str(folder), "its config.json has an 'auto_map' (classes in the "
+                                                 f"folder's own .py files: {', '.join(sorted(config['auto_map']))})"))
     architectures = config.get("architectures") or [] if isinstance(config, dict) else None
     text_config = config.get("text_config") or {} if isinstance(config, dict) else None
     if (not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures)
@@ -147,6 +135,99 @@ def folder_config(folder: Path) -> dict | None:
                              "object whose 'architectures' (if any) is a list of class names and whose "
                              "'text_config' (if any) is an object, as save_pretrained writes it.")
     return config
+
+
+def remote_code_message(spec: str, why: str) -> str:
+    return (f"{spec} is a remote-code model: {why}. headprune runs no code from a user's files (it loads models "
+            "with trust_remote_code=False), so it cannot load it. Accepted: a model of a family transformers itself "
+            "implements (a config.json without 'auto_map', no .py files in the folder); headprune's families are: "
+            f"{supported()}.")
+
+
+def refuse_code_files(folder: Path) -> None:
+    """Refuse a model folder that ships Python files (a remote-code model's modeling code): none of it would run
+    here, and a model that needs it cannot be built without it."""
+    try:
+        code = sorted(p.name for p in folder.glob("*.py"))
+    except OSError:
+        return
+    if code:
+        raise ModelLoadError(remote_code_message(str(folder), f"the folder holds Python code ({', '.join(code[:3])})"))
+
+
+def check_head_split(config, raw: dict | None = None) -> None:
+    """Refuse a config whose attention heads do not divide its hidden size where the family derives the head size
+    as hidden / heads (no explicit ``head_dim``): the model could not be built as described, or its weights would
+    not fit it. ``raw``: the config.json as written (an explicit head_dim there is the family's own choice)."""
+    config = getattr(config, "text_config", None) or config
+    hidden, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
+    raw = (raw or {}).get("text_config") or raw or {}
+    if "head_dim" in raw or not isinstance(hidden, int) or not isinstance(heads, int) or heads <= 0:
+        return
+    if hidden % heads:
+        raise ModelLoadError(f"The config's hidden size {hidden} is not a multiple of its {heads} attention heads "
+                             f"({hidden / heads:g} features per head). Accepted: a config whose hidden size is a "
+                             "multiple of num_attention_heads (or one that sets head_dim explicitly, where its "
+                             "family reads it).")
+
+
+def shell_model(config):
+    """The model of ``config`` with every parameter on the meta device: its shapes, no memory, no weights."""
+    with init_empty_weights(include_buffers=False):
+        return auto_class(config).from_config(config, trust_remote_code=False)
+
+
+def check_before_weights(spec: str, config, folder: Path | None) -> ModelAdapter:
+    """What can be refused from the config alone, before a weight loads: heads that do not divide the hidden size,
+    an architecture headprune does not adapt (``UnsupportedArchitecture``, built on the meta device), and a
+    safetensors checkpoint whose tensors do not fit the config (shapes read from the file headers)."""
+    check_head_split(config, folder_config(folder) if folder is not None else config.to_dict())
+    try:
+        shell = shell_model(config)
+    except (ValueError, AssertionError, TypeError) as exc:
+        raise ModelLoadError(f"{spec}: its config does not describe a model transformers can build: {exc}") from exc
+    adapter = adapt(shell)
+    if folder is not None:
+        _check_checkpoint_shapes(spec, shell, folder)
+    return adapter
+
+
+def _check_checkpoint_shapes(spec: str, shell: nn.Module, folder: Path) -> None:
+    expected = {name: tuple(p.shape) for name, p in shell.state_dict().items()}
+    found = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), "pt") as f:   # the header only: no tensor is read
+                found.update({name: tuple(f.get_slice(name).get_shape()) for name in f.keys()})
+        except (OSError, SafetensorError):
+            return   # load_model names an unreadable file
+    prefix = getattr(shell, "base_model_prefix", "") or ""
+    wrong = []
+    for name, shape in _model_names(shell, found).items():
+        target = expected.get(name, expected.get(f"{prefix}.{name}") if prefix else None)
+        if target is not None and target != shape:
+            wrong.append((name, shape, target))
+    check_weight_shapes(spec, wrong)
+
+
+def declared_refusal(spec: str, path: str) -> str | None:
+    """Why ``spec``'s family refuses ``path`` ("kv", a criterion's name: ``ModelAdapter.refuses``), told from its
+    config on the meta device before any weight loads; None when it does not, or when only loading can tell (a hub
+    id, a folder without a readable config, a saved pruned model: their own checks run once it loads)."""
+    raw = peek_config(spec)
+    if raw is None or raw.get("headprune_kept_heads"):
+        return None
+    try:
+        config = AutoConfig.for_model(**raw) if "model_type" in raw else None
+    except (ValueError, TypeError, KeyError, StrictDataclassError):   # load_model names what is wrong
+        return None
+    if config is None:
+        return None
+    try:
+        adapter = adapt(shell_model(config))
+    except (ValueError, AssertionError, TypeError):
+        return None   # load_model names what is wrong with the config
+    return adapter.refuses.get(path)
 
 
 def is_lm_config(config: dict) -> bool:
@@ -225,38 +306,13 @@ def _load_pruned_folder(folder: Path, config, attn_implementation: str) -> nn.Mo
 def check_weight_shapes(spec: str, mismatched) -> None:
     """Refuse a checkpoint whose tensors have other shapes than its config.json gives the model: ``mismatched``
     holds (name, checkpoint shape, configured shape) triples. Raises ModelLoadError naming the first ones."""
-    mismatched = list(mismatched)
-    if not mismatched:
-        return
-    named = "; ".join(f"{name} is {tuple(ckpt)} in the checkpoint but {tuple(want)} by the config"
-                      for name, ckpt, want in sorted(mismatched, key=lambda m: m[0])[:3])
-    more = f" (and {len(mismatched) - 3} more)" if len(mismatched) > 3 else ""
-    raise ModelLoadError(f"The weights in {spec} do not match its config.json: {named}{more}. Accepted: a "
-                         "checkpoint saved together with its own config (save_pretrained writes both); check that "
-                         "config.json is the one these weights were trained with.")
-
-
-def refuse_before_weights(spec: str, path: Path | None, config) -> None:
-    """Refuse, from config.json and the weight files' headers alone, what would otherwise be refused only once the
-    weights are in memory: a model whose heads headprune cannot find or whose head counts do not fit its family
-    (``arch.adapt`` on a weightless shell), and a local safetensors tensor whose shape is not the one the config
-    gives the model (``check_weight_shapes``). Raises HeadpruneError; a config transformers cannot build without
-    weights is left to the real load, which names its problem."""
-    try:
-        shell = shell_model(config)
-    except Exception:   # noqa: BLE001  (any failure here is the real load's to report, in its own words)
-        return
-    adapt(shell)
-    if path is None:
-        return
-    shapes = {k: tuple(v.shape) for k, v in shell.state_dict().items()}
-    stored = {}
-    for file in sorted(path.glob("*.safetensors")):
-        with safe_open(str(file), "pt") as handle:   # the header only: no tensor is read
-            stored.update({key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()})
-    stored = _model_names(shell, stored)
-    check_weight_shapes(spec, [(k, shape, shapes[k]) for k, shape in stored.items() if k in shapes
-                               and shape != shapes[k]])
+    wrong = [f"{name} is {list(ckpt)} in the checkpoint, {list(want)} by the config"
+             for name, ckpt, want in sorted(mismatched, key=lambda m: m[0])]
+    if wrong:
+        more = " ..." if len(wrong) > 3 else ""
+        raise ModelLoadError(f"The weights in {spec} do not match its config.json ({len(wrong)} tensor(s): "
+                             f"{'; '.join(wrong[:3])}{more}). Accepted: the config.json saved with these weights "
+                             "(save_pretrained writes both).")
 
 
 def _model_names(model: nn.Module, state: dict) -> dict:
@@ -334,6 +390,8 @@ def load_model(spec: str, device: str | torch.device = "auto", attn_implementati
         elif not is_dir(path) or not is_file(path / "config.json"):
             raise ModelLoadError(f"{spec} is not a model folder: it needs config.json and model.safetensors "
                                  "(a folder written by save_pretrained or by 'python -m headprune prune').")
+    if path is not None and spec not in NAMED_MODELS:
+        folder_config(path)   # a remote-code folder is refused before anything is read from it
     try:
         config = AutoConfig.from_pretrained(source, trust_remote_code=False)
     except OSError as exc:
@@ -343,10 +401,16 @@ def load_model(spec: str, device: str | torch.device = "auto", attn_implementati
                 f"Use a named model ({named_models_help()}) or a local folder when there is no network.") from exc
         raise ModelLoadError(f"Could not read the config in {spec}: {exc}") from exc
     except ValueError as exc:
+        if "trust_remote_code" in str(exc):
+            raise ModelLoadError(remote_code_message(spec, "its configuration needs the model's own code")) from exc
         raise ModelLoadError(f"{spec}: {exc}") from exc
     except StrictDataclassError as exc:   # the config class's own validation (e.g. heads that do not divide hidden)
         raise ModelLoadError(f"{spec}: its config.json is not a valid configuration: "
                              f"{str(exc.__cause__ or exc).strip()}") from exc
+    if getattr(config, "auto_map", None):
+        raise ModelLoadError(remote_code_message(spec, "its config has an 'auto_map'"))
+    if not getattr(config, "headprune_kept_heads", None):   # a pruned folder is checked as it is rebuilt
+        check_before_weights(spec, config, path if path is not None and spec not in NAMED_MODELS else None)
     try:
         untrained: list[str] = []   # a saved pruned folder is loaded strictly: every weight is there
         if getattr(config, "headprune_kept_heads", None):
@@ -358,7 +422,6 @@ def load_model(spec: str, device: str | torch.device = "auto", attn_implementati
         else:
             if path is not None:
                 _load_state_dict_exists(path)
-            refuse_before_weights(spec, path, config)
             placed = {} if placement is None else {
                 "device_map": placement, "offload_folder": offload_folder or tempfile.mkdtemp(prefix="headprune-")}
             # mismatched sizes are let through so that the loading report names them (transformers' own error

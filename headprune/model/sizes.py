@@ -24,8 +24,9 @@ def parameters_left(model: nn.Module, mask: HeadMask) -> int:
     keep; every query head removed deletes d_h rows of W_Q (and of per-head projections on the query side, e.g.
     DeBERTa's ``pos_key_proj``) with their bias entries and d_h columns of W_O, every key/value head removed d_h
     rows of W_K and W_V -- and under grouped-query attention an uneven cut may *add* key/value rows (a group held
-    more than once), which counts as negative removal. Shared tensors count once, as in
-    ``parameter_counts``.
+    more than once), which counts as negative removal. Per-head parameters (``head_params``: gpt-oss's sinks,
+    Nystromformer's convolution kernels) go with their query head; where Q and K feed a norm over all heads
+    (OLMo 2) their rows stay. Shared tensors count once, as in ``parameter_counts``.
     """
     adapter = adapt(model)
     keep = mask.keep_bool()
@@ -35,11 +36,13 @@ def parameters_left(model: nn.Module, mask: HeadMask) -> int:
         new_query, new_kv = plan_block(block, [h for h in block.kept if keep[block.index, h]])
         fewer_query, fewer_kv = block.n_live - len(new_query), block.n_kv_live - len(new_kv)
 
-        removed += fewer_query * (head_rows(block.query, d) + d * out_features(block.output))
-        removed += fewer_kv * (head_rows(block.key, d) + head_rows(block.value, d))
+        qk_rows = not block.norm_spans_heads   # else surgery keeps every head's Q/K rows for the norm
+        removed += fewer_query * ((head_rows(block.query, d) if qk_rows else 0) + d * out_features(block.output))
+        removed += fewer_kv * ((head_rows(block.key, d) if qk_rows else 0) + head_rows(block.value, d))
         removed += sum((fewer_query if side == "query" else fewer_kv) * head_rows(module, d)
                        for module, side in block.extra_rows)
-        removed += sum((fewer_query if side == "query" else fewer_kv) * d for _, _, side in block.head_vectors)
+        removed += sum(fewer_query * (getattr(module, name).numel() // block.n_live)
+                       for module, name in block.head_params if block.n_live)
     return sum(p.numel() for p in model.parameters()) - removed
 
 
@@ -128,10 +131,12 @@ def parameter_counts(model: nn.Module) -> dict[str, dict[str, float]]:
             for p in module.parameters():
                 attention["params"] += p.numel()
                 attention["mb"] += p.numel() * p.element_size() / 2**20
-        for owner, name, _ in block.head_vectors:   # per-head vectors on the core (DeBERTa v1's q_bias, v_bias)
-            p = getattr(owner, name)
-            attention["params"] += p.numel()
-            attention["mb"] += p.numel() * p.element_size() / 2**20
+        for module, name in block.head_params:   # per-head parameters (sinks; DeBERTa v1's q_bias, v_bias)
+            p = getattr(module, name)
+            if id(p) not in counted and id(module) not in counted:
+                counted.add(id(p))
+                attention["params"] += p.numel()
+                attention["mb"] += p.numel() * p.element_size() / 2**20
     total = {"params": sum(g["params"] for g in groups.values()), "mb": sum(g["mb"] for g in groups.values())}
     out = {k: groups[k] for k in ("embeddings", "encoder", "pooler", "classifier") if k in groups}
     out["attention_qkvo"] = attention

@@ -54,7 +54,7 @@ from ..kvcache.plan import FULL_SHARE, SINK, WINDOW
 from ..kvcache.scores import REDUCE, check_rule
 from ..limits import ROWS_PER_BATCH, TOKENS_PER_ROW, UNIT, Interval
 from ..model.device import DEVICES
-from ..model.loading import declared_causal, declared_kv_refusal
+from ..model.loading import declared_causal, declared_refusal
 from ..model.memory import MemoryBudgetError, parse_budget
 from ..recovery.spec import RecoverySpec
 from ..trajectory import INFLECTION_DROP, INFLECTION_WINDOW, TrajectoryError, TrajectorySpec, check_inflection
@@ -755,10 +755,9 @@ class Protocol(Located):
                 raise kv.fail(None, f"model {entry.model!r} ({entry.name}) is an encoder: a KV cache plan needs a "
                                     "decoder (an encoder keeps no key/value cache; every query sees every key at "
                                     "once). Accepted: causal LMs such as demo-lm or demo-circuit.")
-            refusal = declared_kv_refusal(entry.model)
-            if refusal:
-                raise kv.fail(None, f"model {entry.model!r} ({entry.name}): a KV cache plan cannot apply to it. "
-                                    f"{refusal}")
+            refused = declared_refusal(entry.model, "kv")
+            if refused:
+                raise kv.fail(None, f"model {entry.model!r} ({entry.name}) cannot take a KV cache plan: {refused}")
             other = [m for m in entry.metrics if is_harness_metric(m) or m in STABILITY_METRICS]
             if other:
                 raise entry.fail("metrics", f"{', '.join(other)}: a [kv] cell reports the task's metrics under its "

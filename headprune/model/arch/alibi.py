@@ -6,7 +6,7 @@ h). The model builds that bias once per forward for *all* heads from the shared 
 (B·H, 1, T) tensor; Falcon adds it to a per-head (B, H, T, T) mask too; MPT: (H, 1, S)) and hands it to every
 layer. After a cut a layer holds fewer heads, in surgery's order, so each kept head must still get *its own*
 slope: the core gets a forward (``hooks.wrap_forward``, installed by surgery) that slices those tensors to the
-layer's kept heads (``core.headprune_kept``, in weight order) before the stock forward runs. Reading the kept
+layer's kept heads (``core.headprune_layout[0]``, in weight order) before the stock forward runs. Reading the kept
 heads from the core, not the config, is what lets every layer keep a different set.
 
 BLOOM (``BloomForCausalLM``)
@@ -28,8 +28,8 @@ MPT (``MptForCausalLM``)
 
 None of the three calls transformers' attention functions, where a KV cache plan's restriction runs
 (``headprune.kvcache.restrict``), and ALiBi biases are built from positions over the whole mask: a plan would be
-ignored, so every KV path refuses them by name (``ModelAdapter.kv_refusal``), before weights load where the model
-is a local folder (``loading.declared_kv_refusal``). Their blocks return ``(hidden, attention)`` pairs
+ignored, so every KV path refuses them by name (``ModelAdapter.refuses["kv"]``), before weights load where the
+model is a local folder (``loading.declared_refusal``). Their blocks return ``(hidden, attention)`` pairs
 (``layer_output``); eager attention returns the probabilities (capture switches to it).
 """
 
@@ -41,17 +41,16 @@ import torch
 from torch import nn
 
 from ...errors import UnsupportedArchitecture
-from .base import ModelAdapter, empty_context, find_layers
+from .base import ModelAdapter, empty_context, find_layers, own_attention_refusal
 from .fused import counts_setter, empty_dense, fused_decoder
 from .registry import family
 
 
-def _kv_refusal(name: str, alibi: bool) -> str:
-    why = (" and its ALiBi biases are built from token positions over the whole attention mask, which a "
-           "streaming head's ring of S + W keys would not match") if alibi else ""
-    return (f"{name} computes attention in its own code, not through transformers' attention functions, which is "
-            f"where a KV cache plan restricts streaming heads{why}: the plan would be ignored. KV plans apply to "
-            "decoders such as Llama, Qwen, Mistral, Gemma and GPT-NeoX (Pythia).")
+def _refuses(name: str, alibi: bool) -> dict[str, str]:
+    """The paths a family of this module refuses: KV cache plans (module doc), said with ALiBi's own reason too."""
+    why = (" Its ALiBi biases are also built from token positions over the whole attention mask, which a streaming "
+           "head's ring of S + W keys would not match.") if alibi else ""
+    return {"kv": own_attention_refusal(name) + why}
 
 
 def _fold_kept(bias: torch.Tensor, kept: list[int], batch: int) -> torch.Tensor:
@@ -70,7 +69,7 @@ def _pair_output(hidden: torch.Tensor):
 
 def _bloom_forward(core, inner, hidden_states, *args, alibi, **kwargs):
     """BloomAttention.forward with the ALiBi rows of this core's kept heads (module doc)."""
-    return inner(hidden_states, *args, alibi=_fold_kept(alibi, core.headprune_kept, hidden_states.shape[0]),
+    return inner(hidden_states, *args, alibi=_fold_kept(alibi, core.headprune_layout[0], hidden_states.shape[0]),
                  **kwargs)
 
 
@@ -98,7 +97,7 @@ def bloom(model: nn.Module) -> ModelAdapter | None:
     return fused_decoder(model, layers, cores, lambda c: (c.query_key_value, c.dense), n_heads, n_heads,
                          cores[0].head_dim, layout="grouped", empty=_empty_bloom, counted=_bloom_forward,
                          set_counts=counts_setter("num_heads"), layer_output=_pair_output,
-                         kv_refusal=_kv_refusal("BLOOM", alibi=True))
+                         refuses=_refuses("BLOOM", alibi=True))
 
 
 # -- Falcon ---------------------------------------------------------------------------------------------------------
@@ -107,7 +106,7 @@ def _falcon_forward(core, inner, hidden_states, *args, alibi=None, attention_mas
     """FalconAttention.forward with the ALiBi rows -- and the per-head mask Falcon adds them to -- of this core's
     kept heads; unchanged for rotary Falcons (no ALiBi, a mask shared by all heads)."""
     if alibi is not None:
-        kept = core.headprune_kept
+        kept = core.headprune_layout[0]
         alibi = _fold_kept(alibi, kept, hidden_states.shape[0])
         if attention_mask is not None and attention_mask.ndim == 4 and attention_mask.shape[1] > 1:
             attention_mask = attention_mask[:, kept]
@@ -128,7 +127,7 @@ def falcon(model: nn.Module) -> ModelAdapter | None:
     return fused_decoder(model, layers, cores, lambda c: (c.query_key_value, c.dense), n_heads, n_kv,
                          cores[0].head_dim, layout=layout, empty=empty_dense, counted=_falcon_forward,
                          set_counts=counts_setter("num_heads", "num_kv_heads"), layer_output=_pair_output,
-                         kv_refusal=_kv_refusal("Falcon", alibi=bool(config.alibi)))
+                         refuses=_refuses("Falcon", alibi=bool(config.alibi)))
 
 
 # -- MPT ------------------------------------------------------------------------------------------------------------
@@ -136,7 +135,7 @@ def falcon(model: nn.Module) -> ModelAdapter | None:
 def _mpt_forward(core, inner, hidden_states, position_bias, *args, **kwargs):
     """MptAttention.forward with the ALiBi rows (H, 1, S) of this core's kept heads."""
     if position_bias is not None:
-        position_bias = position_bias[core.headprune_kept]
+        position_bias = position_bias[core.headprune_layout[0]]
     return inner(hidden_states, position_bias, *args, **kwargs)
 
 
@@ -154,4 +153,4 @@ def mpt(model: nn.Module) -> ModelAdapter | None:
     return fused_decoder(model, layers, cores, lambda c: (c.Wqkv, c.out_proj), n_heads, n_heads,
                          cores[0].head_dim, layout="blocks", empty=_empty_mpt, counted=_mpt_forward,
                          set_counts=counts_setter("n_heads"), layer_output=_pair_output,
-                         kv_refusal=_kv_refusal("MPT", alibi=True))
+                         refuses=_refuses("MPT", alibi=True))

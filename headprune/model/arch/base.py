@@ -104,10 +104,17 @@ class AttentionBlock:
     extra_rows: list[tuple[nn.Module, str]] = field(default_factory=list)
     # How a fused Q/K/V module orders its heads' rows (:data:`LAYOUTS`); read only when the block is fused.
     layout: str = "blocks"
-    # Per-head parameter vectors outside the projections, each (owner, attribute name, side): n x d_h entries laid
-    # out head by head like that side, cut and zeroed with it (DeBERTa v1's ``q_bias`` / ``v_bias``, added to the
-    # query and value of each head after its fused ``in_proj``).
-    head_vectors: list[tuple[nn.Module, str, str]] = field(default_factory=list)
+    # Further per-head parameters, each (module, attribute name): a tensor whose dim 0 holds the physical query
+    # heads' entries head by head, the same number per head (one: gpt-oss's learned attention sinks,
+    # Nystromformer's per-head convolution over values; d_h: DeBERTa v1's q_bias / v_bias, added to each head's
+    # query and value after its fused in_proj -- a multi-head family, where value heads are the query heads).
+    # Surgery keeps the kept heads' entries; the family's ``set_counts`` updates whatever counts them.
+    head_params: list[tuple[nn.Module, str]] = field(default_factory=list)
+    # True when Q and K pass through a norm over *all* heads' features before attention (OLMo 2's q_norm /
+    # k_norm): every head's Q/K rows feed the statistics of the others, so surgery keeps the Q and K rows of every
+    # original head (and the norms) and cuts V and O only; the core's forward (``counted_forward``) picks the kept
+    # heads after the norm. Masked exports zero only O columns and V rows for the same reason.
+    norm_spans_heads: bool = False
 
     @property
     def n_live(self) -> int:
@@ -135,6 +142,8 @@ class AttentionBlock:
         ``n_query`` / ``n_kv`` heads (default: the heads present now). See the module doc."""
         n_query = self.n_live if n_query is None else n_query
         n_kv = self.n_kv_live if n_kv is None else n_kv
+        if self.norm_spans_heads and name in ("query", "key"):   # every original head's Q/K rows stay (above)
+            n_query, n_kv = self.n_heads, self.n_kv_heads
         if not self.fused:
             return [(name, i) for i in range(n_query if name == "query" else n_kv)]
         return fused_chunks(self.layout, n_query, n_kv)
@@ -212,6 +221,20 @@ class AttentionBlock:
         g = self.n_live // self.n_kv_live
         return [p // g for p in range(self.n_live)]
 
+    def part_layout(self, name: str) -> tuple[int, list[int]]:
+        """(head slots held by the rows of part ``name``, the slot each physical query position reads).
+
+        Normally Q holds the live query heads in weight order and K/V the physical key/value heads; where a norm
+        spans all heads (``norm_spans_heads``) Q and K keep every original head and group, read by original id.
+        """
+        if self.norm_spans_heads and name == "query":
+            return self.n_heads, list(self.kept)
+        if self.norm_spans_heads and name == "key":
+            return self.n_kv_heads, [self.group_of(h) for h in self.kept]
+        if name == "query":
+            return self.n_live, list(range(self.n_live))
+        return self.n_kv_live, self.kv_of_position()
+
 
 @dataclass
 class ModelAdapter:
@@ -236,9 +259,16 @@ class ModelAdapter:
     layer_kinds: list[str] | None = None
     # True when the stock forward must be told to return attention probabilities (DeBERTa).
     needs_output_attentions: bool = False
-    # Why a KV cache plan (headprune.kvcache) cannot apply to this decoder, or None when it can: the plan's
-    # restriction is an attention function transformers dispatches to, which some families never call.
-    kv_refusal: str | None = None
+    # Paths this model cannot take, each with the reason said to the user: "kv" (KV cache plans, which replace
+    # transformers' registered attention functions: GPT-J and GPT-Neo compute attention in their own code, so a
+    # plan would be silently ignored) or a criterion's name (Longformer's "taylor"). Read before weights load too
+    # (``loading.declared_adapter``), so a refused path costs no waiting.
+    refuses: dict[str, str] = field(default_factory=dict)
+    # (block, core args, core kwargs, core output) -> (B, h_live, T, T) probabilities, for a core whose own output
+    # is not that (Longformer's banded local + global form); None: the core's second output is the map.
+    attention_probs: Callable[..., Any] | None = None
+    # True when the cores' projections see (T, B, features) rather than (B, T, features) (Longformer).
+    sequence_first: bool = False
 
     @property
     def grid_shape(self) -> tuple[int, int]:
@@ -279,6 +309,14 @@ def find_layers(model: nn.Module, core_of: Callable[[nn.Module], Any], needs: tu
                 if core is not None and all(hasattr(core, a) for a in needs):
                     return child
     return None
+
+
+def own_attention_refusal(family: str) -> str:
+    """Why a family whose cores compute attention in their own code cannot take a KV cache plan (``refuses["kv"]``)."""
+    return (f"{family} computes attention in its own code rather than through transformers' registered attention "
+            "functions, which a KV cache plan replaces; the plan would be silently ignored, so it is refused. KV "
+            "plans work on decoders that call those functions (Llama, Qwen, Mistral, Gemma, Phi, OPT, OLMo, "
+            "gpt-oss, ...).")
 
 
 def kept_heads(model: nn.Module, block_index: int, n_heads: int) -> list[int]:

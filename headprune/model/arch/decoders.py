@@ -80,7 +80,8 @@ def _text_config(model: nn.Module):
     return getattr(config, "text_config", None) or config
 
 
-@family("llama", "Llama, Qwen2, Qwen3, Mistral, Gemma 3 (text) decoders, with or without grouped-query attention")
+@family("llama", "Llama, Qwen2, Qwen3, Mistral, Gemma 3 (text), OLMo decoders, with or without grouped-query "
+        "attention")
 def llama_like(model: nn.Module) -> ModelAdapter | None:
     layers = _layer_list(model, "self_attn", ("q_proj", "k_proj", "v_proj", "o_proj"))
     if layers is None:

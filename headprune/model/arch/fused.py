@@ -30,7 +30,7 @@ from .registry import family
 def fused_decoder(model: nn.Module, layers: nn.ModuleList, cores: list[nn.Module], parts, n_heads: int, n_kv: int,
                   head_size: int, *, layout: str, empty: Callable, counted: Callable | None = None,
                   set_counts: Callable | None = None, layer_output: Callable | None = None,
-                  kv_refusal: str | None = None) -> ModelAdapter:
+                  refuses: dict[str, str] | None = None) -> ModelAdapter:
     """A causal adapter with one block per layer, Q/K/V fused in one module of ``layout``; ``parts(core)`` gives
     (fused Q/K/V, O). These families derive the head size as hidden / heads, so a config whose heads do not divide
     the hidden size (or whose key/value heads do not divide the heads) is refused here, by what it says."""
@@ -51,7 +51,7 @@ def fused_decoder(model: nn.Module, layers: nn.ModuleList, cores: list[nn.Module
     extra = {} if layer_output is None else {"layer_output": layer_output}
     return ModelAdapter(str(model.config.model_type), model, blocks, n_heads, len(blocks), False,
                         list(range(len(blocks))), layers, core_applies_output=True, causal=True,
-                        kv_refusal=kv_refusal, **extra)
+                        refuses=dict(refuses or {}), **extra)
 
 
 def counts_setter(query_attr: str, kv_attr: str | None = None) -> Callable[[nn.Module, int, int], None]:

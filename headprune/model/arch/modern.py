@@ -25,7 +25,7 @@ DeBERTa v1 (``DebertaForSequenceClassification``)
     The same disentangled attention with Q, K and V fused in ``in_proj`` (no bias): the core views its output as
     (..., H, 3 d_h) per head and chunks it in three, i.e. per head [q_h, k_h, v_h] -- the "grouped" layout with
     one query head per group (``base.LAYOUTS``). Biases live outside it: ``q_bias`` and ``v_bias`` (H d_h each, head
-    by head) are added to each head's query and value, and are cut with them (the block's ``head_vectors``). The
+    by head) are added to each head's query and value, and are cut with them (the block's ``head_params``). The
     position projections are ``pos_proj`` (c2p, query side) and ``pos_q_proj`` (p2c, key side, with a bias).
     ``talking_head`` configs mix heads inside the attention and are refused by name.
 
@@ -113,8 +113,8 @@ def deberta_v1(model: nn.Module) -> ModelAdapter | None:
             "Accepted: talking_head false (every released DeBERTa checkpoint).")
     adapter = _deberta_adapter(model, layers, [_deberta_parts(layer, ("pos_proj", "pos_q_proj"), ("in_proj",))
                                                for layer in layers], layout="grouped")
-    for block in adapter.blocks:   # added to each head's query and value after in_proj, head by head
-        block.head_vectors = [(block.core, "q_bias", "query"), (block.core, "v_bias", "value")]
+    for block in adapter.blocks:   # added to each head's query and value after in_proj, d_h entries per head
+        block.head_params = [(block.core, "q_bias"), (block.core, "v_bias")]
     return adapter
 
 

@@ -1,0 +1,201 @@
+"""Issue-47 families at real shapes (random weights, no download): the CLI's estimates and memory, and Prune-page
+clicks next to a Llama-shaped model of the same size.
+
+    python benchmarks/bench_real_shapes.py build
+    python benchmarks/bench_real_shapes.py cli [--shapes opt-125m,llama-125m] [--calib-size 32] [--eval-size 32]
+    python benchmarks/bench_real_shapes.py clicks [--shapes ...] [--eval-size 64] [--clicks 6]
+
+Shapes (float32, weights drawn with seed 0, saved once into ~/.cache/headprune-bench/<shape>-random-v1 with the
+demo-lm tokenizer -- it only decides which embedding rows are read; the LM head scores the whole vocabulary):
+
+    opt-125m     OPTConfig() defaults = OPT-125M: 12 layers x 12 heads, hidden 768, FFN 3072, vocabulary 50,272,
+                 tied embeddings (125 M parameters)
+    llama-125m   its Llama twin: the same layers, heads, hidden size and vocabulary, SwiGLU intermediate 2048 (three
+                 matrices of 768 x 2048 = OPT's two of 768 x 3072), tied (125 M)
+    phi-2        Phi-2's real width -- hidden 2560, 32 heads of 80, partial rotary 0.4, intermediate 10240,
+                 vocabulary 51,200, untied LM head -- with 2 of its 32 layers (``--phi-layers``): all 32 would be
+                 2.7 B parameters, 11 GB in float32, too much for a 24 GB machine shared by a team. A click on the
+                 Prune page replays the layers from the clicked one up, so per layer it costs what it costs in the
+                 full model; the LM head (51,200 x 2560) is paid in full.
+    llama-phi-2  its Llama twin: hidden 2560, 32 heads, intermediate 6827 (3 x 2560 x 6827 ~ Phi's 2 x 2560 x 10240),
+                 same layers and vocabulary, untied
+
+``cli``: per shape, in its own process each (peak RSS its own), ``evaluate`` (--eval-size rows of demo-lm),
+``score --criterion his`` (--calib-size rows; the duration it tells beforehand on stderr, ``estimate: ...``, next to
+the seconds it took) and ``prune`` (a quarter of the heads, --format headprune); seconds, peak RSS, the weights'
+size and the memory budget the planner used. ``clicks``: the dashboard's live evaluator on --eval-size rows of
+demo-lm (``Workspace.build`` as the dashboard builds it), one head toggled per layer spread over the depth, the
+time to the first running estimate and to the exact value, per shape (benchmarks/bench_gpt2_live.py's method).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+CACHE = Path.home() / ".cache" / "headprune-bench"
+SHAPES = {
+    "opt-125m": ("OPTConfig", {}),
+    "llama-125m": ("LlamaConfig", dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12,
+                                       num_key_value_heads=12, intermediate_size=2048, vocab_size=50272,
+                                       max_position_embeddings=2048, tie_word_embeddings=True)),
+    "phi-2": ("PhiConfig", dict(hidden_size=2560, num_attention_heads=32, num_key_value_heads=32,
+                                intermediate_size=10240, vocab_size=51200, max_position_embeddings=2048,
+                                rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                 "partial_rotary_factor": 0.4}, tie_word_embeddings=False)),
+    "llama-phi-2": ("LlamaConfig", dict(hidden_size=2560, num_attention_heads=32, num_key_value_heads=32,
+                                        intermediate_size=6827, vocab_size=51200, max_position_embeddings=2048,
+                                        tie_word_embeddings=False)),
+}
+PHI_LIKE = ("phi-2", "llama-phi-2")
+
+
+def folder_of(shape: str, phi_layers: int) -> Path:
+    layers = f"-{phi_layers}l" if shape in PHI_LIKE else ""
+    return CACHE / f"{shape}{layers}-random-v1"
+
+
+def build(shape: str, phi_layers: int) -> Path:
+    """The shape's random model with the demo-lm tokenizer, written once (temporary folder, then rename)."""
+    folder = folder_of(shape, phi_layers)
+    if (folder / "config.json").exists():
+        return folder
+    import torch
+    import transformers
+    from transformers import PreTrainedTokenizerFast
+
+    from headprune.demos.lm import ensure_demo_lm_model
+
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(ensure_demo_lm_model())
+    cls_name, kwargs = SHAPES[shape]
+    layers = {"num_hidden_layers": phi_layers} if shape in PHI_LIKE else {}
+    config = getattr(transformers, cls_name)(**kwargs, **layers, pad_token_id=tokenizer.pad_token_id,
+                                             bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(folder)
+    return folder
+
+
+def child(argv: list[str]) -> None:
+    """Run one CLI command in this process; its last stderr line is the peak RSS."""
+    from headprune.cli import main
+
+    code = main(argv)
+    print(f"peak_rss_bytes={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024} exit={code}", file=sys.stderr)
+
+
+def run_cli(argv: list[str], threads: int) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(threads)}
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, __file__, "child", "--", *argv], env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    err = done.stderr
+    peak = re.search(r"peak_rss_bytes=(\d+) exit=(\d+)", err)
+    if done.returncode != 0 or peak is None or peak.group(2) != "0":
+        raise SystemExit(f"{' '.join(argv)} failed:\n{err[-2000:]}")
+    out = json.loads(done.stdout) if done.stdout.strip().startswith("{") else {}
+    told = re.search(r"estimate: (.*)", err)
+    return {"wall_s": round(wall, 1), "peak_rss_gb": round(int(peak.group(1)) / 1e9, 2),
+            "told": told.group(1).strip() if told else None, "json": out}
+
+
+def cli(shapes: list[str], calib_size: int, eval_size: int, phi_layers: int, threads: int) -> None:
+    from transformers import AutoConfig
+
+    for shape in shapes:
+        folder = build(shape, phi_layers)
+        config = AutoConfig.from_pretrained(folder)
+        weights = sum(f.stat().st_size for f in folder.glob("*.safetensors")) / 1e9
+        data = ["--data", "demo-lm", "--calib-size", str(calib_size), "--eval-size", str(eval_size)]
+        evaluated = run_cli(["evaluate", "--model", str(folder), *data], threads)
+        scored = run_cli(["score", "--model", str(folder), "--criterion", "his", *data], threads)
+        layers, heads = config.num_hidden_layers, config.num_attention_heads
+        with tempfile.TemporaryDirectory() as tmp:
+            mask = Path(tmp) / "mask.json"
+            mask.write_text(json.dumps({"pruned": {str(layer): list(range(heads // 4)) for layer in range(layers)}}))
+            pruned = run_cli(["prune", "--model", str(folder), "--mask", str(mask), "--out", str(Path(tmp) / "cut")],
+                             threads)
+        print(f"{shape} ({layers} layers x {heads} heads, weights {weights:.2f} GB float32), {threads} thread(s), "
+              f"load {os.getloadavg()[0]:.1f}:")
+        print(f"  evaluate {eval_size} rows: {evaluated['wall_s']} s wall, peak RSS {evaluated['peak_rss_gb']} GB, "
+              f"perplexity {evaluated['json'].get('perplexity', float('nan')):.1f}")
+        print(f"  score his on {calib_size} rows: told '{scored['told']}', took {scored['json'].get('seconds', 0):.1f}"
+              f" s ({scored['wall_s']} s wall with loading), peak RSS {scored['peak_rss_gb']} GB")
+        print(f"  prune a quarter of the heads: {pruned['wall_s']} s wall, peak RSS {pruned['peak_rss_gb']} GB")
+
+
+def clicks(shapes: list[str], eval_size: int, n_clicks: int, phi_layers: int) -> None:
+    import torch
+
+    from headprune.evaluation.live import LiveEvaluator
+    from headprune.workspace import Workspace
+
+    for shape in shapes:
+        folder = build(shape, phi_layers)
+        ws = Workspace.build(str(folder), "demo-lm", calib_size=8, eval_size=eval_size, seed=0, device="cpu")
+        model, batches = ws.loaded.model, ws.eval_batches
+        start = time.perf_counter()
+        live = LiveEvaluator(model, batches)
+        first_pass = time.perf_counter() - start
+        n_layers, n_heads = live.adapter.grid_shape
+        firsts, exacts = [], []
+        with torch.no_grad():
+            for i in range(n_clicks):
+                layer = round(i * (n_layers - 1) / max(n_clicks - 1, 1))
+                seen: list[float] = []
+                t0 = time.perf_counter()
+                live.toggle(layer, i % n_heads, on_estimate=lambda _e, t0=t0, seen=seen: seen.append(
+                    time.perf_counter() - t0))
+                exacts.append(time.perf_counter() - t0)
+                firsts.append(seen[0] if seen else exacts[-1])
+        print(f"{shape} ({live.adapter.family}, {n_layers} x {n_heads}): {sum(len(b['input_ids']) for b in batches)} "
+              f"rows in {len(batches)} batches, first pass {first_pass:.2f} s, {n_clicks} clicks (layers spread "
+              f"0..{n_layers - 1}): first number p50 {statistics.median(firsts):.2f} s (max {max(firsts):.2f}), "
+              f"exact p50 {statistics.median(exacts):.2f} s (max {max(exacts):.2f}); load {os.getloadavg()[0]:.1f}")
+        del ws, model, live
+
+
+def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "child":
+        child(sys.argv[3:])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("what", choices=("build", "cli", "clicks"))
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--phi-layers", type=int, default=2)
+    parser.add_argument("--calib-size", type=int, default=32)
+    parser.add_argument("--eval-size", type=int, default=32)
+    parser.add_argument("--clicks", type=int, default=6)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
+    shapes = args.shapes.split(",")
+    if args.what == "build":
+        for shape in shapes:
+            print(build(shape, args.phi_layers))
+    elif args.what == "cli":
+        cli(shapes, args.calib_size, args.eval_size, args.phi_layers, args.threads)
+    else:
+        clicks(shapes, args.eval_size, args.clicks, args.phi_layers)
+
+
+if __name__ == "__main__":
+    main()
