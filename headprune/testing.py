@@ -406,4 +406,6 @@ TINY_FAMILIES = {
     **{name: partial(tiny_model, name) for name in ("albert", "bert", "distilbert")},
     **{name: partial(tiny_modern, name) for name in ("deberta-v2", "modernbert")},
     **{name: partial(tiny_more, name) for name in MORE_DECODERS + MORE_ENCODERS if name != "olmo"},  # OLMo: llama
+    # the fused Q/K/V families; Falcon by its new (grouped) architecture, its other layouts in test_fused_families
+    **{name: partial(tiny_fused, name) for name in ("gpt-neox", "bloom", "falcon", "mpt", "deberta")},
 }

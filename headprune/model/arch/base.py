@@ -316,7 +316,7 @@ def own_attention_refusal(family: str) -> str:
     return (f"{family} computes attention in its own code rather than through transformers' registered attention "
             "functions, which a KV cache plan replaces; the plan would be silently ignored, so it is refused. KV "
             "plans work on decoders that call those functions (Llama, Qwen, Mistral, Gemma, Phi, OPT, OLMo, "
-            "gpt-oss, ...).")
+            "gpt-oss, GPT-NeoX / Pythia, ...).")
 
 
 def kept_heads(model: nn.Module, block_index: int, n_heads: int) -> list[int]:
