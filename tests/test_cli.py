@@ -89,7 +89,7 @@ def _bad_inputs(tmp: Path, tiny_model_dir, tiny_csv, gpt2_dir) -> dict:
                                    "No weights"),
         "unsupported architecture": (["evaluate", "--model", gpt2_dir, "--data", tiny_csv],
                                      "Unsupported architecture: model type 'mamba'.*Supported families: "
-                                     "llama.*gpt2.*bert"),
+                                     ".*llama.*gpt2.*bert"),
         "not csv": ([*ev[:3], "--data", tmp / "notes.txt"], r"notes.txt is unlabelled text.*\.csv"),  # .txt: LM data
         "not utf-8": ([*ev[:3], "--data", tmp / "latin1.csv"], "not UTF-8"),
         "no label column": ([*ev[:3], "--data", tmp / "nolabel.csv"], "no label column found. Columns found: text"),
