@@ -349,3 +349,29 @@ def test_bad_checkpoints_are_an_error_before_work(case, tmp_path, tiny_tokenizer
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("error:") and words in err, err
     assert "Traceback" not in err and not out.exists()
+
+
+def test_an_onnx_graph_onnxruntime_cannot_load_is_an_error_with_nothing_written(tmp_path, tiny_tokenizer, capsys):
+    """Falcon's ALiBi variant traces to a graph onnxruntime rejects (a complex dtype in its slopes): ``prune --format
+    onnx`` says so in one ``error:`` line and writes nothing; the same family's rotary variant exports."""
+    from headprune.cli import main
+    from headprune.model.onnx_export import runtime_problem
+
+    if runtime_problem():
+        pytest.skip(runtime_problem())
+    mask = tmp_path / "mask.json"
+    mask.write_text(json.dumps({"pruned": {"0": [1]}}), encoding="utf-8")
+    for arch, works in (("falcon-alibi", False), ("falcon-mq", True)):
+        folder = tmp_path / arch
+        tiny_fused(arch).save_pretrained(folder)
+        tiny_tokenizer.save_pretrained(folder)
+        capsys.readouterr()
+        code = main(["prune", "--model", str(folder), "--mask", str(mask), "--format", "onnx",
+                     "--out", str(tmp_path / f"{arch}.onnx")])
+        err = capsys.readouterr().err
+        if works:
+            assert code == 0 and (tmp_path / f"{arch}.onnx" / "model.onnx").is_file(), err
+        else:
+            # after the weights' loading bar: the export is refused once the graph is written, never half-written
+            assert code == 2 and "\nerror: onnxruntime cannot load the graph" in err, err
+            assert not (tmp_path / f"{arch}.onnx").exists()

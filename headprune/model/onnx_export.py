@@ -306,7 +306,15 @@ def export_onnx(model: nn.Module, tokenizer, mask: HeadMask | None, out: str | P
                     f"torch's ONNX exporter cannot write this {private.config.model_type} model ({exc}). Nothing was "
                     "written. Export it with format 'headprune'.") from exc
         report(0.7, "checking the graph in onnxruntime")
-        check = logits_gap(open_session(path), private, [traced, checked])
+        try:
+            session = open_session(path)
+        except Exception as exc:   # onnxruntime's errors (InvalidGraph, Fail, ...) derive from Exception alone
+            if not type(exc).__module__.startswith("onnxruntime"):
+                raise
+            raise OnnxExportError(   # e.g. Falcon's ALiBi slopes traced through a complex dtype onnxruntime lacks
+                f"onnxruntime cannot load the graph torch's exporter wrote for this {private.config.model_type} "
+                f"model ({str(exc).strip()}). Nothing was written. Export it with format 'headprune'.") from exc
+        check = logits_gap(session, private, [traced, checked])
         if not check["relative"] <= TOLERANCE:
             raise OnnxExportError(
                 f"The ONNX graph of this {private.config.model_type} model does not reproduce the cut model: its "
