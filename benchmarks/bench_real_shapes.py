@@ -25,10 +25,11 @@ demo-lm tokenizer -- it only decides which embedding rows are read; the LM head 
 
 ``cli``: per shape, in its own process each (peak RSS its own), ``evaluate`` (--eval-size rows of demo-lm),
 ``score --criterion his`` (--calib-size rows; the duration it tells beforehand on stderr, ``estimate: ...``, next to
-the seconds it took) and ``prune`` (a quarter of the heads, --format headprune); seconds, peak RSS, the weights'
-size and the memory budget the planner used. ``clicks``: the dashboard's live evaluator on --eval-size rows of
-demo-lm (``Workspace.build`` as the dashboard builds it), one head toggled per layer spread over the depth, the
-time to the first running estimate and to the exact value, per shape (benchmarks/bench_gpt2_live.py's method).
+the seconds it took), both under ``--memory-budget`` (--budget-gb), and ``prune`` (a quarter of the heads, --format
+headprune); seconds and peak RSS, held against the weights' size plus the budget. ``clicks``: the dashboard's
+live evaluator on --eval-size rows of demo-lm (``Workspace.build`` as the dashboard builds it), one head toggled
+per layer spread over the depth, the time to the first running estimate and to the exact value, per shape
+(benchmarks/bench_gpt2_live.py's method).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def folder_of(shape: str, phi_layers: int) -> Path:
 
 
 def build(shape: str, phi_layers: int) -> Path:
-    """The shape's random model with the demo-lm tokenizer, written once (temporary folder, then rename)."""
+    """The shape's random model with the demo-lm tokenizer, written once (staged, then renamed into place)."""
     folder = folder_of(shape, phi_layers)
     if (folder / "config.json").exists():
         return folder
@@ -87,6 +88,7 @@ def build(shape: str, phi_layers: int) -> Path:
     from transformers import PreTrainedTokenizerFast
 
     from headprune.demos.lm import ensure_demo_lm_model
+    from headprune.model.loading import write_staged
 
     tokenizer = PreTrainedTokenizerFast.from_pretrained(ensure_demo_lm_model())
     cls_name, kwargs = SHAPES[shape]
@@ -94,13 +96,8 @@ def build(shape: str, phi_layers: int) -> Path:
     config = getattr(transformers, cls_name)(**kwargs, **layers, pad_token_id=tokenizer.pad_token_id,
                                              bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-    tmp.parent.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    tmp.rename(folder)
-    return folder
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return write_staged(folder, lambda staging: (model.save_pretrained(staging), tokenizer.save_pretrained(staging)))
 
 
 def child(argv: list[str]) -> None:
@@ -126,7 +123,7 @@ def run_cli(argv: list[str], threads: int) -> dict:
             "told": told.group(1).strip() if told else None, "json": out}
 
 
-def cli(shapes: list[str], calib_size: int, eval_size: int, phi_layers: int, threads: int) -> None:
+def cli(shapes: list[str], calib_size: int, eval_size: int, phi_layers: int, threads: int, budget_gb: float) -> None:
     from transformers import AutoConfig
 
     for shape in shapes:
@@ -134,8 +131,10 @@ def cli(shapes: list[str], calib_size: int, eval_size: int, phi_layers: int, thr
         config = AutoConfig.from_pretrained(folder)
         weights = sum(f.stat().st_size for f in folder.glob("*.safetensors")) / 1e9
         data = ["--data", "demo-lm", "--calib-size", str(calib_size), "--eval-size", str(eval_size)]
-        evaluated = run_cli(["evaluate", "--model", str(folder), *data], threads)
-        scored = run_cli(["score", "--model", str(folder), "--criterion", "his", *data], threads)
+        budget = f"{budget_gb}GB"   # the planner's budget, given explicitly so the peak can be held against it
+        evaluated = run_cli(["evaluate", "--model", str(folder), *data, "--memory-budget", budget], threads)
+        scored = run_cli(["score", "--model", str(folder), "--criterion", "his", *data, "--memory-budget", budget],
+                         threads)
         layers, heads = config.num_hidden_layers, config.num_attention_heads
         with tempfile.TemporaryDirectory() as tmp:
             mask = Path(tmp) / "mask.json"
@@ -144,6 +143,7 @@ def cli(shapes: list[str], calib_size: int, eval_size: int, phi_layers: int, thr
                              threads)
         print(f"{shape} ({layers} layers x {heads} heads, weights {weights:.2f} GB float32), {threads} thread(s), "
               f"load {os.getloadavg()[0]:.1f}:")
+        print(f"  memory budget {budget} beyond the weights: peak RSS may reach {weights + budget_gb:.2f} GB")
         print(f"  evaluate {eval_size} rows: {evaluated['wall_s']} s wall, peak RSS {evaluated['peak_rss_gb']} GB, "
               f"perplexity {evaluated['json'].get('perplexity', float('nan')):.1f}")
         print(f"  score his on {calib_size} rows: told '{scored['told']}', took {scored['json'].get('seconds', 0):.1f}"
@@ -178,7 +178,8 @@ def clicks(shapes: list[str], eval_size: int, n_clicks: int, phi_layers: int) ->
         print(f"{shape} ({live.adapter.family}, {n_layers} x {n_heads}): {sum(len(b['input_ids']) for b in batches)} "
               f"rows in {len(batches)} batches, first pass {first_pass:.2f} s, {n_clicks} clicks (layers spread "
               f"0..{n_layers - 1}): first number p50 {statistics.median(firsts):.2f} s (max {max(firsts):.2f}), "
-              f"exact p50 {statistics.median(exacts):.2f} s (max {max(exacts):.2f}); load {os.getloadavg()[0]:.1f}")
+              f"exact p50 {statistics.median(exacts):.2f} s (max {max(exacts):.2f}); load {os.getloadavg()[0]:.1f}; "
+              f"chunked LM head {live.chunked_head}, {live.fast_path_note}")
         del ws, model, live
 
 
@@ -194,6 +195,7 @@ def main() -> None:
     parser.add_argument("--eval-size", type=int, default=32)
     parser.add_argument("--clicks", type=int, default=6)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--budget-gb", type=float, default=1.0, help="cli: --memory-budget of evaluate and score")
     args = parser.parse_args()
     import torch
 
@@ -203,7 +205,7 @@ def main() -> None:
         for shape in shapes:
             print(build(shape, args.phi_layers))
     elif args.what == "cli":
-        cli(shapes, args.calib_size, args.eval_size, args.phi_layers, args.threads)
+        cli(shapes, args.calib_size, args.eval_size, args.phi_layers, args.threads, args.budget_gb)
     else:
         clicks(shapes, args.eval_size, args.clicks, args.phi_layers)
 

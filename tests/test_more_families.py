@@ -147,6 +147,8 @@ def test_capture_equals_the_cut_models_own_eager_attentions(arch):
     batch = inputs(arch, seed=2)
     maps = capture_attention(model, batch, mask)
     cut = prune_model(model, mask)
+    emptied = HeadMask(torch.cat([torch.zeros(1, 4), torch.ones(2, 4)]))   # a cut model with a block left empty
+    assert not capture_attention(prune_model(model, emptied), batch).probs[0].any()
     with torch.no_grad():
         reference = cut(**batch, output_attentions=True).attentions
     valid = batch["attention_mask"].bool()
@@ -198,6 +200,8 @@ def test_longformer_maps_reproduce_each_heads_context():
         assert (probs.sum(-1).transpose(1, 2)[valid] - 1).abs().max() <= 1e-5
         far = probs[:, :, 5:, 1:3]   # tokens 5.. see keys 1-2 only through the window (w = 2 each side): never
         assert not far.any()
+    empty = prune_model(model, HeadMask(torch.cat([torch.ones(1, 4), torch.zeros(1, 4), torch.ones(1, 4)])))
+    assert not capture_attention(empty, batch).probs[1].any()   # a layer cut to no heads: its maps are zero
 
 
 def test_taylor_on_longformer_is_refused_before_its_weights_load(tmp_path, capsys):
@@ -304,13 +308,14 @@ def mask_file(folder) -> str:
     return str(path)
 
 
-def refused(argv: list[str], capsys) -> str:
+def refused(argv: list[str], capsys, before_loading: bool = True) -> str:
+    """stderr of a CLI run that must fail with an ``error:`` line -- its first line when nothing was loaded."""
     from headprune.cli import main
 
     capsys.readouterr()   # what saving the folder printed
     assert main([str(a) for a in argv]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: "), err
+    assert err.startswith("error: ") if before_loading else "\nerror: " in err, err
     return err
 
 
@@ -344,13 +349,24 @@ def test_heads_that_do_not_divide_the_hidden_size_are_refused_before_work(arch, 
     assert "hidden size 32 is not a multiple of its 5 attention heads" in err and not out.exists()
 
 
-def test_weights_that_do_not_fit_the_config_are_refused_before_loading(tmp_path, capsys):
+@pytest.mark.parametrize("weights", ["model.safetensors", "pytorch_model.bin"])
+def test_weights_that_do_not_fit_the_config_are_refused(weights, tmp_path, capsys):
+    """safetensors: read from the file's header, before any weight loads; a .bin has no header, so transformers'
+    own size check is turned into the same error line."""
     folder = saved("phi", tmp_path / "phi")
-    saved("phi", tmp_path / "other", n_heads=2)   # hidden 16: every tensor a different shape
-    (folder / "model.safetensors").write_bytes((tmp_path / "other" / "model.safetensors").read_bytes())
+    other = tiny_more("phi", vocab_size=320, n_heads=2)   # hidden 16: every tensor a different shape
+    (folder / "model.safetensors").unlink()
+    if weights.endswith("tensors"):
+        other.save_pretrained(tmp_path / "other")
+        (folder / weights).write_bytes((tmp_path / "other" / weights).read_bytes())
+    else:
+        torch.save(other.state_dict(), folder / weights)
     out = tmp_path / "cut"
-    err = refused(["prune", "--model", folder, "--mask", mask_file(tmp_path), "--out", out], capsys)
-    assert "do not match its config.json" in err and "[16]" in err and "[32]" in err and not out.exists()
+    err = refused(["prune", "--model", folder, "--mask", mask_file(tmp_path), "--out", out], capsys,
+                  before_loading=weights.endswith("tensors"))
+    assert "do not match its config.json" in err and not out.exists()
+    if weights.endswith("tensors"):
+        assert "[16]" in err and "[32]" in err
 
 
 @pytest.mark.parametrize("arch", ARCHS)

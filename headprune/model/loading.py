@@ -177,7 +177,7 @@ def shell_model(config):
         return auto_class(config).from_config(config, trust_remote_code=False)
 
 
-def check_before_weights(spec: str, config, folder: Path | None) -> ModelAdapter:
+def check_before_weights(spec: str, config, folder: Path | None) -> ModelAdapter | None:
     """What can be refused from the config alone, before a weight loads: heads that do not divide the hidden size,
     an architecture headprune does not adapt (``UnsupportedArchitecture``, built on the meta device), and a
     safetensors checkpoint whose tensors do not fit the config (shapes read from the file headers)."""
@@ -186,6 +186,8 @@ def check_before_weights(spec: str, config, folder: Path | None) -> ModelAdapter
         shell = shell_model(config)
     except (ValueError, AssertionError, TypeError) as exc:
         raise ModelLoadError(f"{spec}: its config does not describe a model transformers can build: {exc}") from exc
+    except Exception:  # noqa: BLE001 - e.g. a quantisation library's own check: loading itself says what it is
+        return None
     adapter = adapt(shell)
     if folder is not None:
         _check_checkpoint_shapes(spec, shell, folder)

@@ -42,6 +42,7 @@ position p reads physical key/value head p // (n_q / n_kv), as stock ``repeat_kv
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -338,7 +339,46 @@ def kv_sources(model: nn.Module, block_index: int, n_heads: int, n_kv_heads: int
     return sorted({h // group_size for h in kept})
 
 
+def make_block(model: nn.Module, index: int, core: nn.Module, parts: tuple, head_size: int, n_heads: int,
+               n_kv_heads: int, **behaviour) -> AttentionBlock:
+    """Block ``index`` of ``model`` with Q/K/V/O ``parts``, its kept heads and key/value sources as surgery recorded
+    them in the config (all heads of an uncut model), and the family's ``behaviour`` (AttentionBlock's fields)."""
+    kept = kept_heads(model, index, n_heads)
+    return AttentionBlock(index, core, *parts, head_size, kept, n_heads, n_kv_heads,
+                          kv_sources(model, index, n_heads, n_kv_heads, kept), **behaviour)
+
+
 def empty_context(args: tuple, kwargs: dict) -> torch.Tensor:
     """The (..., 0) context of a core with no heads, shaped like its hidden-states input."""
     hidden = args[0] if args else kwargs["hidden_states"]
     return hidden.new_zeros(*hidden.shape[:-1], 0)
+
+
+def submodule(path: str) -> Callable[[nn.Module], nn.Module | None]:
+    """A function giving ``layer.<path>`` (a dotted attribute path), or None where the layer lacks a step of it."""
+
+    def find(layer: nn.Module) -> nn.Module | None:
+        for name in path.split("."):
+            layer = getattr(layer, name, None)
+        return layer
+
+    return find
+
+
+def rotary_attention(core: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     position_embeddings, attention_mask, past_key_values, window: int | None, **kwargs):
+    """The tail every rotary decoder's attention forward shares (transformers 5.23's Llama-style cores), for the
+    forwards headprune installs on cut cores: rotary on Q and K (the core's own module's ``apply_rotary_pos_emb``),
+    the cache update, then the registered attention function (the model's ``_attn_implementation``, so a KV plan's
+    restriction applies). Returns (the heads' context (B, T, H_live * d), attention weights or None)."""
+    mod = sys.modules[type(core).__module__]
+    cos, sin = position_embeddings
+    query, key = mod.apply_rotary_pos_emb(query, key, cos, sin)
+    if past_key_values is not None:
+        key, value = past_key_values.update(key, value, core.layer_idx)
+    interface = mod.ALL_ATTENTION_FUNCTIONS.get_interface(core.config._attn_implementation,
+                                                          mod.eager_attention_forward)
+    out, weights = interface(core, query, key, value, attention_mask,
+                             dropout=0.0 if not core.training else core.attention_dropout, scaling=core.scaling,
+                             **({"sliding_window": window} if window is not None else {}), **kwargs)
+    return out.reshape(*query.shape[:1], query.shape[2], -1).contiguous(), weights

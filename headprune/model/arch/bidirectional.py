@@ -43,22 +43,19 @@ from .base import (
     ModelAdapter,
     empty_context,
     find_layers,
-    kept_heads,
-    kv_sources,
+    make_block,
     own_attention_refusal,
+    submodule,
 )
 from .registry import family
 
 
-def _blocks(model: nn.Module, parts: list[tuple], n_heads: int, head_size: int, set_counts, empty, **behaviour):
-    """One multi-head block per ``(core, query, key, value, output)`` in ``parts``."""
-    blocks = []
-    for i, (core, q, k, v, o) in enumerate(parts):
-        kept = kept_heads(model, i, n_heads)
-        blocks.append(AttentionBlock(i, core, q, k, v, o, head_size, kept, n_heads, n_heads,
-                                     kv_sources(model, i, n_heads, n_heads, kept), set_counts=set_counts,
-                                     empty_forward=empty, **{k: f(core) for k, f in behaviour.items()}))
-    return blocks
+def _blocks(model: nn.Module, parts: list[tuple], n_heads: int, head_size: int, empty, **behaviour):
+    """One multi-head block per ``(core, query, key, value, output)`` in ``parts``; ``behaviour``: functions of
+    the core giving the block's further fields."""
+    return [make_block(model, i, core, tuple(qkvo), head_size, n_heads, n_heads, set_counts=_set_heads,
+                       empty_forward=empty, **{k: f(core) for k, f in behaviour.items()})
+            for i, (core, *qkvo) in enumerate(parts)]
 
 
 def _tuple_layer(hidden: torch.Tensor):
@@ -79,38 +76,53 @@ def _set_heads(core: nn.Module, n_query: int, _n_kv: int) -> None:
 
 
 def _empty_inner_output(output_name: str):
-    """A core applying O itself, left with no heads: O of an empty context (its bias), as a 1-tuple."""
+    """A core applying O itself, left with no heads: O of an empty context (its bias), and no probabilities (the
+    callers read item 1 only when they asked for probabilities, and then take None as a layer without maps)."""
 
     def forward(core, _inner, *args, **kwargs):
-        out = getattr(core, output_name)(empty_context(args, kwargs))
-        return (out, None) if kwargs.get("output_attentions") else (out,)
+        return getattr(core, output_name)(empty_context(args, kwargs)), None
 
     return forward
 
 
 def _empty_sibling(core, _inner, *args, **kwargs):
-    """O in the sibling output module: an empty context, to which O adds only its bias."""
-    return (empty_context(args, kwargs), None) if kwargs.get("output_attentions") else (empty_context(args, kwargs),)
+    """O in the sibling output module: an empty context, to which O adds only its bias; no probabilities."""
+    return empty_context(args, kwargs), None
+
+
+def _sibling_output(layer: nn.Module, core: nn.Module) -> tuple:
+    """Q/K/V in the core, O in the layer's ``attention.output`` (BERT's layout)."""
+    return core.query, core.key, core.value, layer.attention.output.dense
+
+
+def _encoder(model: nn.Module, core_of, needs: tuple[str, ...], parts_of, empty, *, accept=None, block=None,
+             **options) -> ModelAdapter | None:
+    """The adapter of an encoder whose layers' cores (``core_of(layer)``) have every attribute of ``needs``, or
+    None; ``parts_of(layer, core)`` gives Q/K/V/O, ``accept(core)`` may refuse the model by name, ``block`` the
+    blocks' further behaviour (each a function of the core), ``options`` the adapter's. Layers return tuples and
+    the cores give probabilities only when asked, in all four families."""
+    layers = find_layers(model, core_of, needs)
+    if layers is None:
+        return None
+    cores = [core_of(layer) for layer in layers]
+    if accept is not None:
+        accept(cores[0])
+    n_heads = model.config.num_attention_heads   # the config's: a cut core holds fewer
+    head_size = getattr(cores[0], "attention_head_size", None) or cores[0].head_dim
+    blocks = _blocks(model, [(c, *parts_of(layer, c)) for layer, c in zip(layers, cores)], n_heads, head_size,
+                     empty, **(block or {}))
+    return ModelAdapter(str(model.config.model_type), model, blocks, n_heads, len(blocks), False,
+                        list(range(len(blocks))), layers, layer_output=_tuple_layer, needs_output_attentions=True,
+                        **options)
 
 
 # -- MPNet ----------------------------------------------------------------------------------------------------
 
-def _mpnet_core(layer: nn.Module) -> nn.Module | None:
-    return getattr(getattr(layer, "attention", None), "attn", None)
-
-
 @family("mpnet", "MPNet (sentence-transformers' encoders): a per-head relative-position bias shared by all layers")
 def mpnet(model: nn.Module) -> ModelAdapter | None:
-    layers = find_layers(model, _mpnet_core, ("q", "k", "v", "o", "attention_head_size"))
-    if layers is None:
-        return None
-    n_heads = model.config.num_attention_heads
-    parts = [(c, c.q, c.k, c.v, c.o) for c in map(_mpnet_core, layers)]
-    blocks = _blocks(model, parts, n_heads, parts[0][0].attention_head_size, _set_heads, _empty_inner_output("o"),
-                     counted_forward=lambda _core: _mpnet_forward)
-    return ModelAdapter(str(model.config.model_type), model, blocks, n_heads, len(blocks), False,
-                        list(range(len(blocks))), layers, core_applies_output=True, layer_output=_tuple_layer,
-                        needs_output_attentions=True)
+    return _encoder(model, submodule("attention.attn"), ("q", "k", "v", "o", "attention_head_size"),
+                    lambda _layer, c: (c.q, c.k, c.v, c.o), _empty_inner_output("o"), core_applies_output=True,
+                    block={"counted_forward": lambda _core: _mpnet_forward})
 
 
 def _mpnet_forward(core, inner, hidden_states, attention_mask=None, position_bias=None, *args, **kwargs):
@@ -123,24 +135,15 @@ def _mpnet_forward(core, inner, hidden_states, attention_mask=None, position_bia
 
 # -- Longformer -----------------------------------------------------------------------------------------------
 
-def _self_core(layer: nn.Module) -> nn.Module | None:
-    return getattr(getattr(layer, "attention", None), "self", None)
-
-
 @family("longformer", "Longformer: local windowed and global attention, each with its own projections")
 def longformer(model: nn.Module) -> ModelAdapter | None:
-    layers = find_layers(model, _self_core, ("query", "key", "value", "query_global", "key_global", "value_global"))
-    if layers is None:
-        return None
-    n_heads = model.config.num_attention_heads
-    parts = [(c, c.query, c.key, c.value, layer.attention.output.dense) for layer, c in
-             ((layer, _self_core(layer)) for layer in layers)]
-    blocks = _blocks(model, parts, n_heads, parts[0][0].head_dim, _set_heads, _empty_sibling,
-                     extra_rows=lambda c: [(c.query_global, "query"), (c.key_global, "key"), (c.value_global, "key")],
-                     counted_forward=lambda _core: _longformer_forward)
-    return ModelAdapter("longformer", model, blocks, n_heads, len(blocks), False, list(range(len(blocks))), layers,
-                        core_applies_output=False, layer_output=_tuple_layer, needs_output_attentions=True,
-                        attention_probs=longformer_maps, sequence_first=True, refuses={"taylor": TAYLOR_REFUSAL})
+    return _encoder(model, submodule("attention.self"),
+                    ("query", "key", "value", "query_global", "key_global", "value_global"), _sibling_output,
+                    _empty_longformer, core_applies_output=False, attention_probs=longformer_maps,
+                    sequence_first=True, refuses={"taylor": TAYLOR_REFUSAL},
+                    block={"counted_forward": lambda _core: _longformer_forward,
+                           "extra_rows": lambda c: [(c.query_global, "query"), (c.key_global, "key"),
+                                                    (c.value_global, "key")]})
 
 
 TAYLOR_REFUSAL = ("Taylor (Σ A ∂o/∂A) needs the gradient at the attention map the model computes with; Longformer "
@@ -194,6 +197,19 @@ def _longformer_forward(core, _inner, hidden_states, attention_mask=None, is_ind
     return outputs + (global_probs,) if (is_global_attn and output_attentions) else outputs
 
 
+def _empty_longformer(core, _inner, hidden_states, attention_mask=None, is_index_masked=None,
+                      is_index_global_attn=None, is_global_attn=None, output_attentions=False):
+    """A Longformer core with no heads: an empty context (O, in the sibling module, adds its bias) and, when asked,
+    zero-head probabilities in the banded shapes the encoder reads from every layer."""
+    context = empty_context((hidden_states,), {})
+    if not output_attentions:
+        return (context,)
+    b, t = hidden_states.shape[:2]
+    n_global = core._get_global_attn_indices(is_index_global_attn)[0] if is_global_attn else 0
+    banded = hidden_states.new_zeros(b, t, 0, n_global + 2 * core.one_sided_attn_window_size + 1)
+    return (context, banded) + ((hidden_states.new_zeros(b, 0, n_global, t),) if is_global_attn else ())
+
+
 def longformer_maps(block: AttentionBlock, args: tuple, kwargs: dict, output) -> torch.Tensor | None:
     """(B, h, T, T) attention probabilities from a Longformer core's banded output (module doc).
 
@@ -243,7 +259,7 @@ def xlm(model: nn.Module) -> ModelAdapter | None:
         return None
     n_heads = model.config.num_attention_heads   # the config's: a cut core holds fewer
     blocks = _blocks(model, [(c, c.q_lin, c.k_lin, c.v_lin, c.out_lin) for c in cores], n_heads, cores[0].head_dim,
-                     _set_heads, _empty_inner_output("out_lin"))
+                     _empty_inner_output("out_lin"))
     causal = bool(getattr(model.config, "causal", False))
     return ModelAdapter("xlm", model, blocks, n_heads, len(blocks), False, list(range(len(blocks))), None,
                         core_applies_output=True, causal=causal, needs_output_attentions=True,
@@ -260,18 +276,14 @@ NYSTROM_REFUSAL = (
     "with num_landmarks == segment_means_seq_len (exact softmax attention).")
 
 
+def _exact_nystromformer(core: nn.Module) -> None:
+    if core.num_landmarks != core.seq_len:
+        raise UnsupportedArchitecture(NYSTROM_REFUSAL.format(landmarks=core.num_landmarks, length=core.seq_len))
+
+
 @family("nystromformer", "Nystromformer with exact softmax attention (a per-head convolution over values)")
 def nystromformer(model: nn.Module) -> ModelAdapter | None:
-    layers = find_layers(model, _self_core, ("query", "key", "value", "num_landmarks", "seq_len"))
-    if layers is None:
-        return None
-    first = _self_core(layers[0])
-    if first.num_landmarks != first.seq_len:
-        raise UnsupportedArchitecture(NYSTROM_REFUSAL.format(landmarks=first.num_landmarks, length=first.seq_len))
-    n_heads = model.config.num_attention_heads
-    parts = [(c, c.query, c.key, c.value, layer.attention.output.dense) for layer, c in
-             ((layer, _self_core(layer)) for layer in layers)]
-    blocks = _blocks(model, parts, n_heads, first.attention_head_size, _set_heads, _empty_sibling,
-                     head_params=lambda c: [(c.conv, "weight")] if getattr(c, "conv", None) is not None else [])
-    return ModelAdapter("nystromformer", model, blocks, n_heads, len(blocks), False, list(range(len(blocks))),
-                        layers, core_applies_output=False, layer_output=_tuple_layer, needs_output_attentions=True)
+    return _encoder(model, submodule("attention.self"), ("query", "key", "value", "num_landmarks", "seq_len"),
+                    _sibling_output, _empty_sibling, accept=_exact_nystromformer, core_applies_output=False,
+                    block={"head_params": lambda c: [(c.conv, "weight")] if getattr(c, "conv", None) is not None
+                           else []})

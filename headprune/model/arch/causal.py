@@ -35,20 +35,18 @@ gpt-oss (``self_attn`` with ``q_proj/k_proj/v_proj/o_proj`` and ``sinks``)
 
 from __future__ import annotations
 
-import sys
-
 import torch
 from torch import nn
 
 from .base import (
-    AttentionBlock,
     ModelAdapter,
     empty_context,
     find_layers,
-    kept_heads,
-    kv_sources,
+    make_block,
     out_features,
     own_attention_refusal,
+    rotary_attention,
+    submodule,
 )
 from .registry import family
 
@@ -78,24 +76,33 @@ def empty_forward(output_name: str):
     return forward
 
 
-def _adapter(model: nn.Module, layers: nn.ModuleList, cores: list[nn.Module], names: tuple[str, str, str, str],
-             n_heads: int, n_kv: int, *, kinds: list[str] | None = None, **options) -> ModelAdapter:
-    """One block per layer: Q/K/V/O are the core's attributes ``names``; ``options`` split between the block's
-    behaviour (``norm_spans_heads``, ``counted_forward``, ``head_params`` as attribute names) and the adapter's
-    (``layer_output``, ``refuses``)."""
+OUT_PROJ = ("q_proj", "k_proj", "v_proj", "out_proj")
+O_PROJ = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def _adapter(model: nn.Module, core_of, needs: tuple[str, ...], names: tuple[str, str, str, str], *,
+             kinds=None, accept=None, **options) -> ModelAdapter | None:
+    """The adapter of a model whose layers' cores (``core_of(layer)``) have Q/K/V/O as attributes ``names`` and
+    every attribute of ``needs`` (and pass ``accept(core)``), or None. One multi- or grouped-query block per
+    layer, head counts from the config (a cut core holds fewer). ``kinds(cores)``: each layer's attention kind;
+    ``options`` split between the block's behaviour (``norm_spans_heads``, ``counted_forward``, ``head_params`` as
+    attribute names) and the adapter's (``layer_output``, ``refuses``)."""
+    layers = find_layers(model, core_of, names + needs)
+    if layers is None or (accept is not None and not accept(core_of(layers[0]))):
+        return None
+    cores = [core_of(layer) for layer in layers]
+    config = getattr(model.config, "text_config", None) or model.config
+    n_heads = config.num_attention_heads
+    n_kv = getattr(config, "num_key_value_heads", None) or n_heads
     head_params = options.pop("head_params", ())
     block_options = {k: options.pop(k) for k in ("norm_spans_heads", "counted_forward") if k in options}
-    blocks = []
-    for i, core in enumerate(cores):
-        kept = kept_heads(model, i, n_heads)
-        blocks.append(AttentionBlock(i, core, *(getattr(core, n) for n in names), core.head_dim, kept, n_heads, n_kv,
-                                     kv_sources(model, i, n_heads, n_kv, kept), set_counts=set_counts,
-                                     empty_forward=empty_forward(names[3]),
-                                     head_params=[(core, p) for p in head_params], **block_options))
-    kinds = [k.replace("_attention", "") for k in kinds] if kinds and len(set(kinds)) > 1 else None
+    blocks = [make_block(model, i, core, tuple(getattr(core, n) for n in names), core.head_dim, n_heads, n_kv,
+                         set_counts=set_counts, empty_forward=empty_forward(names[3]),
+                         head_params=[(core, p) for p in head_params], **block_options) for i, core in enumerate(cores)]
+    kinds = [k.replace("_attention", "") for k in (kinds(cores) if kinds else [])]
     return ModelAdapter(str(model.config.model_type), model, blocks, n_heads, len(blocks), False,
-                        list(range(len(blocks))), layers, core_applies_output=True, causal=True, layer_kinds=kinds,
-                        **options)
+                        list(range(len(blocks))), layers, core_applies_output=True, causal=True,
+                        layer_kinds=kinds if len(set(kinds)) > 1 else None, **options)
 
 
 def _tuple_layer(hidden: torch.Tensor):
@@ -103,87 +110,49 @@ def _tuple_layer(hidden: torch.Tensor):
     return hidden, None
 
 
+def _config_kinds(model: nn.Module):
+    """Each layer's attention kind as the config lists it (``layer_types``: sliding / full), for ``_adapter``."""
+    config = getattr(model.config, "text_config", None) or model.config
+    return lambda _cores: list(getattr(config, "layer_types", None) or [])
+
+
 @family("gptj", "GPT-J: partial rotary, attention and MLP in parallel")
 def gptj(model: nn.Module) -> ModelAdapter | None:
-    layers = find_layers(model, lambda layer: getattr(layer, "attn", None),
-                         ("q_proj", "k_proj", "v_proj", "out_proj", "rotary_dim", "embed_positions"))
-    if layers is None:
-        return None
-    n_heads = model.config.num_attention_heads   # the config's: a cut core holds fewer
-    return _adapter(model, layers, [layer.attn for layer in layers], ("q_proj", "k_proj", "v_proj", "out_proj"),
-                    n_heads, n_heads, layer_output=_tuple_layer, refuses={"kv": own_attention_refusal("GPT-J")})
-
-
-def _neo_core(layer: nn.Module) -> nn.Module | None:
-    return getattr(getattr(layer, "attn", None), "attention", None)
+    return _adapter(model, submodule("attn"), ("rotary_dim", "embed_positions"), OUT_PROJ,
+                    layer_output=_tuple_layer, refuses={"kv": own_attention_refusal("GPT-J")})
 
 
 @family("gpt-neo", "GPT-Neo: alternating global and local (windowed) layers")
 def gpt_neo(model: nn.Module) -> ModelAdapter | None:
-    layers = find_layers(model, _neo_core, ("q_proj", "k_proj", "v_proj", "out_proj", "attention_type"))
-    if layers is None:
-        return None
-    cores = [_neo_core(layer) for layer in layers]
-    kinds = ["full" if core.attention_type == "global" else "sliding" for core in cores]
-    n_heads = model.config.num_attention_heads
-    return _adapter(model, layers, cores, ("q_proj", "k_proj", "v_proj", "out_proj"), n_heads, n_heads, kinds=kinds,
+    return _adapter(model, submodule("attn.attention"), ("attention_type",), OUT_PROJ,
+                    kinds=lambda cores: ["full" if c.attention_type == "global" else "sliding" for c in cores],
                     layer_output=_tuple_layer, refuses={"kv": own_attention_refusal("GPT-Neo")})
-
-
-def _self_attn(layer: nn.Module) -> nn.Module | None:
-    return getattr(layer, "self_attn", None)
 
 
 @family("opt", "OPT")
 def opt(model: nn.Module) -> ModelAdapter | None:
-    layers = find_layers(model, _self_attn, ("q_proj", "k_proj", "v_proj", "out_proj", "enable_bias"))
-    if layers is None:
-        return None
-    n_heads = model.config.num_attention_heads
-    return _adapter(model, layers, [layer.self_attn for layer in layers], ("q_proj", "k_proj", "v_proj", "out_proj"),
-                    n_heads, n_heads)
-
-
-def _config_heads(model: nn.Module) -> tuple[int, int]:
-    config = getattr(model.config, "text_config", None) or model.config
-    n_heads = config.num_attention_heads
-    return n_heads, getattr(config, "num_key_value_heads", None) or n_heads
+    return _adapter(model, submodule("self_attn"), ("enable_bias",), OUT_PROJ)
 
 
 @family("phi", "Phi-1, Phi-1.5, Phi-2: partial rotary, biases, parallel block")
 def phi(model: nn.Module) -> ModelAdapter | None:
-    layers = find_layers(model, _self_attn, ("q_proj", "k_proj", "v_proj", "dense", "rotary_ndims"))
-    if layers is None:
-        return None
-    return _adapter(model, layers, [layer.self_attn for layer in layers], ("q_proj", "k_proj", "v_proj", "dense"),
-                    *_config_heads(model))
+    return _adapter(model, submodule("self_attn"), ("rotary_ndims",), ("q_proj", "k_proj", "v_proj", "dense"))
 
 
 def _norm_spans_heads(core: nn.Module) -> bool:
-    norm = getattr(core, "q_norm", None)
-    weight = getattr(norm, "weight", None)
+    weight = getattr(core.q_norm, "weight", None)
     return weight is not None and weight.numel() == out_features(core.q_proj) and weight.numel() != core.head_dim
 
 
 @family("olmo2", "OLMo 2, OLMo 3, OLMoE: a query/key RMSNorm over all heads (cut exactly, Q/K rows kept for it)")
 def olmo2(model: nn.Module) -> ModelAdapter | None:
-    layers = find_layers(model, _self_attn, ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm"))
-    if layers is None or not _norm_spans_heads(layers[0].self_attn):
-        return None
-    config = getattr(model.config, "text_config", None) or model.config
-    return _adapter(model, layers, [layer.self_attn for layer in layers], ("q_proj", "k_proj", "v_proj", "o_proj"),
-                    *_config_heads(model), kinds=list(getattr(config, "layer_types", None) or []),
-                    norm_spans_heads=True, counted_forward=_all_head_norm_forward)
+    return _adapter(model, submodule("self_attn"), ("q_norm", "k_norm"), O_PROJ, accept=_norm_spans_heads,
+                    kinds=_config_kinds(model), norm_spans_heads=True, counted_forward=_all_head_norm_forward)
 
 
 @family("gpt-oss", "gpt-oss: learned per-head attention sinks, sliding and full layers, mixture of experts")
 def gpt_oss(model: nn.Module) -> ModelAdapter | None:
-    layers = find_layers(model, _self_attn, ("q_proj", "k_proj", "v_proj", "o_proj", "sinks"))
-    if layers is None:
-        return None
-    config = getattr(model.config, "text_config", None) or model.config
-    return _adapter(model, layers, [layer.self_attn for layer in layers], ("q_proj", "k_proj", "v_proj", "o_proj"),
-                    *_config_heads(model), kinds=list(getattr(config, "layer_types", None) or []),
+    return _adapter(model, submodule("self_attn"), ("sinks",), O_PROJ, kinds=_config_kinds(model),
                     head_params=("sinks",))
 
 
@@ -192,10 +161,8 @@ def _all_head_norm_forward(core, _inner, hidden_states, position_embeddings, att
     """Olmo2Attention.forward (transformers 5.23; OLMo 3 and OLMoE add a sliding window and ``clip_qkv``) on a cut
     core whose Q/K rows hold every original head (module doc): norms over all heads, then the kept query heads
     and the key heads of the groups the core holds (``headprune_layout``, original ids) attend."""
-    mod = sys.modules[type(core).__module__]
     kept, sources = core.headprune_layout
-    input_shape = hidden_states.shape[:-1]
-    hidden_shape = (*input_shape, -1, core.head_dim)
+    hidden_shape = (*hidden_states.shape[:-1], -1, core.head_dim)
     query = core.q_norm(core.q_proj(hidden_states))
     key = core.k_norm(core.k_proj(hidden_states))
     value = core.v_proj(hidden_states)
@@ -207,15 +174,8 @@ def _all_head_norm_forward(core, _inner, hidden_states, position_embeddings, att
     def heads(states, ids):
         return states.view(hidden_shape).index_select(-2, torch.tensor(ids, device=states.device)).transpose(1, 2)
 
-    query, key, value = heads(query, kept), heads(key, sources), value.view(hidden_shape).transpose(1, 2)
-    cos, sin = position_embeddings
-    query, key = mod.apply_rotary_pos_emb(query, key, cos, sin)
-    if past_key_values is not None:
-        key, value = past_key_values.update(key, value, core.layer_idx)
-    interface = mod.ALL_ATTENTION_FUNCTIONS.get_interface(core.config._attn_implementation,
-                                                          mod.eager_attention_forward)
     window = core.sliding_window if hasattr(core, "sliding_window") else getattr(core.config, "sliding_window", None)
-    out, weights = interface(core, query, key, value, attention_mask,
-                             dropout=0.0 if not core.training else core.attention_dropout, scaling=core.scaling,
-                             **({"sliding_window": window} if window is not None else {}), **kwargs)
-    return core.o_proj(out.reshape(*input_shape, -1).contiguous()), weights
+    out, weights = rotary_attention(core, heads(query, kept), heads(key, sources),
+                                    value.view(hidden_shape).transpose(1, 2), position_embeddings, attention_mask,
+                                    past_key_values, window, **kwargs)
+    return core.o_proj(out), weights

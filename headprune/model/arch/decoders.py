@@ -13,11 +13,9 @@ Works for the ``*ForCausalLM``, ``*ForSequenceClassification`` and base models a
 
 from __future__ import annotations
 
-import sys
-
 from torch import nn
 
-from .base import AttentionBlock, ModelAdapter, empty_context, kept_heads, kv_sources, out_features
+from .base import AttentionBlock, ModelAdapter, empty_context, kept_heads, kv_sources, out_features, rotary_attention
 from .registry import family
 
 
@@ -123,22 +121,13 @@ def gpt2(model: nn.Module) -> ModelAdapter | None:
 def _phi3_forward(core, _inner, hidden_states, position_embeddings, attention_mask, past_key_values=None,
                   **kwargs):
     """Phi3Attention.forward (transformers 5.23) with the query/key split read from this core's own counts."""
-    mod = sys.modules[type(core).__module__]
-    input_shape = hidden_states.shape[:-1]
-    hidden_shape = (*input_shape, -1, core.head_dim)
+    hidden_shape = (*hidden_states.shape[:-1], -1, core.head_dim)
     qkv = core.qkv_proj(hidden_states)
     n_query, n_kv = core.headprune_counts
     query_pos, kv_size = n_query * core.head_dim, n_kv * core.head_dim
     query = qkv[..., :query_pos].view(hidden_shape).transpose(1, 2)
     key = qkv[..., query_pos:query_pos + kv_size].view(hidden_shape).transpose(1, 2)
     value = qkv[..., query_pos + kv_size:].view(hidden_shape).transpose(1, 2)
-    cos, sin = position_embeddings
-    query, key = mod.apply_rotary_pos_emb(query, key, cos, sin)
-    if past_key_values is not None:
-        key, value = past_key_values.update(key, value, core.layer_idx)
-    interface = mod.ALL_ATTENTION_FUNCTIONS.get_interface(core.config._attn_implementation,
-                                                          mod.eager_attention_forward)
-    out, weights = interface(core, query, key, value, attention_mask,
-                             dropout=0.0 if not core.training else core.attention_dropout, scaling=core.scaling,
-                             sliding_window=getattr(core.config, "sliding_window", None), **kwargs)
-    return core.o_proj(out.reshape(*input_shape, -1).contiguous()), weights
+    out, weights = rotary_attention(core, query, key, value, position_embeddings, attention_mask, past_key_values,
+                                    getattr(core.config, "sliding_window", None), **kwargs)
+    return core.o_proj(out), weights

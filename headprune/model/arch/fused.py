@@ -23,7 +23,7 @@ from collections.abc import Callable
 from torch import nn
 
 from ...errors import ModelLoadError
-from .base import AttentionBlock, ModelAdapter, empty_context, find_layers, kept_heads, kv_sources, out_features
+from .base import ModelAdapter, empty_context, find_layers, make_block, out_features
 from .registry import family
 
 
@@ -44,10 +44,8 @@ def fused_decoder(model: nn.Module, layers: nn.ModuleList, cores: list[nn.Module
     blocks = []
     for i, core in enumerate(cores):
         qkv, out = parts(core)
-        kept = kept_heads(model, i, n_heads)
-        blocks.append(AttentionBlock(i, core, qkv, qkv, qkv, out, head_size, kept, n_heads, n_kv,
-                                     kv_sources(model, i, n_heads, n_kv, kept), set_counts=set_counts,
-                                     empty_forward=empty, counted_forward=counted, layout=layout))
+        blocks.append(make_block(model, i, core, (qkv, qkv, qkv, out), head_size, n_heads, n_kv,
+                                 set_counts=set_counts, empty_forward=empty, counted_forward=counted, layout=layout))
     extra = {} if layer_output is None else {"layer_output": layer_output}
     return ModelAdapter(str(model.config.model_type), model, blocks, n_heads, len(blocks), False,
                         list(range(len(blocks))), layers, core_applies_output=True, causal=True,
