@@ -5,8 +5,10 @@
 
 Two random-init causal LMs with the real shapes of SmolLM2-135M (LlamaConfig: 30 layers, hidden 576, 9 query / 3
 key-value heads, intermediate 1536, vocabulary 49,152, tied embeddings) and Qwen2.5-0.5B (Qwen2Config: 24 layers,
-hidden 896, 14 / 2 heads, intermediate 4864, vocabulary 151,936, tied embeddings), in float32. The data are random
-token ids, every row 128 tokens long, in batches of 32 rows (the CLI's default ``--batch-size``).
+hidden 896, 14 / 2 heads, intermediate 4864, vocabulary 151,936, tied embeddings), in float32; ``--models pythia``
+adds Pythia-160M's (GPTNeoXConfig: 12 layers, hidden 768, 12 heads in a fused head-interleaved query_key_value,
+intermediate 3072, vocabulary 50,304, a quarter of each head rotary, parallel residual, untied output). The data
+are random token ids, every row 128 tokens long, in batches of 32 rows (the CLI's default ``--batch-size``).
 
 Every case (model x method x rows) runs in its own subprocess, so its peak resident set size (``ru_maxrss`` of the
 child, which includes building the model) is its own. ``--repo`` runs the cases against another checkout's
@@ -40,6 +42,12 @@ SHAPES = {
     "qwen": ("Qwen2Config", dict(num_hidden_layers=24, hidden_size=896, num_attention_heads=14, num_key_value_heads=2,
                                  intermediate_size=4864, vocab_size=151936, max_position_embeddings=2048,
                                  tie_word_embeddings=True)),
+    # Pythia-160M (issue 47: a fused head-interleaved query_key_value, partial rotary, parallel residual)
+    "pythia": ("GPTNeoXConfig", dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12,
+                                     intermediate_size=3072, vocab_size=50304, max_position_embeddings=2048,
+                                     use_parallel_residual=True, tie_word_embeddings=False,
+                                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                      "partial_rotary_factor": 0.25})),
 }
 SEQ_LEN = 128
 BATCH_ROWS = 32

@@ -19,6 +19,9 @@ demo-lm tokenizer -- it only decides which embedding rows are read; the LM head 
                  full model; the LM head (51,200 x 2560) is paid in full.
     llama-phi-2  its Llama twin: hidden 2560, 32 heads, intermediate 6827 (3 x 2560 x 6827 ~ Phi's 2 x 2560 x 10240),
                  same layers and vocabulary, untied
+    pythia-160m  Pythia-160M (GPTNeoXConfig): 12 layers x 12 heads in a fused head-interleaved query_key_value, hidden
+                 768, FFN 3072, vocabulary 50,304, a quarter of each head rotary, parallel residual, untied (162 M)
+    llama-160m   its Llama twin: llama-125m with Pythia's vocabulary and an untied LM head (162 M)
 
 ``cli``: per shape, in its own process each (peak RSS its own), ``evaluate`` (--eval-size rows of demo-lm),
 ``score --criterion his`` (--calib-size rows; the duration it tells beforehand on stderr, ``estimate: ...``, next to
@@ -58,6 +61,14 @@ SHAPES = {
     "llama-phi-2": ("LlamaConfig", dict(hidden_size=2560, num_attention_heads=32, num_key_value_heads=32,
                                         intermediate_size=6827, vocab_size=51200, max_position_embeddings=2048,
                                         tie_word_embeddings=False)),
+    "pythia-160m": ("GPTNeoXConfig", dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12,
+                                          intermediate_size=3072, vocab_size=50304, max_position_embeddings=2048,
+                                          use_parallel_residual=True, tie_word_embeddings=False,
+                                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                           "partial_rotary_factor": 0.25})),
+    "llama-160m": ("LlamaConfig", dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12,
+                                       num_key_value_heads=12, intermediate_size=2048, vocab_size=50304,
+                                       max_position_embeddings=2048, tie_word_embeddings=False)),
 }
 PHI_LIKE = ("phi-2", "llama-phi-2")
 

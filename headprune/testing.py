@@ -243,6 +243,70 @@ def write_choice_task(folder, name: str, questions) -> Path:
     return folder
 
 
+# -- fused Q/K/V and ALiBi families (issue 47): GPT-NeoX, BLOOM, Falcon, MPT, DeBERTa v1 ------------------------------
+
+FUSED_DECODERS = ("gpt-neox", "bloom", "falcon", "falcon-mq", "falcon-alibi", "falcon-new-alibi", "mpt")
+FUSED_ARCHS = FUSED_DECODERS + ("deberta",)
+
+
+def tiny_fused_config(arch: str, n_layers: int = 3, n_heads: int = 4, n_kv_heads: int = 2, head_dim: int = 8,
+                      vocab_size: int = 120, num_labels: int = 3, max_positions: int = 64):
+    """A tiny random config of a fused-Q/K/V family, dropout off, ``initializer_range`` 0.2 so a head visibly moves
+    the output:
+
+    gpt-neox          Pythia's shape in small: partial rotary (a quarter of each head), parallel residual, biases
+    bloom             ALiBi, head-interleaved query_key_value
+    falcon            new decoder architecture: ``n_kv_heads`` groups [q_1..q_g, k, v], rotary, parallel attention
+    falcon-mq         old architecture, multi-query (Falcon-7B): Q heads then one K and one V head, rotary
+    falcon-alibi      old architecture, multi-head, ALiBi, attention then MLP in sequence (Falcon-RW)
+    falcon-new-alibi  new architecture with ALiBi: grouped heads each keep their slope
+    mpt               ALiBi, fused Wqkv, ``clip_qkv`` 0.5 (clamps part of the projections at this scale)
+    deberta           DeBERTa v1: relative attention with c2p and p2c (its own position projections)
+    """
+    hidden = n_heads * head_dim
+    ids = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    common = dict(vocab_size=vocab_size, num_labels=num_labels, initializer_range=0.2, **ids)
+    if arch == "gpt-neox":
+        return tf.GPTNeoXConfig(**common, hidden_size=hidden, num_hidden_layers=n_layers, num_attention_heads=n_heads,
+                                intermediate_size=2 * hidden, max_position_embeddings=max_positions,
+                                attention_dropout=0.0, hidden_dropout=0.0, use_parallel_residual=True,
+                                rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                 "partial_rotary_factor": 0.25})
+    if arch == "bloom":
+        return tf.BloomConfig(**common, hidden_size=hidden, n_layer=n_layers, n_head=n_heads, hidden_dropout=0.0,
+                              attention_dropout=0.0)
+    if arch.startswith("falcon"):
+        new = arch in ("falcon", "falcon-new-alibi")
+        return tf.FalconConfig(**common, hidden_size=hidden, num_hidden_layers=n_layers, num_attention_heads=n_heads,
+                               num_kv_heads=n_kv_heads if new else n_heads, new_decoder_architecture=new,
+                               multi_query=arch == "falcon-mq", alibi=arch.endswith("alibi"),
+                               parallel_attn=arch != "falcon-alibi", bias=arch != "falcon-mq",
+                               ffn_hidden_size=2 * hidden, max_position_embeddings=max_positions,
+                               hidden_dropout=0.0, attention_dropout=0.0)
+    if arch == "mpt":
+        return tf.MptConfig(**common, d_model=hidden, n_heads=n_heads, n_layers=n_layers, expansion_ratio=2,
+                            max_seq_len=max_positions, attn_config={"clip_qkv": 0.5, "attn_pdrop": 0},
+                            resid_pdrop=0.0, emb_pdrop=0.0)
+    if arch == "deberta":
+        return tf.DebertaConfig(**{**common, "pad_token_id": 1}, hidden_size=hidden, num_hidden_layers=n_layers,
+                                num_attention_heads=n_heads, intermediate_size=2 * hidden,
+                                max_position_embeddings=max_positions, relative_attention=True,
+                                pos_att_type=["c2p", "p2c"], max_relative_positions=16, type_vocab_size=0,
+                                position_biased_input=False, hidden_dropout_prob=0.0,
+                                attention_probs_dropout_prob=0.0, pooler_dropout=0.0)
+    raise ValueError(f"unknown fused arch {arch}; known: {FUSED_ARCHS}")
+
+
+def tiny_fused(arch: str, head: str | None = None, seed: int = 0, attn_implementation: str = "eager", **kw):
+    """A tiny random ``tiny_fused_config`` model in eval mode: decoders as causal LMs (``head="lm"``, default) or
+    sequence classifiers (``"cls"``), DeBERTa as a sequence classifier."""
+    torch.manual_seed(seed)
+    config = tiny_fused_config(arch, **kw)
+    head = head or ("lm" if arch in FUSED_DECODERS else "cls")
+    auto = AutoModelForCausalLM if head == "lm" else AutoModelForSequenceClassification
+    return auto.from_config(config, attn_implementation=attn_implementation).eval()
+
+
 # -- issue 47 families: GPT-J, GPT-Neo, OPT, Phi, OLMo, OLMo 2, gpt-oss (decoders); MPNet, Longformer, XLM,
 # -- Nystromformer (encoders) ------------------------------------------------------------------------------------
 
@@ -342,4 +406,6 @@ TINY_FAMILIES = {
     **{name: partial(tiny_model, name) for name in ("albert", "bert", "distilbert")},
     **{name: partial(tiny_modern, name) for name in ("deberta-v2", "modernbert")},
     **{name: partial(tiny_more, name) for name in MORE_DECODERS + MORE_ENCODERS if name != "olmo"},  # OLMo: llama
+    # the fused Q/K/V families; Falcon by its new (grouped) architecture, its other layouts in test_fused_families
+    **{name: partial(tiny_fused, name) for name in ("gpt-neox", "bloom", "falcon", "mpt", "deberta")},
 }

@@ -126,8 +126,17 @@ def test_capture_equals_eager_output_attentions(arch, one_thread):
     batch = random_decoder_batch()
     mask = HeadMask.from_pruned({1: [2, 5]}, adapt(model).grid_shape)
     cut = HeadMask.from_pruned({3: [0, 1, 2, 3]}, adapt(model).grid_shape)
-    pruned = prune_model(model, cut)
-    maps = capture_attention(pruned, batch, mask)
+    maps = check_capture_against_eager(model, batch, mask, cut)
+    assert not maps.live[3, :4].any() and not maps.live[1, [2, 5]].any()
+    # causal: nothing above the diagonal
+    assert maps.probs[0].triu(1).abs().max() == 0
+
+
+def check_capture_against_eager(model, batch: dict, mask: HeadMask, cut: HeadMask):
+    """Capture on ``model`` cut by ``cut`` and gated by ``mask`` equals the stock eager ``output_attentions`` of the
+    uncut model gated by both (padded pairs and dead heads zero); returns the maps. Also used by
+    tests/test_fused_families.py."""
+    maps = capture_attention(prune_model(model, cut), batch, mask)
     with torch.no_grad(), gate_heads(model, mask & cut):  # the same computation on the uncut model
         reference = model(**batch, output_attentions=True).attentions
     valid = batch["attention_mask"].bool()
@@ -136,9 +145,7 @@ def test_capture_equals_eager_output_attentions(arch, one_thread):
         expected = reference[layer] * pair
         expected[:, ~maps.live[layer]] = 0.0
         assert torch.allclose(probs, expected, atol=1e-6), layer
-    assert not maps.live[3, :4].any() and not maps.live[1, [2, 5]].any()
-    # causal: nothing above the diagonal
-    assert maps.probs[0].triu(1).abs().max() == 0
+    return maps
 
 
 @pytest.mark.parametrize("arch", ["llama", "phi3", "gpt2", "gemma3"])
@@ -182,15 +189,22 @@ def _head_rows(block, name: str, head: int) -> slice:
 @pytest.mark.parametrize("arch", ["llama", "phi3", "gpt2"])
 def test_gnorm_on_gqa_and_fused_decoders_matches_batch_size_one_autograd(arch, one_thread):
     """G_Q per query head; G_K, G_V of the key/value head a query head reads (shared by its group)."""
-    from headprune.criteria import ScoringContext, get
-    from headprune.model.arch import out_axis
-
     model = tiny_decoder(arch, "cls")
     batch = random_decoder_batch(batch_size=3)
     batch["labels"] = torch.tensor([0, 2, 1])
+    check_gnorm_by_single_examples(model, batch, _head_rows)
+
+
+def check_gnorm_by_single_examples(model, batch: dict, head_rows) -> None:
+    """Gnorm (objective: the logits' norm) on ``batch`` equals the mean over its examples, each run alone and
+    unpadded, of the norms of the weight gradient's rows ``head_rows(block, part, physical head)`` (a slice) of each
+    head of each part. Also used by tests/test_fused_families.py (interleaved fused layouts)."""
+    from headprune.criteria import ScoringContext, get
+    from headprune.model.arch import out_axis
+
     adapter = adapt(model)
     expected = torch.zeros((3, *adapter.grid_shape), dtype=torch.float64)
-    for b in range(3):
+    for b in range(len(batch["input_ids"])):
         length = int(batch["attention_mask"][b].sum())
         model.zero_grad()
         model(input_ids=batch["input_ids"][b:b + 1, :length]).logits.norm().backward()
@@ -201,8 +215,8 @@ def test_gnorm_on_gqa_and_fused_decoders_matches_batch_size_one_autograd(arch, o
                 grad = grad if out_axis(module) == 0 else grad.T
                 for p, h in enumerate(block.kept):
                     head = p if name == "query" else block.kv_of_position()[p]
-                    expected[i, block.index, h] += grad[_head_rows(block, name, head)].norm()
-    expected /= 3
+                    expected[i, block.index, h] += grad[head_rows(block, name, head)].norm()
+    expected /= len(batch["input_ids"])
     result = get("gnorm")(ScoringContext(model=model, calib=[batch]), {"objective": "logits_norm"})
     for i, name in enumerate(("G_Q", "G_K", "G_V")):
         torch.testing.assert_close(torch.as_tensor(result.meta[name], dtype=torch.float64), expected[i],

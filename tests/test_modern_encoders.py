@@ -412,24 +412,25 @@ def test_cli_scores_prunes_and_reloads(arch, saved_models, tiny_csv, tmp_path, c
     assert all(0 <= s["stability"] <= 100 for s in [trajectory["dense"], *trajectory["steps"]])
 
 
-def test_deberta_v1_and_other_unknown_families_get_the_supported_list(tmp_path, tiny_csv, capsys):
+def test_unknown_families_get_the_supported_list(tmp_path, tiny_csv, capsys):
     import transformers as tf
 
     from headprune.cli import main
     from headprune.errors import UnsupportedArchitecture
 
     small = dict(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32)
-    for model in (tf.DebertaForSequenceClassification(tf.DebertaConfig(**small)),
+    funnel = dict(vocab_size=64, d_model=16, n_head=2, d_head=8, d_inner=32, block_sizes=[1, 1])
+    for model in (tf.FunnelForSequenceClassification(tf.FunnelConfig(**funnel)),
                   tf.FNetForSequenceClassification(tf.FNetConfig(**{k: v for k, v in small.items()
                                                                    if k != "num_attention_heads"}))):
         with pytest.raises(UnsupportedArchitecture, match="Supported families: .*deberta-v2.*modernbert"):
             adapt(model)
-    folder = tmp_path / "deberta-v1"
-    tf.DebertaForSequenceClassification(tf.DebertaConfig(**small)).save_pretrained(folder)
+    folder = tmp_path / "funnel"
+    tf.FunnelForSequenceClassification(tf.FunnelConfig(**funnel)).save_pretrained(folder)
     offline_tokenizer("unigram", CORPUS * 3).save_pretrained(folder)
     assert main(["evaluate", "--model", str(folder), "--data", tiny_csv]) != 0
     err = capsys.readouterr().err
-    assert "model type 'deberta'" in err and "deberta-v2 (DeBERTa-v2/v3" in err and "modernbert (ModernBERT" in err
+    assert "model type 'funnel'" in err and "deberta-v2 (DeBERTa-v2/v3" in err and "modernbert (ModernBERT" in err
 
 
 @pytest.mark.parametrize("arch", MODERN_ARCHS)

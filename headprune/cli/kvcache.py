@@ -79,7 +79,8 @@ RANDOM_ORDERS_DEFAULT = 3
 
 
 def refuse_encoder(model: str) -> None:
-    """An encoder named by ``--model`` is refused before it loads (it keeps no KV cache)."""
+    """An encoder named by ``--model`` is refused before it loads (it keeps no KV cache), and so is a decoder whose
+    family a plan cannot reach (GPT-J, BLOOM, Falcon, MPT, ...: ``loading.declared_refusal``)."""
     if declared_causal(model) is False:
         raise KVPlanError(f"--model {model} is an encoder: a KV cache plan needs a decoder (an encoder keeps no "
                           "key/value cache; every query sees every key of the row at once). Use a causal LM such "

@@ -166,13 +166,12 @@ def _capture(model, adapter, probs: bool, projections: bool, contexts: bool):
                                   f"onepass: new call of block {block.index}"))
         for name in PARTS if projections else ():
             # A fused Q|K|V module's output is recorded whole (its slices are not on the path to the loss:
-            # the model slices it its own way); the gradient is sliced afterwards by ``fused_span``.
-            span = block.fused_span(name) if block.fused else None
-
-            def on_projection(module, args, kwargs, out, _i=block.index, _n=name, _span=span, _fresh=fresh):
+            # the model slices it its own way); the gradient is sliced afterwards by ``block.part`` (the
+            # adapter's one description of where each head's rows lie, interleaved or not).
+            def on_projection(module, args, kwargs, out, _i=block.index, _n=name, _fresh=fresh):
                 if _n in _fresh:
                     _fresh.discard(_n)
-                    rec["qkv"][_i, _n].append((args[0], out, _span))
+                    rec["qkv"][_i, _n].append((args[0], out))
             hooks.append(post_hook(getattr(block, name), on_projection, f"onepass: {name} of block {block.index}"))
         if contexts:
             def on_context(module, args, kwargs, _i=block.index):
@@ -284,7 +283,7 @@ def _differentiated(rec: dict, keys: list[tuple]) -> list[torch.Tensor]:
     if kinds & {"his", "fisher"}:
         tensors += [c for cs in rec["ctx"].values() for c in cs]
     if "gnorm" in kinds:
-        tensors += [out for pairs in rec["qkv"].values() for _, out, _ in pairs]
+        tensors += [out for pairs in rec["qkv"].values() for _, out in pairs]
     unique = {id(t): t for t in tensors if t.requires_grad}
     return list(unique.values())
 
@@ -350,8 +349,8 @@ def _gnorm_stat(key, rec, grad_of, adapter, valid) -> torch.Tensor:
         n_part, read = block.part_layout(name)   # rows' head slots; the slot each kept query head reads
         if not block.n_live:
             continue
-        x = torch.cat([tokens(x.detach()) for x, _, _ in records], 1) * valid.repeat(1, len(records))[..., None]
-        g = torch.cat([tokens(_part_grad(grad_of, y, span)) for _, y, span in records], 1)
+        x = torch.cat([tokens(x.detach()) for x, _ in records], 1) * valid.repeat(1, len(records))[..., None]
+        g = torch.cat([tokens(_part_grad(grad_of, y, block, name)) for _, y in records], 1)
         if key[2] == "batch":
             norms = torch.einsum("btk,btd->kd", g, x).view(n_part, -1).norm(dim=1)
         else:
@@ -362,10 +361,10 @@ def _gnorm_stat(key, rec, grad_of, adapter, valid) -> torch.Tensor:
     return out
 
 
-def _part_grad(grad_of: dict, y: torch.Tensor, span: tuple[int, int] | None) -> torch.Tensor:
+def _part_grad(grad_of: dict, y: torch.Tensor, block, name: str) -> torch.Tensor:
     g = grad_of.get(id(y), None)
     g = torch.zeros_like(y) if g is None else g
-    return g if span is None else g[..., span[0]:span[1]]
+    return block.part(name, g)
 
 
 def _gradient_stat(key, rec, grad_of, adapter, valid) -> torch.Tensor:

@@ -330,6 +330,7 @@ class KVPlan:
 
 
 def check_decoder(adapter) -> None:
+    """Refuse an encoder (no cache) or a decoder whose family a plan cannot reach (``ModelAdapter.refuses``)."""
     if not adapter.causal:
         raise KVPlanError(f"A KV cache plan needs a decoder; {adapter.family or adapter.arch} is an encoder: it keeps "
                           "no key/value cache (every query sees every key of the row at once).")

@@ -6,11 +6,12 @@ Five formats (:data:`FORMATS`; onnx and gguf have their own modules, ``onnx_expo
 headprune   ``loading.save_pruned``: physically cut, any mask, kept heads recorded in the config
             (``headprune_kept_heads``); only ``headprune.load_model`` rebuilds it.
 masked      the original architecture and config, the pruned heads' weights zeroed. For a pruned head h of a block
-            with head size d_h at physical position p: W_O input columns [p d_h, (p+1) d_h) and W_Q output rows (with
-            bias) of the same span are set to 0 -- and the rows of any further query-side per-head projection
-            (``AttentionBlock.extra_rows``) -- except where Q and K feed a norm over all heads (OLMo 2,
-            ``AttentionBlock.norm_spans_heads``): there a head's Q/K rows set the other heads' queries and keys,
-            so they stay and only O columns and V rows are zeroed. The O columns alone make the head's contribution
+            with head size d_h at physical position p: W_O input columns [p d_h, (p+1) d_h) and the W_Q output rows
+            (with bias) holding head p (``AttentionBlock.rows``: in a fused Q/K/V wherever its layout puts them) are
+            set to 0 -- and the rows of any further query-side per-head projection (``AttentionBlock.extra_rows``)
+            -- except where Q and K feed a norm over all heads (OLMo 2, ``AttentionBlock.norm_spans_heads``): there
+            a head's Q/K rows set the other heads' queries and keys, so they stay and only O columns and V rows are
+            zeroed. The O columns alone make the head's contribution
             W_O[:, p] c_h = 0 for every context c_h, i.e. exactly a 0 gate (``gating.py``); Q then no longer
             matters and is zeroed for sparsity. A key/value head's W_K / W_V rows (and key-side extras) are zeroed
             only when every query head reading it is pruned, so every kept head sees its own keys and values
@@ -138,16 +139,13 @@ def _mask_block(block: AttentionBlock, pruned: list[int]) -> None:
     q_pos = [block.kept.index(h) for h in pruned]
     readers = block.kv_of_position()
     dead_kv = [j for j in range(block.n_kv_live) if all(p in q_pos for p, r in enumerate(readers) if r == j)]
-    q_off = block.fused_span("query")[0] if block.fused else 0
-    k_off = block.fused_span("key")[0] if block.fused else 0
-    v_off = block.fused_span("value")[0] if block.fused else 0
     _zero(block.output, head_features(q_pos, d), output_side=False)
     if not block.norm_spans_heads:   # OLMo 2: a head's Q/K rows set the other heads' norm, so they stay
-        _zero(block.query, head_features(q_pos, d, q_off), output_side=True)
+        _zero(block.query, block.rows("query", q_pos), output_side=True)
     if dead_kv:
         if not block.norm_spans_heads:
-            _zero(block.key, head_features(dead_kv, d, k_off), output_side=True)
-        _zero(block.value, head_features(dead_kv, d, v_off), output_side=True)
+            _zero(block.key, block.rows("key", dead_kv), output_side=True)
+        _zero(block.value, block.rows("value", dead_kv), output_side=True)
     for module, side in block.extra_rows:
         rows = q_pos if side == "query" else dead_kv
         if rows:

@@ -200,6 +200,13 @@ def wrap_forward(module: nn.Module, wrapper: ForwardWrapper, temporary: bool = F
     return lambda: _unwrap(module, entry)
 
 
+def unwrap_forward(module: nn.Module, wrapper: ForwardWrapper) -> None:
+    """Undo every wrap of ``module`` by the function ``wrapper``. Found by the function itself, this works on a
+    deep copy too (its chain holds the same functions), where an undo returned for the original would not."""
+    for entry in [e for e in module.__dict__.get(_CHAIN, []) if e.fn is wrapper]:
+        _unwrap(module, entry)
+
+
 def _unwrap(module: nn.Module, entry: _Wrap) -> None:
     chain = module.__dict__.get(_CHAIN, [])
     if entry in chain:

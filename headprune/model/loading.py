@@ -23,10 +23,13 @@ from pathlib import Path
 
 import torch
 from accelerate import dispatch_model, infer_auto_device_map, init_empty_weights
+from huggingface_hub.errors import StrictDataclassError
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+from transformers.conversion_mapping import get_model_conversion_mapping
+from transformers.core_model_loading import WeightRenaming, apply_renamings
 
 from ..errors import DeviceError, ModelLoadError, UnsupportedArchitecture, UntrainedHeadError
 from ..userinput import (
@@ -229,21 +232,17 @@ def _check_checkpoint_shapes(spec: str, shell: nn.Module, folder: Path) -> None:
     found = {}
     for file in sorted(folder.glob("*.safetensors")):
         try:
-            with safe_open(str(file), "pt") as f:
+            with safe_open(str(file), "pt") as f:   # the header only: no tensor is read
                 found.update({name: tuple(f.get_slice(name).get_shape()) for name in f.keys()})
         except (OSError, SafetensorError):
             return   # load_model names an unreadable file
     prefix = getattr(shell, "base_model_prefix", "") or ""
     wrong = []
-    for name, shape in found.items():
+    for name, shape in _model_names(shell, found).items():
         target = expected.get(name, expected.get(f"{prefix}.{name}") if prefix else None)
         if target is not None and target != shape:
-            wrong.append(f"{name} is {list(shape)} in the checkpoint, {list(target)} by the config")
-    if wrong:
-        more = " ..." if len(wrong) > 3 else ""
-        raise ModelLoadError(f"The weights in {spec} do not match its config.json ({len(wrong)} tensor(s): "
-                             f"{'; '.join(wrong[:3])}{more}). Accepted: the config.json saved with these weights "
-                             "(save_pretrained writes both).")
+            wrong.append((name, shape, target))
+    check_weight_shapes(spec, wrong)
 
 
 def declared_model(spec: str) -> nn.Module | None:
@@ -319,7 +318,10 @@ def _load_pruned_folder(folder: Path, config, attn_implementation: str) -> nn.Mo
         if (keep, [int(g) for g in src]) != (block.kept, block.kv_sources):
             apply_layout(block, keep, [int(g) for g in src])
     record_kept_heads(adapter)
-    state = _load_state_dict(folder)
+    state = _model_names(model, _load_state_dict(folder))
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}   # assign=True would take any shape
+    check_weight_shapes(str(folder), [(k, t.shape, shapes[k]) for k, t in state.items()
+                                      if k in shapes and tuple(t.shape) != shapes[k]])
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     missing = [k for k in missing if "position_ids" not in k]
     tied = getattr(model, "_tied_weights_keys", None) or {}
@@ -337,6 +339,27 @@ def _load_pruned_folder(folder: Path, config, attn_implementation: str) -> nn.Mo
         setattr(model.config, DROPPED_LAYERS_KEY, None)
         drop_layers(adapter, dropped)
     return model
+
+
+def check_weight_shapes(spec: str, mismatched) -> None:
+    """Refuse a checkpoint whose tensors have other shapes than its config.json gives the model: ``mismatched``
+    holds (name, checkpoint shape, configured shape) triples. Raises ModelLoadError naming the first ones."""
+    wrong = [f"{name} is {list(ckpt)} in the checkpoint, {list(want)} by the config"
+             for name, ckpt, want in sorted(mismatched, key=lambda m: m[0])]
+    if wrong:
+        more = " ..." if len(wrong) > 3 else ""
+        raise ModelLoadError(f"The weights in {spec} do not match its config.json ({len(wrong)} tensor(s): "
+                             f"{'; '.join(wrong[:3])}{more}). Accepted: the config.json saved with these weights "
+                             "(save_pretrained writes both).")
+
+
+def _model_names(model: nn.Module, state: dict) -> dict:
+    """``state`` (as save_pretrained wrote it) under the model's own parameter names. transformers renames some
+    keys between a checkpoint and the modules (GPT-NeoX's ``embed_out`` is ``lm_head`` in the model, legacy
+    ``LayerNorm.gamma`` is ``.weight``): from_pretrained renames them on load and save_pretrained back on save. A
+    saved cut model is loaded without from_pretrained, so the same renamings are applied here."""
+    renamings = [t for t in get_model_conversion_mapping(model) if isinstance(t, WeightRenaming)]
+    return {apply_renamings(key, renamings): tensor for key, tensor in state.items()} if renamings else state
 
 
 def head_keys(model: nn.Module, missing) -> list[str]:
@@ -420,6 +443,9 @@ def load_model(spec: str, device: str | torch.device = "auto", attn_implementati
         if "trust_remote_code" in str(exc):
             raise ModelLoadError(remote_code_message(spec, "its configuration needs the model's own code")) from exc
         raise ModelLoadError(f"{spec}: {exc}") from exc
+    except StrictDataclassError as exc:   # the config class's own validation (e.g. heads that do not divide hidden)
+        raise ModelLoadError(f"{spec}: its config.json is not a valid configuration: "
+                             f"{str(exc.__cause__ or exc).strip()}") from exc
     if getattr(config, "auto_map", None):
         raise ModelLoadError(remote_code_message(spec, "its config has an 'auto_map'"))
     if not getattr(config, "headprune_kept_heads", None):   # a pruned folder is checked as it is rebuilt
@@ -437,11 +463,14 @@ def load_model(spec: str, device: str | torch.device = "auto", attn_implementati
                 _load_state_dict_exists(path)
             placed = {} if placement is None else {
                 "device_map": placement, "offload_folder": offload_folder or tempfile.mkdtemp(prefix="headprune-")}
+            # mismatched sizes are let through so that the loading report names them (transformers' own error
+            # only points to a log); any mismatch is then refused below, before the model is used
             kwargs = dict(trust_remote_code=False, use_safetensors=None, dtype=torch_dtype, output_loading_info=True,
-                          **placed)
+                          ignore_mismatched_sizes=True, **placed)
             model, info = _eager_if_unsupported(
                 lambda attn: auto_class(config).from_pretrained(source, attn_implementation=attn, **kwargs),
                 attn_implementation)
+            check_weight_shapes(spec, info.get("mismatched_keys") or ())
             untrained = head_keys(model, info.get("missing_keys") or ())
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
     except ModelLoadError:
@@ -502,10 +531,6 @@ def _unreadable_weights(spec: str, exc: Exception) -> str | None:
                 "tensors (torch.load with weights_only=True) so that no code from a file runs. Accepted: "
                 "model.safetensors, or a pytorch_model.bin holding a plain state_dict. If you trust the file, "
                 "load it yourself and write model.safetensors with save_pretrained(folder).")
-    if isinstance(exc, RuntimeError) and "mismatched_sizes" in str(exc):   # a .bin checkpoint (no header to read)
-        return (f"The weights in {spec} do not match its config.json: transformers found tensors of other shapes "
-                "than the config describes. Accepted: the config.json saved with these weights (save_pretrained "
-                "writes both).")
     if isinstance(exc, SafetensorError):
         return (f"The weights in {spec} are not a readable safetensors file ({exc}); the file may be truncated "
                 "or not safetensors at all. Accepted: a model.safetensors written by save_pretrained.")

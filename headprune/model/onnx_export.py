@@ -326,7 +326,15 @@ def export_onnx(model: nn.Module, tokenizer, mask: HeadMask | None, out: str | P
                     "written. Export it with format 'headprune'.") from exc
         report(0.7, "checking the graph in onnxruntime")
         try:
-            check = logits_gap(open_session(path), private, [traced, checked])
+            session = open_session(path)
+        except Exception as exc:   # onnxruntime's errors (InvalidGraph, Fail, ...) derive from Exception alone
+            if not type(exc).__module__.startswith("onnxruntime"):
+                raise
+            raise OnnxExportError(   # e.g. Falcon's ALiBi slopes traced through a complex dtype onnxruntime lacks
+                f"onnxruntime cannot load the graph torch's exporter wrote for this {private.config.model_type} "
+                f"model ({str(exc).strip()}). Nothing was written. Export it with format 'headprune'.") from exc
+        try:
+            check = logits_gap(session, private, [traced, checked])
         except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own types: a graph that does not run
             raise OnnxExportError(f"The ONNX graph of this {private.config.model_type} model does not run in "
                                   f"onnxruntime at another batch and length ({exc}). Nothing was written. Export it "

@@ -100,7 +100,8 @@ def layout_report(model: nn.Module) -> list[dict]:
 
 def _group_of(param_name: str) -> str:
     parts = param_name.split(".")
-    if {"embeddings", "embeddings_project", "embed_tokens", "wte", "wpe"} & set(parts):
+    if {"embeddings", "embeddings_project", "embed_tokens", "wte", "wpe", "embed_in", "word_embeddings",
+            "word_embeddings_layernorm"} & set(parts):   # embed_in: GPT-NeoX; word_embeddings: BLOOM, Falcon
         return "embeddings"
     if {"encoder", "transformer", "layers", "h"} & set(parts):  # decoders keep their layers here too
         return "encoder"
@@ -128,6 +129,12 @@ def parameter_counts(model: nn.Module) -> dict[str, dict[str, float]]:
                 continue
             counted.add(id(module))
             for p in module.parameters():
+                attention["params"] += p.numel()
+                attention["mb"] += p.numel() * p.element_size() / 2**20
+        for module, name in block.head_params:   # per-head parameters (sinks; DeBERTa v1's q_bias, v_bias)
+            p = getattr(module, name)
+            if id(p) not in counted and id(module) not in counted:
+                counted.add(id(p))
                 attention["params"] += p.numel()
                 attention["mb"] += p.numel() * p.element_size() / 2**20
     total = {"params": sum(g["params"] for g in groups.values()), "mb": sum(g["mb"] for g in groups.values())}

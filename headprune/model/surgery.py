@@ -6,15 +6,18 @@ For a block with head size d_h, keeping query heads K (original ids) keeps
     W_K, W_V rows of the key/value heads the kept query heads read (see "Grouped-query attention" below)
     any further per-head projection the adapter lists in ``extra_rows`` (DeBERTa's position projections,
              Longformer's global projections): its rows with the side (query or key/value) it is multiplied with
-    any per-head parameter in ``head_params`` (gpt-oss's attention sinks, Nystromformer's per-head convolution):
-             its entries of the kept query heads
-which is exactly what a 0 gate on the removed heads computes (see gating.py). Where Q and K pass through a norm
-over all heads (OLMo 2, ``AttentionBlock.norm_spans_heads``) a head's Q/K rows also set the kept heads' norm, so
-they stay, and only V rows and O columns are cut; the core then attends with the kept heads only. Fused Q|K|V
-modules (GPT-2 ``c_attn``, Phi-3 ``qkv_proj``, ModernBERT ``Wqkv``) are sliced part by part; Conv1D weights (in x
-out) along their output axis. Parameters are replaced in place on the copy, so module identity (and any accelerate
-hook on it) is kept. A block with no heads left contributes only what O adds for an empty context (its bias); its core's
-forward is replaced by the adapter's ``empty_forward`` (``headprune.modwrap``).
+    any per-head parameter in ``head_params`` (gpt-oss's attention sinks, Nystromformer's per-head convolution,
+             DeBERTa v1's q_bias / v_bias): its entries of the kept query heads
+which is exactly what a 0 gate on the removed heads computes (see gating.py). Which rows hold a head is the
+adapter's one description (``AttentionBlock.chunks``): a fused Q/K/V module -- Q|K|V blocks (GPT-2 ``c_attn``,
+Phi-3 ``qkv_proj``, ModernBERT and MPT ``Wqkv``) or interleaved per key/value group (GPT-NeoX, BLOOM, Falcon,
+DeBERTa v1) -- keeps the kept heads' rows in the order its layout has at the new head counts
+(``AttentionBlock.rows_after``); Conv1D weights (in x out) along their output axis. Where Q and K pass through a
+norm over all heads (OLMo 2, ``AttentionBlock.norm_spans_heads``) a head's Q/K rows also set the kept heads' norm,
+so they stay, and only V rows and O columns are cut; the core then attends with the kept heads only. Parameters
+are replaced in place on the copy, so module identity (and any accelerate hook on it) is kept. A block with no
+heads left contributes only what O adds for an empty context (its bias); its core's forward is replaced by the
+adapter's ``empty_forward`` (``headprune.modwrap``).
 
 Grouped-query attention (stock transformers pairs physical query position p with key/value head
 p // num_key_value_groups, one count per layer). Let c_g be the number of kept query heads of original group g:
@@ -48,7 +51,7 @@ from torch import nn
 
 from ..errors import MaskError
 from .arch import AttentionBlock, ModelAdapter, adapt, out_axis
-from .hooks import wrap_forward
+from .hooks import unwrap_forward, wrap_forward
 from .mask import HeadMask
 
 GQA_STRATEGY = "kv-gcd-replicate"
@@ -96,51 +99,49 @@ def apply_layout(block: AttentionBlock, keep: list[int], sources: list[int]) -> 
     d = block.head_size
     q_pos = [block.kept.index(h) for h in keep]
     kv_pos = [block.kv_sources.index(g) for g in sources]
-    if block.fused:
-        q_start, _ = block.fused_span("query")
-        k_start, _ = block.fused_span("key")
-        v_start, _ = block.fused_span("value")
-        _keep_features(block.query, head_features(q_pos, d, q_start) + head_features(kv_pos, d, k_start)
-                       + head_features(kv_pos, d, v_start), output_side=True)
-    else:
-        if not block.norm_spans_heads:   # else every head's Q/K rows feed the norm of the kept ones (base.py)
-            _keep_features(block.query, head_features(q_pos, d), output_side=True)
-            _keep_features(block.key, head_features(kv_pos, d), output_side=True)
-        _keep_features(block.value, head_features(kv_pos, d), output_side=True)
+    for module in block.projections():
+        if block.norm_spans_heads and module is not block.value:   # every head's Q/K rows feed the kept heads' norm
+            continue
+        _keep_features(module, block.rows_after(module, q_pos, kv_pos), output_side=True)
     for module, side in block.extra_rows:
         _keep_features(module, head_features(q_pos if side == "query" else kv_pos, d), output_side=True)
     for module, name in block.head_params:
-        _keep_entries(module, name, q_pos)
+        _keep_entries(module, name, q_pos, block.n_live)
     _keep_features(block.output, head_features(q_pos, d), output_side=False)
     block.kept, block.kv_sources = list(keep), list(sources)
     install_forwards(block)
 
 
-def _keep_entries(module: nn.Module, name: str, positions: list[int]) -> None:
-    """Keep the dim-0 entries ``positions`` of the per-head parameter ``module.<name>``, in place."""
+def _keep_entries(module: nn.Module, name: str, positions: list[int], n_live: int) -> None:
+    """Keep, in place, the entries of physical query heads ``positions`` in the per-head parameter ``module.<name>``,
+    whose dim 0 holds the ``n_live`` present heads' entries head by head, the same number each."""
     param = getattr(module, name)
-    idx = torch.tensor(positions, dtype=torch.long, device=param.device)
+    width = param.shape[0] // n_live
+    idx = torch.tensor(head_features(positions, width), dtype=torch.long, device=param.device)
     setattr(module, name, nn.Parameter(param.detach().index_select(0, idx).clone(), requires_grad=param.requires_grad))
 
 
 def install_forwards(block: AttentionBlock) -> None:
-    """Set the core's head counts and, where needed, the forward that reads them (zero heads, Phi-3).
+    """Set the core's head counts and, where needed, the forward that reads them (zero heads, Phi-3, ALiBi).
 
     The core also gets its layout, ``headprune_layout`` = (kept query heads, key/value group of each physical
     key/value head), original ids: forwards that select heads from something computed for all of them (MPNet's
-    shared position bias, OLMo 2's norm over all heads) read it.
+    shared position bias, OLMo 2's norm over all heads, the ALiBi biases of BLOOM, Falcon and MPT) read it.
     """
     core = block.core
     core.headprune_layout = (list(block.kept), list(block.kv_sources))
     if block.set_counts is not None:
         block.set_counts(core, block.n_live, block.n_kv_live)
-    wraps = core.__dict__.setdefault("_headprune_surgery_undo", [])
-    while wraps:  # a second cut replaces the first cut's forward
-        wraps.pop()()
+    # a second cut replaces the first cut's forward. The wraps are found by their function, not by undo closures
+    # kept from the first cut: a cut of a cut works on a deep copy, where such closures would still point at the
+    # first cut's modules (unwrapping those, and leaving the copy wrapped twice)
+    for wrapper in (block.empty_forward, block.counted_forward):
+        if wrapper is not None:
+            unwrap_forward(core, wrapper)
     if not block.kept and block.empty_forward is not None:
-        wraps.append(wrap_forward(core, block.empty_forward))
+        wrap_forward(core, block.empty_forward)
     elif block.counted_forward is not None and (block.n_live, block.n_kv_live) != (block.n_heads, block.n_kv_heads):
-        wraps.append(wrap_forward(core, block.counted_forward))
+        wrap_forward(core, block.counted_forward)
 
 
 def record_kept_heads(adapter: ModelAdapter) -> None:

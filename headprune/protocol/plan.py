@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from ..criteria import get
@@ -141,7 +142,7 @@ def local_config(spec: str):
             folder_config(Path(spec).expanduser())
             return AutoConfig.from_pretrained(str(Path(spec).expanduser()))
         return AutoConfig.from_pretrained(spec, local_files_only=True)
-    except (OSError, ValueError):
+    except (OSError, ValueError, StrictDataclassError):   # an invalid config.json: load_model names it
         return None
 
 

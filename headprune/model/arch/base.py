@@ -16,11 +16,28 @@ kv_sources  for each key/value head physically present, the original group it ho
 
 Projections
 -----------
-``query``, ``key`` and ``value`` are the modules producing Q, K and V; in a fused layout (GPT-2 ``c_attn``,
-Phi-3 ``qkv_proj``, ModernBERT ``Wqkv``) they are the same module, holding Q, then K, then V in its output
-features (:meth:`AttentionBlock.fused_span`). ``output`` is O: its *input* features are the concatenated head
-contexts. A module is an ``nn.Linear`` (weight out x in) or transformers' ``Conv1D`` (weight in x out);
-:func:`out_axis` tells which.
+``query``, ``key`` and ``value`` are the modules producing Q, K and V; ``output`` is O: its *input* features are
+the concatenated head contexts, head by head. A module is an ``nn.Linear`` (weight out x in) or transformers'
+``Conv1D`` (weight in x out); :func:`out_axis` tells which.
+
+Where each head's rows live: one description for surgery, gating, capture, criteria and exporters
+-------------------------------------------------------------------------------------------------
+Every projection's output features are a sequence of d_h-row *chunks*, one per head of one part, and
+:meth:`AttentionBlock.chunks` lists them in row order as ``(part, physical head)`` pairs for any head counts
+(query heads n_q, key/value heads n_kv, n_q a multiple of n_kv). Separate Q, K, V modules hold their own part's
+heads in order. A fused module (``query is key is value``) follows its block's ``layout`` (:data:`LAYOUTS`):
+
+``"blocks"``    all query heads, then all key heads, then all value heads: Q | K | V
+                (GPT-2 ``c_attn``, Phi-3 ``qkv_proj``, ModernBERT ``Wqkv``, MPT ``Wqkv``, Falcon multi-query)
+``"grouped"``   per key/value head j: the query heads reading it, then k_j, then v_j
+                [q_(j g) .. q_(j g + g - 1), k_j, v_j], g = n_q / n_kv (Falcon's new decoder architecture); with
+                one query head per group this is the per-head interleaving [q_h, k_h, v_h] of GPT-NeoX / Pythia,
+                BLOOM, Falcon's old multi-head architecture and DeBERTa v1's ``in_proj``
+
+:meth:`AttentionBlock.rows` gives the output features of given heads of a part (what gradients are sliced by,
+what a masked export zeroes, what a GGUF / ONNX exporter reads per head); :meth:`AttentionBlock.rows_after` the
+features a cut keeps, in the order the same layout has at the new counts (what surgery slices). Physical query
+position p reads physical key/value head p // (n_q / n_kv), as stock ``repeat_kv`` does, in every layout.
 """
 
 from __future__ import annotations
@@ -34,6 +51,7 @@ import torch
 from torch import nn
 
 PARTS = ("query", "key", "value")
+LAYOUTS = ("blocks", "grouped")   # fused Q/K/V row layouts (module doc)
 
 
 def out_axis(module: nn.Module) -> int:
@@ -47,6 +65,17 @@ def in_features(module: nn.Module) -> int:
 
 def out_features(module: nn.Module) -> int:
     return module.weight.shape[out_axis(module)]
+
+
+def fused_chunks(layout: str, n_query: int, n_kv: int) -> list[tuple[str, int]]:
+    """The d_h-row chunks of a fused Q/K/V module of ``layout`` at ``n_query`` / ``n_kv`` heads (module doc)."""
+    if layout == "blocks":
+        return [("query", p) for p in range(n_query)] + [(part, j) for part in ("key", "value") for j in range(n_kv)]
+    if layout == "grouped":
+        g = n_query // n_kv if n_kv else 0
+        return [chunk for j in range(n_kv)
+                for chunk in [("query", j * g + i) for i in range(g)] + [("key", j), ("value", j)]]
+    raise ValueError(f"unknown fused layout {layout!r}; known: {', '.join(LAYOUTS)}")
 
 
 @dataclass
@@ -74,8 +103,12 @@ class AttentionBlock:
     # projections pos_key_proj / pos_query_proj). Gating needs nothing: a gate on the context entering O
     # silences every path of the head.
     extra_rows: list[tuple[nn.Module, str]] = field(default_factory=list)
-    # Further per-head parameters, each (module, attribute name): a tensor whose dim 0 holds one entry per
-    # physical query head (gpt-oss's learned attention sinks, Nystromformer's per-head convolution over values).
+    # How a fused Q/K/V module orders its heads' rows (:data:`LAYOUTS`); read only when the block is fused.
+    layout: str = "blocks"
+    # Further per-head parameters, each (module, attribute name): a tensor whose dim 0 holds the physical query
+    # heads' entries head by head, the same number per head (one: gpt-oss's learned attention sinks,
+    # Nystromformer's per-head convolution over values; d_h: DeBERTa v1's q_bias / v_bias, added to each head's
+    # query and value after its fused in_proj -- a multi-head family, where value heads are the query heads).
     # Surgery keeps the kept heads' entries; the family's ``set_counts`` updates whatever counts them.
     head_params: list[tuple[nn.Module, str]] = field(default_factory=list)
     # True when Q and K pass through a norm over *all* heads' features before attention (OLMo 2's q_norm /
@@ -105,19 +138,82 @@ class AttentionBlock:
         """Original key/value group of original query head ``head``."""
         return head // self.group_size
 
+    def chunks(self, name: str, n_query: int | None = None, n_kv: int | None = None) -> list[tuple[str, int]]:
+        """The d_h-row chunks of the module producing part ``name``, in row order, as (part, physical head), at
+        ``n_query`` / ``n_kv`` heads (default: the heads present now). See the module doc."""
+        n_query = self.n_live if n_query is None else n_query
+        n_kv = self.n_kv_live if n_kv is None else n_kv
+        if self.norm_spans_heads and name in ("query", "key"):   # every original head's Q/K rows stay (above)
+            n_query, n_kv = self.n_heads, self.n_kv_heads
+        if not self.fused:
+            return [(name, i) for i in range(n_query if name == "query" else n_kv)]
+        return fused_chunks(self.layout, n_query, n_kv)
+
+    def rows(self, name: str, heads) -> list[int]:
+        """Output features of the module producing part ``name`` that hold its physical heads ``heads`` (query
+        positions for "query", key/value heads for "key" / "value"), d_h each, in the order of ``heads``."""
+        where = {chunk: i for i, chunk in enumerate(self.chunks(name))}
+        d = self.head_size
+        return [where[name, h] * d + i for h in heads for i in range(d)]
+
+    def part_rows(self, name: str) -> list[int]:
+        """Output features of every head of part ``name``, head by head (query heads in weight order)."""
+        return self.rows(name, range(self.n_live if name == "query" else self.n_kv_live))
+
+    def rows_after(self, module: nn.Module, q_pos: list[int], kv_pos: list[int]) -> list[int]:
+        """Output features of ``module`` (one of query / key / value) that a cut keeping physical query positions
+        ``q_pos`` and key/value heads ``kv_pos`` keeps, in the row order the block's layout has at the new counts."""
+        name = next(p for p in PARTS if getattr(self, p) is module)
+        where = {chunk: i for i, chunk in enumerate(self.chunks(name))}
+        d = self.head_size
+        old = {"query": q_pos, "key": kv_pos, "value": kv_pos}
+        return [where[part, old[part][i]] * d + r for part, i in self.chunks(name, len(q_pos), len(kv_pos))
+                for r in range(d)]
+
     def part(self, name: str, out: torch.Tensor) -> torch.Tensor:
-        """The ``name`` ("query"/"key"/"value") features of ``out``, the output of ``getattr(self, name)``."""
+        """The ``name`` ("query"/"key"/"value") features of ``out`` -- the output of ``getattr(self, name)``, or a
+        gradient of it -- head by head."""
         if not self.fused:
             return out
-        start, stop = self.fused_span(name)
-        return out[..., start:stop]
+        rows = self.part_rows(name)
+        if not rows:
+            return out[..., :0]
+        if rows[-1] - rows[0] + 1 == len(rows):   # one contiguous run (Q|K|V blocks): a view, no copy
+            return out[..., rows[0]:rows[-1] + 1]
+        return out.index_select(-1, torch.tensor(rows, dtype=torch.long, device=out.device))
 
     def fused_span(self, name: str) -> tuple[int, int]:
-        """Output features [start, stop) of part ``name`` in a fused Q|K|V module (Q first, then K, then V)."""
+        """Output features [start, stop) of part ``name`` in a fused "blocks" module (Q, then K, then V); a
+        "grouped" layout has no such run: use :meth:`rows`."""
+        if self.layout != "blocks":
+            raise ValueError(f"a '{self.layout}' fused layout holds part {name} in many runs; use rows()")
         d = self.head_size
         sizes = {"query": self.n_live * d, "key": self.n_kv_live * d, "value": self.n_kv_live * d}
         start = sum(sizes[p] for p in PARTS[:PARTS.index(name)])
         return start, start + sizes[name]
+
+    def projections(self) -> list[nn.Module]:
+        """The distinct modules producing Q, K and V (one when fused)."""
+        return list({id(m): m for m in (self.query, self.key, self.value)}.values())
+
+    def check_shapes(self) -> str | None:
+        """Why the weights do not fit this block's description (heads x head size, layout), or None.
+
+        A checkpoint whose fused Q/K/V or O has another width than its config's head counts say would otherwise be
+        cut along the wrong rows; the adapter refuses it instead (``arch.registry.adapt``)."""
+        d = self.head_size
+        for module in self.projections():
+            name = next(p for p in PARTS if getattr(self, p) is module)
+            want = len(self.chunks(name)) * d
+            if out_features(module) != want:
+                what = "fused Q/K/V" if self.fused else name
+                return (f"block {self.index}: its {what} projection has {out_features(module)} output features, but "
+                        f"{self.n_live} query and {self.n_kv_live} key/value heads of size {d} "
+                        f"({self.layout if self.fused else 'separate'} layout) need {want}")
+        if in_features(self.output) != self.n_live * d:
+            return (f"block {self.index}: its output projection reads {in_features(self.output)} features, but "
+                    f"{self.n_live} heads of size {d} make {self.n_live * d}")
+        return None
 
     def kv_of_position(self) -> list[int]:
         """For each physical query position, the physical key/value head it reads (stock ``repeat_kv`` order)."""
@@ -204,12 +300,24 @@ class ModelAdapter:
         return torch.tensor([[b.group_of(h) for h in range(self.n_heads)] for b in self.blocks], dtype=torch.long)
 
 
+def find_layers(model: nn.Module, core_of: Callable[[nn.Module], Any], needs: tuple[str, ...]) -> nn.ModuleList | None:
+    """The first ModuleList of layers whose attention core (``core_of(layer)``, None when absent) has every
+    attribute in ``needs``: how a family recognises its layers from modules, never from names."""
+    for module in model.modules():
+        for child in module.children():
+            if isinstance(child, nn.ModuleList) and len(child) > 0:
+                core = core_of(child[0])
+                if core is not None and all(hasattr(core, a) for a in needs):
+                    return child
+    return None
+
+
 def own_attention_refusal(family: str) -> str:
     """Why a family whose cores compute attention in their own code cannot take a KV cache plan (``refuses["kv"]``)."""
     return (f"{family} computes attention in its own code rather than through transformers' registered attention "
             "functions, which a KV cache plan replaces; the plan would be silently ignored, so it is refused. KV "
             "plans work on decoders that call those functions (Llama, Qwen, Mistral, Gemma, Phi, OPT, OLMo, "
-            "gpt-oss, ...).")
+            "gpt-oss, GPT-NeoX / Pythia, ...).")
 
 
 def kept_heads(model: nn.Module, block_index: int, n_heads: int) -> list[int]:
@@ -255,18 +363,6 @@ def submodule(path: str) -> Callable[[nn.Module], nn.Module | None]:
         return layer
 
     return find
-
-
-def find_layers(model: nn.Module, core_of: Callable[[nn.Module], nn.Module | None],
-                needs: tuple[str, ...]) -> nn.ModuleList | None:
-    """The first ModuleList of layers whose attention core (``core_of(layer)``) has every attribute in ``needs``."""
-    for module in model.modules():
-        for child in module.children():
-            if isinstance(child, nn.ModuleList) and len(child) > 0:
-                core = core_of(child[0])
-                if core is not None and all(hasattr(core, a) for a in needs):
-                    return child
-    return None
 
 
 def rotary_attention(core: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

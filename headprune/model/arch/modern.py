@@ -1,4 +1,4 @@
-"""Modern encoders: DeBERTa-v2/v3 (disentangled attention) and ModernBERT (fused Wqkv, rotary, local/global).
+"""Modern encoders: DeBERTa v1, v2 and v3 (disentangled attention) and ModernBERT (fused Wqkv, rotary, local/global).
 
 DeBERTa-v2/v3 (``DebertaV2ForSequenceClassification``)
     Disentangled attention (He et al., DeBERTa, eq. 4; the paper is not in /work/shared/papers, the form below is
@@ -20,7 +20,14 @@ DeBERTa-v2/v3 (``DebertaV2ForSequenceClassification``)
     belongs to the encoder, and layer 0 skipped means "layer 0 is the identity".
     Gnorm: with ``share_att_key`` the position table also goes through W_Q and W_K, once for the whole batch; that
     term has no per-example split, so Gnorm counts the token path only (criteria/onepass.py).
-    DeBERTa v1 (``DebertaForSequenceClassification``: fused ``in_proj``) is not covered and gets the supported list.
+
+DeBERTa v1 (``DebertaForSequenceClassification``)
+    The same disentangled attention with Q, K and V fused in ``in_proj`` (no bias): the core views its output as
+    (..., H, 3 d_h) per head and chunks it in three, i.e. per head [q_h, k_h, v_h] -- the "grouped" layout with
+    one query head per group (``base.LAYOUTS``). Biases live outside it: ``q_bias`` and ``v_bias`` (H d_h each, head
+    by head) are added to each head's query and value, and are cut with them (the block's ``head_params``). The
+    position projections are ``pos_proj`` (c2p, query side) and ``pos_q_proj`` (p2c, key side, with a bias).
+    ``talking_head`` configs mix heads inside the attention and are refused by name.
 
 ModernBERT (``ModernBertForSequenceClassification``)
     One fused ``Wqkv`` (Q heads, then K heads, then V heads) and ``Wo``, both without biases by default; the core
@@ -38,6 +45,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from ...errors import UnsupportedArchitecture
 from ..hooks import passthrough
 from .base import AttentionBlock, ModelAdapter, empty_context, find_layers, kept_heads, kv_sources
 from .encoders import empty_sibling_output, set_encoder_counts
@@ -60,24 +68,22 @@ def _deberta_core(layer: nn.Module):
     return getattr(getattr(layer, "attention", None), "self", None)
 
 
-def _deberta_parts(layer: nn.Module) -> tuple:
+def _deberta_parts(layer: nn.Module, names: tuple[str, str] = ("pos_key_proj", "pos_query_proj"),
+                   qkv: tuple[str, ...] = ("query_proj", "key_proj", "value_proj")) -> tuple:
     """Core, Q/K/V, O and the position projections, each sliced like the side it is multiplied with: c2p
-    multiplies query head h by ``pos_key_proj`` head h (query side), p2c key head h by ``pos_query_proj`` head h."""
+    multiplies query head h by the position-key projection's head h (query side), p2c key head h by the
+    position-query projection's head h (key side). ``names``: those two projections (v2: pos_key_proj /
+    pos_query_proj, v1: pos_proj / pos_q_proj); ``qkv``: the Q, K, V modules (v1: one fused in_proj)."""
     core = layer.attention.self
-    position = [(getattr(core, name), side) for name, side in (("pos_key_proj", "query"), ("pos_query_proj", "key"))
-                if hasattr(core, name)]
-    return core, core.query_proj, core.key_proj, core.value_proj, layer.attention.output.dense, position
+    position = [(getattr(core, name), side) for name, side in zip(names, ("query", "key")) if hasattr(core, name)]
+    q, k, v = (getattr(core, name) for name in (qkv * 3)[:3])
+    return core, q, k, v, layer.attention.output.dense, position
 
 
-@family("deberta-v2", "DeBERTa-v2/v3: disentangled attention with per-head relative-position projections")
-def deberta_v2(model: nn.Module) -> ModelAdapter | None:
-    layers = find_layers(model, _deberta_core, ("query_proj", "key_proj", "value_proj", "pos_att_type"))
-    if layers is None:
-        return None
+def _deberta_adapter(model: nn.Module, layers: nn.ModuleList, parts: list[tuple], **behaviour) -> ModelAdapter:
     n_heads = model.config.num_attention_heads
-    parts = [_deberta_parts(layer) for layer in layers]
     blocks = _blocks(model, parts, n_heads, parts[0][0].attention_head_size, set_counts=set_encoder_counts,
-                     empty_forward=empty_sibling_output)
+                     empty_forward=empty_sibling_output, **behaviour)
     encoder = next(m for m in model.modules() if getattr(m, "layer", None) is layers)
     conv = getattr(encoder, "conv", None)
     bypass = {conv: passthrough(1, "residual_states")} if conv is not None else {}
@@ -85,6 +91,31 @@ def deberta_v2(model: nn.Module) -> ModelAdapter | None:
                         list(range(len(blocks))), layers, core_applies_output=False,
                         layer_output=lambda hidden: (hidden, None), replay_bypass=bypass,
                         needs_output_attentions=True)
+
+
+@family("deberta-v2", "DeBERTa-v2/v3: disentangled attention with per-head relative-position projections")
+def deberta_v2(model: nn.Module) -> ModelAdapter | None:
+    layers = find_layers(model, _deberta_core, ("query_proj", "key_proj", "value_proj", "pos_att_type"))
+    if layers is None:
+        return None
+    return _deberta_adapter(model, layers, [_deberta_parts(layer) for layer in layers])
+
+
+@family("deberta", "DeBERTa (v1): fused head-interleaved in_proj, per-head q_bias / v_bias, relative positions")
+def deberta_v1(model: nn.Module) -> ModelAdapter | None:
+    layers = find_layers(model, _deberta_core, ("in_proj", "q_bias", "v_bias", "pos_att_type"))
+    if layers is None:
+        return None
+    if layers[0].attention.self.talking_head:
+        raise UnsupportedArchitecture(
+            "This DeBERTa config has talking_head: its attention mixes the logits and probabilities of all heads "
+            "through head x head projections, so a head's removal changes the others and no cut can equal a gate. "
+            "Accepted: talking_head false (every released DeBERTa checkpoint).")
+    adapter = _deberta_adapter(model, layers, [_deberta_parts(layer, ("pos_proj", "pos_q_proj"), ("in_proj",))
+                                               for layer in layers], layout="grouped")
+    for block in adapter.blocks:   # added to each head's query and value after in_proj, d_h entries per head
+        block.head_params = [(block.core, "q_bias"), (block.core, "v_bias")]
+    return adapter
 
 
 # -- ModernBERT ---------------------------------------------------------------------------------------------------

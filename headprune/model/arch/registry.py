@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from torch import nn
 
-from ...errors import UnsupportedArchitecture
+from ...errors import ModelLoadError, UnsupportedArchitecture
 from .base import ModelAdapter
 
 Detector = Callable[[nn.Module], "ModelAdapter | None"]
@@ -43,12 +43,20 @@ def supported() -> str:
 def adapt(model: nn.Module) -> ModelAdapter:
     """Build the adapter for ``model`` (a classifier, causal LM or base model of a supported family).
 
-    Raises UnsupportedArchitecture, naming the model's type and the supported families.
+    Raises UnsupportedArchitecture, naming the model's type and the supported families; ModelLoadError when the
+    model is of a known family but its weights do not have the shapes its head counts and layout say
+    (``AttentionBlock.check_shapes``): cutting it would slice the wrong rows.
     """
     for fam in FAMILIES:
         adapter = fam.detect(model)
         if adapter is not None:
             adapter.family = fam.name
+            problems = [p for p in (b.check_shapes() for b in adapter.blocks) if p]
+            if problems:
+                raise ModelLoadError(f"This {fam.name} model's weights do not match its configuration: {problems[0]}"
+                                     f"{f' (and {len(problems) - 1} more blocks)' if len(problems) > 1 else ''}. "
+                                     "Accepted: weights of the shapes its config.json describes (a checkpoint saved "
+                                     "with its own config).")
             return adapter
     model_type = str(getattr(getattr(model, "config", None), "model_type", "unknown"))
     raise UnsupportedArchitecture(
