@@ -398,9 +398,8 @@ def decode_forward(model, token: torch.Tensor, cache: Cache) -> torch.Tensor:
 def compiled_decoder(device: torch.device):
     """``torch.compile`` of :func:`decode_forward` as one graph (``fullgraph``: a graph break would put Python back
     inside the step): CUDA graphs on a GPU (``mode="reduce-overhead"``), inductor's default mode on a CPU. Compiled
-    afresh (``torch.compiler.reset``), so the first step's time is the whole compile cost, and a new cache size
-    never meets a previous one's recompile limit."""
-    torch.compiler.reset()
+    code is kept per cache layout (dynamo's guards), so a second generation over a cache of the same sizes reuses
+    it; ``torch.compiler.reset()`` before a run measures the compile cost afresh."""
     return torch.compile(decode_forward, mode="reduce-overhead" if device.type == "cuda" else None, fullgraph=True)
 
 
