@@ -101,6 +101,32 @@ def test_an_exported_plan_loads_in_duoattention_with_the_same_heads_at_its_share
     assert torch.equal(back.full, plan.full) and (back.sink, back.window) == (4, 16)
 
 
+def test_a_plan_switched_by_hand_exports_its_own_heads_with_continuous_scores(tmp_path):
+    """The dashboard's plan after clicks keeps full other heads than its highest scores: the folder still holds
+    the continuous scores (full heads in the upper half, streaming in the lower, each in score order), config.json
+    says S, W and the sparsity, and DuoAttention's loader keeps exactly the clicked heads; the dashboard's zip holds
+    the same two files."""
+    import io
+    import zipfile
+
+    from headprune.kvcache.exports import duo_folder_zip
+
+    scores = SCORES["continuous"].reshape(4, 2, 4).max(-1)
+    full = torch.as_tensor(scores <= np.sort(scores.ravel())[1])        # the two LOWEST scores kept full by hand
+    plan = KVPlan(full, 8, 4, 16, {"group_scores": scores.tolist(), "rule": "far-mass"})
+    config = write_duo_folder(plan, tmp_path / "duo")
+    values = np.loadtxt(tmp_path / "duo" / TSV, delimiter="\t")
+    assert len(np.unique(values)) == 8 and not np.isin(values, [0.0, 1.0]).any()
+    assert (values[full.numpy()] >= 0.5).all() and (values[~full.numpy()] < 0.5).all()
+    for kind in (full.numpy(), ~full.numpy()):   # within each kind, the scores' order
+        assert np.array_equal(np.argsort(values[kind]), np.argsort(scores[kind]))
+    loaded, sink, recent = duo_loader(tmp_path / "duo", config["sparsity"])
+    assert np.array_equal(loaded, full.numpy()) and (sink, recent) == (4, 16)
+    with zipfile.ZipFile(io.BytesIO(duo_folder_zip(plan))) as archive:
+        for name in (TSV, CONFIG):
+            assert archive.read(f"duo_attention_pattern/{name}").decode() == (tmp_path / "duo" / name).read_text()
+
+
 @pytest.mark.parametrize("kind", ["file", "folder"])
 def test_the_duo_export_never_replaces_a_users_tmp_file_or_folder(kind, tmp_path):
     """The export writes through outdir.write_atomic (unique temporaries): a user's ".<name>.tmp" beside the files
@@ -166,7 +192,7 @@ def test_kvplan_duo_learns_gates_exports_the_folder_and_reads_it_back(lm_dir, tm
 @pytest.mark.parametrize("case, words", [
     ("grid", "3 layers x 2 key/value heads; the model has 4 x 2"),
     ("window", "recent_size 0 must be an integer >= 1"),
-    ("foreign", "already holds a DuoAttention pattern headprune did not write"),
+    ("foreign", "already holds a DuoAttention pattern or a config.json headprune did not write"),
     ("threshold", "--threshold deploys DuoAttention's learned gates"),
     ("options", "--duo-steps train DuoAttention's gates: they apply to --rule duo only"),
     ("trajectory", "--from-duo apply to one plan, not to --trajectory"),

@@ -17,6 +17,7 @@ from transformers import DynamicCache
 from headprune.cli import main
 from headprune.kvcache.budgets import budget_plan
 from headprune.kvcache.cache import MixedCache, MixedLayer, generate
+from headprune.kvcache.exports import duo_folder_files
 from headprune.kvcache.plan import KVPlan, KVPlanError
 from headprune.kvcache.restrict import CONFIG_KEY, eager_kv_attention, restricted, sdpa_kv_attention
 from headprune.testing import tiny_decoder
@@ -172,7 +173,7 @@ def test_what_cannot_carry_the_token_is_refused():
         KVPlan.from_json({**obj, "compensation": "yes"})
     token = KVPlan(GRID, 8, compensation=True)
     with pytest.raises(KVPlanError, match="no place for it"):
-        token.to_duo_tsv()
+        duo_folder_files(token)
     assert token.head_ids()["compensation"] is True
     with pytest.raises(KVPlanError, match="sliding-window"):   # tiny Qwen2: sliding-window layers
         with restricted(tiny_decoder("qwen2"), token):

@@ -19,7 +19,7 @@ from ..kvcache.budgets import BETA_DEFAULT, TEMPERATURE_DEFAULT, budget_plan, ch
 from ..kvcache.cache import compile_problem, generate
 from ..kvcache.duo import DEFAULTS as DUO_DEFAULTS
 from ..kvcache.duo import THRESHOLD, check_duo_params
-from ..kvcache.exports import check_duo_folder, read_duo_folder, write_duo_folder
+from ..kvcache.exports import check_duo_folder, read_duo_folder, tsv_folder, write_duo_folder
 from ..kvcache.longctx import DEPTH, DEPTHS, ROWS, TASKS, TOKENS, check_lengths, check_task, measure, parse_numbers
 from ..kvcache.plan import FULL_SHARE, KVPlan, KVPlanError, check_decoder, check_full_share, check_window
 from ..kvcache.restrict import restricted
@@ -157,8 +157,10 @@ def cmd_from_duo(args) -> dict:
     if others:
         raise KVPlanError(f"--from-duo reads a learned pattern; {', '.join(others)} cannot apply to it.")
     refuse_encoder(args.model)
-    for option in (args.out, args.tsv, args.head_ids):
+    for option in (args.out, args.head_ids):
         checked_out_file(option)
+    if args.tsv:
+        tsv_folder(args.tsv)
     layers, n_kv, n_heads = model_grid(args.model)
     plan = read_duo_folder(args.from_duo, n_heads, (layers, n_kv), share=args.full_share, threshold=args.threshold)
     plan.meta.update(model=args.model, versions=versions())
@@ -167,8 +169,8 @@ def cmd_from_duo(args) -> dict:
 
 def write_plan_files(args, plan: KVPlan, summary_: dict) -> dict:
     plan.write(args.out)
-    if args.tsv:
-        write_atomic(checked_out_file(args.tsv), plan.to_duo_tsv(), "--tsv")
+    if args.tsv:   # DuoAttention's TSV never leaves without its config.json (the continuous scores, S, W)
+        write_duo_folder(plan, tsv_folder(args.tsv), "--tsv")
     if args.head_ids:
         write_atomic(checked_out_file(args.head_ids), json.dumps(plan.head_ids(), indent=1), "--head-ids")
     if getattr(args, "export_duo", None):
@@ -252,8 +254,10 @@ def cmd_kvplan(args) -> dict:
     check_rule(args.rule)
     options = duo_options(args)
     refuse_encoder(args.model)
-    for option in (args.out, args.tsv, args.head_ids):
+    for option in (args.out, args.head_ids):
         checked_out_file(option)
+    if args.tsv:
+        tsv_folder(args.tsv)
     if args.export_duo:
         check_duo_folder(args.export_duo)
     needs_rows = args.rule not in ("razor", "random")
@@ -590,7 +594,9 @@ def add_commands(sub) -> None:
                    f"mean budget b (default: {BETA_DEFAULT}; larger = more even budgets)")
     g.add_argument("--temperature", type=float, help="HeadKV's temperature on the normalised scores "
                    f"(default: {TEMPERATURE_DEFAULT:g})")
-    p.add_argument("--tsv", help="also write DuoAttention's full_attention_heads.tsv layout here")
+    p.add_argument("--tsv", metavar="DIR/full_attention_heads.tsv",
+                   help="also write DuoAttention's full_attention_heads.tsv here, with its config.json beside it (the "
+                        "folder --export-duo writes: continuous scores, S, W and the sparsity of this plan)")
     p.add_argument("--head-ids", help="also write a JSON of full / streaming head ids here")
     p.add_argument("--export-duo", metavar="DIR",
                    help="also write DuoAttention's folder here: full_attention_heads.tsv (the continuous group "
