@@ -624,7 +624,7 @@ def add_commands(sub) -> None:
     d.add_argument("--duo-lr", type=float, help=f"the gates' learning rate (default: {DUO_DEFAULTS['lr']})")
     d.add_argument("--duo-reg", type=float, help=f"L1 weight on the gates (default: {DUO_DEFAULTS['reg_weight']})")
     d.add_argument("--duo-batch", type=int, help=f"passkey rows per step (default: {DUO_DEFAULTS['batch_size']})")
-    d.add_argument("--duo-length", type=int, help="tokens per passkey row (default: the longest calibration row)")
+    d.add_argument("--duo-length", type=int, help="tokens per passkey row (default: the median calibration row)")
     p.set_defaults(handler=cmd_kvplan)
 
     p = sub.add_parser("generate", help="generate text with the full KV cache and, with --kv-plan, with the plan's "
