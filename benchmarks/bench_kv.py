@@ -1,7 +1,8 @@
 """KV cache plans measured (issue 32).
 
     nice -n 10 python benchmarks/bench_kv.py circuit [--seeds 10] [--window 4] [--sink 1] [--json OUT]
-    nice -n 10 python benchmarks/bench_kv.py decode [--lengths 4096,16384] [--new-tokens 6] [--device cpu] [--json OUT]
+    nice -n 10 python benchmarks/bench_kv.py decode [--lengths 4096,16384,32768] [--dtypes float32,bfloat16]
+                                             [--layers 24] [--new-tokens 8] [--repeats 1] [--device cpu] [--json OUT]
     nice -n 10 python benchmarks/bench_kv.py longctx [--seeds 3] [--rows 100] [--json OUT]
     nice -n 10 python benchmarks/bench_kv.py update [--lengths 4096,16384] [--steps 60] [--json OUT]
     nice -n 10 python benchmarks/bench_kv.py speed [--lengths 1024,2048,4096] [--layers 4] [--json OUT]
@@ -10,15 +11,18 @@ circuit   demo-circuit's repeated-half next-token accuracy (its evaluation rows,
           dense; the plan keeping the induction + previous-token heads full (labels of ``roles.head_roles`` on the
           demo's calibration rows) and streaming the rest at sink S, window W; the plan streaming the induction
           heads instead (every other head full); random plans with as many full heads as the first (--seeds).
-decode    a random decoder of Qwen2.5-0.5B's shape (24 layers, 14 query / 2 key-value heads, head size 64, hidden
-          896, MLP 4864, vocabulary 151936, fp32) at each context length: the cache filled with random keys/values
-          of that many tokens (``cache.fill_random``: a 16k prefill on a shared CPU takes minutes and does not change
-          what a decode step costs), then --new-tokens real decode steps with the full cache (stock SDPA) and with
-          a random plan keeping 25% of the key/value heads full (mixed cache, S=4, W=64), and with a plan keeping
-          every head full in the mixed cache (its preallocated buffers alone). KV bytes are measured from the
-          cache tensors (held; the mixed cache's allocated buffers beside); the ideal ratio is counted from the
-          plan. --layers N: N layers of the same shape (a shorter run). --device cuda: model and caches on the GPU
-          (decode steps timed with CUDA synchronised: ``generate`` reads each token back).
+decode    a random decoder of Qwen2.5-0.5B's shape (14 query / 2 key-value heads, head size 64, hidden 896, MLP 4864,
+          vocabulary 151936; --layers of its 24) in each of --dtypes, at each context length: the cache filled with
+          random keys/values of that many tokens (``cache.fill_random``: a 32k prefill on a shared CPU takes minutes
+          and does not change what a decode step costs), then --new-tokens + 1 real decode steps with each of
+          --variants: transformers' DynamicCache, its StaticCache (eager, and compiled: ``generate(compile=True)``),
+          the mixed cache of a random plan keeping --full-share of the key/value groups full (S=4, W=64; growing,
+          eager; and static, compiled). Per variant: the median and range of the steps after the first (compiled:
+          the first is the compile, on CUDA the second records the graph), their CPU seconds in the decoding thread
+          (what the step costs, less stretched than the wall clock by a shared CPU's other load), the first step,
+          the measured KV bytes (held, allocated) and the load average. Prints a markdown table per length x dtype.
+          --device cuda: model and caches on the GPU (``generate`` reads each token back: the clock waits for the
+          step's kernels).
 update    one layer's cache update alone (Qwen2.5-0.5B's 2 key/value heads of size 64, fp32): filled with that
           many random keys/values, then --steps single-token updates timed, median per update, for transformers'
           DynamicLayer, a mixed layer with 1 full + 1 streaming head (S=4, W=64) and one with both heads full.
@@ -122,9 +126,12 @@ def decode_variant(model, plan, variant: str, length: int, dtype, new_tokens: in
         fill_s = time.perf_counter() - start
         out = generate(runner, torch.tensor([[11]], device=device), new_tokens + 1, mode="mixed" if mixed else "full",
                        cache=cache, compile=compiled)
-    steps = out.step_s[1:]
+    # the steps after the first (compiled on CUDA: after the first two, the second records the CUDA graph)
+    warmup = 2 if compiled and device.type == "cuda" else 1
+    steps = out.step_s[warmup:]
     row = {"median_s": statistics.median(steps), "min_s": min(steps), "max_s": max(steps),
-           "first_step_s": out.step_s[0], "fill_s": fill_s, "kv_bytes": cache_bytes(cache),
+           "median_cpu_s": statistics.median(out.step_cpu_s[warmup:]),
+           "first_step_s": sum(out.step_s[:warmup]), "fill_s": fill_s, "kv_bytes": cache_bytes(cache),
            "kv_bytes_allocated": cache_bytes(cache, allocated=True), "tokens": out.tokens,
            "load": [round(load, 2), round(os.getloadavg()[0], 2)]}
     del cache
@@ -172,7 +179,8 @@ def decode_table(result: dict) -> str:
     step (the compile cost) in seconds."""
     variants = [v for v in VARIANTS if v in result["rows"][0]]
     lines = ["| context | dtype | " + " | ".join(f"{v} ms/token" for v in variants) +
-             " | mixed / best stock | compile s (static, mixed) |", "|---" * (len(variants) + 4) + "|"]
+             " | mixed / best stock | CPU ms/token: " + ", ".join(variants) + " | compile s (static, mixed) |",
+             "|---" * (len(variants) + 5) + "|"]
     keys = list(dict.fromkeys((r["context"], r["dtype"]) for r in result["rows"]))
     for context, dtype in keys:
         group = [r for r in result["rows"] if (r["context"], r["dtype"]) == (context, dtype)]
@@ -187,8 +195,9 @@ def decode_table(result: dict) -> str:
         ratio = f"{min(ours) / min(stock):.2f}" if stock and ours else ""
         compile_s = ", ".join(f"{statistics.median(r[v]['first_step_s'] for r in group):.0f}"
                               for v in variants if v.endswith("_compiled"))
+        cpu = ", ".join(f"{statistics.median(r[v]['median_cpu_s'] for r in group) * 1000:.0f}" for v in variants)
         lines.append(f"| {context:,} | {dtype} | " + " | ".join(cell[v + "_text"] for v in variants) +
-                     f" | {ratio} | {compile_s} |")
+                     f" | {ratio} | {cpu} | {compile_s} |")
     return "\n".join(lines)
 
 
