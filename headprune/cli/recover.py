@@ -22,8 +22,10 @@ import numpy as np
 from ..data import TextDataset, align_labels, load_data, row_hashes
 from ..errors import DataError
 from ..model.export import FORMATS, round_to_uniform, type_problem
+from ..model.gguf_export import check_source as check_gguf_source
 from ..model.loading import LoadedModel, is_lm_config, load_model, peek_config
 from ..model.mask import HeadMask
+from ..model.onnx_export import check_runtime
 from ..model.task import REQUESTABLE, task_of
 from ..outdir import check_model_folder
 from ..recovery import (
@@ -130,11 +132,15 @@ def check_recover_args(args) -> tuple[RecoverySpec, dict | None]:
         raise DataError(f"--train-size {args.train_size}: recovery needs at least one training row. Accepted: an "
                         "integer >= 1, or all.")
     check_out_paths(args)
+    if args.format == "onnx":   # onnx and onnxruntime missing: said now, not after the training
+        check_runtime()
     _, work, _ = paths_of(args.out)
     # every state of OUT.work (a file, a foreign folder, a broken spec, nothing to resume, other settings, pickles)
     # refused before a model loads; the checkpoint's model is compared with the student's once it is built
     check_work_dir(work, resume=args.resume, wanted=spec.to_json(), strict=True)
     config = peek_config(args.model)
+    if args.format == "gguf":   # a family or tokenizer llama.cpp reads differently: refused before any training
+        check_gguf_source(args.model, "f32")
     if config is not None:
         pruned_before = bool(config.get("headprune_kept_heads"))
         if pruned_before and args.format != "headprune":

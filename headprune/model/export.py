@@ -1,7 +1,7 @@
 """Stock exports: a pruned model that plain transformers -- and so any runtime that reads the original family --
 loads, with no headprune code and no headprune keys in its config.
 
-Three formats (:data:`FORMATS`):
+Five formats (:data:`FORMATS`; onnx and gguf have their own modules, ``onnx_export`` and ``gguf_export``):
 
 headprune   ``loading.save_pruned``: physically cut, any mask, kept heads recorded in the config
             (``headprune_kept_heads``); only ``headprune.load_model`` rebuilds it.
@@ -27,7 +27,8 @@ uniform     the cut of ``surgery.prune_model`` with a stock config: possible whe
 
 transformers 5.23's heterogeneous ``per_layer_config`` (``PretrainedConfig(per_layer_config=...)``) would allow a
 different head count per layer, but only dots3 / gemma4 / step3p7 / neomme / diffusion_gemma modeling code reads
-it -- none of the families headprune supports -- so a non-uniform cut stays a headprune checkpoint.
+it -- none of the families headprune supports -- so a non-uniform cut stays a headprune checkpoint, or becomes a GGUF
+file for llama.cpp (format gguf, ``gguf_export``: llama.cpp's deci architecture reads per-layer head counts).
 """
 
 from __future__ import annotations
@@ -43,9 +44,11 @@ from torch import nn
 
 from ..errors import HeadpruneError
 from .arch import AttentionBlock, adapt, out_axis
+from .gguf_export import GGUF_FAMILIES, GGUF_TYPES, export_gguf
 from .layers import drop_layers
 from .loading import save_pruned, write_staged
 from .mask import HeadMask
+from .onnx_export import OPSET, export_onnx
 from .surgery import bake_scales, head_features, prune_model
 
 # model_type values whose config and attention read an explicit head_dim (transformers 5.23:
@@ -66,7 +69,20 @@ FORMATS = {
                 "loads_in": "plain transformers and every runtime that reads the family's config with an explicit "
                             "head_dim (vLLM, TGI, llama.cpp conversion)",
                 "saves_compute": True},
+    "gguf": {"what": "one .gguf file for llama.cpp (architecture 'deci': per-layer query and key/value head "
+                     f"counts), any mask; tensor types {', '.join(GGUF_TYPES)}; families: "
+                     f"{', '.join(GGUF_FAMILIES.values())}",
+             "loads_in": "llama.cpp unmodified (llama-cli, llama-server, llama-cpp-python, ollama, LM Studio)",
+             "saves_compute": True},
+    "onnx": {"what": f"one ONNX graph of the cut model (any mask, opset {OPSET}, dynamic batch and sequence axes; "
+                     "encoder classifiers and causal LMs without a key/value cache), the tokenizer beside it",
+             "loads_in": "onnxruntime (onnxruntime.InferenceSession on model.onnx, any language binding) and every "
+                         "runtime that reads ONNX; no transformers or headprune needed",
+             "saves_compute": True},
 }
+
+# formats that carry a mask's dropped layers: a headprune checkpoint records them, an ONNX graph leaves them out
+DROPS_LAYERS = ("headprune", "onnx")
 
 MASKED_NOTE = ("The masked export has the original size and speed: pruned heads are zeroed, not removed, so it "
                "saves no compute or memory. It loads anywhere the original loads. For a smaller, faster model use "
@@ -357,21 +373,29 @@ def _write_stock(model: nn.Module, tokenizer, out: Path) -> Path:
 
 
 def export_model(model: nn.Module, tokenizer, mask: HeadMask, out: str | Path, format: str = "headprune",
-                 extra: dict | None = None, dropped_layers: Sequence[int] = (), cut: nn.Module | None = None) -> dict:
+                 extra: dict | None = None, dropped_layers: Sequence[int] = (), cut: nn.Module | None = None,
+                 gguf_type: str | None = None) -> dict:
     """Write ``model`` pruned by ``mask`` to the folder ``out`` in ``format`` (:data:`FORMATS`).
 
     Returns {"format", "out", "loads_in", "saves_compute", "note", "model"} where "model" is the written model
     (for size reports). Nothing half-written is left: every format writes into a temporary folder and renames
-    it. ``extra`` (headprune format only) is saved as headprune.json. ``dropped_layers`` (a mask's
-    whole-layer rule, ``model.mask.dropped_layers``) are skipped for good in the written model; only the headprune
-    format can record them. ``cut``: ``prune_model(model, mask)`` made already (recovery fine-tunes it), written
-    instead of a new cut (formats headprune and uniform; masked starts from ``model``). Raises ExportError.
+    it. ``extra`` is saved as headprune.json (headprune format) or as the graph's metadata (onnx).
+    ``dropped_layers`` (a mask's whole-layer rule, ``model.mask.dropped_layers``) are skipped for good in the written
+    model; only the headprune format (which records them) and onnx (whose graph leaves them out) carry them.
+    ``cut``: ``prune_model(model, mask)`` made already (recovery fine-tunes it), written instead of a new cut
+    (formats headprune, uniform, onnx and gguf; masked starts from ``model``). The onnx format's report
+    (``onnx_export.export_onnx``: file, opset, inputs, axes, check) is under "onnx". ``gguf_type``: the gguf
+    format's tensor type (``gguf_export.GGUF_TYPES``, default f32), refused with other formats; the gguf format's
+    report is under "gguf". Raises ExportError (onnx: OnnxExportError, gguf: GGUFExportError).
     """
     if format not in FORMATS:
         raise ExportError(f"Unknown export format {format!r}; accepted: {', '.join(FORMATS)}.")
-    if dropped_layers and format != "headprune":
-        raise ExportError(f"The mask drops whole layers {list(dropped_layers)} (SAP's layer rule); only the headprune "
-                          f"format records a dropped layer, {format!r} cannot. Accepted: --format headprune.")
+    if dropped_layers and format not in DROPS_LAYERS:
+        raise ExportError(f"The mask drops whole layers {list(dropped_layers)} (SAP's layer rule); only the "
+                          f"{' and '.join(DROPS_LAYERS)} formats carry a dropped layer, {format!r} cannot. Accepted: "
+                          f"--format {' or '.join(DROPS_LAYERS)}.")
+    if gguf_type is not None and format != "gguf":
+        raise ExportError(f"A GGUF tensor type ({gguf_type}) applies to --format gguf only, not {format!r}.")
     out = Path(out)
     if format == "masked" and cut is not None:
         raise ExportError("The masked export keeps the original architecture; a cut model cannot be written as "
@@ -381,6 +405,17 @@ def export_model(model: nn.Module, tokenizer, mask: HeadMask, out: str | Path, f
         drop_layers(adapt(written), dropped_layers)
         save_pruned(written, tokenizer, out, extra=extra)
         note = "A headprune checkpoint: smaller and faster, loaded by headprune.load_model (any mask)."
+    elif format == "gguf":
+        written, gguf_report = export_gguf(model, tokenizer, mask, out, gguf_type or "f32", cut)
+        note = ("One GGUF file llama.cpp loads unmodified (architecture 'deci', this cut's head counts per layer): "
+                "smaller and faster there.")
+    elif format == "onnx":
+        graph = export_onnx(model, tokenizer, mask, out, cut=cut, dropped_layers=dropped_layers, extra=extra)
+        written = graph.pop("model")
+        note = (f"An ONNX graph of the cut model (opset {OPSET}, dynamic batch and sequence): "
+                f"onnxruntime.InferenceSession('{Path(graph['file'])}') runs it on {', '.join(graph['inputs'])} "
+                "(int64, e.g. from the tokenizer beside it with return_tensors='np'); its logits matched the cut "
+                f"model's within {graph['check']['relative']:.0e} of their scale.")
     elif format == "masked":
         written = masked_model(model, mask)
         _write_stock(written, tokenizer, out)
@@ -391,4 +426,5 @@ def export_model(model: nn.Module, tokenizer, mask: HeadMask, out: str | Path, f
         note = "A stock checkpoint with fewer heads per layer: plain transformers loads the smaller model."
     info = FORMATS[format]
     return {"format": format, "out": str(out), "loads_in": info["loads_in"], "saves_compute": info["saves_compute"],
-            "note": note, "model": written}
+            "note": note, "model": written, **({"onnx": graph} if format == "onnx" else {}),
+            **({"gguf": gguf_report} if format == "gguf" else {})}
