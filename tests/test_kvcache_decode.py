@@ -15,12 +15,11 @@ import json
 from collections import Counter
 
 import pytest
+import test_kvcache_cli
 import torch
-from conftest import save_tiny_lm
 from torch.profiler import ProfilerActivity, profile
 from transformers import DynamicCache
 
-from headprune.cli import main
 from headprune.kvcache.budgets import budget_plan
 from headprune.kvcache.cache import MixedCache, compile_problem, generate
 from headprune.kvcache.plan import KVPlan
@@ -30,6 +29,7 @@ from headprune.testing import tiny_decoder
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 LAYERS, KV = 4, 4
+lm_dir, run = test_kvcache_cli.lm_dir, test_kvcache_cli.run   # the saved tiny Llama (a fixture) and the CLI runner
 # the bounds this test holds (per layer, beyond the stock DynamicCache's operators in one decode step): the mixed
 # cache splits each layer into a full and a streaming call, writes by index and masks each head by position
 EXTRA_PER_LAYER = 40
@@ -128,17 +128,6 @@ def test_a_compiled_decode_step_gives_the_tokens_of_the_uncompiled_one():
             assert compiled.tokens == static.tokens == growing.tokens == reference.tokens, options
             assert compiled.compiled and compiled.warmup_s > 0 and not static.compiled
     assert generate(model, prompt, 12).tokens != reference.tokens    # the plan matters on this prompt
-
-
-@pytest.fixture(scope="module")
-def lm_dir(tmp_path_factory):
-    return save_tiny_lm(tmp_path_factory.mktemp("tiny_llama"))
-
-
-def run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, (json.loads(out) if code == 0 else err)
 
 
 @pytest.mark.parametrize("case, words", [

@@ -414,6 +414,8 @@ class Generation:
     compiled: bool = False
     warmup_s: float | None = None   # compiled: the first decode steps, which compile (and on CUDA record the graph)
     step_s: list = field(default_factory=list)   # every decode step's seconds
+    step_cpu_s: list = field(default_factory=list)   # and its CPU seconds in this thread (a shared CPU's other load
+                                                     # stretches the wall clock, much less this)
 
     def to_dict(self) -> dict:
         return {"tokens": self.tokens, "kv_bytes": self.kv_bytes, "kv_bytes_allocated": self.kv_bytes_allocated,
@@ -447,8 +449,8 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, mode: str =
     warmup = (2 if device.type == "cuda" else 1) if compile else 0
     gen = torch.Generator().manual_seed(seed)
     step = input_ids.shape[1] if prefill_chunk is None else prefill_chunk
-    tokens, times = [], []
-    start = time.perf_counter()
+    tokens, times, cpu = [], [], []
+    start, start_cpu = time.perf_counter(), time.thread_time()
     for begin in range(0, input_ids.shape[1], step):
         logits = model(input_ids=input_ids[:, begin:begin + step], past_key_values=cache, use_cache=True,
                        logits_to_keep=1).logits
@@ -463,12 +465,13 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, mode: str =
             token = last.argmax(-1, keepdim=True)
         tokens.append(int(token))     # the token read back: the clock waits for the step's work, on any device
         times.append(time.perf_counter() - start)
+        cpu.append(time.thread_time() - start_cpu)
         if i + 1 == max_new_tokens or (eos_token_id is not None and tokens[-1] == eos_token_id):
             break
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.thread_time()
         logits = forward(model, token, cache)
     steps = times[1:]
     later = steps[warmup:]
     return Generation(tokens, cache_bytes(cache), times[0] if times else 0.0,
                       sum(later) / len(later) if later else 0.0, mode, cache_bytes(cache, allocated=True),
-                      compile, sum(steps[:warmup]) if compile else None, steps)
+                      compile, sum(steps[:warmup]) if compile else None, steps, cpu[1:])
