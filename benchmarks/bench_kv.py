@@ -1,7 +1,8 @@
 """KV cache plans measured (issue 32).
 
     nice -n 10 python benchmarks/bench_kv.py circuit [--seeds 10] [--window 4] [--sink 1] [--json OUT]
-    nice -n 10 python benchmarks/bench_kv.py decode [--lengths 4096,16384] [--new-tokens 6] [--device cpu] [--json OUT]
+    nice -n 10 python benchmarks/bench_kv.py decode [--lengths 4096,16384,32768] [--dtypes float32,bfloat16]
+                                             [--layers 24] [--new-tokens 8] [--repeats 1] [--device cpu] [--json OUT]
     nice -n 10 python benchmarks/bench_kv.py longctx [--seeds 3] [--rows 100] [--json OUT]
     nice -n 10 python benchmarks/bench_kv.py update [--lengths 4096,16384] [--steps 60] [--json OUT]
     nice -n 10 python benchmarks/bench_kv.py speed [--lengths 1024,2048,4096] [--layers 4] [--json OUT]
@@ -10,15 +11,18 @@ circuit   demo-circuit's repeated-half next-token accuracy (its evaluation rows,
           dense; the plan keeping the induction + previous-token heads full (labels of ``roles.head_roles`` on the
           demo's calibration rows) and streaming the rest at sink S, window W; the plan streaming the induction
           heads instead (every other head full); random plans with as many full heads as the first (--seeds).
-decode    a random decoder of Qwen2.5-0.5B's shape (24 layers, 14 query / 2 key-value heads, head size 64, hidden
-          896, MLP 4864, vocabulary 151936, fp32) at each context length: the cache filled with random keys/values
-          of that many tokens (``cache.fill_random``: a 16k prefill on a shared CPU takes minutes and does not change
-          what a decode step costs), then --new-tokens real decode steps with the full cache (stock SDPA) and with
-          a random plan keeping 25% of the key/value heads full (mixed cache, S=4, W=64), and with a plan keeping
-          every head full in the mixed cache (its preallocated buffers alone). KV bytes are measured from the
-          cache tensors (held; the mixed cache's allocated buffers beside); the ideal ratio is counted from the
-          plan. --layers N: N layers of the same shape (a shorter run). --device cuda: model and caches on the GPU
-          (decode steps timed with CUDA synchronised: ``generate`` reads each token back).
+decode    a random decoder of Qwen2.5-0.5B's shape (14 query / 2 key-value heads, head size 64, hidden 896, MLP 4864,
+          vocabulary 151936; --layers of its 24) in each of --dtypes, at each context length: the cache filled with
+          random keys/values of that many tokens (``cache.fill_random``: a 32k prefill on a shared CPU takes minutes
+          and does not change what a decode step costs), then --new-tokens + 1 real decode steps with each of
+          --variants: transformers' DynamicCache, its StaticCache (eager, and compiled: ``generate(compile=True)``),
+          the mixed cache of a random plan keeping --full-share of the key/value groups full (S=4, W=64; growing,
+          eager; and static, compiled). Per variant: the median and range of the steps after the first (compiled:
+          the first is the compile, on CUDA the second records the graph), their CPU seconds in the decoding thread
+          (what the step costs, less stretched than the wall clock by a shared CPU's other load), the first step,
+          the measured KV bytes (held, allocated) and the load average. Prints a markdown table per length x dtype.
+          --device cuda: model and caches on the GPU (``generate`` reads each token back: the clock waits for the
+          step's kernels).
 update    one layer's cache update alone (Qwen2.5-0.5B's 2 key/value heads of size 64, fp32): filled with that
           many random keys/values, then --steps single-token updates timed, median per update, for transformers'
           DynamicLayer, a mixed layer with 1 full + 1 streaming head (S=4, W=64) and one with both heads full.
@@ -39,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -50,8 +55,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from headprune.kvcache.cache import cache_bytes, fill_random, generate, new_cache  # noqa: E402
-from headprune.kvcache.plan import KVPlan  # noqa: E402
+from headprune.kvcache.cache import cache_bytes, fill_random, generate  # noqa: E402
 from headprune.kvcache.restrict import restricted  # noqa: E402
 from headprune.kvcache.tasks import invert, metric_under_plan, random_plans, role_plan  # noqa: E402
 
@@ -95,42 +99,106 @@ def qwen_shape_model(seed: int = 0, layers: int = 24):
     return Qwen2ForCausalLM(config).eval()
 
 
-def decode(args) -> dict:
-    from headprune.model.arch import adapt
+VARIANTS = ("dynamic", "static", "static_compiled", "mixed", "mixed_compiled")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
+
+def decode_variant(model, plan, variant: str, length: int, dtype, new_tokens: int, device, layers: int) -> dict:
+    """One variant's decode steps after ``length`` random keys/values (``fill_random``): the stock DynamicCache, the
+    stock StaticCache (eager or compiled), the plan's mixed cache (growing, eager; or static, compiled). Returns the
+    median and range of the decode steps after the first, the first step (with compile: the compile cost), the
+    measured KV bytes (held, allocated), the tokens and the load average around the run."""
+    from transformers import DynamicCache, StaticCache
+
+    from headprune.kvcache.cache import MixedCache
+
+    compiled = variant.endswith("_compiled")
+    mixed = variant.startswith("mixed")
+    if compiled:
+        torch.compiler.reset()   # each compiled variant compiles afresh: its first step is the whole compile cost
+    load = os.getloadavg()[0]
+    with restricted(model, plan) if mixed else nullcontext(model) as runner:
+        static = length + new_tokens + 1 if compiled or variant == "static" else None
+        cache = (MixedCache(runner, static) if mixed else StaticCache(config=runner.config, max_cache_len=static)
+                 if static else DynamicCache(config=runner.config))
+        start = time.perf_counter()
+        fill_random(cache, (layers, 2, 64), length, dtype=dtype, seed=1, device=device)
+        fill_s = time.perf_counter() - start
+        out = generate(runner, torch.tensor([[11]], device=device), new_tokens + 1, mode="mixed" if mixed else "full",
+                       cache=cache, compile=compiled)
+    # the steps after the first (compiled on CUDA: after the first two, the second records the CUDA graph)
+    warmup = 2 if compiled and device.type == "cuda" else 1
+    steps = out.step_s[warmup:]
+    row = {"median_s": statistics.median(steps), "min_s": min(steps), "max_s": max(steps),
+           "median_cpu_s": statistics.median(out.step_cpu_s[warmup:]),
+           "first_step_s": sum(out.step_s[:warmup]), "fill_s": fill_s, "kv_bytes": cache_bytes(cache),
+           "kv_bytes_allocated": cache_bytes(cache, allocated=True), "tokens": out.tokens,
+           "load": [round(load, 2), round(os.getloadavg()[0], 2)]}
+    del cache
+    return row
+
+
+def decode(args) -> dict:
+    """Time per output token at each context length and dtype, for the stock caches and the plan's mixed cache
+    (module doc); prints a markdown table per dtype and returns every row."""
     layers = args.layers
     device = torch.device(args.device)
-    model = qwen_shape_model(layers=layers).to(device)
-    adapter = adapt(model)
-    plan = random_plans((layers, 2), 14, layers // 2, [0], 4, 64)[0]    # a quarter of the key/value heads full
-    every = KVPlan.all_full((layers, 2), 14, 4, 64)
-    shape = (layers, 2, 64)
+    plan = random_plans((layers, 2), 14, round(args.full_share * layers * 2), [0], args.sink, args.window)[0]
+    variants = args.variants.split(",")
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        raise SystemExit(f"unknown variants {unknown}; accepted: {', '.join(VARIANTS)}")
     rows = []
-    for length in [int(x) for x in args.lengths.split(",")]:
-        row = {"context": length}
-        token = torch.tensor([[11]], device=device)
-        # the stock cache; the plan's mixed cache; a mixed cache with every head full (the preallocated buffers
-        # alone, no streaming: what the cache's layout gives without the plan)
-        for name, mode, runs in (("full_cache", "full", None), ("plan", "mixed", plan),
-                                 ("mixed_all_full", "mixed", every)):
-            with restricted(model, runs, adapter) if runs is not None else nullcontext(model) as runner:
-                cache = new_cache(runner, mode)
-                fill_random(cache, shape, length, seed=1, device=device)
-                start = time.perf_counter()
-                out = generate(runner, token, args.new_tokens, mode=mode, cache=cache)
-                row[name] = {"kv_bytes": cache_bytes(cache), "time_per_output_token_s": out.per_token_s,
-                             "kv_bytes_allocated": cache_bytes(cache, allocated=True) if mode == "mixed" else None,
-                             "first_step_s": out.first_token_s, "wall_s": time.perf_counter() - start}
-                del cache
-        ideal = plan.ideal_bytes(length + args.new_tokens, 64, 4)
-        row["measured_byte_ratio"] = row["plan"]["kv_bytes"] / row["full_cache"]["kv_bytes"]
-        row["ideal_byte_ratio"] = ideal["ratio"]
-        row["per_token_speedup"] = row["full_cache"]["time_per_output_token_s"] / row["plan"]["time_per_output_token_s"]
-        rows.append(row)
-        print(json.dumps(row), file=sys.stderr, flush=True)
-    return {"model": f"random Qwen2.5-0.5B shape (fp32, {device})", "layers": layers,
-            "full_kv_heads": int(plan.full.sum()), "kv_heads": plan.full.numel(), "sink": 4, "window": 64,
-            "new_tokens": args.new_tokens, "threads": torch.get_num_threads(), "rows": rows}
+    for dtype_name in args.dtypes.split(","):
+        dtype = DTYPES[dtype_name]
+        model = qwen_shape_model(layers=layers).to(device, dtype)
+        for length in [int(x) for x in args.lengths.split(",")]:
+            for repeat in range(args.repeats):
+                row = {"context": length, "dtype": dtype_name, "repeat": repeat}
+                for variant in variants:
+                    row[variant] = decode_variant(model, plan, variant, length, dtype, args.new_tokens, device,
+                                                  layers)
+                    print(json.dumps({"context": length, "dtype": dtype_name, "variant": variant,
+                                      **{k: v for k, v in row[variant].items() if k != "tokens"}}),
+                          file=sys.stderr, flush=True)
+                ideal = plan.ideal_bytes(length + args.new_tokens, 64, torch.finfo(dtype).bits // 8)
+                row["ideal_byte_ratio"] = ideal["ratio"]
+                rows.append(row)
+        del model
+    result = {"model": f"random Qwen2.5-0.5B shape, {layers} layers ({device})", "layers": layers,
+              "full_kv_heads": int(plan.full.sum()), "kv_heads": plan.full.numel(), "sink": args.sink,
+              "window": args.window, "new_tokens": args.new_tokens, "threads": torch.get_num_threads(),
+              "device": str(device), "torch": torch.__version__, "rows": rows}
+    print(decode_table(result), file=sys.stderr)
+    return result
+
+
+def decode_table(result: dict) -> str:
+    """Milliseconds per output token (median of the decode steps after the first; the range over repeats and
+    steps in brackets when there are several) per context x dtype, one column per variant, and the first compiled
+    step (the compile cost) in seconds."""
+    variants = [v for v in VARIANTS if v in result["rows"][0]]
+    lines = ["| context | dtype | " + " | ".join(f"{v} ms/token" for v in variants) +
+             " | mixed / best stock | CPU ms/token: " + ", ".join(variants) + " | compile s (static, mixed) |",
+             "|---" * (len(variants) + 5) + "|"]
+    keys = list(dict.fromkeys((r["context"], r["dtype"]) for r in result["rows"]))
+    for context, dtype in keys:
+        group = [r for r in result["rows"] if (r["context"], r["dtype"]) == (context, dtype)]
+        cell = {}
+        for v in variants:
+            medians = [r[v]["median_s"] * 1000 for r in group]
+            cell[v] = statistics.median(medians)
+            low, high = min(r[v]["min_s"] for r in group) * 1000, max(r[v]["max_s"] for r in group) * 1000
+            cell[v + "_text"] = f"{cell[v]:.1f} ({low:.1f}-{high:.1f})"
+        stock = [cell[v] for v in variants if not v.startswith("mixed")]
+        ours = [cell[v] for v in variants if v.startswith("mixed")]
+        ratio = f"{min(ours) / min(stock):.2f}" if stock and ours else ""
+        compile_s = ", ".join(f"{statistics.median(r[v]['first_step_s'] for r in group):.0f}"
+                              for v in variants if v.endswith("_compiled"))
+        cpu = ", ".join(f"{statistics.median(r[v]['median_cpu_s'] for r in group) * 1000:.0f}" for v in variants)
+        lines.append(f"| {context:,} | {dtype} | " + " | ".join(cell[v + "_text"] for v in variants) +
+                     f" | {ratio} | {cpu} | {compile_s} |")
+    return "\n".join(lines)
 
 
 def update(args) -> dict:
@@ -247,9 +315,15 @@ def main() -> None:
     p.add_argument("--calib-size", type=int, default=64)
     p.add_argument("--json")
     p = sub.add_parser("decode")
-    p.add_argument("--lengths", default="4096,16384")
-    p.add_argument("--new-tokens", type=int, default=6)
+    p.add_argument("--lengths", default="4096,16384,32768")
+    p.add_argument("--new-tokens", type=int, default=8, help="decode steps timed after the first (default: 8)")
     p.add_argument("--layers", type=int, default=24, help="fewer layers of the same shape: a shorter run")
+    p.add_argument("--dtypes", default="float32,bfloat16")
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"any of {', '.join(VARIANTS)}")
+    p.add_argument("--full-share", type=float, default=0.25, help="key/value heads kept full (random plan, seed 0)")
+    p.add_argument("--sink", type=int, default=4)
+    p.add_argument("--window", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=1, help="rounds of every variant per length (alternating)")
     p.add_argument("--device", default="cpu", help="where the model and caches live (cpu, cuda)")
     p.add_argument("--json")
     p = sub.add_parser("longctx")

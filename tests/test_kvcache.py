@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from headprune.kvcache.cache import MixedCache, cache_bytes, generate
+from headprune.kvcache.exports import write_duo_folder
 from headprune.kvcache.plan import KVPlan, KVPlanError, check_full_share, top_share
 from headprune.kvcache.restrict import CONFIG_KEY, restricted
 from headprune.model.arch import adapt
@@ -179,9 +180,12 @@ def test_plan_file_round_trip_and_exports(tmp_path):
     back = KVPlan.read(path)
     assert torch.equal(back.full, plan.full) and (back.sink, back.window, back.n_heads) == (4, 16, 8)
     assert back.meta["rule"] == "random"
-    tsv = tmp_path / "full_attention_heads.tsv"
-    tsv.write_text(plan.to_duo_tsv())
-    assert np.array_equal(np.loadtxt(tsv, delimiter="\t"), GRID.float().numpy())   # DuoAttention reads it so
+    # DuoAttention's folder: a plan without scores writes its grid (ordered as the plan keeps), and config.json's
+    # sparsity gives its head set back through DuoAttention's quantile
+    config = write_duo_folder(plan, tmp_path / "duo")
+    values = np.loadtxt(tmp_path / "duo" / "full_attention_heads.tsv", delimiter="\t")
+    assert np.abs(values - GRID.float().numpy()).max() < 1e-4 and config["recent_size"] == 16
+    assert np.array_equal(values >= np.quantile(values, config["sparsity"]), GRID.numpy())
     ids = plan.head_ids()
     assert ids["full_kv_heads"] == [[0, 0], [2, 1], [3, 0]]
     assert len(ids["full_query_heads"]) == 3 * 4 and len(ids["streaming_query_heads"]) == 5 * 4

@@ -80,12 +80,14 @@ def test_mixed_cache_keeps_each_groups_budget_and_generates_the_restricted_token
         mixed = generate(copy, prompt, 10, mode="mixed", prefill_chunk=chunk)
     assert mixed.tokens == ref.tokens
     # measured bytes = the sum of the budgets (float32, head dim 8, key + value) + the full group's T tokens;
-    # the cache's own overhead is the full buffer's spare capacity, counted only in kv_bytes_allocated
+    # the cache's own overhead, counted only in kv_bytes_allocated: the full buffer's spare capacity, and the padding
+    # of each layer's one ring, S + the layer's largest streaming window for every streaming group
     t, per = 30 + 9, 2 * 8 * 4
     budgets = int((sink + WINDOWS)[~FULL].sum())
     assert mixed.kv_bytes == (budgets + t * int(FULL.sum())) * per
     assert mixed.kv_bytes == plan.ideal_bytes(t, 8, 4)["plan"]
-    assert mixed.kv_bytes_allocated == (budgets + 256 * int(FULL.sum())) * per
+    padded = sum(int((~FULL[layer]).sum()) * (sink + int(WINDOWS[layer][~FULL[layer]].max())) for layer in range(4))
+    assert mixed.kv_bytes_allocated == (padded + 256 * int(FULL.sum())) * per and padded > budgets
 
 
 def test_headkv_allocation_by_hand():

@@ -30,7 +30,7 @@ def run(capsys, *argv) -> tuple[int, dict | str]:
 
 def test_kvplan_evaluate_and_generate(lm_dir, tmp_path, capsys):
     model, data = lm_dir
-    plan_file, tsv, ids = tmp_path / "plan.json", tmp_path / "heads.tsv", tmp_path / "ids.json"
+    plan_file, tsv, ids = tmp_path / "plan.json", tmp_path / "duo" / "full_attention_heads.tsv", tmp_path / "ids.json"
     code, out = run(capsys, "kvplan", "--model", model, "--data", data, "--rule", "far-mass", "--full-share", "0.25",
                     "--sink", "1", "--window", "3", "--calib-size", "8", "--out", str(plan_file), "--tsv", str(tsv),
                     "--head-ids", str(ids))
@@ -42,7 +42,11 @@ def test_kvplan_evaluate_and_generate(lm_dir, tmp_path, capsys):
     scores = np.array(plan.meta["query_scores"]).reshape(4, 2, 4).max(-1)
     assert set(map(tuple, np.argwhere(plan.full.numpy()))) == set(map(tuple, np.argwhere(
         scores >= np.sort(scores.ravel())[-2])))
-    assert np.array_equal(np.loadtxt(tsv, delimiter="\t"), plan.full.float().numpy())
+    # --tsv writes DuoAttention's folder: the continuous group scores (within the ordering steps) and config.json
+    values, config = np.loadtxt(tsv, delimiter="\t"), json.loads((tsv.parent / "config.json").read_text())
+    assert np.abs(values - scores).max() < 1e-4 and len(np.unique(values)) == 8   # far-mass lies in [0, 1]
+    assert config["sparsity"] == 0.75 and (config["sink_size"], config["recent_size"]) == (1, 3)
+    assert np.array_equal(values >= np.quantile(values, config["sparsity"]), plan.full.numpy())
     assert json.loads(ids.read_text())["full_kv_heads"] == out["head_ids"]
 
     evaluate = ("evaluate", "--model", model, "--data", data, "--eval-size", "12")
@@ -78,6 +82,7 @@ def test_kvplan_evaluate_and_generate(lm_dir, tmp_path, capsys):
     (["kvplan", "--trajectory", "--rule", "nope"], "Unknown KV plan rule 'nope'"),
     (["kvplan", "--trajectory", "--random-orders", "-1"], "--random-orders -1"),
     (["kvplan", "--trajectory", "--tsv", "x.tsv"], "--tsv, --head-ids and --export-duo export one plan"),
+    (["kvplan", "--tsv", "heads.tsv"], "--tsv heads.tsv: DuoAttention's loader reads full_attention_heads.tsv"),
     (["kvplan", "--trajectory", "--model", "demo"], "--model demo is an encoder"),
     (["kvplan", "--step", "2"], "--step belong to a streaming trajectory: add --trajectory"),
     (["kvplan", "--trajectory", "--metric", "bleu"], "bleu"),

@@ -16,6 +16,7 @@ from conftest import save_tiny_lm
 from headprune.cli import main
 from headprune.kvcache.budgets import budget_plan
 from headprune.kvcache.cache import MixedCache, generate
+from headprune.kvcache.exports import duo_folder_files
 from headprune.kvcache.plan import KVPlan, KVPlanError
 from headprune.kvcache.restrict import eager_kv_attention, restricted
 from headprune.kvcache.scores import RULES, head_scores
@@ -126,7 +127,7 @@ def test_kvplan_budget_evaluate_and_generate(lm_dir, tmp_path, capsys):
     assert gen["kv_plan"]["measured_byte_ratio"] == pytest.approx(gen["kv_plan"]["ideal_byte_ratio"])
     assert gen["kv_plan"]["budget_tokens"] == 96
     with pytest.raises(KVPlanError, match="one window for every streaming head"):
-        plan.to_duo_tsv()
+        duo_folder_files(plan)
     code, ev = run(capsys, "evaluate", "--model", model, "--data", data, "--eval-size", "6", "--kv-plan", str(out))
     assert code == 0 and ev["kv_plan_window"] == plan.window and ev["kv_plan_budget_tokens"] == 96
 

@@ -12,6 +12,7 @@ from headprune import viz
 from headprune.kvcache import KVPlan
 from headprune.kvcache.budgets import BETA_DEFAULT, budget_plan
 from headprune.kvcache.budgets import KIND as BUDGET_KIND
+from headprune.kvcache.exports import duo_folder_zip
 from headprune.kvcache.plan import top_share
 from headprune.kvcache.scores import CRITERION_KIND, RULE_KINDS, RULES
 from headprune.kvcache.tasks import bytes_at
@@ -94,7 +95,9 @@ def plan_view() -> None:
         # a callback: it runs before the rerun, so the grid above is drawn with the switch already made
         button.button("Switch full / streaming", key="kv-toggle", on_click=toggle, args=(chosen,))
 
-        plan = KVPlan(full.copy(), ws.adapter.n_heads, int(sink), int(window), {"rule": rule, "model": ws.setup.model})
+        readable = [[float(v) if np.isfinite(v) else None for v in row] for row in scores]   # JSON has no inf
+        plan = KVPlan(full.copy(), ws.adapter.n_heads, int(sink), int(window), {"rule": rule, "model": ws.setup.model,
+                                                                               "group_scores": readable})
     counted = bytes_at(ws.loaded.model, plan, int(length), sd.mask)
     show_metric, show_bytes = st.columns(2)
     with show_metric, guard("Could not evaluate under the plan"):
@@ -119,9 +122,9 @@ def plan_view() -> None:
     if budgets:   # DuoAttention's layout knows one window
         export_tsv.caption("DuoAttention's TSV holds one window for every streaming head: export a full / "
                            "streaming plan.")
-    else:
-        export_tsv.download_button("Export DuoAttention TSV", plan.to_duo_tsv(), "full_attention_heads.tsv",
-                                   mime="text/tab-separated-values", key="kv-export-tsv")
+    else:   # the folder DuoAttention loads: continuous scores + config.json (S, W, this plan's sparsity), zipped
+        export_tsv.download_button("Export DuoAttention folder (zip)", duo_folder_zip(plan),
+                                   "duo_attention_pattern.zip", mime="application/zip", key="kv-export-tsv")
     publish()        # the plan as clicked: a fragment rerun writes the link too (urlstate)
 
 

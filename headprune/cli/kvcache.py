@@ -16,10 +16,10 @@ import numpy as np
 from transformers import AutoConfig
 
 from ..kvcache.budgets import BETA_DEFAULT, TEMPERATURE_DEFAULT, budget_plan, check_allocation
-from ..kvcache.cache import generate
+from ..kvcache.cache import compile_problem, generate
 from ..kvcache.duo import DEFAULTS as DUO_DEFAULTS
 from ..kvcache.duo import THRESHOLD, check_duo_params
-from ..kvcache.exports import check_duo_folder, read_duo_folder, write_duo_folder
+from ..kvcache.exports import check_duo_folder, read_duo_folder, tsv_folder, write_duo_folder
 from ..kvcache.longctx import DEPTH, DEPTHS, ROWS, TASKS, TOKENS, check_lengths, check_task, measure, parse_numbers
 from ..kvcache.plan import (
     FULL_SHARE,
@@ -45,7 +45,7 @@ from ..kvcache.scores import (
 )
 from ..kvcache.stream import FORMAT, StreamSpec, run_stream, run_stream_seeds
 from ..limits import SEED, TOKENS_PER_ROW, Interval
-from ..model.device import DEVICES
+from ..model.device import DEVICES, resolve_device
 from ..model.loading import declared_causal, declared_refusal, load_model, peek_config
 from ..model.tokenizer import declared_context, model_context
 from ..outdir import signed, write_atomic
@@ -170,15 +170,20 @@ def razor_shares(args) -> dict:
     return shares
 
 
-def model_grid(model: str) -> tuple[int, int, int]:
-    """(layers, key/value heads, query heads) from the model's config.json, read without loading weights."""
+def model_config(model: str, why: str) -> dict:
+    """The model's config.json as a dict, read without loading weights (a hub id's through AutoConfig)."""
     config = peek_config(model)
     if config is None:
         try:
             config = AutoConfig.from_pretrained(model).to_dict()
         except (OSError, ValueError) as exc:
-            raise KVPlanError(f"--model {model}: its config.json could not be read to check the DuoAttention "
-                              f"folder's grid ({exc}).") from None
+            raise KVPlanError(f"--model {model}: its config.json could not be read to check {why} ({exc}).") from None
+    return config
+
+
+def model_grid(model: str, why: str = "the DuoAttention folder's grid") -> tuple[int, int, int]:
+    """(layers, key/value heads, query heads) from the model's config.json, read without loading weights."""
+    config = model_config(model, why)
     config = config.get("text_config") or config
     n_heads = config.get("num_attention_heads")
     layers = config.get("num_hidden_layers")
@@ -197,8 +202,10 @@ def cmd_from_duo(args) -> dict:
     if others:
         raise KVPlanError(f"--from-duo reads a learned pattern; {', '.join(others)} cannot apply to it.")
     refuse_encoder(args.model)
-    for option in (args.out, args.tsv, args.head_ids):
+    for option in (args.out, args.head_ids):
         checked_out_file(option)
+    if args.tsv:
+        tsv_folder(args.tsv)
     layers, n_kv, n_heads = model_grid(args.model)
     plan = read_duo_folder(args.from_duo, n_heads, (layers, n_kv), share=args.full_share, threshold=args.threshold)
     plan.meta.update(model=args.model, versions=versions())
@@ -207,8 +214,8 @@ def cmd_from_duo(args) -> dict:
 
 def write_plan_files(args, plan: KVPlan, summary_: dict) -> dict:
     plan.write(args.out)
-    if args.tsv:
-        write_atomic(checked_out_file(args.tsv), plan.to_duo_tsv(), "--tsv")
+    if args.tsv:   # DuoAttention's TSV never leaves without its config.json (the continuous scores, S, W)
+        write_duo_folder(plan, tsv_folder(args.tsv), "--tsv")
     if args.head_ids:
         write_atomic(checked_out_file(args.head_ids), json.dumps(signed(plan.head_ids(), "kvplan"), indent=1),
                      "--head-ids")
@@ -293,8 +300,10 @@ def cmd_kvplan(args) -> dict:
     check_rule(args.rule)
     options = duo_options(args)
     refuse_encoder(args.model)
-    for option in (args.out, args.tsv, args.head_ids):
+    for option in (args.out, args.head_ids):
         checked_out_file(option)
+    if args.tsv:
+        tsv_folder(args.tsv)
     if args.export_duo:
         check_duo_folder(args.export_duo)
     needs_rows = args.rule not in ("razor", "random")
@@ -419,6 +428,38 @@ def check_generate_args(args) -> None:
         raise KVPlanError("--prompt is empty: give the text to continue (at least one word).")
 
 
+def check_plan_fits_config(plan: KVPlan, model: str) -> None:
+    """A plan of another grid, or whose window is longer than the model's context (its streaming heads would keep
+    every key), refused from the model's config.json, before any weights load."""
+    layers, n_kv, n_heads = model_grid(model, "the plan's grid")
+    if plan.shape != (layers, n_kv) or plan.n_heads != n_heads:
+        raise KVPlanError(f"This KV plan is for {plan.shape[0]} blocks x {plan.shape[1]} key/value heads "
+                          f"({plan.n_heads} query heads); --model {model} has {layers} x {n_kv} ({n_heads} query "
+                          "heads). Make a plan for this model (headprune kvplan).")
+    context = declared_context(model_config(model, "the plan's window"))
+    if context is not None and bool((~plan.full).any()) and plan.window > context:
+        raise KVPlanError(f"The KV plan's window W = {plan.window} is longer than --model {model}'s context of "
+                          f"{context} positions: its streaming heads would keep every key, as full heads do. Make the "
+                          f"plan with --window below {context + 1}, or keep those heads full.")
+
+
+def check_compile(args) -> None:
+    """``generate --compile``, refused before any weights load where it cannot serve: a model class transformers does
+    not mark as compilable as one graph, a device with no compiler backend, or a model spread over devices."""
+    if not args.compile:
+        return
+    if args.device_map:
+        raise KVPlanError("--compile captures one decode step on one device; --device-map spreads the model over "
+                          "several. Leave one of them out.")
+    import transformers
+
+    names = model_config(args.model, "whether it compiles").get("architectures") or []
+    model_class = getattr(transformers, names[0], None) if names else None
+    problem = compile_problem(resolve_device(args.device), model_class)
+    if problem:
+        raise KVPlanError(f"--compile: {problem}. Leave --compile out to decode eagerly (the same tokens).")
+
+
 def cmd_generate(args) -> dict:
     check_generate_args(args)
     refuse_encoder(args.model)
@@ -428,12 +469,19 @@ def cmd_generate(args) -> dict:
         raise KVPlanError(f"--max-new-tokens {args.max_new_tokens} does not fit the model's {declared} positions "
                           f"with a prompt: ask for at most {declared} minus the prompt's tokens.")
     plan = read_plan_arg(args.kv_plan, args.model)
+    if plan is not None:
+        check_plan_fits_config(plan, args.model)
+    check_compile(args)
     loaded = load_model(args.model, args.device, device_map=args.device_map, dtype=args.dtype)
     check_decoder(loaded.adapter)
     if not hasattr(loaded.model, "get_output_embeddings") or loaded.model.get_output_embeddings() is None:
         raise KVPlanError(f"--model {args.model} has no language-model head to generate with.")
     if plan is not None:
         plan.check_fits(loaded.adapter)
+    if args.compile:   # the class loaded (a hub id's config may name another), checked before anything compiles
+        problem = compile_problem(loaded.device, type(loaded.model))
+        if problem:
+            raise KVPlanError(f"--compile: {problem}. Leave --compile out to decode eagerly (the same tokens).")
     ids = loaded.tokenizer(args.prompt, return_tensors="pt")["input_ids"].to(loaded.device)
     context = model_context(loaded.model)
     if context is not None and ids.shape[1] + args.max_new_tokens > context:
@@ -441,7 +489,7 @@ def cmd_generate(args) -> dict:
                           f"the model's {context} positions; ask for at most "
                           f"{max(context - ids.shape[1], 0)}.")
     options = {"sample": args.sample, "temperature": 1.0 if args.temperature is None else args.temperature,
-               "seed": args.seed}
+               "seed": args.seed, "compile": args.compile}
     # generation stops at the tokenizer's end of text, as a chat or a completion would (None: runs to the limit)
     stop = {"eos_token_id": loaded.tokenizer.eos_token_id}
     full = generate(loaded.model, ids, args.max_new_tokens, mode="full", **options, **stop)
@@ -592,7 +640,9 @@ def add_commands(sub) -> None:
                    f"mean budget b (default: {BETA_DEFAULT}; larger = more even budgets)")
     g.add_argument("--temperature", type=float, help="HeadKV's temperature on the normalised scores "
                    f"(default: {TEMPERATURE_DEFAULT:g})")
-    p.add_argument("--tsv", help="also write DuoAttention's full_attention_heads.tsv layout here")
+    p.add_argument("--tsv", metavar="DIR/full_attention_heads.tsv",
+                   help="also write DuoAttention's full_attention_heads.tsv here, with its config.json beside it (the "
+                        "folder --export-duo writes: continuous scores, S, W and the sparsity of this plan)")
     p.add_argument("--head-ids", help="also write a JSON of full / streaming head ids here")
     p.add_argument("--export-duo", metavar="DIR",
                    help="also write DuoAttention's folder here: full_attention_heads.tsv (the continuous group "
@@ -620,7 +670,7 @@ def add_commands(sub) -> None:
     d.add_argument("--duo-lr", type=float, help=f"the gates' learning rate (default: {DUO_DEFAULTS['lr']})")
     d.add_argument("--duo-reg", type=float, help=f"L1 weight on the gates (default: {DUO_DEFAULTS['reg_weight']})")
     d.add_argument("--duo-batch", type=int, help=f"passkey rows per step (default: {DUO_DEFAULTS['batch_size']})")
-    d.add_argument("--duo-length", type=int, help="tokens per passkey row (default: the longest calibration row)")
+    d.add_argument("--duo-length", type=int, help="tokens per passkey row (default: the median calibration row)")
     p.set_defaults(handler=cmd_kvplan)
 
     p = sub.add_parser("generate", help="generate text with the full KV cache and, with --kv-plan, with the plan's "
@@ -635,4 +685,8 @@ def add_commands(sub) -> None:
                         "(default: 1.0)")
     p.add_argument("--seed", type=checked(SEED, "a seed"), default=0, help="sampling seed (default: 0)")
     p.add_argument("--device", default="auto", choices=DEVICES, help="where to run (default: auto)")
+    p.add_argument("--compile", action="store_true",
+                   help="compile the decode step with torch.compile (static caches: transformers' StaticCache for the "
+                        "full cache, the plan's mixed cache; CUDA graphs on a GPU): the same tokens, faster steps "
+                        "after a first step that compiles (its seconds: compile_s)")
     p.set_defaults(handler=cmd_generate)

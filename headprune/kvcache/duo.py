@@ -12,7 +12,11 @@ frozen model the weights are never trained: only the gates get gradients (``torc
 data         synthetic passkeys in filler text (``duo_attn/data.py``, MultiplePasskeyRetrievalDataset): here the
              calibration rows' tokens are the haystack and a row is ``longctx.passkey_rows_from`` ([BOS] + filler
              + key + filler + key), the needle at depths spread evenly over [0, 1]; a tiny model answers no
-             written question, so the question is the key's repeat, as in headprune's passkey task
+             written question, so the question is the key's repeat, as in headprune's passkey task. The rows are
+             as long as the median calibration row (a choice, measured: the longest row let heads that read far
+             for other reasons win the gates) and the key fills ``key_share`` of a row (3/4: two copies of
+             round(3/8 (L - 1)) tokens, at least 6; the reference's keys are short in 1k-32k rows, a choice for
+             rows of tens of tokens, measured below)
 loss         the L2 error of the final hidden states (the base model's output, after its last norm) between the
              full model and the gated one on the label tokens -- ``((h_full - h_mixed)^2).mean(-1).sum() / n`` as
              in ``train.py``, the labels being the question's key tokens (the reference marks the question and
@@ -27,7 +31,10 @@ deploy       by a threshold (α ≥ τ keeps the whole cache; reference default 
 The gated forward runs on a private copy (``hooks.structural_copy``) whose config carries the gates
 (``config.headprune_duo``); the attention function ``headprune_duo`` is registered with transformers'
 ``AttentionInterface`` like the plan's restriction (``restrict``). The reference's defaults are for 7B models at
-1k-32k tokens (lr 0.1, 1000 steps, S = 64, W = 256, reg 0.05); a tiny demo converges in tens of steps.
+1k-32k tokens (lr 0.1, 1000 steps, S = 64, W = 256, reg 0.05). headprune's (``DEFAULTS``: 30 steps of 4 rows, lr 0.1,
+reg 2, key share 3/4, rows of the median calibration length) were chosen by measurement on demo-circuit at S = 1,
+W = 4 (docs/explanation/kv-duo.md): at reg 0.05 every gate of layers 0-1 stays at 1 and the plan picks among ties;
+with these, the six induction heads (headprune's role detector) are the six highest gates on every seed tried.
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ from ..limits import Interval
 from ..model.arch import adapt
 from ..model.gating import gate_heads
 from ..model.hooks import structural_copy
-from .longctx import passkey_rows_from
+from .longctx import KEY_TOKENS, passkey_rows_from
 from .plan import KVPlanError, check_decoder, check_window
 from .restrict import base_allowed, repeat_kv, window_allowed
 
@@ -60,7 +67,9 @@ TRAINING_ROWS = Interval(1, 200_000, integer=True, why="passkey rows built befor
 LR = Interval(0, 10, closed="right", why="the gates' learning rate (reference: 0.1)")
 REG = Interval(0, 100, why="weight of the gates' L1 penalty (reference: 0.05)")
 THRESHOLD = Interval(0, 1, why="a gate at or above it keeps the whole cache (reference: 0.5)")
-DEFAULTS = {"steps": 60, "lr": 0.1, "reg_weight": 0.05, "batch_size": 8, "initial_value": 1.0}
+KEY_SHARE = Interval(0, 1, closed="right", why="the share of a passkey row the key's two copies fill")
+# chosen by measurement (module doc, docs/explanation/kv-duo.md): cheap and right on demo-circuit
+DEFAULTS = {"steps": 30, "lr": 0.1, "reg_weight": 2.0, "batch_size": 4, "initial_value": 1.0, "key_share": 0.75}
 # arguments of an attention call that change its arithmetic, which the mixed attention does not implement
 UNSUPPORTED = ("softcap", "s_aux", "sinks", "sliding_window")
 
@@ -153,10 +162,11 @@ def lr_factor(step: int, steps: int) -> float:
     return min(1.0, max((step + 1) / fifth, 0.1), max((steps - step) / fifth, 0.1))
 
 
-def check_duo_params(*, steps, lr, reg_weight, batch_size, initial_value) -> None:
+def check_duo_params(*, steps, lr, reg_weight, batch_size, initial_value, key_share=DEFAULTS["key_share"]) -> None:
     """Refuse a training parameter outside its limits (before anything loads)."""
     for name, value, limit in (("steps", steps, STEPS), ("learning rate", lr, LR), ("reg weight", reg_weight, REG),
-                               ("batch size", batch_size, BATCH), ("initial gate", initial_value, THRESHOLD)):
+                               ("batch size", batch_size, BATCH), ("initial gate", initial_value, THRESHOLD),
+                               ("key share", key_share, KEY_SHARE)):
         problem = limit(value)
         if problem:
             raise KVPlanError(f"DuoAttention {name} {value!r} {problem}.")
@@ -166,15 +176,22 @@ def check_duo_params(*, steps, lr, reg_weight, batch_size, initial_value) -> Non
                           f"{problem}: lower --duo-steps or --duo-batch.")
 
 
+def key_tokens_of(length: int, key_share: float) -> int:
+    """Tokens of a passkey row's key: its two copies fill ``key_share`` of the row after BOS, at least the
+    passkey task's KEY_TOKENS (and at most what the row holds)."""
+    return min(max(KEY_TOKENS, round(key_share * (length - 1) / 2)), (length - 1) // 2)
+
+
 def train_gates(model, tokenizer, calib: list[dict], *, sink: int, window: int, length: int | None = None,
                 steps: int = DEFAULTS["steps"], lr: float = DEFAULTS["lr"], reg_weight: float = DEFAULTS["reg_weight"],
                 batch_size: int = DEFAULTS["batch_size"], initial_value: float = DEFAULTS["initial_value"],
-                seed: int = 0, mask=None, progress=None) -> DuoGates:
+                key_share: float = DEFAULTS["key_share"], seed: int = 0, mask=None, progress=None) -> DuoGates:
     """Learn one gate per key/value group of ``model`` (module doc) on passkey rows of ``length`` tokens (default:
-    the longest calibration row, at most the model's positions) in the calibration rows' text. ``model`` is never
-    changed. ``progress(fraction, message)`` after each step."""
+    the median calibration row, at most the model's positions) in the calibration rows' text, the key filling
+    ``key_share`` of each row. ``model`` is never changed. ``progress(fraction, message)`` after each step."""
     check_window(sink, window)
-    check_duo_params(steps=steps, lr=lr, reg_weight=reg_weight, batch_size=batch_size, initial_value=initial_value)
+    check_duo_params(steps=steps, lr=lr, reg_weight=reg_weight, batch_size=batch_size, initial_value=initial_value,
+                     key_share=key_share)
     adapter = adapt(model)
     check_decoder(adapter)
     special = set(tokenizer.all_special_ids)
@@ -183,13 +200,16 @@ def train_gates(model, tokenizer, calib: list[dict], *, sink: int, window: int, 
     if length is not None and length > positions:   # positions past the model's own: no embedding to train on
         raise KVPlanError(f"DuoAttention's passkey rows of {length} tokens are longer than the model's {positions} "
                           f"positions. Accepted: a length up to {positions}.")
-    length = length or min(positions, max(int(b["attention_mask"].sum(-1).max()) for b in calib))
+    if length is None:
+        lengths = np.concatenate([b["attention_mask"].sum(-1).numpy() for b in calib])
+        length = min(positions, int(np.median(lengths)))
     if length <= sink + window:
         raise KVPlanError(f"DuoAttention's passkey rows of {length} tokens fit inside sink + window ({sink} + "
                           f"{window}): every head would see every key and the gates learn nothing. Use a smaller "
-                          "--window or longer rows.")
+                          "--window or longer rows (--duo-length).")
     depths = np.linspace(0, 1, 11)
-    rows = passkey_rows_from(filler, tokenizer, length, steps * batch_size, seed, depths)
+    rows = passkey_rows_from(filler, tokenizer, length, steps * batch_size, seed, depths,
+                             key_tokens_of(length, key_share))
     n_labels = rows.key_tokens        # the question's key tokens (module doc)
     device = next(model.parameters()).device
     gates = torch.full((len(adapter.blocks), adapter.n_kv_heads), float(initial_value), device=device,
@@ -199,7 +219,8 @@ def train_gates(model, tokenizer, calib: list[dict], *, sink: int, window: int, 
     reference, mixed = structural_copy(model), gated_copy(model, gates, sink, window)
     result = DuoGates(np.zeros(0), sink, window, {"steps": steps, "lr": lr, "reg_weight": reg_weight,
                                                   "batch_size": batch_size, "initial_value": initial_value,
-                                                  "length": length, "seed": seed, "label_tokens": n_labels})
+                                                  "key_share": key_share, "length": length, "seed": seed,
+                                                  "label_tokens": n_labels})
     start = time.perf_counter()
     with gate_heads(reference, mask), gate_heads(mixed, mask):
         for step in range(steps):

@@ -18,7 +18,12 @@ mapped affinely into it; a head with no score (cut, gated off: -inf) is 0. Then 
 high first, ties lower index first) after the scores are scaled by 1 - STEP x n: the file keeps the scores to
 within STEP x n and orders every pair of heads as the plan does, by more than the loader's 1e-6 noise, so the
 loader's ``--sparsity 1 - k / n`` (written into config.json as ``sparsity``) keeps exactly the plan's k full heads.
-A plan without scores (made by hand, read from a 0/1 TSV) writes its 0/1 grid, ordered the same way.
+A plan whose full heads are not its highest scores (heads switched by hand on the dashboard) keeps its scores and
+its head set: full heads' values are mapped into the upper half [0.5, 1], streaming heads' into the lower half, each
+in score order, and ordered as the plan keeps, so the written sparsity keeps the plan's heads. A plan without scores
+(made by hand in a file) writes its 0/1 grid, ordered the same way. Every export writes both files -- ``kvplan
+--export-duo DIR``, ``kvplan --tsv DIR/full_attention_heads.tsv`` and the dashboard's zip (:func:`duo_folder_zip`)
+-- so no 0/1 TSV without its config.json leaves headprune.
 
 :func:`read_duo_folder` repeats steps 1-2 and deploys by threshold or by share (``plan.top_share``), refusing a
 grid that is not the model's, a missing or non-positive recent size, a negative sink size, and values that are
@@ -46,24 +51,26 @@ STEP = 2e-6          # > the loader's tie-breaking noise (uniform in [0, 1e-6))
 
 def plan_values(plan: KVPlan) -> tuple[np.ndarray, np.ndarray]:
     """((L, H_kv) the plan's group scores in [0, 1], (L, H_kv) the same as recorded, -inf for none) (module
-    doc); the 0/1 grid twice when the plan records no scores or keeps full other heads than its highest scores
-    (a plan edited by hand)."""
+    doc); the 0/1 grid twice when the plan records no scores. Scores outside [0, 1] are mapped affinely into it;
+    when the plan keeps full other heads than its highest scores, full heads go to [0.5, 1] and streaming ones to
+    [0, 0.5)."""
     grid = plan.full.numpy().astype(float)
     scores = plan.meta.get("group_scores")
     if scores is None:
         return grid, grid
-    raw = np.array([[-np.inf if v is None else float(v) for v in row] for row in scores], dtype=float)
+    raw = np.array([[-np.inf if v is None or v != v else float(v) for v in row] for row in scores], dtype=float)
     if raw.shape != plan.shape:
         raise KVPlanError(f"The plan's group scores are {raw.shape[0]} x {raw.shape[1]}; its grid is "
                           f"{plan.shape[0]} x {plan.shape[1]}.")
-    if not torch.equal(top_share(torch.as_tensor(raw), int(plan.full.sum()) / plan.full.numel()), plan.full):
-        return grid, grid
     finite = np.isfinite(raw)
     values = raw.copy()
     if finite.any() and (raw[finite].min() < 0 or raw[finite].max() > 1):
         low, high = raw[finite].min(), raw[finite].max()
         values = np.where(finite, (raw - low) / (high - low if high > low else 1.0), raw)
-    return np.where(finite, values, 0.0), raw
+    values = np.where(finite, values, 0.0)
+    if not torch.equal(top_share(torch.as_tensor(raw), int(plan.full.sum()) / plan.full.numel()), plan.full):
+        values = np.where(grid > 0, 0.5 + values / 2, values / 2 * (1 - 1e-3))   # streaming stays below 0.5
+    return values, raw
 
 
 def duo_tsv_values(plan: KVPlan) -> np.ndarray:
@@ -72,22 +79,24 @@ def duo_tsv_values(plan: KVPlan) -> np.ndarray:
     n = values.size
     if STEP * n >= 0.5:
         raise KVPlanError(f"A plan of {n} key/value heads is too large to order within DuoAttention's TSV precision.")
-    # the plan's keep order (``plan.top_share``): score high first, ties lower flat index first
-    order = sorted(range(n), key=lambda i: (-raw.ravel()[i], i))
+    # the plan's keep order: its full heads first, then by score high first, ties lower flat index first (for a
+    # plan of its highest scores, ``plan.top_share``'s order)
+    full = plan.full.numpy().ravel()
+    order = sorted(range(n), key=lambda i: (not full[i], -raw.ravel()[i], i))
     rank = np.empty(n, dtype=float)
     rank[order] = np.arange(n)
     out = values.ravel() * (1 - STEP * n) + STEP * (n - 1 - rank)
     return out.reshape(values.shape)
 
 
-def check_duo_folder(folder: str | Path) -> Path:
+def check_duo_folder(folder: str | Path, flag: str = "--export-duo") -> Path:
     """A folder ``write_duo_folder`` may write into (before any work): missing, empty of DuoAttention's files, or
     holding a folder headprune wrote (its config.json says so); a user's own files are never overwritten."""
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
-        raise KVPlanError(f"--export-duo {folder} is a file; give a folder (created when missing).")
+        raise KVPlanError(f"{flag} {folder} is a file; give a folder (created when missing).")
     if not folder.parent.is_dir():
-        raise KVPlanError(f"--export-duo {folder}: its parent folder {folder.parent} does not exist.")
+        raise KVPlanError(f"{flag} {folder}: its parent folder {folder.parent} does not exist.")
     config = folder / CONFIG
     if (folder / TSV).exists() or config.exists():
         try:
@@ -96,17 +105,30 @@ def check_duo_folder(folder: str | Path) -> Path:
         except (KVPlanError, AttributeError):
             ours = False
         if not ours:
-            raise KVPlanError(f"--export-duo {folder} already holds a DuoAttention pattern headprune did not write; "
-                              "give a new folder (nothing of yours is overwritten).")
+            raise KVPlanError(f"{flag} {folder} already holds a DuoAttention pattern or a config.json headprune did "
+                              "not write; give a new folder (nothing of yours is overwritten).")
     return folder
 
 
-def write_duo_folder(plan: KVPlan, folder: str | Path) -> dict:
-    """DuoAttention's folder (module doc): ``full_attention_heads.tsv`` and ``config.json``. Files are written
-    beside their final names and renamed into place; returns what config.json says."""
+def tsv_folder(path: str | Path) -> Path:
+    """``kvplan --tsv PATH``: DuoAttention's loader reads ``DIR/full_attention_heads.tsv`` beside
+    ``DIR/config.json``, so the TSV is written with its config.json into PATH's folder (:func:`check_duo_folder`);
+    any other file name is refused."""
+    path = Path(path)
+    if path.name != TSV:
+        raise KVPlanError(f"--tsv {path}: DuoAttention's loader reads {TSV} beside a config.json in one folder, and "
+                          f"--tsv writes both there. Name the file {TSV} (its folder gets config.json), or give the "
+                          "folder with --export-duo DIR.")
+    return check_duo_folder(path.parent if str(path.parent) else Path("."), "--tsv")
+
+
+def duo_folder_files(plan: KVPlan) -> tuple[dict, dict[str, str]]:
+    """(what config.json says, {file name: text}) of DuoAttention's folder (module doc): one window for every
+    streaming head, no compensation token, so a budget plan or a plan with the token is refused."""
+    if plan.is_budget:
+        raise KVPlanError("DuoAttention's folder holds one window for every streaming head; a budget plan's groups "
+                          "each have their own. Export its JSON (the budgets) instead.")
     plan.refuse_compensation("DuoAttention's folder")
-    folder = check_duo_folder(folder)
-    folder.mkdir(exist_ok=True)
     values = duo_tsv_values(plan)
     n_full = int(plan.full.sum())
     config = {"sink_size": plan.sink, "recent_size": plan.window, "sparsity": 1 - n_full / plan.full.numel(),
@@ -115,12 +137,33 @@ def write_duo_folder(plan: KVPlan, folder: str | Path) -> dict:
               "source": SOURCE, "rule": plan.meta.get("rule"), "model": plan.meta.get("model"),
               "note": "values: the plan's group scores in [0, 1], ordered as the plan keeps them; load with "
                       "--sparsity <sparsity> for the plan's own head set"}
-    for name, text in ((TSV, "\n".join("\t".join(repr(float(v)) for v in row) for row in values) + "\n"),
-                       (CONFIG, json.dumps(config, indent=1))):
+    tsv = "\n".join("\t".join(repr(float(v)) for v in row) for row in values) + "\n"
+    return config, {TSV: tsv, CONFIG: json.dumps(config, indent=1)}
+
+
+def write_duo_folder(plan: KVPlan, folder: str | Path, flag: str = "--export-duo") -> dict:
+    """DuoAttention's folder (module doc): ``full_attention_heads.tsv`` and ``config.json``. Files are written
+    beside their final names and renamed into place; returns what config.json says."""
+    config, files = duo_folder_files(plan)
+    folder = check_duo_folder(folder, flag)
+    folder.mkdir(exist_ok=True)
+    for name, text in files.items():
         # the one writer of outputs: a uniquely named temporary beside the file, renamed over it (a user's
         # ".full_attention_heads.tsv.tmp" is never touched)
-        write_atomic(folder / name, text, what="--export-duo folder")
+        write_atomic(folder / name, text, what=f"{flag} folder")
     return config
+
+
+def duo_folder_zip(plan: KVPlan, folder: str = "duo_attention_pattern") -> bytes:
+    """The same two files in a zip, inside ``folder/`` (the dashboard's download: one file for a browser)."""
+    import io
+    import zipfile
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, text in duo_folder_files(plan)[1].items():
+            archive.writestr(f"{folder}/{name}", text)
+    return buffer.getvalue()
 
 
 def read_duo_values(folder: str | Path, shape: tuple[int, int] | None = None) -> tuple[np.ndarray, int, int]:

@@ -287,17 +287,7 @@ class KVPlan:
         """The plan in the user's file ``path``, read by the one safe reader (``read_plan_file``)."""
         return cls.from_json(read_plan_file(path))
 
-    # -- other tools' layouts ------------------------------------------------------------------------------------
-    def to_duo_tsv(self) -> str:
-        """DuoAttention's ``full_attention_heads.tsv``: one line per layer, one tab-separated value per key/value
-        head, 1.0 = retrieval (full) head, 0.0 = streaming head (their ``load_attn_pattern`` reads it with
-        ``np.loadtxt(..., delimiter="\\t")``)."""
-        if self.is_budget:
-            raise KVPlanError("DuoAttention's full_attention_heads.tsv holds one window for every streaming head; "
-                              "a budget plan's groups each have their own. Export its JSON (the budgets) instead.")
-        self.refuse_compensation("DuoAttention's full_attention_heads.tsv")
-        return "".join("\t".join("1.0" if v else "0.0" for v in row.tolist()) + "\n" for row in self.full)
-
+    # -- other tools' layouts (DuoAttention's folder: ``exports.write_duo_folder``) -------------------------------
     def refuse_compensation(self, where: str) -> None:
         """An export whose reader has no compensation token would stream without it: refused, not dropped."""
         if self.compensation:

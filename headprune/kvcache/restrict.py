@@ -44,35 +44,36 @@ CONFIG_KEY = "headprune_kv"
 
 @dataclass
 class Dropped:
-    """What a streaming part has dropped outside the keys it hands over: the sums of those keys and values
-    (B, n, d), float64, and how many positions they hold (the compensation token's running state)."""
+    """What a mixed cache's streaming heads have dropped from their rings: the sums of those keys and values
+    (B, n, d), float64, and how many positions each head dropped (n,), float64 (the compensation token's running
+    state; heads of a budget plan drop at their own windows, so the counts differ per head)."""
 
     k_sum: torch.Tensor
     v_sum: torch.Tensor
-    count: int
-
-
-@dataclass
-class KVPart:
-    """Keys and values of some physical key/value heads of one layer: (B, n, K, d) at ``positions`` (K,);
-    ``window``: None for full heads (every position 0..T-1), else their streaming window W; ``dropped``: with a
-    compensation token, the keys dropped before these (the attention adds those of ``positions`` a query drops)."""
-
-    heads: list[int]
-    k: torch.Tensor
-    v: torch.Tensor
-    positions: torch.Tensor
-    window: int | None
-    dropped: Dropped | None = None
+    count: torch.Tensor
 
 
 @dataclass
 class SplitKV:
-    """Keys and values of one layer of a mixed cache, returned by ``MixedLayer.update`` to the attention function:
-    one :class:`KVPart` for the full heads and one per distinct streaming window; ``length``: T (tokens seen)."""
+    """One layer of a mixed cache as the attention function reads it (``cache.MixedLayer.update``).
 
-    parts: list[KVPart]
-    length: int
+    ``full``: (keys, values) (B, n_f, K_f, d) of the full heads -- every position 0..K_f-1 (a static buffer's slots
+    past the last token are hidden by the model's causal mask) -- or None; ``stream``: (keys, values) (B, n_s, K_s,
+    d) of the streaming heads (their padded ring, or ring + chunk while a prompt goes in), or None; ``positions``
+    (n_s, P <= K_s): each streaming key's token position, -1 an empty or padding slot; ``windows`` (n_s,): each
+    streaming head's W; ``q_pos`` (T_q,): the queries' positions; ``entry`` (n_s, T_q, K_s - P): the additive mask of
+    the compensation entries that close the streaming keys (log N_d, -inf where a query dropped nothing) or None;
+    ``rows(groups)``: the query rows of the full and the streaming heads and the order putting them back."""
+
+    full: tuple | None
+    stream: tuple | None
+    positions: torch.Tensor | None
+    windows: torch.Tensor | None
+    sink: int
+    q_pos: torch.Tensor
+    entry: torch.Tensor | None
+    rows: object
+    length: object
 
 
 def window_allowed(q_pos: torch.Tensor, k_pos: torch.Tensor, sink: int, window: int) -> torch.Tensor:
@@ -87,15 +88,21 @@ def dropped_by(q_pos: torch.Tensor, k_pos: torch.Tensor, sink: int, window) -> t
     return (k >= sink) & (k <= q - window)
 
 
-def compensation_entry(k_sum: torch.Tensor, v_sum: torch.Tensor, count: torch.Tensor, dtype: torch.dtype):
-    """RazorAttention's entry from the dropped keys' and values' sums (B, n, T_q, d) and their count (.., n, T_q):
-    (mean key, mean value, log N_d) -- log 0 = -inf where a query dropped nothing (the entry then weighs 0) -- or
-    None when no query dropped anything (the plain restriction, exactly)."""
-    if not bool((count > 0).any()):
-        return None
+def entry_parts(k_sum: torch.Tensor, v_sum: torch.Tensor, count: torch.Tensor, dtype: torch.dtype):
+    """RazorAttention's entry from the dropped keys' and values' sums (.., d) and their count (..): (mean key, mean
+    value, log N_d) -- log 0 = -inf where nothing was dropped (the entry then weighs 0). Tensor ops only (a decode
+    step calls it)."""
     mean = lambda total: (total / count.clamp(min=1)[..., None]).to(dtype)  # noqa: E731
     log_weight = torch.where(count > 0, count.double().log(), float("-inf"))
     return mean(k_sum), mean(v_sum), log_weight
+
+
+def compensation_entry(k_sum: torch.Tensor, v_sum: torch.Tensor, count: torch.Tensor, dtype: torch.dtype):
+    """:func:`entry_parts` of sums (B, n, T_q, d) and counts (.., n, T_q), or None when no query dropped anything
+    (the plain restriction, exactly)."""
+    if not bool((count > 0).any()):
+        return None
+    return entry_parts(k_sum, v_sum, count, dtype)
 
 
 def dense_compensation(spec: dict, key: torch.Tensor, value: torch.Tensor, t_q: int):
@@ -122,14 +129,26 @@ def dense_compensation(spec: dict, key: torch.Tensor, value: torch.Tensor, t_q: 
     return compensation_entry(sums(key), sums(value), count[None], key.dtype)
 
 
-def split_compensation(part: KVPart, q_pos: torch.Tensor, sink: int, dtype: torch.dtype):
-    """The compensation entry of a mixed cache's streaming part: what it dropped before (``part.dropped``) plus
-    the positions it hands over that each query drops."""
-    drop = dropped_by(q_pos, part.positions.to(q_pos.device), sink, part.window).double()   # (T_q, K)
-    k_sum = part.dropped.k_sum[:, :, None] + drop @ part.k.double()
-    v_sum = part.dropped.v_sum[:, :, None] + drop @ part.v.double()
-    count = (part.dropped.count + drop.sum(-1))[None, None].expand(1, part.k.shape[1], -1)
-    return compensation_entry(k_sum, v_sum, count, dtype)
+def head_window_allowed(q_pos: torch.Tensor, positions: torch.Tensor, sink: int, windows: torch.Tensor):
+    """Bool (n, T_q, K): for each streaming head (its window ``windows`` (n,), its keys at ``positions`` (n, K), -1
+    an empty slot), is key k visible to query position q (causal, sink, window)?"""
+    q, k, w = q_pos[None, :, None], positions[:, None, :], windows[:, None, None]
+    return (k >= 0) & (k <= q) & ((k < sink) | (k > q - w))
+
+
+def chunk_entries(dropped: Dropped, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
+                  q_pos: torch.Tensor, sink: int, windows: torch.Tensor):
+    """The compensation entry of each streaming head for each query of a chunk: what the head dropped before
+    (``dropped``) plus the keys at ``positions`` (n, K) that the query drops (S <= p <= q - W_h). Returns (mean keys
+    (B, n, T_q, d), mean values, additive mask (n, T_q, T_q): log N_d on the diagonal -- each query reads its own
+    entry -- and -inf elsewhere)."""
+    k, q, w = positions[:, None, :], q_pos[None, :, None], windows[:, None, None]
+    drop = ((k >= sink) & (k <= q - w)).double()                                         # (n, T_q, K)
+    k_sum = dropped.k_sum[:, :, None] + torch.einsum("hqj,bhjd->bhqd", drop, keys.double())
+    v_sum = dropped.v_sum[:, :, None] + torch.einsum("hqj,bhjd->bhqd", drop, values.double())
+    mean_k, mean_v, log_weight = entry_parts(k_sum, v_sum, dropped.count[:, None] + drop.sum(-1), keys.dtype)
+    eye = torch.eye(len(q_pos), dtype=torch.bool, device=keys.device)
+    return mean_k, mean_v, torch.where(eye, log_weight[:, :, None], float("-inf"))
 
 
 def base_allowed(attention_mask: torch.Tensor | None, t_q: int, k_pos: torch.Tensor) -> torch.Tensor:
@@ -208,10 +227,14 @@ def check_arguments(kwargs: dict) -> None:
 
 def capped_logits(query, key, allowed, scaling: float, softcap):
     """(query heads per key/value head, QK^T x scaling soft-capped where the model caps, the additive mask of
-    ``allowed``): the steps :func:`eager_core` and :func:`compensated_core` share, in transformers' order."""
+    ``allowed``, a bool mask or an additive one): the steps :func:`eager_core` and :func:`compensated_core` share,
+    in transformers' order."""
     groups = query.shape[1] // key.shape[1]
-    mask = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device)
-    mask.masked_fill_(~allowed, torch.finfo(query.dtype).min)
+    if allowed.dtype == torch.bool:
+        mask = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device)
+        mask.masked_fill_(~allowed, torch.finfo(query.dtype).min)
+    else:   # already additive (the mixed cache's masks: 0 visible, -inf / min hidden, log N_d for an entry)
+        mask = allowed
     weights = torch.matmul(query, repeat_kv(key, groups).transpose(2, 3)) * scaling
     if softcap is not None:
         weights = torch.tanh(weights / softcap) * softcap
@@ -293,36 +316,86 @@ def sdpa_kv_attention(module, query, key, value, attention_mask, scaling: float,
     return out.transpose(1, 2).contiguous(), None
 
 
+def additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """The model's mask as an additive float mask (0 visible, the dtype's min hidden); None stays None."""
+    if mask is None or mask.dtype != torch.bool:
+        return mask
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
+
+
+def stream_mask(kv: SplitKV, attention_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """Additive (B or 1, n_s, T_q, K_s) mask of the streaming keys: each head's sink + window and the model's own mask
+    (causal, padding, a sliding window) read at each key's position, then the compensation entries' columns. A
+    decode step's ring holds exactly the keys its one query sees (``cache.MixedLayer``: the new key overwrote
+    position p - W_h), so there the mask is the slots in use; a prompt chunk's keys are masked by position. A fixed
+    number of tensor operations, whatever the windows (module doc)."""
+    low = torch.finfo(dtype).min
+    n, width = kv.positions.shape
+    if kv.q_pos.shape[0] == 1:   # a decode step
+        allowed = (kv.positions >= 0).view(1, n, 1, width)
+    else:
+        allowed = head_window_allowed(kv.q_pos, kv.positions, kv.sink, kv.windows)[None]
+    if attention_mask is None:
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, low)
+    else:
+        # an empty slot's position -1 reads the mask's last column: it is masked by ``allowed`` anyway
+        mask = torch.where(allowed, additive(attention_mask, dtype)[:, 0][..., kv.positions].transpose(1, 2), low)
+    if kv.entry is not None:
+        mask = torch.cat([mask, kv.entry.to(dtype)[None].expand(mask.shape[0], -1, -1, -1)], dim=-1)
+    return mask
+
+
+def attend(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+           scaling: float, softcap=None, s_aux=None) -> torch.Tensor:
+    """One attention call over one part of a mixed cache: query (B, n x g, T_q, d) over key/value (B, n, K, d) with
+    the additive ``mask`` (B or 1, n or 1, T_q, K) -> (B, n x g, T_q, d). SDPA with the g query heads of a group
+    folded into its queries (B, n, g x T_q, d): one kernel over the keys as stored, no repeated copy of them (a
+    decode step's mask broadcasts over the g rows as it is); the eager arithmetic (``eager_core``) where the model
+    soft-caps logits or adds a sink logit, which SDPA has not."""
+    b, heads, t_q, d = query.shape
+    n = key.shape[1]
+    groups = heads // n
+    if softcap is not None or s_aux is not None:
+        if mask is None:
+            mask = torch.zeros(1, 1, t_q, key.shape[2], dtype=query.dtype, device=query.device)
+        if mask.shape[1] > 1:
+            mask = mask.repeat_interleave(groups, dim=1)
+        return eager_core(module, query, key, value, mask, scaling, 0.0, softcap, s_aux)[0].transpose(1, 2)
+    if mask is not None and t_q > 1:
+        mask = mask[:, :, None].expand(-1, -1, groups, -1, -1).reshape(mask.shape[0], mask.shape[1], groups * t_q, -1)
+    out = F.scaled_dot_product_attention(query.reshape(b, n, groups * t_q, d), key, value, attn_mask=mask,
+                                         scale=scaling)
+    return out.reshape(b, heads, t_q, d)
+
+
 def split_attention(module, query: torch.Tensor, kv: SplitKV, attention_mask, scaling: float, softcap=None,
                     s_aux=None) -> torch.Tensor:
-    """Attention over a mixed cache: query heads of full groups over every key, those of streaming groups over
-    their S + W keys (masked to the exact window of each query position); SDPA per part, or the eager arithmetic
-    where the model soft-caps logits or adds a sink logit (SDPA has neither). -> (B, T_q, H, d)."""
-    spec = layer_spec(module)
+    """Attention over a mixed cache: the query heads of full groups over every key in one call, those of streaming
+    groups over their rings in one more (each head masked to its own sink + window and the model's mask, with the
+    compensation entry where the plan has one). No loop over heads or windows, no read of a tensor's value on the
+    host: a decode step is a fixed list of operations (``tests/test_kvcache_ops.py`` counts them). -> (B, T_q, H, d)."""
     t_q = query.shape[2]
-    groups = query.shape[1] // sum(len(part.heads) for part in kv.parts)
-    out = torch.empty_like(query)
-    q_pos = torch.arange(kv.length - t_q, kv.length, device=query.device)
     if attention_mask is not None and t_q > 1:
-        refuse_left_padding(base_allowed(attention_mask, t_q, torch.arange(kv.length, device=query.device)), t_q)
-    for part in kv.parts:
-        if not part.heads:
-            continue
-        k_pos = part.positions.to(query.device)
-        rows = torch.tensor([h * groups + i for h in part.heads for i in range(groups)], device=query.device)
-        allowed = base_allowed(attention_mask, t_q, k_pos)
-        if part.window is not None:
-            allowed = allowed & window_allowed(q_pos, k_pos, spec["sink"], part.window)[None, None]
-        entry = None if part.dropped is None else split_compensation(part, q_pos, spec["sink"], query.dtype)
-        if softcap is not None or s_aux is not None or entry is not None:
-            sinks = None if s_aux is None else s_aux[rows]
-            out[:, rows] = eager_core(module, query[:, rows], part.k, part.v, allowed, scaling, 0.0, softcap,
-                                      sinks, entry)[0].transpose(1, 2)
-            continue
-        # a decode step usually sees every key it holds: no mask then lets SDPA take its fastest kernel
-        out[:, rows] = F.scaled_dot_product_attention(query[:, rows], part.k, part.v,
-                                                      attn_mask=None if bool(allowed.all()) else allowed,
-                                                      scale=scaling, enable_gqa=groups > 1)
+        refuse_left_padding(base_allowed(attention_mask, t_q, torch.arange(attention_mask.shape[-1],
+                                                                           device=query.device)), t_q)
+    groups = query.shape[1] // ((kv.full[0].shape[1] if kv.full else 0) + (kv.stream[0].shape[1] if kv.stream else 0))
+    full_rows, stream_rows, order = kv.rows(groups)
+    both = kv.full is not None and kv.stream is not None   # fixed per layer by the plan, not by the data
+    outs = []
+    if kv.full is not None:
+        q = query.index_select(1, full_rows) if both else query
+        if attention_mask is None:   # causal over the buffer (a static one holds slots past the last token)
+            keys = torch.arange(kv.full[0].shape[2], device=query.device)
+            mask = additive((keys[None, :] <= kv.q_pos[:, None])[None, None], query.dtype)
+        else:
+            mask = additive(attention_mask, query.dtype)[..., :kv.full[0].shape[2]]
+        outs.append(attend(module, q, *kv.full, mask, scaling, softcap,
+                           s_aux[full_rows] if both and s_aux is not None else s_aux))
+    if kv.stream is not None:
+        q = query.index_select(1, stream_rows) if both else query
+        outs.append(attend(module, q, *kv.stream, stream_mask(kv, attention_mask, query.dtype), scaling, softcap,
+                           s_aux[stream_rows] if both and s_aux is not None else s_aux))
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1).index_select(1, order)
     return out.transpose(1, 2).contiguous()
 
 
