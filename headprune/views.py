@@ -140,4 +140,7 @@ def loss_change_html(tokens: list[str], dense: np.ndarray, pruned: np.ndarray, s
         if i == selected:
             style += "outline:2px solid #444;"
         spans.append(f'<span data-pos="{i}" style="{style}" title="{title}">{text}</span>')
-    return '<div style="font-family:monospace;line-height:2;font-size:1.05em">' + "".join(spans) + "</div>"
+    # a line may break between any two tokens (<wbr>: a token's own leading space is a no-break space, so the
+    # strip had no break at all and ran 1,465 px wide in a 940 px column) and inside a token longer than the line
+    return ('<div style="font-family:monospace;line-height:2;font-size:1.05em;overflow-wrap:anywhere">'
+            + "<wbr>".join(spans) + "</div>")
