@@ -1,7 +1,6 @@
 """Roles: what each head does -- previous-token, duplicate-token, induction, sink, positional, syntactic, broad."""
 
 import numpy as np
-import pandas as pd
 import streamlit as st
 
 from dashboard.compute import (
@@ -32,12 +31,11 @@ if report is None:
         st.stop()
 
 counts = report.counts()
-# "—" where a row has no threshold (the heads with no clear role), not "None"
-st.dataframe(viz.readable(pd.DataFrame({"role": list(counts), "heads": list(counts.values()),
-                                        "threshold": [report.thresholds.get(r) for r in counts],
-                                        "what it does": [ROLES[r].description if r in ROLES else "none of the above"
-                                                         for r in counts]})),
-             hide_index=True, width="stretch")
+# a table: its cells wrap, so "what it does" is read whole; "—" where a row has no threshold (no clear role)
+st.table({"role": list(counts), "heads": list(counts.values()),
+          "threshold": [viz.number_text(report.thresholds.get(r)) for r in counts],
+          "what it does": [ROLES[r].description if r in ROLES else "none of the above" for r in counts]},
+         hide_index=True)
 st.caption("A head can carry several roles. Thresholds come from the sources: 0.4 for previous-token, duplicate and "
            "induction (ARENA/TransformerLens detectors), 0.3 sink (Gu et al. 2024), 90% positional (Voita et al. "
            "2019), 10 points over the best fixed offset for syntactic (Voita et al. 2019), 0.8 broad (ours).")
