@@ -526,17 +526,24 @@ def open_step(sd: SessionData, trajectory: Trajectory, index: int, label: str) -
 
 # -- time told before long work -------------------------------------------------------------------------------------
 
+RETIME_BELOW = 1.0   # seconds: a forward timed faster than this is timed twice more (``_rate``)
+
+
 def _rate(ws: DashboardWorkspace, batches: str = "calib") -> tuple[float, str]:
     """Seconds per token of one forward on this workspace (``estimate.forward_rate``: one batch timed, stored), on
     the ``batches`` the job runs: "calib" (scoring) or "eval" (live evaluation, role ablation). A token's cost
     depends on the batch's rows: timed on 32-row calibration batches, Roles -> Measure on evaluation batches of
     one row said "about 5 s" and took 46 s."""
+    timed = ws.eval_batches if batches == "eval" else ws.calib_batches or ws.eval_batches
+
     def measure():
         with compute_slot():
-            if batches == "eval":   # the fastest of three (``measure_live_size``'s rule): an evaluation batch may be
-                # one row, whose single timing a busy moment turned into "about 23 min" for a 40 s job
-                return min(forward_rate(ws.loaded.model, ws.eval_batches, memory_budget()) for _ in range(3))
-            return forward_rate(ws.loaded.model, ws.calib_batches or ws.eval_batches, memory_budget())
+            first = forward_rate(ws.loaded.model, timed, memory_budget())
+            if first[0] * tokens(timed[:1]) >= RETIME_BELOW:
+                return first
+            # a short timing is the one a busy moment stretches most (one 1-row batch timed once said "about
+            # 23 min" for a 40 s job): the fastest of three, as ``measure_live_size`` keeps
+            return min([first] + [forward_rate(ws.loaded.model, timed, memory_budget()) for _ in range(2)])
 
     return store().memo(f"rate|{batches}|{ws.key}", measure)
 

@@ -51,6 +51,7 @@ GROUP_BORDER_COLOR = "#1f1f1f"
 WORD_COLOR = "#31333f"          # streamlit's default text colour
 UNSEEN_WORD_COLOR = "#bbbbbb"   # words the model did not read (cut by the max length)
 CELL_PX = 30          # grid cell height in pixels
+HEAD_LABELS = 16      # head numbers written under a grid at most (every other one past 16 heads, ...)
 FONT = dict(size=13)
 
 
@@ -250,7 +251,11 @@ def head_grid(z: np.ndarray, hover: np.ndarray, colorscale, *, tied: bool = Fals
         fig.add_shape(type="line", x0=x, x1=x, y0=top, y1=bottom, line=dict(color=GROUP_BORDER_COLOR, width=4),
                       layer="above", name="key/value group border")
     axis_title = "query head (thick lines: key/value groups)" if groups is not None else "head"
-    fig.update_xaxes(title_text=axis_title, tickmode="array", tickvals=list(range(n_heads)), showgrid=False,
+    # every head keeps its tick, at most HEAD_LABELS of them a number (the hover names every head): 32 numbers
+    # under a half-width grid ran into each other
+    every = math.ceil(n_heads / HEAD_LABELS)
+    fig.update_xaxes(title_text=axis_title, tickmode="array", tickvals=list(range(n_heads)),
+                     ticktext=[str(h) if h % every == 0 else "" for h in range(n_heads)], showgrid=False,
                      zeroline=False, range=[-0.5, n_heads - 0.5], constrain="domain")
     fig.update_yaxes(tickmode="array", tickvals=list(range(n_rows)), ticktext=_layer_labels(n_rows, tied, layer_kinds),
                      autorange="reversed", showgrid=False, zeroline=False, title_text="layer")
