@@ -15,7 +15,10 @@ from streamlit.testing.v1 import AppTest
 
 from dashboard.config import Setup
 
-LM = Setup(model="demo-lm", data="demo-lm", data_label="demo-lm")
+
+def lm() -> Setup:
+    """The LM demo at the small splits (a Setup reads its sizes from the environment when it is made)."""
+    return Setup(model="demo-lm", data="demo-lm", data_label="demo-lm")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -96,7 +99,7 @@ def test_a_change_that_rounds_to_zero_has_no_arrow_and_a_saving_is_green_going_d
 
 
 def test_the_kv_page_selects_the_group_of_the_selected_head_and_its_slow_scores_wait_for_a_click():
-    at = open_app("home", LM)
+    at = open_app("home", lm())
     at.session_state["kv-rule"] = "random"         # no scoring to wait for: the selection is what is tested here
     at.switch_page(PAGES["kv"]).run()
     assert not problems(at), problems(at)
@@ -116,7 +119,7 @@ def test_the_kv_page_selects_the_group_of_the_selected_head_and_its_slow_scores_
     at.selectbox(key="kv-rule").set_value("duo").run()
     assert not problems(at), problems(at)
     told = [c.value for c in at.caption] + [w.value for w in at.warning]
-    assert any("duo scores: about" in t and "one forward of" in t for t in told), told
+    assert any("duo scores: about" in t for t in told), told
     assert "kv-scores" in {b.key for b in at.button} and "kv-toggle" not in {b.key for b in at.button}
 
 
@@ -124,7 +127,7 @@ def test_duo_scores_report_each_training_step_so_cancel_stops_them():
     from dashboard.compute import kv_group_scores, stored_kv_scores
     from headprune.errors import Cancelled
 
-    at = open_app("home", LM)
+    at = open_app("home", lm())
     ws, calls = workspace(at), []
 
     def cancel(fraction, message):
