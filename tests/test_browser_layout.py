@@ -132,6 +132,8 @@ def test_on_a_small_laptop_the_metric_row_and_the_grid_share_the_screen_and_noth
     metrics, grids = boxes(page, '[data-testid="stMetric"]'), boxes(page, ".js-plotly-plot")
     assert len(metrics) == 4 and grids, (metrics, grids)
     assert all(inside(b, LAPTOP["width"], LAPTOP["height"]) for b in metrics + grids[:1]), (metrics, grids[:1])
+    print(f"1280 x 720, Prune: metric row {min(b['top'] for b in metrics):.0f}-{max(b['bottom'] for b in metrics):.0f}"
+          f" px, grid {grids[0]['top']:.0f}-{grids[0]['bottom']:.0f} px")
 
     nav = page.locator('[data-testid="stSidebarNav"]')
     assert nav.locator('[data-testid="stSidebarNavViewButton"]').count() == 0        # no "View N more"
