@@ -28,6 +28,7 @@ from dashboard.ui import (
     page,
     page_path,
     page_style,
+    plain,
 )
 from headprune import viz
 
@@ -58,7 +59,7 @@ def home() -> None:
     with right:
         st.subheader("Loaded now")
         n_blocks, n_heads = ws.shape
-        st.markdown(f"**{model_title(ws)}** — {ws.adapter.arch}, "
+        st.markdown(f"**{plain(model_title(ws))}** — {ws.adapter.arch}, "
                     f"{n_blocks * n_heads} {'tied heads' if ws.tied else 'heads'}, "
                     f"{ws.counts['total']['params'] / 1e6:.1f} M parameters")
         c1, c2 = st.columns(2)

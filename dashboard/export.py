@@ -22,6 +22,7 @@ from headprune.evaluation.harness import HarnessError, HarnessSpec, Tasks, lm_ev
 from headprune.evaluation.metrics import evaluate
 from headprune.evaluation.speed import onnx_speed
 from headprune.model.export import FORMATS, UNIFORM_TYPES, export_model, family_problem, round_to_uniform
+from headprune.model.gguf_export import GGUF_TYPES, model_problem
 from headprune.model.onnx_export import logits_gap, open_session, runtime_problem
 from headprune.model.sizes import size_report
 
@@ -71,12 +72,30 @@ def export_formats(ws: DashboardWorkspace) -> dict[str, dict]:
     cut = (f"The loaded model already has {ws.n_cut} heads cut out, so it is not the original architecture any "
            "more; load the original model to export a stock checkpoint.") if ws.n_cut else None
     problems = {"headprune": None, "masked": cut, "uniform": cut or family_problem(ws.loaded.model),
-                "onnx": runtime_problem()}
+                "onnx": runtime_problem(), "gguf": model_problem(ws.loaded.model, ws.loaded.tokenizer)}
     labels = {"headprune": "headprune checkpoint (smaller, any mask)",
               "masked": "masked stock checkpoint (original size, loads anywhere)",
               "uniform": "uniform stock cut (smaller, loads anywhere)",
-              "onnx": "ONNX graph (smaller, any mask, onnxruntime)"}
+              "onnx": "ONNX graph (smaller, any mask, onnxruntime)",
+              "gguf": "GGUF for llama.cpp (smaller, any mask)"}
     return {name: {"label": labels[name], **info, "problem": problems[name]} for name, info in FORMATS.items()}
+
+
+# what bench_runtimes.py measured (docs/how-to/exports.md has the table, the command and the conditions)
+GGUF_GAIN = ("llama.cpp loads the file unmodified (its 'deci' architecture reads this cut's query and key/value "
+             "head counts layer by layer). Measured there (2026-11-28, one thread, a busy machine: direction, not "
+             "digits): with half of the heads cut as whole key/value groups, a SmolLM2-135M-shaped model processed "
+             "a prompt in 0.71x and a Qwen2.5-0.5B-shaped one in 0.90x the dense export's time (FLOPs ideal 0.90 and "
+             "0.95); heads cut regardless of their groups gained nothing, since uneven groups repeat key/value rows. "
+             "See the manual's Exports page.")
+
+
+def gguf_types() -> dict[str, str]:
+    """The GGUF tensor types offered, with what each is."""
+    what = {"f32": "f32 (exact: llama.cpp's logits within 1e-3 of headprune's)",
+            "f16": "f16 (half the size; norms and biases stay f32)",
+            "q8_0": "q8_0 (about a quarter of f32: 8-bit blocks of 32 with one scale)"}
+    return {kind: what[kind] for kind in GGUF_TYPES}
 
 
 def runtime_rows() -> list[dict]:
@@ -86,7 +105,7 @@ def runtime_rows() -> list[dict]:
         {"format": "(non-uniform mask)", "what it is": "different head counts per layer",
          "saves compute": "yes", "loads in": "as a checkpoint, headprune only (transformers 5.23's per_layer_config "
                                             f"is read by none of {', '.join(UNIFORM_TYPES.values())}); as an "
-                                            "onnx graph, onnxruntime"}]
+                                            "onnx graph, onnxruntime; as a gguf file, llama.cpp"}]
 
 
 def uniform_preview(ws: DashboardWorkspace, sd: SessionData) -> dict:
@@ -117,13 +136,17 @@ def compare_uniform(ws: DashboardWorkspace, sd: SessionData, progress: Progress 
     return result
 
 
-def built_model(sd: SessionData, format: str = "headprune") -> dict | None:
+def _model_key(sd: SessionData, format: str, gguf_type: str | None) -> str:
+    return f"model|{format}{'|' + gguf_type if gguf_type else ''}|{mask_key(sd.mask)}"
+
+
+def built_model(sd: SessionData, format: str = "headprune", gguf_type: str | None = None) -> dict | None:
     """The pruned model this session built for its current mask in ``format``, if any (``build_pruned_model``)."""
-    return sd.exports.get(f"model|{format}|{mask_key(sd.mask)}")
+    return sd.exports.get(_model_key(sd, format, gguf_type))
 
 
 def build_pruned_model(ws: DashboardWorkspace, sd: SessionData, progress: Progress | None = None,
-                       format: str = "headprune") -> dict:
+                       format: str = "headprune", gguf_type: str | None = None) -> dict:
     """Export the session mask's model in ``format`` (a copy; the shared model is untouched), zip it and evaluate
     the exported model; kept for ``built_model``. A uniform export first rounds the mask (``uniform_preview``).
 
@@ -131,12 +154,14 @@ def build_pruned_model(ws: DashboardWorkspace, sd: SessionData, progress: Progre
     "note": what the format is and saves, "loads_in": which runtimes load it, "rounding": text or None, "onnx": for
     an ONNX graph, onnxruntime's logits against the cut model's on up to :data:`ONNX_CHECK_BATCHES` evaluation
     batches (``onnx_export.logits_gap``), else None}.
+    ``gguf_type``: the GGUF format's tensor type (``GGUF_TYPES``).
     """
-    built = sd.exports[f"model|{format}|{mask_key(sd.mask)}"] = _exported_zip(ws, sd, format, progress)
+    built = sd.exports[_model_key(sd, format, gguf_type)] = _exported_zip(ws, sd, format, progress, gguf_type)
     return built
 
 
-def _exported_zip(ws: DashboardWorkspace, sd: SessionData, format: str, progress: Progress | None = None) -> dict:
+def _exported_zip(ws: DashboardWorkspace, sd: SessionData, format: str, progress: Progress | None = None,
+                  gguf_type: str | None = None) -> dict:
     report = progress or (lambda f, m: None)
     mask, rounding = sd.mask, None
     if format == "uniform":
@@ -146,7 +171,8 @@ def _exported_zip(ws: DashboardWorkspace, sd: SessionData, format: str, progress
     with tempfile.TemporaryDirectory() as tmp, compute_slot():
         written = export_model(ws.loaded.model, ws.loaded.tokenizer, mask, Path(tmp) / "pruned", format,
                                extra={"mask": mask.to_json(), "source_model": ws.setup.model,
-                                      "dense": ws.dense().to_dict(), "data": ws.setup.data_label})
+                                      "dense": ws.dense().to_dict(), "data": ws.setup.data_label},
+                               gguf_type=gguf_type if format == "gguf" else None)
         report(0.3, "evaluating the exported model")
         metrics = evaluate(written["model"], ws.eval_batches, progress=lambda f, m: report(0.3 + 0.5 * f, m))
         checked = None

@@ -22,6 +22,7 @@ import streamlit as st
 from headprune.criteria import available
 from headprune.data import NAMED_DATA
 from headprune.kvcache.scores import RULES
+from headprune.markdown import inert
 from headprune.model.loading import NAMED_MODELS
 from headprune.model.mask import HeadMask
 from headprune.viewstate import CONTROL, MAX_CRITERIA, MAX_SENTENCE, MAX_STEP, KVView, ViewState, ViewStateError
@@ -119,8 +120,8 @@ def apply(ws, sd, pages: list[str]) -> None:
         else:
             _apply_kv(ws, state.kv, kv_shape)
     if problems:
-        st.warning("This link named what cannot be opened here; the rest of it is shown. " + " ".join(problems),
-                   icon="🔗")
+        st.warning("This link named what cannot be opened here; the rest of it is shown. "   # a link's values: inert
+                   + " ".join(inert(problem) for problem in problems), icon="🔗")
 
 
 def _apply_kv(ws, kv: KVView, kv_shape: tuple[int, int]) -> None:

@@ -9,7 +9,9 @@ h // (H / H_kv)); live perplexity against a full evaluation.
 
 from __future__ import annotations
 
+import io
 import time
+import zipfile
 
 import numpy as np
 import pytest
@@ -208,6 +210,15 @@ def test_lm_demo_picker_scores_attention_prune_trajectories_export(folders):
     at.button(key="export-build").click().run()
     assert not problems(at)
     assert float(metric(at, "perplexity of the pruned model")) == pytest.approx(uniform, rel=1e-3)
+    # GGUF for llama.cpp (issue 48): any mask, a tensor type, what llama.cpp loads and the measured gain said
+    at.radio(key="export-format").set_value("gguf").run()
+    at.radio(key="export-gguf-type").set_value("q8_0").run()
+    assert "llama.cpp" in " ".join(c.value for c in at.caption)
+    at.button(key="export-build").click().run()
+    assert not problems(at)
+    assert float(metric(at, "perplexity of the pruned model")) == pytest.approx(live, rel=1e-3)
+    [built] = [v for k, v in at.session_state["hp_session"].exports.items() if k.startswith("model|gguf|q8_0|")]
+    assert zipfile.ZipFile(io.BytesIO(built["zip"])).namelist() == ["headprune-gguf-model/model.gguf"]
     print("timings (s):", TIMINGS)
 
 

@@ -40,13 +40,17 @@ def _bench_browser():
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, request):
+    """One Streamlit server per test module; a module's ``server_env(tmp_path_factory)`` function, if it has one,
+    adds to its environment (tests/test_lessons_browser.py: a teacher's folder of lessons)."""
     reason = _skip_reason()
     if reason:
         print(f"skipping the browser test: {reason}")
         pytest.skip(reason)
     log = tmp_path_factory.mktemp("streamlit") / "server.log"
-    with _bench_browser().streamlit_server(ROOT, dict(SMALL), log, start_timeout=120) as url:
+    extra = getattr(request.module, "server_env", None)
+    env = {**SMALL, **(extra(tmp_path_factory) if extra else {})}
+    with _bench_browser().streamlit_server(ROOT, env, log, start_timeout=120) as url:
         yield url
 
 

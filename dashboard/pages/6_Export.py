@@ -1,5 +1,5 @@
-"""Export: the mask, the scores, figures, a run file and the pruned model (headprune, masked or uniform stock, or an
-ONNX graph timed in onnxruntime)."""
+"""Export: the mask, the scores, figures, a run file and the pruned model (headprune, masked or uniform stock, an
+ONNX graph timed in onnxruntime, or a GGUF file for llama.cpp)."""
 
 import json
 
@@ -7,6 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard.export import (
+    GGUF_GAIN,
     HARNESS_TASKS,
     ONNX_MEASURED,
     build_pruned_model,
@@ -14,6 +15,7 @@ from dashboard.export import (
     compare_uniform,
     compared_metrics,
     export_formats,
+    gguf_types,
     harness_estimate,
     harness_problem,
     harness_rows,
@@ -36,6 +38,7 @@ from dashboard.ui import (
     guard,
     long_job,
     page,
+    plain,
     progress_bar,
     speed_section,
 )
@@ -83,7 +86,7 @@ if images is None:
             with st.spinner("Rendering with kaleido …"):
                 images = render_images(sd, which, fig)
         except RuntimeError as exc:
-            st.warning(f"{exc} PNG and SVG need kaleido and a local Chromium; the HTML export always works.")
+            st.warning(f"{plain(exc)} PNG and SVG need kaleido and a local Chromium; the HTML export always works.")
 if images is not None:
     c2.download_button("PNG", images["png"], file_name=f"headprune-{slug}.png", mime="image/png", key="export-png",
                        width="stretch")
@@ -101,8 +104,13 @@ with st.expander("Which runtime loads what"):
 st.caption(f"{formats[fmt]['what'].capitalize()}. Loads in: {formats[fmt]['loads_in']}."
            + ("" if formats[fmt]["saves_compute"] else " It saves no compute: same size and speed as the original."))
 problem = formats[fmt]["problem"]
+gguf_type = None
 if problem:
     st.info(problem)
+elif fmt == "gguf":
+    types = gguf_types()
+    gguf_type = st.radio("Tensor type", list(types), format_func=types.get, horizontal=True, key="export-gguf-type")
+    st.caption(GGUF_GAIN)
 elif fmt == "uniform":
     st.write(uniform_preview(ws, sd)["text"])
     compared = compared_metrics(sd)
@@ -116,22 +124,22 @@ elif fmt == "uniform":
         c1.metric(f"{ws.metric} under the mask", viz.metric_text(compared["mask"]))
         c2.metric(f"{ws.metric} under the uniform mask", viz.metric_text(compared["uniform"]),
                   **change_delta(compared["uniform"], compared["mask"], ws.higher_is_better, "the mask"))
-built = None if problem else built_model(sd, fmt)
+built = None if problem else built_model(sd, fmt, gguf_type)
 if not problem and built is None and st.button("Build the pruned model", type="primary", key="export-build"):
     with guard("Could not build the pruned model"):
         bar = progress_bar("writing, checking, zipping")
-        built = build_pruned_model(ws, sd, bar, fmt)
+        built = build_pruned_model(ws, sd, bar, fmt, gguf_type)
         bar.done()
 if built is not None:
     if built["rounding"]:
-        st.caption(built["rounding"])
+        st.caption(plain(built["rounding"]))
     c1, c2 = st.columns([1, 2])
     c1.metric(f"{ws.metric} of the pruned model", viz.metric_text(built["metric"]),
               **change_delta(built["metric"], ws.metric_of(ws.dense()), ws.higher_is_better,
                              "as loaded" if ws.n_cut else "dense"))
     c1.download_button("Pruned model (zip)", built["zip"], file_name=f"headprune-{fmt}-model.zip",
                        mime="application/zip", key="export-model", type="primary", width="stretch")
-    c1.caption(f"{len(built['zip']) / 2**20:.1f} MB zipped. {built['note']}")
+    c1.caption(f"{len(built['zip']) / 2**20:.1f} MB zipped. {plain(built['note'])}")
     if built["onnx"]:
         c1.caption(f"onnxruntime ran the file on {built['onnx']['rows']} evaluation rows: its logits equal the cut "
                    f"model's within {built['onnx']['relative']:.0e} of their scale.")
@@ -175,7 +183,7 @@ else:
                           "on a copy, exactly as removed)"):
             with guard("lm-eval did not finish"):
                 cancel_button("export-lmeval-cancel")
-                bar = progress_bar(f"lm-eval {names}")
+                bar = progress_bar(f"lm-eval {plain(names)}")
                 run_harness(ws, sd, tasks, bar)
                 bar.done()
         rows = harness_rows(harness_runs(ws, sd, tasks))

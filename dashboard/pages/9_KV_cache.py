@@ -6,7 +6,7 @@ import numpy as np
 import streamlit as st
 
 from dashboard.compute import KV_ROWS, kv_group_scores, kv_metrics, kv_scores_estimate, smaller_sizes, stored_kv_scores
-from dashboard.ui import change_delta, clickable_grid, guard, long_job, page, progress_bar, rows_choice
+from dashboard.ui import change_delta, clickable_grid, guard, long_job, page, plain, progress_bar, rows_choice
 from dashboard.urlstate import publish
 from headprune import viz
 from headprune.kvcache import KVPlan
@@ -21,8 +21,8 @@ ws, sd = page("KV cache", "Which key/value heads need the whole KV cache? A full
                           "Click a head to select it, then switch it; the metric is exact under the restriction.")
 
 if not ws.adapter.causal:
-    st.warning(f"{ws.setup.model} is an encoder ({ws.adapter.family}): it keeps no key/value cache -- every query "
-               "sees every key of the row at once, so there is nothing to stream. Load a decoder (demo-lm, "
+    st.warning(f"{plain(ws.setup.model)} is an encoder ({ws.adapter.family}): it keeps no key/value cache -- every "
+               "query sees every key of the row at once, so there is nothing to stream. Load a decoder (demo-lm, "
                "demo-circuit) on Model & data.")
     st.stop()
 

@@ -19,6 +19,8 @@ from ..evaluation.speed import compare_speed, onnx_speed
 from ..kvcache.plan import KVPlanError
 from ..kvcache.restrict import restricted
 from ..model.export import DROPS_LAYERS, FORMATS, ExportError, export_model, round_to_uniform, type_problem
+from ..model.gguf_export import GGUF_TYPES
+from ..model.gguf_export import check_source as check_gguf_source
 from ..model.layers import skip_layers
 from ..model.loading import check_head, is_lm_config, load_model, peek_config
 from ..model.mask import HeadMask
@@ -153,7 +155,7 @@ def _evaluate_lm_eval(args) -> dict:
 
 def cmd_prune(args) -> dict:
     out = Path(args.out)
-    check_prune_out(args.out, "--out", args.format, args.model)
+    check_prune_out(args.out, "--out", args.format, args.model, args.gguf_type)
     check_args(args)
     if args.format not in DROPS_LAYERS and (HeadMask.read_file(args.mask) or {}).get("dropped_layers"):
         raise ExportError(f"--mask {args.mask} drops whole layers (SAP's layer rule); only --format "
@@ -170,7 +172,8 @@ def cmd_prune(args) -> dict:
     check_head(loaded, args.allow_untrained_head)
     mask = load_mask(args, loaded)
     result = {"out": str(out), "model": args.model, "format": args.format}
-    pruned, written = export_pruned(loaded, mask, out, args.format, dropped_layers=mask_dropped_layers(args, loaded))
+    pruned, written = export_pruned(loaded, mask, out, args.format, dropped_layers=mask_dropped_layers(args, loaded),
+                                    gguf_type=args.gguf_type)
     result.update(written)
     if args.benchmark and args.format == "onnx":   # the graph's own speed: onnxruntime, dense graph beside it
         result["speed"] = onnx_speed(loaded.model, mask, {**written["onnx"], "model": pruned},
@@ -182,19 +185,25 @@ def cmd_prune(args) -> dict:
     return result
 
 
-def check_prune_out(out: str, option: str, format: str, model: str) -> None:
+def check_prune_out(out: str, option: str, format: str, model: str, gguf_type: str | None = None) -> None:
     """A pruned-model folder and format, refused before the model loads: ``out`` (given as ``option``) must be new
-    or an empty folder (``outdir.check_model_folder``), and a ``uniform`` export needs a family a stock config can
-    cut."""
+    or an empty folder (``outdir.check_model_folder``), a ``uniform`` export needs a family a stock config can
+    cut, a ``gguf`` one a family, RoPE and tokenizer llama.cpp computes the same (``gguf_export.check_source``),
+    and ``gguf_type`` is for ``gguf`` only."""
+    if gguf_type is not None and format != "gguf":
+        raise ExportError(f"--gguf-type {gguf_type} applies to --format gguf only, not --format {format}: leave it "
+                          "out or add --format gguf.")
     check_model_folder(out, option)
     if format == "uniform":
         _check_uniform_family(model)
     if format == "onnx":
         check_runtime()
+    if format == "gguf":
+        check_gguf_source(model, gguf_type or "f32")
 
 
 def export_pruned(loaded, mask: HeadMask, out: str | Path, format: str, extra: dict | None = None,
-                  dropped_layers: list[int] | None = None) -> tuple[object, dict]:
+                  dropped_layers: list[int] | None = None, gguf_type: str | None = None) -> tuple[object, dict]:
     """Write ``loaded``'s model cut by ``mask`` to ``out`` in ``format`` (``model.export.FORMATS``; ``uniform``
     rounds the mask to the nearest uniform one first, saying what changed), skipping ``dropped_layers`` for good
     (SAP's layer rule; headprune format only). Returns (the written model, a JSON report: heads, where it loads,
@@ -207,13 +216,14 @@ def export_pruned(loaded, mask: HeadMask, out: str | Path, format: str, extra: d
         mask = rounding.mask
     written = export_model(loaded.model, loaded.tokenizer, mask, out, format,
                            extra={"source_model": loaded.source, "mask": mask.to_json(), **(extra or {})},
-                           dropped_layers=dropped_layers or ())
+                           dropped_layers=dropped_layers or (), gguf_type=gguf_type)
     if not written["saves_compute"]:
         print(f"note: {written['note']}", file=sys.stderr)
     report.update({**({"dropped_layers": list(dropped_layers)} if dropped_layers else {}),
                    "pruned_heads": mask.n_pruned, "kept_heads": mask.n_kept, "loads_in": written["loads_in"],
                    "note": written["note"], "sizes": size_report(loaded.model, written["model"]),
-                   **({"onnx": written["onnx"]} if "onnx" in written else {})})
+                   **({"onnx": written["onnx"]} if "onnx" in written else {}),
+                   **({"gguf": written["gguf"]} if "gguf" in written else {})})
     return written["model"], report
 
 
@@ -297,7 +307,12 @@ def add_commands(sub) -> None:
                         "Qwen2, Qwen3, Gemma 3, Phi-3), loads in plain transformers; a non-uniform mask is rounded "
                         "to the nearest uniform one first (what changed is printed); onnx: the cut model as one "
                         "ONNX graph (model.onnx, opset 17, dynamic batch and sequence) with the tokenizer beside "
-                        "it, for onnxruntime: encoder classifiers and causal LMs without a cache, any mask")
+                        "it, for onnxruntime: encoder classifiers and causal LMs without a cache, any mask; gguf: one "
+                        ".gguf file for llama.cpp (architecture deci, any mask: per-layer head counts; Llama, "
+                        "Mistral, Qwen2, Phi-3 causal LMs with a byte-level BPE tokenizer)")
+    p.add_argument("--gguf-type", default=None, choices=GGUF_TYPES,
+                   help="with --format gguf: the weights' type, f32 (default, exact), f16 or q8_0 (8-bit blocks "
+                        "of 32; norms and biases stay f32)")
     p.add_argument("--benchmark", action="store_true",
                    help="also time the dense and the pruned model (latency at batch 1, throughput at batch 32, "
                         "lengths 64 and 256, on the auto device) next to the ideal speed-up from FLOPs; with "

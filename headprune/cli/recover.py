@@ -22,6 +22,7 @@ import numpy as np
 from ..data import TextDataset, align_labels, load_data, row_hashes
 from ..errors import DataError
 from ..model.export import FORMATS, round_to_uniform, type_problem
+from ..model.gguf_export import check_source as check_gguf_source
 from ..model.loading import LoadedModel, is_lm_config, load_model, peek_config
 from ..model.mask import HeadMask
 from ..model.onnx_export import check_runtime
@@ -138,6 +139,8 @@ def check_recover_args(args) -> tuple[RecoverySpec, dict | None]:
     # refused before a model loads; the checkpoint's model is compared with the student's once it is built
     check_work_dir(work, resume=args.resume, wanted=spec.to_json(), strict=True)
     config = peek_config(args.model)
+    if args.format == "gguf":   # a family or tokenizer llama.cpp reads differently: refused before any training
+        check_gguf_source(args.model, "f32")
     if config is not None:
         pruned_before = bool(config.get("headprune_kept_heads"))
         if pruned_before and args.format != "headprune":

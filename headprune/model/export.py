@@ -1,7 +1,7 @@
 """Stock exports: a pruned model that plain transformers -- and so any runtime that reads the original family --
 loads, with no headprune code and no headprune keys in its config.
 
-Three formats (:data:`FORMATS`):
+Five formats (:data:`FORMATS`; onnx and gguf have their own modules, ``onnx_export`` and ``gguf_export``):
 
 headprune   ``loading.save_pruned``: physically cut, any mask, kept heads recorded in the config
             (``headprune_kept_heads``); only ``headprune.load_model`` rebuilds it.
@@ -27,7 +27,8 @@ uniform     the cut of ``surgery.prune_model`` with a stock config: possible whe
 
 transformers 5.23's heterogeneous ``per_layer_config`` (``PretrainedConfig(per_layer_config=...)``) would allow a
 different head count per layer, but only dots3 / gemma4 / step3p7 / neomme / diffusion_gemma modeling code reads
-it -- none of the families headprune supports -- so a non-uniform cut stays a headprune checkpoint.
+it -- none of the families headprune supports -- so a non-uniform cut stays a headprune checkpoint, or becomes a GGUF
+file for llama.cpp (format gguf, ``gguf_export``: llama.cpp's deci architecture reads per-layer head counts).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from torch import nn
 
 from ..errors import HeadpruneError
 from .arch import AttentionBlock, adapt, out_axis
+from .gguf_export import GGUF_FAMILIES, GGUF_TYPES, export_gguf
 from .layers import drop_layers
 from .loading import save_pruned, write_staged
 from .mask import HeadMask
@@ -67,6 +69,11 @@ FORMATS = {
                 "loads_in": "plain transformers and every runtime that reads the family's config with an explicit "
                             "head_dim (vLLM, TGI, llama.cpp conversion)",
                 "saves_compute": True},
+    "gguf": {"what": "one .gguf file for llama.cpp (architecture 'deci': per-layer query and key/value head "
+                     f"counts), any mask; tensor types {', '.join(GGUF_TYPES)}; families: "
+                     f"{', '.join(GGUF_FAMILIES.values())}",
+             "loads_in": "llama.cpp unmodified (llama-cli, llama-server, llama-cpp-python, ollama, LM Studio)",
+             "saves_compute": True},
     "onnx": {"what": f"one ONNX graph of the cut model (any mask, opset {OPSET}, dynamic batch and sequence axes; "
                      "encoder classifiers and causal LMs without a key/value cache), the tokenizer beside it",
              "loads_in": "onnxruntime (onnxruntime.InferenceSession on model.onnx, any language binding) and every "
@@ -366,7 +373,8 @@ def _write_stock(model: nn.Module, tokenizer, out: Path) -> Path:
 
 
 def export_model(model: nn.Module, tokenizer, mask: HeadMask, out: str | Path, format: str = "headprune",
-                 extra: dict | None = None, dropped_layers: Sequence[int] = (), cut: nn.Module | None = None) -> dict:
+                 extra: dict | None = None, dropped_layers: Sequence[int] = (), cut: nn.Module | None = None,
+                 gguf_type: str | None = None) -> dict:
     """Write ``model`` pruned by ``mask`` to the folder ``out`` in ``format`` (:data:`FORMATS`).
 
     Returns {"format", "out", "loads_in", "saves_compute", "note", "model"} where "model" is the written model
@@ -375,9 +383,10 @@ def export_model(model: nn.Module, tokenizer, mask: HeadMask, out: str | Path, f
     ``dropped_layers`` (a mask's whole-layer rule, ``model.mask.dropped_layers``) are skipped for good in the written
     model; only the headprune format (which records them) and onnx (whose graph leaves them out) carry them.
     ``cut``: ``prune_model(model, mask)`` made already (recovery fine-tunes it), written instead of a new cut
-    (formats headprune, uniform and onnx; masked starts from ``model``). The onnx format's report
-    (``onnx_export.export_onnx``: file, opset, inputs, axes, check) is under "onnx". Raises ExportError
-    (onnx: OnnxExportError).
+    (formats headprune, uniform, onnx and gguf; masked starts from ``model``). The onnx format's report
+    (``onnx_export.export_onnx``: file, opset, inputs, axes, check) is under "onnx". ``gguf_type``: the gguf
+    format's tensor type (``gguf_export.GGUF_TYPES``, default f32), refused with other formats; the gguf format's
+    report is under "gguf". Raises ExportError (onnx: OnnxExportError, gguf: GGUFExportError).
     """
     if format not in FORMATS:
         raise ExportError(f"Unknown export format {format!r}; accepted: {', '.join(FORMATS)}.")
@@ -385,6 +394,8 @@ def export_model(model: nn.Module, tokenizer, mask: HeadMask, out: str | Path, f
         raise ExportError(f"The mask drops whole layers {list(dropped_layers)} (SAP's layer rule); only the "
                           f"{' and '.join(DROPS_LAYERS)} formats carry a dropped layer, {format!r} cannot. Accepted: "
                           f"--format {' or '.join(DROPS_LAYERS)}.")
+    if gguf_type is not None and format != "gguf":
+        raise ExportError(f"A GGUF tensor type ({gguf_type}) applies to --format gguf only, not {format!r}.")
     out = Path(out)
     if format == "masked" and cut is not None:
         raise ExportError("The masked export keeps the original architecture; a cut model cannot be written as "
@@ -394,6 +405,10 @@ def export_model(model: nn.Module, tokenizer, mask: HeadMask, out: str | Path, f
         drop_layers(adapt(written), dropped_layers)
         save_pruned(written, tokenizer, out, extra=extra)
         note = "A headprune checkpoint: smaller and faster, loaded by headprune.load_model (any mask)."
+    elif format == "gguf":
+        written, gguf_report = export_gguf(model, tokenizer, mask, out, gguf_type or "f32", cut)
+        note = ("One GGUF file llama.cpp loads unmodified (architecture 'deci', this cut's head counts per layer): "
+                "smaller and faster there.")
     elif format == "onnx":
         graph = export_onnx(model, tokenizer, mask, out, cut=cut, dropped_layers=dropped_layers, extra=extra)
         written = graph.pop("model")
@@ -411,4 +426,5 @@ def export_model(model: nn.Module, tokenizer, mask: HeadMask, out: str | Path, f
         note = "A stock checkpoint with fewer heads per layer: plain transformers loads the smaller model."
     info = FORMATS[format]
     return {"format": format, "out": str(out), "loads_in": info["loads_in"], "saves_compute": info["saves_compute"],
-            "note": note, "model": written, **({"onnx": graph} if format == "onnx" else {})}
+            "note": note, "model": written, **({"onnx": graph} if format == "onnx" else {}),
+            **({"gguf": gguf_report} if format == "gguf" else {})}

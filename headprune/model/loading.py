@@ -98,15 +98,20 @@ def model_source_kind(spec: str) -> str:
     return "hub" if hub_like and not exists(spec) else "folder"
 
 
+def model_folder(spec: str) -> Path | None:
+    """The folder a named model or a local folder ``spec`` loads from (a named one is built first), without
+    loading it; None for a hub id."""
+    if spec in NAMED_MODELS:
+        return Path(NAMED_MODELS[spec].build())
+    if model_source_kind(spec) == "folder":
+        return Path(user_path(spec, "--model", "a model folder", ModelLoadError))
+    return None
+
+
 def peek_config(spec: str) -> dict | None:
     """config.json of a named model or local folder, read without loading the model (None for a hub id)."""
-    if spec in NAMED_MODELS:
-        folder = NAMED_MODELS[spec].build()
-    elif model_source_kind(spec) == "folder":
-        folder = user_path(spec, "--model", "a model folder", ModelLoadError)
-    else:
-        return None
-    return folder_config(Path(folder))
+    folder = model_folder(spec)
+    return None if folder is None else folder_config(folder)
 
 
 def folder_config(folder: Path) -> dict | None:
