@@ -19,6 +19,7 @@ from dashboard.config import demo_setup, use_setup
 from dashboard.ui import (
     ABOUT,
     PAGES,
+    SECTIONS,
     baseline_label,
     cut_note,
     follow_link,
@@ -26,8 +27,10 @@ from dashboard.ui import (
     model_title,
     page,
     page_path,
+    page_style,
     plain,
 )
+from headprune import viz
 
 LINKS = {"2_Head_scores.py": "See which heads matter (heatmaps)",
          "7_Roles.py": "What do the heads do? (previous-token, induction, sink, syntactic …)",
@@ -60,7 +63,8 @@ def home() -> None:
                     f"{n_blocks * n_heads} {'tied heads' if ws.tied else 'heads'}, "
                     f"{ws.counts['total']['params'] / 1e6:.1f} M parameters")
         c1, c2 = st.columns(2)
-        c1.metric(baseline_label(ws), f"{ws.metric_of(ws.dense()):.3f}", help=f"on {len(ws.eval)} evaluation texts")
+        c1.metric(baseline_label(ws), viz.metric_text(ws.metric_of(ws.dense())),
+                  help=f"on {len(ws.eval)} evaluation texts")
         c2.metric("heads left", heads_left(ws, sd))
         if ws.n_cut:
             st.info(cut_note(ws))
@@ -72,13 +76,16 @@ def home() -> None:
 
 def main() -> None:
     """Build the navigation and run the chosen page (streamlit calls this on every rerun)."""
-    navigation = st.navigation([st.Page(home, title="Home", icon="🏠", default=True)]
-                               + [st.Page(page_path(file), title=title, icon=icon, url_path=url)
-                                  for file, title, icon, url in PAGES])
+    pages = {url: st.Page(page_path(file), title=title, icon=icon, url_path=url) for file, title, icon, url in PAGES}
+    # sections for their readers, every page shown: expanded=True never folds the list under "View N more"
+    navigation = st.navigation({"": [st.Page(home, title="Home", icon="🏠", default=True)]}
+                               | {section: [pages[url] for url in urls] for section, urls in SECTIONS.items()},
+                               expanded=True)
     # An emoji favicon is an inline SVG (a data: URI); a ":material/..." one makes the browser fetch its SVG from
     # fonts.gstatic.com, which fails offline (issue 35); so are the pages' icons (ui.PAGES), which the open page
     # lends the favicon.
     st.set_page_config(page_title=f"{navigation.title} · headprune", page_icon="✂️", layout="wide")
+    page_style()                         # phones and small laptops: spacing, and a tap on a grid cell clicks it
     linked_page = follow_link()          # a shared link or a reload: ?model=demo&page=prune&mask=0.3,2.5 (README)
     if linked_page is not None:
         st.switch_page(page_path(linked_page))

@@ -23,11 +23,13 @@ from headprune.criteria.sap import OWN_SELECTION
 from headprune.data import NAMED_DATA, align_labels, load_data, make_batches
 from headprune.estimate import (
     TimeEstimate,
+    device_name,
     estimate_evaluation,
     estimate_role_ablation,
     estimate_scoring,
     estimate_trajectory,
     forward_rate,
+    tokens,
 )
 from headprune.evaluation.example import compare_classifier, compare_lm, example_row
 from headprune.evaluation.live import LiveEvaluator
@@ -36,7 +38,8 @@ from headprune.evaluation.progressive import visit_order
 from headprune.evaluation.speed import compare_speed
 from headprune.evaluation.stability import perturb_batches, same_answers
 from headprune.kvcache import KVPlan
-from headprune.kvcache.scores import group_scores, head_scores
+from headprune.kvcache.duo import DEFAULTS as DUO_DEFAULTS
+from headprune.kvcache.scores import RULES, group_scores, head_scores
 from headprune.kvcache.tasks import metric_under_plan
 from headprune.lessons import ENV as LESSONS_ENV
 from headprune.lessons import folders_stamp, lesson_folders, load_lessons
@@ -45,6 +48,7 @@ from headprune.model.mask import HeadMask
 from headprune.model.surgery import prune_model
 from headprune.recovery import RecoveryRun, RecoverySpec, export_recovered, stage_metrics
 from headprune.roles import RoleReport, RoleSpec, head_roles, kept_by_role, kept_curve, role_ablation
+from headprune.scoring.protocol import GRADIENT_PASS
 from headprune.syntax import ParserError, build_arcs, syntactic_profile
 from headprune.syntax.parse import language_problem
 from headprune.trajectory import Trajectory, TrajectorySpec, run_trajectory, spread
@@ -283,6 +287,11 @@ def ablate_role(ws: DashboardWorkspace, sd: SessionData, report: RoleReport, rol
 ABLATION_SEEDS = 10   # random sets a role is measured against
 
 
+def live_role_heads(report: RoleReport, mask: HeadMask, role: str) -> int:
+    """How many heads with ``role`` are in use under ``mask`` (what ``ablate_role`` can prune or keep)."""
+    return int((report.heads_with(role) & report.live & mask.keep_bool().numpy()).sum())
+
+
 def _part(progress: Progress | None, start: float, end: float) -> Progress | None:
     """``progress`` for one part of a job: its fractions 0..1 drawn from ``start`` to ``end`` of the bar."""
     return None if progress is None else (lambda f, m: progress(start + (end - start) * f, m))
@@ -300,7 +309,7 @@ def stored_ablation(ws: DashboardWorkspace, sd: SessionData, role: str, mode: st
 def ablation_estimate(ws: DashboardWorkspace, sd: SessionData) -> TimeEstimate:
     """How long ``ablate_role`` takes here (``estimate.estimate_role_ablation``)."""
     return estimate_role_ablation(ws.loaded.model, ws.eval_batches, ABLATION_SEEDS, evaluator=sd.live is not None,
-                                  rate=_rate(ws), memory_budget=memory_budget())
+                                  rate=_rate(ws, "eval"), memory_budget=memory_budget())
 
 
 # -- live evaluation ----------------------------------------------------------------------------------------------
@@ -530,13 +539,26 @@ def open_step(sd: SessionData, trajectory: Trajectory, index: int, label: str) -
 
 # -- time told before long work -------------------------------------------------------------------------------------
 
-def _rate(ws: DashboardWorkspace) -> tuple[float, str]:
-    """Seconds per token of one forward on this workspace (``estimate.forward_rate``: one batch timed, stored)."""
+RETIME_BELOW = 1.0   # seconds: a forward timed faster than this is timed twice more (``_rate``)
+
+
+def _rate(ws: DashboardWorkspace, batches: str = "calib") -> tuple[float, str]:
+    """Seconds per token of one forward on this workspace (``estimate.forward_rate``: one batch timed, stored), on
+    the ``batches`` the job runs: "calib" (scoring) or "eval" (live evaluation, role ablation). A token's cost
+    depends on the batch's rows: timed on 32-row calibration batches, Roles -> Measure on evaluation batches of
+    one row said "about 5 s" and took 46 s."""
+    timed = ws.eval_batches if batches == "eval" else ws.calib_batches or ws.eval_batches
+
     def measure():
         with compute_slot():
-            return forward_rate(ws.loaded.model, ws.calib_batches or ws.eval_batches, memory_budget())
+            first = forward_rate(ws.loaded.model, timed, memory_budget())
+            if first[0] * tokens(timed[:1]) >= RETIME_BELOW:
+                return first
+            # a short timing is the one a busy moment stretches most (one 1-row batch timed once said "about
+            # 23 min" for a 40 s job): the fastest of three, as ``measure_live_size`` keeps
+            return min([first] + [forward_rate(ws.loaded.model, timed, memory_budget()) for _ in range(2)])
 
-    return store().memo(f"rate|{ws.key}", measure)
+    return store().memo(f"rate|{batches}|{ws.key}", measure)
 
 
 def scoring_estimate(ws: DashboardWorkspace, names: list[str], params: dict[str, dict],
@@ -573,7 +595,7 @@ def live_estimate(ws: DashboardWorkspace) -> TimeEstimate | None:
     """How long the live evaluator's first pass (warm-up) over the evaluation split takes; None once it exists."""
     if store().get(_live_key(ws, "evaluation")) is not None or not ws.eval_batches:
         return None
-    return estimate_evaluation(ws.loaded.model, ws.eval_batches, "live evaluation warm-up", rate=_rate(ws))
+    return estimate_evaluation(ws.loaded.model, ws.eval_batches, "live evaluation warm-up", rate=_rate(ws, "eval"))
 
 
 def smaller_sizes(ws: DashboardWorkspace) -> str:
@@ -666,18 +688,53 @@ def recovered_zip(ws: DashboardWorkspace, done: dict) -> bytes:
 
 # -- KV cache plans -------------------------------------------------------------------------------------------------
 
+def _kv_scores_key(ws: DashboardWorkspace, rule: str, sink: int, window: int) -> str:
+    return f"kv-scores|{ws.key}|{rule}|{sink}|{window}"
+
+
 def kv_group_scores(ws: DashboardWorkspace, rule: str, sink: int, window: int, progress: Progress | None = None):
     """(L, H_kv) group scores of a KV plan rule (``kvcache.scores``; group = max of its query heads), stored per
-    rule, sink and window (razor and random read no window-dependent rows, but one key keeps this simple)."""
+    rule, sink and window (razor and random read no window-dependent rows, but one key keeps this simple).
+    DuoAttention's training reports each step to ``progress`` (so Cancel stops it within a step); the other rules
+    take one pass."""
     def compute():
         with compute_slot():
             if progress is not None:
                 progress(0.0, f"{rule} scores")
             scores = head_scores(rule, ws.loaded.model, calib=ws.calib_batches, tokenizer=ws.loaded.tokenizer,
-                                 sink=sink, window=window, seed=ws.setup.seed)
+                                 sink=sink, window=window, seed=ws.setup.seed,
+                                 duo_options={"progress": progress} if rule == "duo" and progress else None)
             return group_scores(scores, ws.adapter.n_heads // ws.adapter.n_kv_heads)
 
-    return store().memo(f"kv-scores|{ws.key}|{rule}|{sink}|{window}", compute)
+    return store().memo(_kv_scores_key(ws, rule, sink, window), compute)
+
+
+def stored_kv_scores(ws: DashboardWorkspace, rule: str, sink: int, window: int):
+    """``kv_group_scores``' result if any session computed it (None: not yet)."""
+    return store().get(_kv_scores_key(ws, rule, sink, window))
+
+
+RAZOR_PROBE_ROWS = 8   # kvcache.scores.head_scores' default probe rows
+
+
+def kv_scores_estimate(ws: DashboardWorkspace, rule: str, sink: int, window: int) -> TimeEstimate | None:
+    """How long ``kv_group_scores`` takes here, in forward passes at the measured rate (``estimate.forward_rate``):
+    razor one pass over its probes (rows of [BOS] + r + r, r longer than the window), far-mass one over the
+    calibration rows, DuoAttention its training steps (a teacher pass and a student pass with its backward over
+    each step's passkey rows), a criterion its own scoring estimate; None for random (no work) or stored scores."""
+    if rule == "random" or stored_kv_scores(ws, rule, sink, window) is not None or not ws.calib_batches:
+        return None
+    if rule not in RULES:
+        return scoring_estimate(ws, [rule], {}, None)
+    per_token, basis = _rate(ws)
+    if rule == "razor":
+        work = RAZOR_PROBE_ROWS * (2 * max(window + 1, 20) + 1)
+    elif rule == "far-mass":
+        work = tokens(ws.calib_batches)
+    else:   # duo: rows of the longest calibration row's length, 1 + GRADIENT_PASS passes each
+        length = max(int(b["attention_mask"].sum(-1).max()) for b in ws.calib_batches)
+        work = DUO_DEFAULTS["steps"] * DUO_DEFAULTS["batch_size"] * length * (1 + GRADIENT_PASS)
+    return TimeEstimate(per_token * work, f"{rule} scores", device_name(ws.loaded.model), basis)
 
 
 KV_ROWS = 64   # the KV page's default evaluation rows: a head click's new plan is measured in about 2 s on demo-lm

@@ -1,7 +1,7 @@
-"""What the Export page hands out: the session's run file, figures as PNG, and the pruned model (zipped) in one of
-``headprune.model.export.FORMATS``: a headprune checkpoint, a masked stock checkpoint, a uniform stock cut or an ONNX
-graph (with its onnxruntime check on the evaluation rows and, on request, its speed in onnxruntime: ``time_onnx``);
-and lm-evaluation-harness's numbers for the current mask beside the dense ones (``run_harness``).
+"""What the Export page hands out: the session's run file, figures as PNG and SVG, and the pruned model (zipped) in
+one of ``headprune.model.export.FORMATS``: a headprune checkpoint, a masked stock checkpoint, a uniform stock cut or
+an ONNX graph (with its onnxruntime check on the evaluation rows and, on request, its speed in onnxruntime:
+``time_onnx``); and lm-evaluation-harness's numbers for the current mask beside the dense ones (``run_harness``).
 
 Built downloads are kept in the session (``SessionData.exports``), keyed by what they depend on, so a page rerun
 hands out the same bytes without building them again.
@@ -51,19 +51,26 @@ def run_file(ws: DashboardWorkspace, sd: SessionData) -> dict:
             "trajectories": [t.to_json() for t in sd.trajectories], "spreads": sd.spreads}
 
 
-def _png_key(sd: SessionData, figure: str) -> str:
-    return f"png|{figure}|{mask_key(sd.mask)}|{len(sd.scores)}|{len(sd.trajectories)}"
+IMAGE_KINDS = ("png", "svg")   # the figure images kaleido renders (HTML needs no renderer)
 
 
-def rendered_png(sd: SessionData, figure: str) -> bytes | None:
-    """The PNG of ``figure`` if this session rendered it for the current mask, scores and trajectories."""
-    return sd.exports.get(_png_key(sd, figure))
+def _image_key(sd: SessionData, figure: str, kind: str) -> str:
+    return f"{kind}|{figure}|{mask_key(sd.mask)}|{len(sd.scores)}|{len(sd.trajectories)}"
 
 
-def render_png(sd: SessionData, figure: str, fig) -> bytes:
-    """Render ``fig`` (called ``figure``) to PNG with kaleido and keep it (RuntimeError when kaleido cannot)."""
-    png = sd.exports[_png_key(sd, figure)] = viz.figure_png(fig)
-    return png
+def rendered_images(sd: SessionData, figure: str) -> dict[str, bytes] | None:
+    """The PNG and SVG of ``figure`` if this session rendered them for the current mask, scores and trajectories."""
+    images = {kind: sd.exports.get(_image_key(sd, figure, kind)) for kind in IMAGE_KINDS}
+    return images if all(images.values()) else None
+
+
+def render_images(sd: SessionData, figure: str, fig) -> dict[str, bytes]:
+    """Render ``fig`` (called ``figure``) to PNG and SVG with kaleido and keep them (RuntimeError when kaleido
+    cannot): the SVG's text stays text (titles, ticks, legend), so a paper can restyle or scale it."""
+    images = viz.figure_images(fig, IMAGE_KINDS)
+    for kind, data in images.items():
+        sd.exports[_image_key(sd, figure, kind)] = data
+    return images
 
 
 def export_formats(ws: DashboardWorkspace) -> dict[str, dict]:

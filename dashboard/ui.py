@@ -124,22 +124,27 @@ def cancelled_note(key: str) -> None:
 def long_job(key: str, label: str, run: Callable[[Callable[[float, str], None]], object], *, done=None,
              estimate: Callable[[], object] | None = None, hint: str = "", what: str | None = None,
              failed: str = "That did not work"):
-    """One way to start any job over a few seconds (issue 35): the expected duration first (``estimate``, called
-    only while there is something to run), a button ``label``, then while it runs a Cancel button and a bar that
-    moves (``run(progress)``; a Cancel click reruns the page, which stops the run at its next progress redraw,
-    within a batch, storing nothing); when it ends the button, Cancel and bar are gone.
+    """One way to start any job over a few seconds (issue 35): the expected duration above a button ``label``
+    (``estimate``, called only while there is something to run, after the button is drawn; gone once the run
+    starts), then while it runs a Cancel button and a bar that moves (``run(progress)``; a Cancel click reruns the
+    page, which stops the run at its next progress redraw, within a batch, storing nothing); when it ends the
+    button, Cancel and bar are gone.
 
     ``done``: the stored result for the current inputs; when given nothing is drawn and it is returned, so a result
     stays on the page until its inputs change (and the button only comes back then). Returns the result of a run
     that finished now, else ``done`` (None: nothing to show yet)."""
     if done is not None:
         return done
-    if estimate is not None:
-        with guard("Could not estimate how long this takes"):
-            estimate_line(estimate(), hint)
+    told = st.empty()
     cancelled_note(f"{key}-cancel")
     slot = st.empty()
     if not slot.button(label, type="primary", key=key):
+        # the button first, its estimate after: measuring it may take a while (Recover times a training step: 19 s
+        # of a blank page on a busy server), and the estimate is of no use once the run has started
+        if estimate is not None:
+            told.caption("⏱ Measuring how long this takes …")
+            with told.container(), guard("Could not estimate how long this takes"):
+                estimate_line(estimate(), hint)
         return None
     result = None
     with guard(failed):
@@ -186,6 +191,60 @@ PAGES = (  # (file in dashboard/pages, title, icon, url path); dashboard/app.py 
     ("13_What_it_says.py", "What the pruned model says", "💬", "example"),
     ("14_Glossary.py", "Glossary", "📖", "glossary"),
 )
+# The navigation's sections, each for its readers (issue 45): a student starts under Learn, a teacher or analyst
+# under Analyse and Prune, a researcher running protocols under Research. Every page is in one section (a test
+# checks), and the whole list stays unfolded (``st.navigation(expanded=True)``): past ten pages Streamlit folds the
+# rest under "View N more", which hid Lessons and Glossary.
+SECTIONS = {
+    "Learn": ("lessons", "glossary", "heads", "example"),
+    "Analyse": ("model-and-data", "head-scores", "roles", "attention"),
+    "Prune": ("prune", "recover", "trajectories", "export"),
+    "Research": ("kv-cache", "runs"),
+}
+
+
+# Phones (390 px) and small laptops (1280 x 720) are first-class (issue 45). Streamlit's frame leaves 6rem above the
+# title: at 720 px that pushed the Prune page's grid below its metric row's screen. Under 640 px Streamlit stacks
+# columns one per line: a row of metrics only then stays two a line (four metrics were a whole phone screen), and
+# every image, chart or HTML block is held to the column's width (a fixed 672 px atlas hid heads 10-11).
+PAGE_CSS = """
+[data-testid="stMainBlockContainer"] { padding-top: 3rem; padding-bottom: 3rem; }
+[data-testid="stMainBlockContainer"] img, [data-testid="stHtml"] { max-width: 100%; }
+@media (max-width: 640px) {
+  [data-testid="stMainBlockContainer"] { padding-left: 0.75rem; padding-right: 0.75rem; padding-top: 3.5rem; }
+  [data-testid="stHorizontalBlock"]:has(> [data-testid="stColumn"] [data-testid="stMetric"]) {
+    flex-flow: row wrap; gap: 0.5rem 1rem; }
+  [data-testid="stHorizontalBlock"]:has(> [data-testid="stColumn"] [data-testid="stMetric"])
+    > [data-testid="stColumn"] { flex: 1 1 calc(50% - 1rem) !important; min-width: calc(50% - 1rem) !important; }
+  [data-testid="stMetricValue"] { font-size: 1.6rem; }
+}
+.st-key-hp-tap { display: none; }
+"""
+
+# On a touch screen plotly selects a point on tap only if a hover found it before (its click handler reads the
+# hovered point first and runs the hover after): the first tap on a grid cell showed its tooltip and changed
+# nothing, the second toggled it. A touch that starts on a plot first sends plotly the mouse move a mouse would
+# have made, so one tap selects the cell (and a grid's click acts) as a click does. Installed once per browser tab.
+TAP_SELECTS = """<script>
+if (!window.headpruneTapSelects) {
+  window.headpruneTapSelects = true;
+  document.addEventListener("touchstart", (event) => {
+    const drag = event.target.closest && event.target.closest(".js-plotly-plot .nsewdrag");
+    if (!drag || event.touches.length !== 1) return;
+    const touch = event.touches[0];
+    drag.dispatchEvent(new MouseEvent("mousemove", {clientX: touch.clientX, clientY: touch.clientY,
+                                                    bubbles: true, cancelable: true, view: window}));
+  }, {capture: true, passive: true});
+}
+</script>"""
+
+
+def page_style() -> None:
+    """The layout rules of every page (``PAGE_CSS``: a style-only st.html takes no room) and the tap fix
+    (``TAP_SELECTS``, in a hidden container: a script runs wherever it sits)."""
+    st.html(f"<style>{PAGE_CSS}</style>")
+    with st.container(key="hp-tap"):
+        st.html(TAP_SELECTS, unsafe_allow_javascript=True)
 
 
 def page_path(file: str) -> str:
@@ -214,6 +273,7 @@ def page(title: str, caption: str | None = None, live_counts: bool = False) -> t
     if ws is None:
         st.stop()
     sd = session(ws)
+    keep_widgets()
     urlstate.remember(ws, PAGE_URLS.get(title))
     urlstate.apply(ws, sd, list(PAGE_URLS.values()))
     sidebar(ws, sd, counts=not live_counts)
@@ -222,6 +282,21 @@ def page(title: str, caption: str | None = None, live_counts: bool = False) -> t
     urlstate.publish()
     lesson_panel(ws)
     return ws, sd
+
+
+# The typed sentence, shared by the Attention page, every head at a glance and what the pruned model says (their
+# widgets have these keys). Streamlit forgets a widget's value at the end of a run that does not draw it, so the
+# sentence typed on Attention was gone on the way to the model view (any page between dropped it too); set again
+# by their own key on each run, they are the session's values and outlive pages that do not draw them.
+KEPT_WIDGETS = (urlstate.SOURCE, urlstate.TYPED, "att-typed-pair")
+MAX_TYPED = 2000   # characters of a typed text (the widgets' max_chars: it is part of a text input's identity)
+
+
+def keep_widgets() -> None:
+    """Keep ``KEPT_WIDGETS``' values through pages that do not draw them (see there)."""
+    for key in KEPT_WIDGETS:
+        if key in st.session_state:
+            st.session_state[key] = st.session_state[key]
 
 
 # -- shareable views: the address bar holds the view (dashboard/urlstate.py owns it) -------------------------------
@@ -236,10 +311,19 @@ def follow_link() -> str | None:
     return next((file for file, _, _, path in PAGES if path == url), None)
 
 
+def app_root() -> str:
+    """The app's own address (its Home), whichever page is open: the browser's address as the server saw it, less
+    the open page's path. A link opens there and names its page in the query (``page=``): a page's own address
+    (``/prune?...``) makes Streamlit's start-up probe ask ``/prune/_stcore/health`` and ``/prune/_stcore/host-config``
+    first (its frontend tries the path as a base URL before the server's root), two 404s per opened link."""
+    base = (st.context.url or "").split("?")[0].rstrip("/")
+    head, _, last = base.rpartition("/")
+    return (head if last in PAGE_URLS.values() else base) + "/"
+
+
 def link_url(params: dict[str, str]) -> str:
-    """The address that opens ``params`` on this server (the browser's own origin, as the server saw it)."""
-    base = (st.context.url or "").split("?")[0]
-    return base + ("?" + urlencode(params) if params else "")
+    """The address that opens ``params`` on this server (at the app's root, ``app_root``)."""
+    return app_root() + ("?" + urlencode(params) if params else "")
 
 
 def share_box(ws: Workspace) -> None:
@@ -253,13 +337,27 @@ def share_box(ws: Workspace) -> None:
         st.caption("Share this view: the link below (and the address bar) opens what is on screen now — page, "
                    "model and data, pruned heads, selected head, criteria, ratio, sentence, role letters and the "
                    "KV plan. A reload keeps it too.")
+    link_slots()
+    st.session_state[urlstate.SHOW] = show_link      # urlstate.publish draws through it (it cannot import ui)
+
+
+def link_slots() -> None:
+    """The sidebar's places for the link and its QR code (``show_link`` fills them)."""
     # two one-element slots, each redrawn in place: a fragment that redraws a block (a container) it did not create
     # sends the block's children to a delta path the browser may not have when the server is busy, and the page
     # goes blank ("Cannot set a node at a delta path"; benchmarks/bench_class.py, 10 students at once)
     link = st.empty()
     with st.expander("QR code (for a projector)"):
         st.session_state[urlstate.SLOT] = (link, st.empty())
-    st.session_state[urlstate.SHOW] = show_link      # urlstate.publish draws through it (it cannot import ui)
+
+
+def share_page(params: dict[str, str], note: str) -> None:
+    """The sidebar's share box of a page that loads no model (Protocol runs): ``note`` on what the link opens, the
+    link (``params`` at the app's root) and its QR code."""
+    with st.sidebar:
+        st.caption(note)
+        link_slots()
+    show_link(params)
 
 
 LINK_DRAWN = "hp_link_drawn"   # session key: (the slots, the link) show_link drew last
@@ -294,18 +392,18 @@ def ensure_workspace() -> Workspace | None:
     ws = workspace_of(setup)
     if ws is not None:
         return ws
-    with st.status(f"Loading model **{plain(setup.model)}** and data **{plain(setup.data_label)}** …",
-                   expanded=True) as status:
+    slot = st.empty()
+    with slot.status(f"Loading model **{plain(setup.model)}** and data **{plain(setup.data_label)}** …",
+                     expanded=True) as status:
         bar = progress_bar("loading")
         try:
             ws = build_workspace(setup, bar)
         except HeadpruneError as exc:
             status.update(label="Could not load the model and data", state="error")
             st.error(plain(exc), icon="⚠️")
-        else:
-            status.update(label=f"Loaded {plain(setup.model)} on {ws.loaded.device}", state="complete",
-                          expanded=False)
         bar.done()
+    if ws is not None:   # loaded: the page that follows says what is loaded (a done status took a phone's line)
+        slot.empty()
     if ws is None and setup != demo_setup(setup):
         st.button("Use the demo model and data instead", type="primary", on_click=use_setup, args=(demo_setup(setup),))
     return ws
@@ -360,7 +458,7 @@ def sidebar(ws: Workspace, sd: SessionData, counts: bool = True) -> None:
             "device": str(ws.loaded.device),
             "data": ws.setup.data_label,
             "evaluation / calibration": f"{len(ws.eval)} / {len(ws.calib)}",
-            baseline_label(ws): f"{dense:.4f}",
+            baseline_label(ws): viz.metric_text(dense),
         }
         st.markdown("\n".join(f"- {k}: **{plain(v)}**" for k, v in rows.items()))
         # the counts' own slot: a page's fragment rewrites it in place on each of its reruns (sidebar_counts)
@@ -403,13 +501,23 @@ def estimate_value(estimate) -> str:
     return f"≈ {estimate.value:.{digits}f} ({estimate.low:.{digits}f}–{estimate.high:.{digits}f})"
 
 
+def change_delta(value: float, reference: float, higher_is_better: bool, against: str) -> dict:
+    """``st.metric``'s delta arguments for ``value`` beside ``reference`` ("+0.0312 vs dense"): the arrow follows
+    the sign, green when the change is better for this metric (perplexity: down); a change that rounds to zero has
+    no arrow and no colour (a green up-arrow on "+0.0000 vs dense" said better when nothing had changed)."""
+    text = viz.change_text(value, reference)
+    if text == "±0":
+        return {"delta": f"no change vs {against}", "delta_color": "off", "delta_arrow": "off"}
+    return {"delta": f"{text} vs {against}", "delta_color": "normal" if higher_is_better else "inverse"}
+
+
 def running_metric(metric: str, estimate, previous: float) -> dict:
     """``st.metric`` arguments for the headline while batches arrive (issue 35): the running estimate with its
     interval once it is precise enough (``Estimate.shown``), before that the last exact value ``previous``, greyed,
     under "computing…" -- never a number whose interval spans a factor of forty."""
     common = {"delta": f"{estimate.done}/{estimate.total} batches", "delta_color": "off", "delta_arrow": "off"}
     if not estimate.shown:
-        return {"label": f"{metric} · computing…", "value": f":gray[{previous:.4f}]", **common,
+        return {"label": f"{metric} · computing…", "value": f":gray[{viz.metric_text(previous)}]", **common,
                 "help": f"The last exact value, kept until the running estimate is precise enough: a number is "
                         f"shown once {estimate.rule}."}
     return {"label": metric, "value": estimate_value(estimate), **common,
@@ -421,8 +529,12 @@ def running_metric(metric: str, estimate, previous: float) -> dict:
 # -- lessons: the current step's text above every page ------------------------------------------------------------
 
 def step_href(lesson, step: int) -> str:
-    """The relative link that opens step ``step`` of ``lesson`` (its whole state is in the query string)."""
-    return "?" + urlencode(lesson.query(step))
+    """The link that opens step ``step`` of ``lesson`` (its whole state is in the query string), at the app's root
+    (``app_root``: a relative "?..." opened on the page's own path)."""
+    return link_url(lesson.query(step))
+
+
+LESSON_HIDDEN = "hp_lesson_hidden"   # session key: the lesson step the reader closed (shown again on request)
 
 
 def step_anchor(lesson, step: int, text: str) -> str:
@@ -460,6 +572,11 @@ def lesson_panel(ws: Workspace) -> None:
         st.session_state.pop(urlstate.LESSON, None)
         return
     step = lesson.steps[k - 1]
+    where = f"**{plain(lesson.title)}** · step {k} of {len(lesson.steps)}"
+    if st.session_state.get(LESSON_HIDDEN) == current:   # closed: one line to bring it back, nothing else
+        st.button(f"🎓 Show the lesson: {where}", key="lesson-open", type="tertiary",
+                  on_click=st.session_state.pop, args=(LESSON_HIDDEN, None))
+        return
     words, values, notes = step.words(), {}, []
     if any(placeholders(text) for text in words.values()):
         with guard("Could not measure the numbers this step quotes"):
@@ -468,7 +585,11 @@ def lesson_panel(ws: Workspace) -> None:
         words[key], missed = fill(text, values)
         notes += missed
     with st.container(border=True, key="lesson-panel"):
-        st.markdown(f"🎓 **{plain(lesson.title)}** · step {k} of {len(lesson.steps)}: **{plain(step.title)}**")
+        title, close = st.columns([6, 1], vertical_alignment="top")
+        title.markdown(f"🎓 {where}: **{plain(step.title)}**")
+        close.button("Close", key="lesson-close", icon=":material/close:", width="stretch",
+                     help="Hide the lesson's text; a button in its place shows it again.",
+                     on_click=st.session_state.__setitem__, args=(LESSON_HIDDEN, current))
         st.markdown(plain(words["text"], markdown=True))
         if step.look:
             st.markdown(f"**Look at:** {plain(words['look'], markdown=True)}")
@@ -499,7 +620,7 @@ def example_picker(ws: Workspace, key: str, default_typed: str = "The film is sl
     source = st.radio("Text", ["from the evaluation set", "type one"], horizontal=True, key=f"{key}-source")
     if source == "type one":
         typed = {} if f"{key}-typed" in st.session_state else {"value": default_typed}   # no double default
-        text = st.text_input("Your text", key=f"{key}-typed", max_chars=2000, **typed).strip()
+        text = st.text_input("Your text", key=f"{key}-typed", max_chars=MAX_TYPED, **typed).strip()
         if not text:
             st.info("Type a text to look at.")
             st.stop()
@@ -594,6 +715,83 @@ def clickable_grid(fig: go.Figure, key: str, sd: SessionData, on_click: Callable
 
     st.plotly_chart(fig, key=widget_key, on_select=clicked, selection_mode="points", width="stretch",
                     config={"displayModeBar": False})
+
+
+# Every head at a glance: the atlas (one PNG of every head's thumbnail, ``views.head_atlas``) under one button per
+# thumbnail that opens its head, with the head's role letters on it. Plain DOM, no Plotly: a Plotly click layer over
+# the image cost about a second before the thumbnails showed (benchmarks/bench_model_view.py). The image and its
+# buttons scale with the column (a fixed 672 px image hid heads 10-11 on a 390 px phone), up to 1.5x the image.
+ATLAS_CSS = """
+.hp-atlas { position: relative; width: 100%; background-size: 100% 100%; image-rendering: pixelated; }
+.hp-head { position: absolute; box-sizing: border-box; margin: 0; padding: 1px; border: 0; border-radius: 0;
+           background: transparent; cursor: pointer; display: flex; align-items: flex-start;
+           justify-content: flex-end; }
+.hp-head:hover, .hp-head:focus-visible { outline: 2px solid #ff006e; outline-offset: 1px; }
+.hp-head span { font: 700 10px/1.1 ui-monospace, monospace; color: #b3001e; background: rgba(255, 255, 255, 0.85);
+                padding: 0 2px; border-radius: 2px; pointer-events: none; }
+"""
+ATLAS_JS = """
+export default function (component) {
+  const { data, parentElement, setTriggerValue } = component;
+  let root = parentElement.querySelector(".hp-atlas");
+  if (!root) {
+    root = document.createElement("div");
+    root.className = "hp-atlas";
+    parentElement.appendChild(root);
+  }
+  root.replaceChildren();
+  root.style.aspectRatio = `${data.width} / ${data.height}`;
+  root.style.maxWidth = `${data.max_width}px`;
+  root.style.backgroundImage = `url(${data.uri})`;
+  for (const cell of data.cells) {
+    const button = document.createElement("button");
+    button.className = "hp-head";
+    button.setAttribute("aria-pressed", cell.open ? "true" : "false");
+    Object.assign(button.style, {left: `${cell.x}%`, top: `${cell.y}%`, width: `${cell.w}%`, height: `${cell.h}%`});
+    button.title = cell.title;
+    button.setAttribute("aria-label", cell.title);
+    button.dataset.head = `${cell.layer}.${cell.head}`;
+    if (cell.mark) {
+      const mark = document.createElement("span");
+      mark.textContent = cell.mark;
+      button.appendChild(mark);
+    }
+    button.onclick = () => setTriggerValue("head", [cell.layer, cell.head]);
+    root.appendChild(button);
+  }
+}
+"""
+atlas_component = st.components.v2.component("headprune_atlas", css=ATLAS_CSS, js=ATLAS_JS)
+
+
+def atlas_cells(atlas, titles, marks, opened: tuple[int, int] | None) -> list[dict]:
+    """Where each thumbnail's button sits over the atlas image (in % of its width and height), with its hover
+    ``titles`` (L x H), role ``marks`` (L x H, "" for none) and whether it is the ``opened`` head."""
+    height, width = atlas.image.shape[:2]
+    cells = []
+    for layer in range(atlas.shape[0]):
+        for head in range(atlas.shape[1]):
+            x0, y0, x1, y1 = atlas.box(layer, head)
+            cells.append({"layer": layer, "head": head, "x": 100 * x0 / width, "y": 100 * y0 / height,
+                          "w": 100 * (x1 - x0) / width, "h": 100 * (y1 - y0) / height,
+                          "title": str(titles[layer][head]), "mark": str(marks[layer][head] or ""),
+                          "open": opened == (layer, head)})
+    return cells
+
+
+def atlas_picker(atlas, titles, marks, opened: tuple[int, int] | None, key: str,
+                 on_pick: Callable[[tuple[int, int]], None]) -> None:
+    """The atlas with a button on each thumbnail: a click calls ``on_pick((layer, head))`` before the rerun."""
+    def picked() -> None:
+        value = st.session_state.get(key)
+        head = value.get("head") if isinstance(value, dict) else getattr(value, "head", None)
+        if isinstance(head, (list, tuple)) and len(head) == 2:
+            on_pick((int(head[0]), int(head[1])))
+
+    height, width = atlas.image.shape[:2]
+    atlas_component(key=key, data={"uri": atlas.data_uri(), "width": width, "height": height,
+                                   "max_width": int(1.5 * width), "cells": atlas_cells(atlas, titles, marks, opened)},
+                    on_head_change=picked)
 
 
 def head_options(ws: Workspace) -> list[tuple[int, int]]:

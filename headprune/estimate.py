@@ -134,9 +134,13 @@ class LiveSize:
         if not self.shrunk:
             return ""
         click = self.rows * self.seconds_per_row
+        # past the limit only when the fewest rows worth a number already take longer ("about 16 s here (at most
+        # 15 s" contradicted itself)
+        limit = (f"at most {LIVE_CLICK_SECONDS:.0f} s" if click <= LIVE_CLICK_SECONDS else
+                 f"the fewest rows worth a number, {MIN_LIVE_ROWS}, even past {LIVE_CLICK_SECONDS:.0f} s")
         return (f"Live numbers use {self.rows} of the {of_rows} evaluation rows, {self.batch_rows} a batch: chosen "
-                f"so a click's exact number takes {human_duration(click)} here (at most "
-                f"{LIVE_CLICK_SECONDS:.0f} s, {basis}). Set the evaluation examples in the sidebar for more.")
+                f"so a click's exact number takes {human_duration(click)} here ({limit}; {basis}). Set the "
+                "evaluation examples on Model & data for more.")
 
 
 def live_size(seconds_per_token: float, tokens_per_row: float, n_rows: int, batch_rows: int,

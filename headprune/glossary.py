@@ -96,6 +96,17 @@ TERMS = {
                   "headprune"),
     "Δ loss": ("Change in loss", "a token's loss under the pruned model minus its loss under the dense model: red "
                "= the pruned model finds the right token harder to predict", "headprune"),
+    "evaluation": ("Evaluation texts", "the texts a metric is reported on, never scored on or chosen on (Model & "
+                   "data sets how many)", "headprune"),
+    "batches": ("Batches", "the evaluation texts are run a few at a time, a batch per forward pass; while a click's "
+                "new metric comes in, \"3/8 batches\" says how many have been evaluated so far", "headprune"),
+    "running estimate": ("Running estimate", "the metric over the batches evaluated so far, shown with its 95% "
+                         "interval until the last batch gives the exact value", "headprune"),
+    "95%": ("95% interval", "the range that holds the exact value 95 times in 100 (a confidence interval): the "
+            "narrower it is, the more the running estimate can be trusted", "headprune.evaluation.progressive"),
+    "KV cache": ("Key/value cache", "the keys and values a decoder keeps of every earlier token so each new token "
+                 "is computed once; a streaming head keeps only the first S and the last W of them",
+                 "Xiao et al. (2024), DuoAttention"),
 }
 
 

@@ -22,12 +22,17 @@ draws: it takes score maps, masks, arcs and trajectories, never a model.
 from __future__ import annotations
 
 import colorsys
+import html
+import math
+import tempfile
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import plotly.colors as plotly_colors
 import plotly.graph_objects as go
+import plotly.io as pio
 
 from .criteria import available
 from .model.mask import HeadMask
@@ -46,6 +51,7 @@ GROUP_BORDER_COLOR = "#1f1f1f"
 WORD_COLOR = "#31333f"          # streamlit's default text colour
 UNSEEN_WORD_COLOR = "#bbbbbb"   # words the model did not read (cut by the max length)
 CELL_PX = 30          # grid cell height in pixels
+HEAD_LABELS = 16      # head numbers written under a grid at most (every other one past 16 heads, ...)
 FONT = dict(size=13)
 
 
@@ -128,6 +134,25 @@ def keep_labels(fig: go.Figure) -> go.Figure:
     return fig
 
 
+TITLE_CHARS = 46   # characters of a title line: a half-width column of a 1280 px screen, or a phone, holds them
+
+
+def wrapped_title(title: str | None, chars: int = TITLE_CHARS) -> tuple[dict | None, int]:
+    """A figure title broken into lines of at most ``chars`` characters at spaces (plotly never wraps one: the Roles
+    page's probe title was cut at the column's edge), left-aligned, and the top margin its lines need."""
+    if not title:
+        return None, 10
+    lines, line = [], ""
+    for word in title.split(" "):
+        if line and len(line) + 1 + len(word) > chars:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    lines.append(line)
+    return dict(text="<br>".join(lines), x=0, xanchor="left", font=dict(size=14)), 20 + 18 * len(lines)
+
+
 # -- head grids ---------------------------------------------------------------------------------------------------
 
 def _layer_labels(n_rows: int, tied: bool, kinds: Sequence[str] | None = None) -> list[str]:
@@ -204,8 +229,10 @@ def head_grid(z: np.ndarray, hover: np.ndarray, colorscale, *, tied: bool = Fals
     fig.add_trace(go.Heatmap(z=np.where(pruned, 0.0, np.nan), x=list(range(n_heads)), y=list(range(n_rows)),
                              colorscale=[[0, PRUNED_COLOR], [1, PRUNED_COLOR]], showscale=False, hoverinfo="skip",
                              xgap=2, ygap=2))
+    # a grid of a few rows has a short colour bar: a few ticks, or their labels sit on each other (the KV page's)
+    colorbar = {"thickness": 12, "len": 0.9, "nticks": int(min(6, max(3, n_rows))), **(colorbar or {})}
     fig.add_trace(go.Heatmap(z=shown, x=list(range(n_heads)), y=list(range(n_rows)), colorscale=colorscale,
-                             zmin=zmin, zmax=zmax, showscale=showscale, colorbar=colorbar or {}, hoverinfo="skip",
+                             zmin=zmin, zmax=zmax, showscale=showscale, colorbar=colorbar, hoverinfo="skip",
                              xgap=2, ygap=2))
     rows, cols = np.meshgrid(range(n_rows), range(n_heads), indexing="ij")
     fig.add_trace(go.Scatter(
@@ -224,7 +251,11 @@ def head_grid(z: np.ndarray, hover: np.ndarray, colorscale, *, tied: bool = Fals
         fig.add_shape(type="line", x0=x, x1=x, y0=top, y1=bottom, line=dict(color=GROUP_BORDER_COLOR, width=4),
                       layer="above", name="key/value group border")
     axis_title = "query head (thick lines: key/value groups)" if groups is not None else "head"
-    fig.update_xaxes(title_text=axis_title, tickmode="array", tickvals=list(range(n_heads)), showgrid=False,
+    # every head keeps its tick, at most HEAD_LABELS of them a number (the hover names every head): 32 numbers
+    # under a half-width grid ran into each other
+    every = math.ceil(n_heads / HEAD_LABELS)
+    fig.update_xaxes(title_text=axis_title, tickmode="array", tickvals=list(range(n_heads)),
+                     ticktext=[str(h) if h % every == 0 else "" for h in range(n_heads)], showgrid=False,
                      zeroline=False, range=[-0.5, n_heads - 0.5], constrain="domain")
     fig.update_yaxes(tickmode="array", tickvals=list(range(n_rows)), ticktext=_layer_labels(n_rows, tied, layer_kinds),
                      autorange="reversed", showgrid=False, zeroline=False, title_text="layer")
@@ -454,8 +485,9 @@ def attention_figure(words: Sequence[str], matrix: np.ndarray, title: str | None
                                colorbar=dict(title="attention", thickness=12)))
     fig.update_xaxes(title_text="attends to (key word)", tickangle=-45)
     fig.update_yaxes(title_text="query word", autorange="reversed")
-    size = max(320, min(900, 26 * len(words) + 160))
-    fig.update_layout(height=size, margin=dict(l=10, r=10, t=40 if title else 10, b=10), title=title, font=FONT)
+    size = max(320, min(640, 16 * len(words) + 200))
+    head, top = wrapped_title(title)
+    fig.update_layout(height=size + top, margin=dict(l=10, r=10, t=top, b=10), title=head, font=FONT)
     return keep_labels(fig)
 
 
@@ -483,10 +515,13 @@ ARC_SCALE = [[0.0, "#c7d4e8"], [0.5, "#4a7fc1"], [1.0, "#b3001e"]]
 
 
 def arc_figure(words: Sequence[str], arcs: Sequence, weights: np.ndarray | None, title: str | None = None,
-               seen: Sequence[bool] | None = None, width_px: int = 1100) -> go.Figure:
+               seen: Sequence[bool] | None = None) -> go.Figure:
     """Dependency arcs over the words (dependent → head, arrow at the head, label on top); colour and width =
     this head's attention from the dependent to its head (0..1, one scale for every head). ``weights`` None:
-    plain arcs. Arc height grows with the number of words spanned, so nested arcs stack."""
+    plain arcs. Arc height grows with the number of words spanned, so nested arcs stack.
+
+    The words are the x axis's tick labels, which plotly turns (30°, then 90°) when the figure is too narrow for
+    them side by side: a text trace sized for 1,100 px overlapped its words in a half-width column and on a phone."""
     fig = go.Figure()
     x = word_positions(words)
     span = float(x[-1] + 2) if len(x) else 1.0
@@ -497,7 +532,7 @@ def arc_figure(words: Sequence[str], arcs: Sequence, weights: np.ndarray | None,
         xs, ys = _arc_path(x[arc.dependent], x[arc.head], heights[i])
         color = "#888888" if w is None else _sample_scale(ARC_SCALE, w)
         width = 1.5 if w is None else 1 + 7 * min(w, 1.0)
-        hover = f"{words[arc.dependent]} → {words[arc.head]} ({arc.label})"
+        hover = f"{html.escape(words[arc.dependent])} → {html.escape(words[arc.head])} ({arc.label})"
         if w is not None:
             hover += f"<br>attention {w:.3f}"
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color=color, width=width), hoverinfo="text",
@@ -506,21 +541,23 @@ def arc_figure(words: Sequence[str], arcs: Sequence, weights: np.ndarray | None,
                                  marker=dict(symbol="triangle-down", size=9, color=color)))
         fig.add_annotation(x=(x[arc.dependent] + x[arc.head]) / 2, y=heights[i], text=arc.label, showarrow=False,
                            yshift=7, font=dict(size=10))
-    font_size = int(min(14, max(8, 1.7 * width_px / span)))
-    unseen = [seen is not None and not seen[i] for i in range(len(words))]
-    # plotly takes one colour per word or none at all (a None inside the list is refused)
-    colors = [UNSEEN_WORD_COLOR if gone else WORD_COLOR for gone in unseen] if any(unseen) else None
-    fig.add_trace(go.Scatter(x=x, y=[-unit * 0.8] * len(words), mode="text", text=list(words), hoverinfo="skip",
-                             textfont=dict(size=font_size, color=colors), showlegend=False))
+    # words the model did not read (cut by the max length) greyed; a word is text, never markup
+    labels = [f'<span style="color:{UNSEEN_WORD_COLOR}">{html.escape(w)}</span>'
+              if seen is not None and not seen[i] else html.escape(w) for i, w in enumerate(words)]
     if weights is not None:  # colour bar for the arc scale
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", showlegend=False, hoverinfo="skip",
                                  marker=dict(colorscale=ARC_SCALE, cmin=0, cmax=1, color=[0],
-                                             colorbar=dict(title="attention<br>dep → head", thickness=12))))
+                                             colorbar=dict(title="attention<br>dep → head", thickness=12, len=0.9,
+                                                           nticks=5))))
     top = max(heights + [unit])
-    fig.update_xaxes(visible=False, range=[0, span])
-    fig.update_yaxes(visible=False, range=[-unit * 1.6, top + unit * 1.2])
-    fig.update_layout(height=int(min(560, 180 + 22 * top / unit)), margin=dict(l=10, r=10, t=40 if title else 10, b=10),
-                      title=title, font=FONT, plot_bgcolor="rgba(0,0,0,0)")
+    # a long sentence's words, turned upright on a phone, stand closer than a 13 px line: a smaller font
+    size = 13 if len(words) <= 15 else 11 if len(words) <= 25 else 9
+    fig.update_xaxes(range=[0, span], tickmode="array", tickvals=x.tolist(), ticktext=labels, showgrid=False,
+                     zeroline=False, showline=False, ticks="", tickfont=dict(size=size, color=WORD_COLOR))
+    fig.update_yaxes(visible=False, range=[-unit * 0.4, top + unit * 1.2])
+    head, margin_top = wrapped_title(title)
+    fig.update_layout(height=int(min(560, 200 + 22 * top / unit)) + margin_top,
+                      margin=dict(l=10, r=10, t=margin_top, b=10), title=head, font=FONT, plot_bgcolor="rgba(0,0,0,0)")
     return keep_labels(fig)
 
 
@@ -607,7 +644,7 @@ def trajectory_figure(trajectories: Sequence, spreads: Sequence[dict] = (), tole
                              width=max(0.8, float(np.min(np.diff(x))) * 0.6) if len(x) > 1 else 1.0))
         dense = spread["median"][0] if dense is None else dense
     if dense is not None:
-        fig.add_hline(y=dense, line=dict(color=DENSE_COLOR, dash="dot"), annotation_text=f"dense {dense:.4f}",
+        fig.add_hline(y=dense, line=dict(color=DENSE_COLOR, dash="dot"), annotation_text=f"dense {metric_text(dense)}",
                       annotation_position="bottom left")
         if tolerance is not None:
             fig.add_hline(y=tolerance_bound(dense, tolerance, higher), line=dict(color=TOLERANCE_COLOR, dash="dash"),
@@ -663,7 +700,7 @@ def sparsity_figure(points: Sequence[Mapping], metric: str, dense: float | None 
                                  mode="lines+markers", name=name,
                                  line=dict(color=criterion_color(name))))
     if dense is not None:
-        fig.add_hline(y=dense, line=dict(color=DENSE_COLOR, dash="dot"), annotation_text=f"dense {dense:.4f}",
+        fig.add_hline(y=dense, line=dict(color=DENSE_COLOR, dash="dot"), annotation_text=f"dense {metric_text(dense)}",
                       annotation_position="bottom left")
     higher = HIGHER_IS_BETTER.get(metric, True)
     fig.update_xaxes(title_text=x_title, ticksuffix="%")
@@ -691,6 +728,32 @@ def number_text(value) -> str:
     return f"{value:.4g}"
 
 
+def metric_decimals(value: float) -> int:
+    """Decimals that show a metric to four significant digits: at most four (accuracy 0.8125), none from a
+    thousand up (perplexity 6,101, not 6100.8386)."""
+    value = abs(float(value))
+    if not np.isfinite(value) or value == 0:
+        return 4
+    return int(min(4, max(0, 3 - math.floor(math.log10(value)))))
+
+
+def metric_text(value: float, like: float | None = None) -> str:
+    """A metric as people read it: "0.8125", "1.234", "965.6", "6,101" (``metric_decimals``, thousands separated).
+    ``like``: write it with the decimals of that value instead (a spread beside its mean: "4,887 ± 3,348")."""
+    value = float(value)
+    if not np.isfinite(value):
+        return number_text(value)
+    return f"{value:,.{metric_decimals(value if like is None else like)}f}"
+
+
+def change_text(value: float, reference: float) -> str:
+    """``value - reference`` signed, at the decimals of the larger of the two ("+0.0312", "-1.20", "+6,100"); the
+    minus is ASCII: ``st.metric`` reads its arrow from the sign. A change that rounds to zero is "±0"."""
+    decimals = metric_decimals(max(abs(float(value)), abs(float(reference))))
+    change = round(float(value) - float(reference), decimals)
+    return "±0" if change == 0 else f"{change:+,.{decimals}f}"
+
+
 def readable(frame: pd.DataFrame):
     """``frame`` styled with ``number_text`` in every cell (what the dashboard's tables show)."""
     return frame.style.format(number_text)
@@ -710,13 +773,33 @@ def size_table(report: Mapping[str, Mapping]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def figure_png(fig: go.Figure, width: int = 1100, height: int | None = None, scale: float = 2.0) -> bytes:
-    """PNG bytes through kaleido (needs a local Chrome/Chromium; raises RuntimeError with the reason otherwise)."""
+def figure_images(fig: go.Figure, formats: Sequence[str], width: int = 1100, height: int | None = None,
+                  scale: float = 2.0) -> dict[str, bytes]:
+    """{format: bytes} of ``fig`` in each of ``formats`` ("png", "svg") through kaleido, one browser start for all
+    of them (a start is most of a render's time: about 15 s each on the 2-core box, one after the other); needs a
+    local Chrome/Chromium, raises RuntimeError with the reason otherwise. ``scale`` enlarges a PNG's pixels (an
+    SVG's text stays text: titles, tick labels and legend entries)."""
     fig = keep_labels(go.Figure(fig))   # a copy: a figure built elsewhere gets its labels too, the caller's is kept
+    height = height or fig.layout.height or 500
     try:
-        return fig.to_image(format="png", width=width, height=height or fig.layout.height or 500, scale=scale)
+        with tempfile.TemporaryDirectory() as folder:
+            paths = [Path(folder) / f"figure.{kind}" for kind in formats]
+            pio.write_images([fig] * len(paths), paths, format=list(formats), width=width, height=height,
+                             scale=scale)
+            return {kind: path.read_bytes() for kind, path in zip(formats, paths)}
     except Exception as exc:  # kaleido reports a missing browser or a failed render in many ways
-        raise RuntimeError(f"PNG export unavailable ({type(exc).__name__}: {exc}); use the HTML export.") from exc
+        raise RuntimeError(f"{'/'.join(formats).upper()} export unavailable ({type(exc).__name__}: {exc}); use the "
+                           "HTML export.") from exc
+
+
+def figure_png(fig: go.Figure, width: int = 1100, height: int | None = None, scale: float = 2.0) -> bytes:
+    """PNG bytes through kaleido (``figure_images``)."""
+    return figure_images(fig, ["png"], width, height, scale)["png"]
+
+
+def figure_svg(fig: go.Figure, width: int = 1100, height: int | None = None) -> bytes:
+    """SVG bytes through kaleido (``figure_images``)."""
+    return figure_images(fig, ["svg"], width, height, 1.0)["svg"]
 
 
 def figure_html(fig: go.Figure) -> str:
@@ -762,7 +845,7 @@ def kv_bytes_figure(counted: Mapping[str, float], length: int) -> go.Figure:
     mib = [counted["full_cache"] / 2**20, counted["plan"] / 2**20]
     fig = go.Figure(go.Bar(x=["full cache", "plan"], y=mib, marker_color=[PRUNED_COLOR, KEPT_COLOR],
                            text=[f"{v:.2f} MiB" for v in mib], textposition="auto", name="kv bytes"))
-    fig.update_layout(title=f"KV cache at {length:,} tokens: {counted['ratio']:.0%} of the full cache",
-                      xaxis_title="key/value cache", yaxis_title="MiB", height=320,
-                      margin={"t": 50, "b": 30, "l": 50, "r": 10})
+    title, top = wrapped_title(f"KV cache at {length:,} tokens: {counted['ratio']:.0%} of the full cache")
+    fig.update_layout(title=title, xaxis_title="key/value cache", yaxis_title="MiB", height=270 + top,
+                      margin={"t": top, "b": 30, "l": 50, "r": 10})
     return keep_labels(fig)

@@ -4,6 +4,7 @@ hand on a copy with the heads cut out by surgery."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
@@ -83,8 +84,17 @@ def test_model_view_draws_every_head_in_one_image_and_greys_the_pruned():
     at.session_state["hp_session"].set_mask(HeadMask.from_pruned({1: [0, 1, 4, 5, 6, 7]}, (3, 8)), "test")
     at.switch_page("dashboard/pages/12_Model_view.py").run()
     assert not problems(at), problems(at)
-    atlas = [i for i in at.image if i.captions and i.captions[0].startswith("rows: layers")]
-    assert len(atlas) == 1 and len(atlas[0].value) == 1                  # every head in one picture
+    # every head in one picture, under a button per thumbnail (issue 45: clickable, with role letters and marks)
+    [atlas] = [json.loads(e.proto.json) for e in at.get("bidi_component")
+               if e.proto.component_name == "headprune_atlas"]
+    assert atlas["uri"].startswith("data:image/png;base64,") and len(atlas["cells"]) == 24
+    pruned = {(1, h) for h in (0, 1, 4, 5, 6, 7)}
+    for cell in atlas["cells"]:
+        gone = (cell["layer"], cell["head"]) in pruned
+        assert cell["mark"].endswith("✕") == gone and cell["title"].endswith("pruned now") == gone, cell
+        # the button covers its thumbnail: inside the image, in the head's column and the layer's row
+        assert 0 <= cell["x"] and cell["x"] + cell["w"] <= 100 and 0 <= cell["y"] and cell["y"] + cell["h"] <= 100
+        assert int(cell["x"] / (100 / 8)) == cell["head"] and int(cell["y"] / (100 / 3)) == cell["layer"]
     rows = [at.pills(key=f"glance-pick-{layer}") for layer in range(3)]   # one row of 8 heads per layer
     for layer, row in enumerate(rows):
         labels = [row.format_func(h) for h in range(8)]

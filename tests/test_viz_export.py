@@ -146,3 +146,19 @@ def test_png_export_has_its_labels_inside_the_image():
     # the bottom margin holds the head numbers and the axis title "head": ink in the last 12% of the rows
     assert ink[int(height * 0.88):, :].sum() > 50
     assert re.match(rb"\x89PNG", png)
+
+
+def test_png_and_svg_come_from_one_render_and_the_svg_keeps_its_words_as_text():
+    """Issue 45 item 8: SVG next to PNG and HTML. One kaleido start renders both (a start is most of a render's
+    time); the SVG of a trajectory figure holds its axis titles, tick labels and legend as SVG text a paper can
+    restyle (the grids' layer labels: ``test_png_export_has_its_labels_inside_the_image``)."""
+    fig = viz.trajectory_figure([trajectory("gnorm"), trajectory("kl")], tolerance=0.9)
+    try:
+        images = viz.figure_images(fig, ["png", "svg"])
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    assert re.match(rb"\x89PNG", images["png"]) and images["svg"].lstrip().startswith(b"<svg")
+    words = set(re.findall(r">([^<>]+)</(?:text|tspan)>", images["svg"].decode()))
+    assert {"heads pruned (%)", "accuracy (higher is better)"} <= words, words          # axis titles
+    assert {"gnorm", "kl"} <= words                                                   # the legend
+    assert {"20%", "50%", "0.4", "0.8"} <= words                                      # tick labels, both axes

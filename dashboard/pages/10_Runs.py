@@ -6,7 +6,7 @@ import os
 
 import streamlit as st
 
-from dashboard.ui import manual_help, plain
+from dashboard.ui import manual_help, plain, share_page
 from headprune.errors import HeadpruneError
 from headprune.estimate import human_duration
 from headprune.protocol.schedule import folder_protocol, landed_table, status
@@ -17,8 +17,13 @@ REFRESH = 5   # seconds between re-reads of the folder while the page is open
 st.title("Protocol runs", help=manual_help("Protocol runs"))
 st.caption("Open the results folder of `headprune run PROTOCOL.toml --out DIR` (any executor: local, pool, slurm "
            "or --shard): the table fills in as cells land.")
-folder = st.text_input("Results folder", value=os.environ.get("HEADPRUNE_RUN", ""), key="runs-folder",
-                       placeholder="runs/demo")
+started = os.environ.get("HEADPRUNE_RUN", "")
+folder = st.text_input("Results folder", value=started, key="runs-folder", placeholder="runs/demo")
+# a link never names a path (urlstate): it opens this page on the folder the server was started with
+share_page({"page": "runs"}, "Share this page: the link below (and its QR code) opens Protocol runs on this server"
+           + (f", on the folder it was started with ({started})." if started else ".")
+           + (" The folder typed here is not in the link: a link never names a path on the server."
+              if folder.strip() and folder.strip() != started else ""))
 if not folder:
     st.info("Give the --out folder of a protocol run.")
     st.stop()

@@ -5,7 +5,7 @@ import streamlit as st
 
 from dashboard import urlstate
 from dashboard.compute import head_maps, stored_roles
-from dashboard.ui import example_picker, guard, head_name, page
+from dashboard.ui import atlas_picker, example_picker, guard, head_name, page
 from headprune import viz
 from headprune.glossary import role_legend
 from headprune.views import head_atlas
@@ -34,34 +34,42 @@ report = stored_roles(ws)
 marks = report.marks()[block_of] if report is not None else np.full(live.shape, "", dtype=object)
 names = report.names()[block_of] if report is not None else np.full(live.shape, "", dtype=object)
 
-st.caption(f"{n_layers} × {live.shape[1]} heads on {len(tokens)} tokens · {int((~live).sum())} greyed (pruned)")
-# The maps are one plain image and the click is a row of buttons per layer under it (st.pills): a Plotly click
-# layer over the image cost ~1 s more before the thumbnails showed (benchmarks/bench_model_view.py).
-st.image(atlas.png(), width=min(56 * live.shape[1], 900),
-         caption=f"rows: layers 0 (top) to {n_layers - 1}; columns: heads 0 (left) to {live.shape[1] - 1}")
+st.caption(f"{n_layers} × {live.shape[1]} heads on {len(tokens)} tokens · {int((~live).sum())} greyed (pruned) · "
+           f"rows: layers 0 (top) to {n_layers - 1}; columns: heads 0 (left) to {live.shape[1] - 1}")
 opened = st.session_state.get("glance-open") or (sd.head if sd.head is not None and not ws.tied else None)
-st.markdown("**Open a head:** click its number in its layer's row (role letters once the Roles page has run)")
-for layer in range(n_layers):
-    key = f"glance-pick-{layer}"
-    # every row shows the one opened head (a pick in another row clears this one), as the dropdowns do
-    st.session_state[key] = opened[1] if opened is not None and opened[0] == layer else None
 
-    def picked(layer=layer, key=key) -> None:
-        head = st.session_state.get(key)
-        if head is not None:
-            sd.head = (int(block_of[layer]), head)
-            st.session_state["glance-open"] = (layer, head)
-            urlstate.publish(draw=False)      # the address bar follows the click at once
 
-    name, row = st.columns([1, 11], vertical_alignment="center")
-    name.markdown(f"layer {layer}")
-    row.pills(f"layer {layer}", list(range(live.shape[1])), key=key, on_change=picked, label_visibility="collapsed",
-              format_func=lambda h, layer=layer: f"{h}{' ' + marks[layer, h] if marks[layer, h] else ''}"
-                                                 f"{'' if live[layer, h] else ' ✕'}")
+def open_head(layer: int, head: int) -> None:
+    sd.head = (int(block_of[layer]), head)
+    st.session_state["glance-open"] = (layer, head)
+    urlstate.publish(draw=False)      # the address bar follows the click at once
+
+
+# a click on a thumbnail opens its head; its role letters sit on it (ui.atlas_picker)
+titles = [[f"layer {layer} · head {h}" + (f" · {names[layer, h]}" if names[layer, h] else "")
+           + ("" if live[layer, h] else " · pruned now") for h in range(live.shape[1])] for layer in range(n_layers)]
+shown = np.where(live, marks, np.char.add(marks.astype(str), " ✕"))
+atlas_picker(atlas, titles, shown, opened, "glance-atlas", lambda cell: open_head(*cell))
+with st.expander("Open a head by its number"):
+    for layer in range(n_layers):
+        key = f"glance-pick-{layer}"
+        # every row shows the one opened head (a pick in another row clears this one), as the dropdowns do
+        st.session_state[key] = opened[1] if opened is not None and opened[0] == layer else None
+
+        def picked(layer=layer, key=key) -> None:
+            head = st.session_state.get(key)
+            if head is not None:
+                open_head(layer, head)
+
+        st.pills(f"layer {layer}", list(range(live.shape[1])), key=key, on_change=picked,
+                 format_func=lambda h, layer=layer: f"{h}{' ' + marks[layer, h] if marks[layer, h] else ''}"
+                                                    f"{'' if live[layer, h] else ' ✕'}")
 if report is not None:
-    st.caption("Role letters: " + role_legend() + " (Roles page; the Glossary explains each). ✕: pruned now.")
+    st.caption("Click a map to open its head. Role letters: " + role_legend() + " (Roles page; the Glossary explains "
+               "each). ✕: pruned now.")
 else:
-    st.caption("Find the head roles on the **Roles** page to see a role letter on each head. ✕: pruned now.")
+    st.caption("Click a map to open its head. Find the head roles on the **Roles** page to see role letters on the "
+               "maps. ✕: pruned now.")
 
 if opened is not None and opened[0] < n_layers:
     layer, head = opened

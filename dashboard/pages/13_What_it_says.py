@@ -5,6 +5,7 @@ import streamlit as st
 
 from dashboard.compute import example_comparison
 from dashboard.ui import baseline_label, example_picker, guard, heads_left, page, plain
+from headprune import viz
 from headprune.glossary import help_for
 from headprune.views import loss_change_html
 
@@ -34,9 +35,11 @@ if ws.task.kind == "classification":
 
 scored = result.scored
 left, right = st.columns(2)
-left.metric("perplexity on this text, as loaded", f"{result.perplexity('dense'):,.2f}",
-            help=help_for("perplexity"))
-right.metric("perplexity on this text, pruned", f"{result.perplexity('pruned'):,.2f}", help=help_for("perplexity"))
+# short labels: two metrics share a phone's line, and a longer label was cut to "perplexity on this text, a…"
+left.metric("perplexity, as loaded", viz.metric_text(result.perplexity("dense")),
+            help="On this text. " + help_for("perplexity"))
+right.metric("perplexity, pruned", viz.metric_text(result.perplexity("pruned")),
+             help="On this text. " + help_for("perplexity"))
 st.markdown("**Each token coloured by the change in its loss** (pruned − as loaded): red = the pruned model finds "
             "the right token harder, blue = easier. Hover a token for its two losses." +
             ("" if scored[1:].all() else " Underlined: the tokens this data's metric scores (the rest is context)."))

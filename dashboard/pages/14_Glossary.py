@@ -15,8 +15,9 @@ def table(title: str, entries, first: str = "term") -> None:
     if not rows:
         return
     st.subheader(title)
-    st.dataframe({first: [e.term for e in rows], "name": [e.name for e in rows], "meaning": [e.text for e in rows],
-                  "source": [e.source for e in rows]}, hide_index=True, width="stretch")
+    # a table, not a data grid: its cells wrap, so every meaning is read whole (a grid cut them at one line)
+    st.table({first: [e.term for e in rows], "name": [e.name for e in rows], "meaning": [e.text for e in rows],
+              "source": [e.source for e in rows]}, hide_index=True)
 
 
 table("Criteria", criterion_entries(), "criterion")

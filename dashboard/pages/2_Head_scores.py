@@ -74,7 +74,9 @@ def heatmaps() -> None:
     if sd.head is not None:
         st.caption(f"Selected: **{head_name(ws, sd.head)}** — see it on the Attention page, prune it on the "
                    "Prune page.")
-    per_row = 3 if len(scores) > 2 else len(scores)
+    # two maps a row at most: three (the default criteria) left each a third of a 1280 px screen, its 12 head
+    # numbers crammed under it; a phone stacks them anyway
+    per_row = min(2, len(scores))
     names = list(scores)
     for start in range(0, len(names), per_row):
         for col, name in zip(st.columns(per_row), names[start:start + per_row]):

@@ -4,7 +4,7 @@ import numpy as np
 import streamlit as st
 
 from dashboard.compute import arcs_for, profile_for, stored_profile, syntax_problem
-from dashboard.ui import clickable_grid, guard, long_job, page, plain, role_marks
+from dashboard.ui import MAX_TYPED, clickable_grid, guard, long_job, page, plain, role_marks
 from dashboard.urlstate import publish
 from headprune import viz
 from headprune.glossary import dependency_help
@@ -21,8 +21,10 @@ def sentence_options() -> list:
 
 source = st.radio("Sentence", ["from the evaluation set", "type one"], horizontal=True, key="att-source")
 if source == "type one":
-    typed = st.text_input("Your sentence", value="The film is slow, but the acting is wonderful.", key="att-typed")
-    text = typed.strip()
+    # the same key and max_chars as the other views' typed text (ui.example_picker), so the sentence goes with the
+    # reader from page to page; a default only when none is kept (a widget given both warns)
+    typed = {} if "att-typed" in st.session_state else {"value": "The film is slow, but the acting is wonderful."}
+    text = st.text_input("Your sentence", key="att-typed", max_chars=MAX_TYPED, **typed).strip()
     if ws.eval.pairs is not None and text:
         pair = st.text_input("Second text (this model reads pairs)", key="att-typed-pair").strip()
         text = (text, pair or text)

@@ -20,6 +20,7 @@ from dashboard.session import SessionData
 from dashboard.store import DashboardWorkspace as Workspace
 from dashboard.ui import (
     baseline_label,
+    change_delta,
     clickable_grid,
     criterion_picker,
     cut_lines,
@@ -43,10 +44,9 @@ from headprune import viz
 from headprune.model.mask import HeadMask
 from headprune.model.sizes import parameters_left
 
-ws, sd = page("Prune", "Click a head to prune it (click again to restore). Only the layers from the changed "
-                       "one upwards are re-run; while batches arrive (in a fresh random order) the last exact "
-                       "value stays greyed until the running estimate's 95% interval is narrow enough to show it, "
-                       "then the exact value replaces it.", live_counts=True)
+# one line at 1280 px, so the metric row and the grid share a 720 px screen (the metric's help says how it arrives)
+ws, sd = page("Prune", "Click a head to prune it, again to restore it: the layers from it up are re-run and the "
+                       "metric follows, exact once its last batch is in.", live_counts=True)
 
 
 def toggle(head: tuple[int, int]) -> None:
@@ -82,7 +82,7 @@ def numbers(ws: Workspace, sd: SessionData) -> None:
                    "grouped-query cut holds more than once: then it can grow (red), see \"Cutting these heads out "
                    "of the weights\" below.")
     headline, side_metric = c1.empty(), c4.empty()
-    side_metric.metric(baseline, f"{dense_value:.4f}")
+    side_metric.metric(baseline, viz.metric_text(dense_value))
 
     shown_at = [0.0]
     # the last exact value of this session (dense before its first change): what stays, greyed, until a running
@@ -111,10 +111,10 @@ def numbers(ws: Workspace, sd: SessionData) -> None:
             metrics, stability = session_metrics(ws, sd, show_estimate)
         value = ws.metric_of(metrics)
         st.session_state[LAST_EXACT] = (ws.key, value)
-        headline.metric(ws.metric, f"{value:.4f}", f"{value - dense_value:+.4f} vs {short}",
-                        delta_color="normal" if ws.higher_is_better else "inverse",
-                        help=f"{baseline}: {dense_value:.4f}" + ("" if ws.higher_is_better else
-                                                                 " (lower is better)"))
+        headline.metric(ws.metric, viz.metric_text(value), **change_delta(value, dense_value, ws.higher_is_better,
+                                                                          short),
+                        help=f"{baseline}: {viz.metric_text(dense_value)}" + ("" if ws.higher_is_better else
+                                                                             " (lower is better)"))
         if stability is not None:
             side_metric.metric("stability", f"{stability:.1f}%",
                                help="Predictions unchanged when 10% of the words are dropped.")

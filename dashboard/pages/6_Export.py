@@ -22,8 +22,8 @@ from dashboard.export import (
     harness_runs,
     harness_tasks,
     onnx_timing,
-    render_png,
-    rendered_png,
+    render_images,
+    rendered_images,
     run_file,
     run_harness,
     runtime_rows,
@@ -33,6 +33,7 @@ from dashboard.export import (
 from dashboard.ui import (
     cancel_button,
     cancelled_note,
+    change_delta,
     estimate_line,
     guard,
     long_job,
@@ -44,7 +45,6 @@ from dashboard.ui import (
 from headprune import viz
 
 ws, sd = page("Export")
-better = "normal" if ws.higher_is_better else "inverse"   # a change's colour says good or bad (perplexity: down)
 st.caption(f"The current mask prunes {sd.n_gated} heads (change it on the Prune page)"
            + (f", on top of the {ws.n_cut} cut out of the loaded model." if ws.n_cut else "."))
 
@@ -76,21 +76,24 @@ if sd.trajectories or sd.spreads:
 which = st.selectbox("Figure", list(figures), key="export-figure")
 fig = figures[which]()
 slug = which.lower().replace(": ", "-").replace(" ", "-")
-c1, c2 = st.columns(2)
+c1, c2, c3 = st.columns(3)
 c1.download_button("HTML (interactive, opens offline)", viz.figure_html(fig), file_name=f"headprune-{slug}.html",
                    mime="text/html", key="export-html", width="stretch")
-png = rendered_png(sd, which)
-if png is None:
-    if c2.button("Render PNG", key="export-render-png", width="stretch"):
+images = rendered_images(sd, which)
+if images is None:
+    if c2.button("Render PNG and SVG", key="export-render", width="stretch"):
         try:
             with st.spinner("Rendering with kaleido …"):
-                png = render_png(sd, which, fig)
+                images = render_images(sd, which, fig)
         except RuntimeError as exc:
-            st.warning(f"{plain(exc)} PNG needs kaleido and a local Chromium; the HTML export always works.")
-if png is not None:
-    c2.download_button("PNG", png, file_name=f"headprune-{slug}.png", mime="image/png", key="export-png",
+            st.warning(f"{plain(exc)} PNG and SVG need kaleido and a local Chromium; the HTML export always works.")
+if images is not None:
+    c2.download_button("PNG", images["png"], file_name=f"headprune-{slug}.png", mime="image/png", key="export-png",
                        width="stretch")
-st.plotly_chart(fig, width="stretch", key="export-preview")
+    c3.download_button("SVG (text stays text)", images["svg"], file_name=f"headprune-{slug}.svg",
+                       mime="image/svg+xml", key="export-svg", width="stretch")
+# a preview, not a tool: without the modebar nothing sits over the grid's top-right cells
+st.plotly_chart(fig, width="stretch", key="export-preview", config={"displayModeBar": False})
 
 st.subheader("Pruned model")
 formats = export_formats(ws)
@@ -118,9 +121,9 @@ elif fmt == "uniform":
             bar.done()
     if compared is not None:
         c1, c2 = st.columns(2)
-        c1.metric(f"{ws.metric} under the mask", f"{compared['mask']:.4f}")
-        c2.metric(f"{ws.metric} under the uniform mask", f"{compared['uniform']:.4f}",
-                  f"{compared['uniform'] - compared['mask']:+.4f}", delta_color=better)
+        c1.metric(f"{ws.metric} under the mask", viz.metric_text(compared["mask"]))
+        c2.metric(f"{ws.metric} under the uniform mask", viz.metric_text(compared["uniform"]),
+                  **change_delta(compared["uniform"], compared["mask"], ws.higher_is_better, "the mask"))
 built = None if problem else built_model(sd, fmt, gguf_type)
 if not problem and built is None and st.button("Build the pruned model", type="primary", key="export-build"):
     with guard("Could not build the pruned model"):
@@ -131,9 +134,9 @@ if built is not None:
     if built["rounding"]:
         st.caption(plain(built["rounding"]))
     c1, c2 = st.columns([1, 2])
-    c1.metric(f"{ws.metric} of the pruned model", f"{built['metric']:.4f}",
-              f"{built['metric'] - ws.metric_of(ws.dense()):+.4f} vs {'as loaded' if ws.n_cut else 'dense'}",
-              delta_color=better)
+    c1.metric(f"{ws.metric} of the pruned model", viz.metric_text(built["metric"]),
+              **change_delta(built["metric"], ws.metric_of(ws.dense()), ws.higher_is_better,
+                             "as loaded" if ws.n_cut else "dense"))
     c1.download_button("Pruned model (zip)", built["zip"], file_name=f"headprune-{fmt}-model.zip",
                        mime="application/zip", key="export-model", type="primary", width="stretch")
     c1.caption(f"{len(built['zip']) / 2**20:.1f} MB zipped. {plain(built['note'])}")

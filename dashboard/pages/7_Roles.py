@@ -1,19 +1,19 @@
 """Roles: what each head does -- previous-token, duplicate-token, induction, sink, positional, syntactic, broad."""
 
 import numpy as np
-import pandas as pd
 import streamlit as st
 
 from dashboard.compute import (
     ablate_role,
     ablation_estimate,
     arcs_for,
+    live_role_heads,
     roles_for,
     smaller_sizes,
     stored_ablation,
     stored_roles,
 )
-from dashboard.ui import clickable_grid, guard, head_name, long_job, page
+from dashboard.ui import change_delta, clickable_grid, guard, head_name, long_job, page
 from dashboard.urlstate import publish
 from headprune import viz
 from headprune.roles import NO_ROLE, ROLES
@@ -31,11 +31,11 @@ if report is None:
         st.stop()
 
 counts = report.counts()
-st.dataframe(pd.DataFrame({"role": list(counts), "heads": list(counts.values()),
-                           "threshold": [report.thresholds.get(r) for r in counts],
-                           "what it does": [ROLES[r].description if r in ROLES else "none of the above"
-                                            for r in counts]}),
-             hide_index=True, width="stretch")
+# a table: its cells wrap, so "what it does" is read whole; "—" where a row has no threshold (no clear role)
+st.table({"role": list(counts), "heads": list(counts.values()),
+          "threshold": [viz.number_text(report.thresholds.get(r)) for r in counts],
+          "what it does": [ROLES[r].description if r in ROLES else "none of the above" for r in counts]},
+         hide_index=True)
 st.caption("A head can carry several roles. Thresholds come from the sources: 0.4 for previous-token, duplicate and "
            "induction (ARENA/TransformerLens detectors), 0.3 sink (Gu et al. 2024), 90% positional (Voita et al. "
            "2019), 10 points over the best fixed offset for syntactic (Voita et al. 2019), 0.8 broad (ours).")
@@ -110,8 +110,13 @@ st.subheader("Does the task need a role?")
 st.caption("Prune every head of a role (or keep only them) from the current mask, against 10 random sets of the same "
            "size drawn from the other heads: mean ± sd. Runs on a copy of this session's live evaluator.")
 c1, c2, c3 = st.columns([2, 2, 1])
-present = [r for r in ROLES if counts.get(r)]
-role = c1.selectbox("Role", present, key="roles-ablate-role") if present else None
+# the roles with a head still in use: a role whose heads are all pruned now has nothing to prune or keep (the
+# default role, its one head pruned on Prune, made Measure fail)
+left = {r: int(n) for r in ROLES if (n := live_role_heads(report, sd.mask, r))}
+role = c1.selectbox("Role", list(left), key="roles-ablate-role",
+                    format_func=lambda r: f"{r} ({left[r]} heads in use)") if left else None
+if not left:
+    st.info("Every head with a role is pruned now: restore some on the Prune page to measure a role.")
 mode = c2.radio("Edit", ["prune", "keep"], format_func={"prune": "prune the role", "keep": "keep only the role"}.get,
                 horizontal=True, key="roles-ablate-mode")
 if role is not None:
@@ -122,7 +127,9 @@ if role is not None:
                           failed="Could not measure the ablation")
     if result is not None:
         st.metric(f"{result['metric']} with {result['n_heads']} {role} heads "
-                  f"{'pruned' if mode == 'prune' else 'kept alone'}", f"{result['role_value']:.4f}",
-                  delta=f"{result['role_value'] - result['base']:+.4f} vs now ({result['base']:.4f})")
-        st.markdown(f"Random sets of {result['n_heads']} heads (10 seeds): **{result['random_mean']:.4f} ± "
-                    f"{result['random_sd']:.4f}**")
+                  f"{'pruned' if mode == 'prune' else 'kept alone'}", viz.metric_text(result["role_value"]),
+                  **change_delta(result["role_value"], result["base"], result["higher_is_better"],
+                                 f"now ({viz.metric_text(result['base'])})"))
+        mean = result["random_mean"]
+        st.markdown(f"Random sets of {result['n_heads']} heads ({result['seeds']} seeds): "
+                    f"**{viz.metric_text(mean)} ± {viz.metric_text(result['random_sd'], like=mean)}**")

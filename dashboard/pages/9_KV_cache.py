@@ -5,8 +5,8 @@ import json
 import numpy as np
 import streamlit as st
 
-from dashboard.compute import KV_ROWS, kv_group_scores, kv_metrics
-from dashboard.ui import clickable_grid, guard, page, plain, progress_bar, rows_choice
+from dashboard.compute import KV_ROWS, kv_group_scores, kv_metrics, kv_scores_estimate, smaller_sizes, stored_kv_scores
+from dashboard.ui import change_delta, clickable_grid, guard, long_job, page, plain, progress_bar, rows_choice
 from dashboard.urlstate import publish
 from headprune import viz
 from headprune.kvcache import KVPlan
@@ -19,7 +19,7 @@ from headprune.kvcache.tasks import bytes_at
 
 ws, sd = page("KV cache", "Which key/value heads need the whole KV cache? A full head keeps every key and value; a "
                           "streaming head keeps the first S keys (attention sinks) and the last W (DuoAttention). "
-                          "Click a head to switch it; the metric is exact under the restriction.")
+                          "Click a head to select it, then switch it; the metric is exact under the restriction.")
 
 if not ws.adapter.causal:
     st.warning(f"{plain(ws.setup.model)} is an encoder ({ws.adapter.family}): it keeps no key/value cache -- every "
@@ -54,12 +54,37 @@ rows = rows_choice(right, "kv-rows", KV_ROWS, len(ws.eval), "each plan (and the 
 st.caption(f"**{rule}**: {RULE_KINDS.get(rule, CRITERION_KIND)}."
            + (f"  \n**budgets**: {BUDGET_KIND}." if budgets else ""))
 
-scores = None
-with guard("Could not score the key/value heads"):
-    bar = progress_bar(f"{rule} scores")
-    scores = kv_group_scores(ws, rule, int(sink), int(window), bar)
-    bar.done()
-if scores is None:   # the error above says why (e.g. rows no longer than S + W for the outside-window mass)
+KV_QUICK = 5.0   # seconds: scores expected within this start at once (issue 35: a job past ~5 s waits for a click)
+
+
+def kv_of(head: tuple[int, int] | None) -> tuple[int, int] | None:
+    """The key/value head (layer, group) of a selected query head."""
+    return None if head is None else (head[0], int(ws.adapter.group_grid()[head]))
+
+
+def query_head_of(cell: tuple[int, int]) -> tuple[int, int]:
+    """The first query head of key/value head ``cell`` (what selecting it selects elsewhere)."""
+    layer, group = cell
+    return layer, int((ws.adapter.group_grid()[layer] == group).nonzero()[0])
+
+
+# The scores are a job like any other (ui.long_job: its time told, a button, a bar and Cancel; kept until the
+# settings change), except that a rule expected to take a few seconds (razor's probes, random) scores at once.
+stored = stored_kv_scores(ws, rule, int(sink), int(window))
+expected = None
+if stored is None:
+    with guard("Could not estimate how long scoring takes"):
+        expected = kv_scores_estimate(ws, rule, int(sink), int(window))
+    if rule == "random" or (expected is not None and expected.seconds <= KV_QUICK):
+        with guard("Could not score the key/value heads"):
+            bar = progress_bar(f"{rule} scores")
+            stored = kv_group_scores(ws, rule, int(sink), int(window), bar)
+            bar.done()
+scores = long_job("kv-scores", f"Score the key/value heads by {rule}",
+                  lambda bar: kv_group_scores(ws, rule, int(sink), int(window), bar), done=stored,
+                  estimate=lambda: expected, hint=smaller_sizes(ws), what=f"{rule} scores",
+                  failed="Could not score the key/value heads")
+if scores is None:   # not scored yet (the button above), or the error above says why (rows no longer than S + W)
     st.stop()
 
 # A head click (or the Switch button) reruns only this fragment: the plan's grid, metric, bytes and exports -- not the
@@ -82,18 +107,38 @@ def plan_view() -> None:
             st.session_state["kv-basis"] = basis
             st.session_state["kv-full"] = top_share(np.nan_to_num(scores, nan=-np.inf), share / 100).numpy()
         full = st.session_state["kv-full"]
+        # one selected head on every page (issue 35): the key/value head outlined here is the group of the session's
+        # selected query head; a click selects (as on Head scores, Roles, Attention) and the button switches it
+        selected = kv_of(sd.head)
 
-        def toggle(head: tuple[int, int]) -> None:
-            full[head] = not full[head]
+        def select(cell: tuple[int, int]) -> None:
+            if kv_of(sd.head) != cell:
+                sd.head = query_head_of(cell)
 
-        clickable_grid(viz.kv_plan_grid(scores, full, title=f"{rule} score per key/value head (F full · S streaming)"),
-                       "kv-grid", sd, toggle)
+        def switch() -> None:
+            cell = kv_of(sd.head)
+            if cell is not None:
+                full[cell] = not full[cell]
+
+        clickable_grid(viz.kv_plan_grid(scores, full, selected=selected,
+                                        title=f"{rule} score per key/value head (F full · S streaming)"),
+                       "kv-grid", sd, select)
         heads = [(b, g) for b in range(full.shape[0]) for g in range(full.shape[1])]
         pick, button = st.columns([3, 1], vertical_alignment="bottom")
-        chosen = pick.selectbox("Key/value head", heads, key="kv-head",
-                                format_func=lambda h: f"layer {h[0]} · key/value head {h[1]}")
+        # the dropdown shows the selection, never keeps its own (ui.head_picker's rule)
+        st.session_state["kv-head"] = selected
+
+        def chosen() -> None:
+            cell = st.session_state["kv-head"]
+            if cell is not None:
+                select(cell)
+            publish(draw=False)
+
+        pick.selectbox("Key/value head", heads, key="kv-head", on_change=chosen, placeholder="click a head on the grid",
+                       format_func=lambda h: f"layer {h[0]} · key/value head {h[1]}"
+                                             + (" — full" if full[h] else " — streaming"))
         # a callback: it runs before the rerun, so the grid above is drawn with the switch already made
-        button.button("Switch full / streaming", key="kv-toggle", on_click=toggle, args=(chosen,))
+        button.button("Switch full / streaming", key="kv-toggle", on_click=switch, disabled=selected is None)
 
         readable = [[float(v) if np.isfinite(v) else None for v in row] for row in scores]   # JSON has no inf
         plan = KVPlan(full.copy(), ws.adapter.n_heads, int(sink), int(window), {"rule": rule, "model": ws.setup.model,
@@ -103,10 +148,14 @@ def plan_view() -> None:
     with show_metric, guard("Could not evaluate under the plan"):
         dense = ws.metric_of(ws.dense() if rows is None else kv_metrics(ws, None, None, rows))
         under = ws.metric_of(kv_metrics(ws, plan, sd.mask, rows))
-        st.metric(f"{ws.metric} under the plan", f"{under:.4g}", f"{under - dense:+.4g} vs the dense model",
-                  delta_color="normal" if ws.higher_is_better else "inverse")
+        st.metric(f"{ws.metric} under the plan", viz.metric_text(under),
+                  **change_delta(under, dense, ws.higher_is_better, "dense"))
+        # a saving is down and green (it read "↑ 31 % of 5.75 MiB": an up arrow for a cache two thirds smaller)
+        saved = 1 - counted["ratio"]
         st.metric("KV bytes under the plan", f"{counted['plan'] / 2**20:.2f} MiB",
-                  f"{counted['ratio']:.0%} of {counted['full_cache'] / 2**20:.2f} MiB", delta_color="off")
+                  **({"delta": f"-{saved:.0%} vs the full {counted['full_cache'] / 2**20:.2f} MiB",
+                      "delta_color": "inverse"} if round(saved, 2) > 0 else
+                     {"delta": "the full cache", "delta_color": "off", "delta_arrow": "off"}))
         shape = (f"budgets of {plan.budget_tokens()} tokens in all (W_g {int(plan.group_windows().min())}-"
                  f"{plan.window})" if budgets else
                  f"{int(plan.full.sum())} of {plan.full.numel()} key/value heads full")
