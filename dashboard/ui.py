@@ -200,7 +200,7 @@ def page(title: str, caption: str | None = None, live_counts: bool = False) -> t
         st.stop()
     sd = session(ws)
     urlstate.remember(ws, PAGE_URLS.get(title))
-    urlstate.apply(ws, sd, list(PAGE_URLS.values()))
+    urlstate.apply(ws, sd, list(PAGE_URLS.values()), lesson_steps)
     sidebar(ws, sd, counts=not live_counts)
     with st.sidebar:
         share_box(ws)
@@ -250,18 +250,40 @@ def share_box(ws: Workspace) -> None:
 LINK_DRAWN = "hp_link_drawn"   # session key: (the slots, the link) show_link drew last
 
 
-def show_link(params: dict[str, str]) -> None:
-    """The link in its sidebar slots: copyable text (the code block's copy button) and a QR code for a projector."""
+def show_link(params: dict[str, str], fragment: bool = False) -> None:
+    """The link in its sidebar slots: copyable text (the code block's copy button) and a QR code for a projector.
+
+    ``fragment``: drawn from a ``view_fragment``, which writes the slots on every one of its runs (see there)."""
     slots = st.session_state.get(urlstate.SLOT)
     if slots is None:
         return
     url = link_url(params)
-    if st.session_state.get(LINK_DRAWN) == (id(slots), url):
+    if not fragment and st.session_state.get(LINK_DRAWN) == (id(slots), url):
         return   # drawn in these slots already this run: nothing to resend
     st.session_state[LINK_DRAWN] = (id(slots), url)
     link, qr = slots
     link.code(url, language=None, wrap_lines=True)
     qr.image(qr_data_uri(url), caption="Scan to open this view", width=220)
+
+
+def view_fragment(body: Callable[[], None]) -> Callable[[], None]:
+    """``st.fragment`` for the part of a page whose clicks change the view: every run of it -- the full run's
+    included -- ends by writing the view to the address bar and to the sidebar's link slots (``urlstate.publish``).
+
+    The page frame creates those slots outside the fragment, and Streamlit lets a fragment rerun fill a container
+    created outside it only when that fragment wrote to it on the last full run. A fragment that skipped the write
+    on a full run because the link had not changed (Prune after "Apply", Roles after "Find head roles") raised
+    StreamlitInvalidLayoutContextError on the next grid click, and from then on the sidebar named an older mask
+    (issue 45 item 1). So the write is unconditional here, and in ``finally``: a body that stops (``st.stop``) or
+    reruns on a full run still reserves the slots for its later reruns."""
+    @functools.wraps(body)
+    def run() -> None:
+        try:
+            body()
+        finally:
+            urlstate.publish(fragment=True)
+
+    return st.fragment(run)
 
 
 @functools.lru_cache(maxsize=256)
@@ -381,6 +403,13 @@ def estimate_value(estimate) -> str:
     if estimate.low is None:
         return f"≈ {estimate.value:.{digits}f}"
     above, below = estimate.high - estimate.value, estimate.value - estimate.low
+    # an interval is never a point before the last batch (progressive.py): never print one that reads as a point
+    # ("± 0.000", "(1.000–1.000)"): as many digits as it takes to tell its ends apart
+    def reads_as_a_point(d: int) -> bool:
+        return f"{estimate.low:.{d}f}" == f"{estimate.high:.{d}f}" or float(f"{max(above, below):.{d}f}") == 0
+
+    while digits < 6 and estimate.high > estimate.low and reads_as_a_point(digits):
+        digits += 1
     if abs(above - below) <= 0.1 * max(above, below, 1e-12):
         return f"{estimate.value:.{digits}f} ± {max(above, below):.{digits}f}"
     return f"≈ {estimate.value:.{digits}f} ({estimate.low:.{digits}f}–{estimate.high:.{digits}f})"
@@ -402,6 +431,12 @@ def running_metric(metric: str, estimate, previous: float) -> dict:
 
 
 # -- lessons: the current step's text above every page ------------------------------------------------------------
+
+def lesson_steps() -> dict[str, int]:
+    """Each lesson this server has, by name, with its number of steps (what a link's lesson step may name)."""
+    lessons, _ = available_lessons(list(PAGE_URLS.values()))
+    return {name: len(lesson.steps) for name, lesson in lessons.items()}
+
 
 def step_href(lesson, step: int) -> str:
     """The relative link that opens step ``step`` of ``lesson`` (its whole state is in the query string)."""

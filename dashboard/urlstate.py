@@ -5,19 +5,23 @@ reads it on a session's first run (a shared link, a lesson step's link, or F5: a
 the model and data it names and records the lesson step followed; ``apply`` puts the rest (mask, head, criteria,
 ratio, sentence, role letters, KV plan) on the loaded workspace and says in one warning what it
 dropped; ``publish`` writes the view back at once. ``publish`` is called by every page's frame on a full run, by
-each grid click's callback and at the end of every fragment that changes the view: ``st.query_params`` sends its
-change to the browser from whatever run sets it, a fragment's included, so the address bar never lags a click.
+each grid click's callback and at the end of every run of a fragment that changes the view (``ui.view_fragment``,
+the full run's included: the one way a fragment may fill the sidebar's link slots on its own reruns):
+``st.query_params`` sends its change to the browser from whatever run sets it, a fragment's included, so the
+address bar never lags a click.
 
 A link names only the registered demos (or the model / data the server was started on): never a file or hub id.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import streamlit as st
+from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from headprune.criteria import available
 from headprune.data import NAMED_DATA
@@ -28,6 +32,7 @@ from headprune.viewstate import CONTROL, MAX_CRITERIA, MAX_SENTENCE, MAX_STEP, K
 from headprune.viewstate import LESSON as LESSON_NAME
 
 from .config import Setup, current_setup, use_setup
+from .store import workspace_of
 
 READ = "hp_link_read"          # session key: the query string was read (a session reads it once)
 PENDING = "hp_link_params"     # session key: the link's keys, applied once a workspace is loaded
@@ -41,7 +46,12 @@ CRITERIA, PRUNE_CRITERION = "scores-criteria", "prune-crit"
 RATIOS = {"prune": "prune-ratio"}   # the page whose ratio slider a link's ratio is; others: Head scores' slider
 SCORES_RATIO = "scores-ratio"
 SOURCE, TYPED, TYPE_ONE = "att-source", "att-typed", "type one"
-KV_WIDGETS = ("kv-rule", "kv-share", "kv-sink", "kv-window", "kv-length")
+KV_WIDGETS = ("kv-rule", "kv-sink", "kv-window", "kv-length")     # and the plan's kind: a share, or budgets
+KV_KIND, KV_SHARE, KV_BUDGET, KV_BETA = "kv-kind", "kv-share", "kv-budget", "kv-beta"
+KV_STREAMING, KV_BUDGETS = "full / streaming", "budgets (HeadKV)"    # the KV page's "Plan" choices
+DROPPED = "hp_link_dropped"    # session key: what ``follow`` found it could not read (said by ``apply``)
+# Streamlit ignores a whole query string over these (streamlit.runtime.state.query_params): said, not silent
+QUERY_CHARACTERS, QUERY_FIELDS = 512 * 1024, 1000
 
 
 def link_models() -> list[str]:
@@ -61,13 +71,33 @@ def _params() -> dict[str, str]:
     return {key: st.query_params[key] for key in st.query_params}
 
 
+def _ignored_query() -> str | None:
+    """Why Streamlit read no keys from this session's query string although it has some (None: it read them).
+    Streamlit drops a query string over 1,000 fields or 512 Ki characters whole, with a line in the server's log
+    only (issue 46 item 7); the raw string is the script run context's (``st.context`` has no query)."""
+    ctx = get_script_run_ctx()
+    raw = getattr(ctx, "query_string", "") or ""
+    if not raw or st.query_params:
+        return None
+    fields = raw.count("&") + 1
+    if len(raw) > QUERY_CHARACTERS:
+        return (f"the link's query string is {len(raw):,} characters long (at most {QUERY_CHARACTERS:,}): none of "
+                "it was read.")
+    if fields > QUERY_FIELDS:
+        return f"the link has {fields:,} fields (at most {QUERY_FIELDS:,}): none of them was read."
+    return None
+
+
 def follow(pages: list[str]) -> str | None:
-    """On a session's first run: load the model and data the query string names and keep its other keys for
-    ``apply``. Returns the url path of the page it names (None: stay)."""
+    """On a session's first run: load the model and data the query string names (at the evaluation rows it names)
+    and keep its other keys for ``apply``. Returns the url path of the page it names (None: stay)."""
     if st.session_state.get(READ):
         return None
     st.session_state[READ] = True
     params = _params()
+    ignored = _ignored_query()
+    if ignored:
+        st.session_state[PENDING], st.session_state[DROPPED] = {}, [ignored]
     if not params:
         return None
     state, _ = ViewState.from_query(params, **_names(pages))    # what it dropped is said by ``apply``
@@ -79,19 +109,40 @@ def follow(pages: list[str]) -> str | None:
         model = state.model or setup.model
         # a linked demo without data: that demo's own data
         data = state.data or (model if state.model and model in link_data() else setup.data)
-        use_setup(replace(setup, model=model, data=data, data_label=Path(data).name, text_col=None, pair_col=None,
-                          label_col=None))
+        setup = replace(setup, model=model, data=data, data_label=Path(data).name, text_col=None, pair_col=None,
+                        label_col=None, live_rows=None)
+    if state.rows is not None:
+        # the numbers on the linked screen were measured on its first ``rows`` evaluation rows: the same rows here
+        # (config.Setup.live_rows), unless the workspace without that setting, loaded already, has them anyway
+        plain = workspace_of(replace(setup, live_rows=None))
+        setup = replace(setup, live_rows=None if plain is not None and len(plain.eval) == state.rows else
+                        state.rows)
+    use_setup(setup)
     st.session_state[PENDING] = params
     return state.page
 
 
-def apply(ws, sd, pages: list[str]) -> None:
-    """Put a link read by ``follow`` on the loaded workspace (once), with one warning naming what was dropped."""
+def apply(ws, sd, pages: list[str], lessons: Callable[[], dict[str, int]] | None = None) -> None:
+    """Put a link read by ``follow`` on the loaded workspace (once), with one warning naming what was dropped:
+    values no link accepts, and what this server cannot honour (a lesson step it does not have, more evaluation
+    rows than it has; ``lessons()``: each lesson's number of steps, asked only when the link names one)."""
     params = st.session_state.pop(PENDING, None)
     if params is None:
         return
     kv_shape = (ws.adapter.n_layers, ws.adapter.n_kv_heads) if ws.adapter.causal else None
     state, problems = ViewState.from_query(params, **_names(pages), shape=ws.shape, kv_shape=kv_shape)
+    problems = st.session_state.pop(DROPPED, []) + problems
+    if state.lesson is not None and lessons is not None:
+        known = lessons()
+        steps = known.get(state.lesson)
+        if steps is None or not 1 <= state.step <= steps:
+            have = (f"lesson {state.lesson!r} has steps 1-{steps}" if steps is not None else
+                    f"this server's lessons are {', '.join(sorted(known)) or 'none'}")
+            problems.append(f"lesson={state.lesson!r} step={state.step} dropped: {have}.")
+            st.session_state.pop(LESSON, None)
+    if state.rows is not None and state.rows != len(ws.eval):
+        problems.append(f"rows={state.rows} dropped: {ws.setup.data_label} has {len(ws.eval)} evaluation rows here, "
+                        f"so the numbers are measured on all {len(ws.eval)}.")
     if state.mask is not None:
         cut = [(layer, head) for layer, head in state.mask if sd.is_cut((layer, head))]
         pruned: dict[int, list[int]] = {}
@@ -105,6 +156,8 @@ def apply(ws, sd, pages: list[str]) -> None:
     if state.criteria:
         st.session_state[CRITERIA] = list(state.criteria)
         st.session_state[PRUNE_CRITERION] = state.criteria[0]
+    if state.criterion:
+        st.session_state[PRUNE_CRITERION] = state.criterion
     if state.ratio is not None:
         percent = int(round(state.ratio * 20)) * 5      # the sliders move in steps of 5%
         st.session_state[RATIOS["prune"]] = percent
@@ -124,8 +177,13 @@ def apply(ws, sd, pages: list[str]) -> None:
 
 
 def _apply_kv(ws, kv: KVView, kv_shape: tuple[int, int]) -> None:
-    for key, value in zip(KV_WIDGETS, (kv.rule, kv.share, kv.sink, kv.window, kv.length)):
+    for key, value in zip(KV_WIDGETS, (kv.rule, kv.sink, kv.window, kv.length)):
         st.session_state[key] = value
+    if kv.budget is not None:
+        st.session_state[KV_KIND], st.session_state[KV_BUDGET], st.session_state[KV_BETA] = \
+            KV_BUDGETS, kv.budget, kv.beta
+        return
+    st.session_state[KV_KIND], st.session_state[KV_SHARE] = KV_STREAMING, kv.share
     if kv.full is not None:
         full = np.zeros(kv_shape, dtype=bool)
         for layer, group in kv.full:
@@ -145,19 +203,33 @@ def current(ws, sd) -> ViewState:
     ratio = get(RATIOS.get(page, SCORES_RATIO))
     # a pasted tab or newline is a space in the link (a link never carries control characters)
     sentence = CONTROL.sub(" ", get(TYPED) or "").strip()[:MAX_SENTENCE] if get(SOURCE) == TYPE_ONE else ""
-    kv = None
-    if page == "kv-cache" and all(key in st.session_state for key in KV_WIDGETS):
-        full = get("kv-full")
-        heads = tuple(map(tuple, np.argwhere(full).tolist())) if full is not None else None
-        kv = KVView(rule=get("kv-rule"), share=int(get("kv-share")), sink=int(get("kv-sink")),
-                    window=int(get("kv-window")), length=int(get("kv-length")), full=heads)
     return ViewState(
         page=page, model=ws.setup.model if model_ok else None, data=ws.setup.data if model_ok else None,
         mask=tuple(map(tuple, gated.nonzero().tolist())) if bool(gated.any()) else None, head=sd.head,
         criteria=tuple(criteria)[:MAX_CRITERIA] if criteria else None,
-        ratio=None if ratio is None else int(ratio) / 100,
-        sentence=sentence or None, roles=False if get(ROLE_MARKS) is False else None, kv=kv,
-        **_lesson(get(LESSON)))
+        criterion=get(PRUNE_CRITERION) if page == "prune" else None,
+        ratio=None if ratio is None else int(ratio) / 100, rows=len(ws.eval) or None,
+        sentence=sentence or None, roles=False if get(ROLE_MARKS) is False else None,
+        kv=_kv_view() if page == "kv-cache" else None, **_lesson(get(LESSON)))
+
+
+def _kv_view() -> KVView | None:
+    """The KV page's plan from its widgets (None before they exist): a share and the heads clicked full, or a
+    budget plan's total and beta."""
+    get = st.session_state.get
+    if not all(key in st.session_state for key in KV_WIDGETS):
+        return None
+    common = dict(rule=get("kv-rule"), sink=int(get("kv-sink")), window=int(get("kv-window")),
+                  length=int(get("kv-length")))
+    if get(KV_KIND) == KV_BUDGETS:
+        if KV_BUDGET not in st.session_state or KV_BETA not in st.session_state:
+            return None
+        return KVView(**common, share=None, budget=int(get(KV_BUDGET)), beta=float(get(KV_BETA)))
+    if KV_SHARE not in st.session_state:
+        return None
+    full = get("kv-full")
+    heads = tuple(map(tuple, np.argwhere(full).tolist())) if full is not None else None
+    return KVView(**common, share=int(get(KV_SHARE)), full=heads)
 
 
 def _lesson(followed) -> dict:
@@ -183,15 +255,16 @@ def link_query() -> dict[str, str]:
     return view.to_query(ws.shape, None if kv_full is None else kv_full.shape)
 
 
-def publish(draw: bool = True) -> None:
+def publish(draw: bool = True, fragment: bool = False) -> None:
     """Write the view on screen to the address bar now (nothing when it is there already), and with ``draw`` (not
-    from a widget's callback, which runs before any element exists) redraw the sidebar's link."""
+    from a widget's callback, which runs before any element exists) redraw the sidebar's link; ``fragment``: from
+    the end of a fragment's run (``ui.view_fragment``), which writes the link's slots on every run."""
     params = link_query()
     if params and {k: st.query_params.get(k) for k in st.query_params} != params:
         st.query_params.from_dict(params)
     show = st.session_state.get(SHOW)
     if draw and show is not None:
-        show(params)
+        show(params, fragment)
 
 
 def remember(ws, page_url: str | None) -> None:

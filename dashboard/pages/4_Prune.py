@@ -36,8 +36,8 @@ from dashboard.ui import (
     running_metric,
     sidebar_counts,
     speed_section,
+    view_fragment,
 )
-from dashboard.urlstate import publish
 from headprune import viz
 from headprune.model.mask import HeadMask
 from headprune.model.sizes import parameters_left
@@ -241,7 +241,7 @@ def cuttable(ws: Workspace, sd: SessionData) -> None:
 # The metrics, the grid and every control that changes the mask: a click here reruns only this fragment (the
 # title, the sidebar's fixed rows and other pages' state are not redrawn), and the sidebar's counts are written
 # from here so they follow the click.
-@st.fragment
+@view_fragment   # its every run ends by writing the view to the address bar and the sidebar's link
 def live_view() -> None:
     sidebar_counts(ws, sd)
     metric_row = st.container()
@@ -259,7 +259,6 @@ def live_view() -> None:
         criterion_controls(ws, sd)
         role_controls(ws, sd)
         options(ws, sd)
-    publish()        # the address bar follows every change made in this fragment
 
 
 if ws.n_cut:

@@ -6,8 +6,7 @@ import numpy as np
 import streamlit as st
 
 from dashboard.compute import KV_ROWS, kv_group_scores, kv_metrics
-from dashboard.ui import clickable_grid, guard, page, progress_bar, rows_choice
-from dashboard.urlstate import publish
+from dashboard.ui import clickable_grid, guard, page, progress_bar, rows_choice, view_fragment
 from headprune import viz
 from headprune.kvcache import KVPlan
 from headprune.kvcache.budgets import BETA_DEFAULT, budget_plan
@@ -60,7 +59,7 @@ if scores is None:   # the error above says why (e.g. rows no longer than S + W 
 
 # A head click (or the Switch button) reruns only this fragment: the plan's grid, metric, bytes and exports -- not the
 # scores and settings above (issue 35: a click re-ran the whole page, 35 s on demo-lm).
-@st.fragment
+@view_fragment   # its every run ends by writing the view to the address bar and the sidebar's link
 def plan_view() -> None:
     if budgets:
         plan = None
@@ -119,7 +118,6 @@ def plan_view() -> None:
     else:
         export_tsv.download_button("Export DuoAttention TSV", plan.to_duo_tsv(), "full_attention_heads.tsv",
                                    mime="text/tab-separated-values", key="kv-export-tsv")
-    publish()        # the plan as clicked: a fragment rerun writes the link too (urlstate)
 
 
 plan_view()
