@@ -106,6 +106,34 @@ def cancelled_note(key: str) -> None:
         st.info("Cancelled: the run stopped between two batches and stored nothing.", icon=":material/stop:")
 
 
+RUNNING = "hp_running"      # session key: what a long job was doing when it started; removed when it ends
+
+
+@contextmanager
+def job(what: str):
+    """The run of a long job (``what``: "Find head roles"): remembered while it runs, so that a click or a change
+    elsewhere that stops it -- Streamlit ends the running script to start the next run -- is said on the next run
+    (``stopped_note``), never lost silently (issue 45, "Bad input"). A user's error or a bug ends it as usual."""
+    st.session_state[RUNNING] = what
+    try:
+        yield
+    except Exception:
+        st.session_state.pop(RUNNING, None)
+        raise
+    # a rerun stops the script with Streamlit's own exceptions (not Exception subclasses): the mark then stays
+    st.session_state.pop(RUNNING, None)
+
+
+def stopped_note() -> None:
+    """On the run after a long job was stopped by another click: say so, once (the Cancel button says its own)."""
+    what = st.session_state.pop(RUNNING, None)
+    if what is None or st.session_state.get(CANCELLED):
+        return
+    st.warning(f"**{what}** stopped before it finished: a click or a change came while it ran, and each one starts "
+               "a new run of the page, which ends the one before. Nothing of it was stored; start it again when "
+               "you are ready.", icon="⏹️")
+
+
 def long_job(key: str, label: str, run: Callable[[Callable[[float, str], None]], object], *, done=None,
              estimate: Callable[[], object] | None = None, hint: str = "", what: str | None = None,
              failed: str = "That did not work"):
@@ -127,7 +155,7 @@ def long_job(key: str, label: str, run: Callable[[Callable[[float, str], None]],
     if not slot.button(label, type="primary", key=key):
         return None
     result = None
-    with guard(failed):
+    with guard(failed), job(label):
         with slot.container():
             cancel_button(f"{key}-cancel")
             bar = progress_bar(what or label)
@@ -195,6 +223,7 @@ def page(title: str, caption: str | None = None, live_counts: bool = False) -> t
     st.title(title, help=manual_help(title))
     if caption:
         st.caption(caption)
+    stopped_note()
     ws = ensure_workspace()
     if ws is None:
         st.stop()
@@ -244,10 +273,13 @@ def share_box(ws: Workspace) -> None:
     link = st.empty()
     with st.expander("QR code (for a projector)"):
         st.session_state[urlstate.SLOT] = (link, st.empty())
+    # new slots are empty: nothing is drawn in them yet (a memory of "drawn" keyed by id(slots) once matched the new
+    # slots of a later run -- CPython reuses a freed tuple's address -- and left the sidebar without its link)
+    st.session_state[LINK_DRAWN] = None
     st.session_state[urlstate.SHOW] = show_link      # urlstate.publish draws through it (it cannot import ui)
 
 
-LINK_DRAWN = "hp_link_drawn"   # session key: (the slots, the link) show_link drew last
+LINK_DRAWN = "hp_link_drawn"   # session key: the link show_link drew last in this run's slots (None: none yet)
 
 
 def show_link(params: dict[str, str], fragment: bool = False) -> None:
@@ -258,9 +290,9 @@ def show_link(params: dict[str, str], fragment: bool = False) -> None:
     if slots is None:
         return
     url = link_url(params)
-    if not fragment and st.session_state.get(LINK_DRAWN) == (id(slots), url):
+    if not fragment and st.session_state.get(LINK_DRAWN) == url:
         return   # drawn in these slots already this run: nothing to resend
-    st.session_state[LINK_DRAWN] = (id(slots), url)
+    st.session_state[LINK_DRAWN] = url
     link, qr = slots
     link.code(url, language=None, wrap_lines=True)
     qr.image(qr_data_uri(url), caption="Scan to open this view", width=220)
@@ -279,6 +311,7 @@ def view_fragment(body: Callable[[], None]) -> Callable[[], None]:
     @functools.wraps(body)
     def run() -> None:
         try:
+            stopped_note()      # a job of this fragment (Prune's Apply) stopped by the click that reran it
             body()
         finally:
             urlstate.publish(fragment=True)

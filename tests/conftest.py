@@ -38,6 +38,53 @@ def callers_main():
         sys.modules["__main__"] = before
 
 
+# -- the browser tests' one server and one Chromium -----------------------------------------------------------------
+CHROMIUM = "/usr/bin/chromium"
+
+
+def browser_skip_reason() -> str | None:
+    from pathlib import Path
+
+    if not Path(CHROMIUM).exists():
+        return f"{CHROMIUM} not found: install Debian's chromium to run the browser tests"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "python playwright is not installed"
+    return None
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    """One ``streamlit run app.py`` (the SMALL splits) shared by every browser test module: a server takes 30-150 s
+    to start on the shared 2-core box and builds each demo's workspace once (one per module cost minutes of CI).
+    Skipped, with the reason printed, when Chromium or Playwright is missing."""
+    from app_support import ROOT, SMALL, benchmark
+
+    reason = browser_skip_reason()
+    if reason:
+        print(f"skipping the browser tests: {reason}")
+        pytest.skip(reason)
+    log = tmp_path_factory.mktemp("streamlit") / "server.log"
+    with benchmark("bench_browser").streamlit_server(ROOT, dict(SMALL), log, start_timeout=120) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """One headless Chromium for every browser test module (each test opens its own pages and contexts)."""
+    from playwright.sync_api import sync_playwright
+
+    reason = browser_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM,
+                              args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        yield b
+        b.close()
+
+
 @pytest.fixture(scope="session")
 def demo_model_path():
     from headprune.demos.classifier import ensure_demo_model

@@ -11,7 +11,7 @@ import re
 from urllib.parse import urlencode
 
 import pytest
-from test_browser import browser, server, wait_idle  # noqa: F401  (the module's one server and browser)
+from test_browser import wait_idle  # the server and browser: tests/conftest.py, shared
 
 from dashboard.ui import PAGES
 from headprune.lessons import SHIPPED, load_lessons, named_shape

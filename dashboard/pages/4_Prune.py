@@ -30,6 +30,7 @@ from dashboard.ui import (
     head_options,
     head_picker,
     heads_left,
+    job,
     page,
     progress_bar,
     role_marks,
@@ -154,11 +155,14 @@ def criterion_controls(ws: Workspace, sd: SessionData) -> None:
     crit = criterion_picker("Criterion", "prune-crit", ["ae"], multi=False)[0]
     ratio = st.slider("Heads pruned in total (%)", 0, 100, 25, step=5, key="prune-ratio") / 100
     if st.button("Apply", key="prune-apply"):
-        with guard(f"Could not prune by {crit}"):
+        applied = False
+        with guard(f"Could not prune by {crit}"), job(f"Apply (prune the lowest {ratio:.0%} by {crit})"):
             bar = progress_bar(f"scoring heads by {crit}")
             mask, what = criterion_mask(ws, sd, crit, ratio, bar)   # SAP: its own selection at that sparsity
             bar.done()
             sd.set_mask(mask, what)
+            applied = True
+        if applied:
             st.rerun()
 
 
