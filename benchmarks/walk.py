@@ -204,25 +204,23 @@ class Walk:
         self.page.set_default_timeout(self.timeout)
 
     def settle(self, page=None) -> None:
-        """Idle: no stale element and no running script, twice 150 ms apart (a rerun may start just after)."""
+        """Idle: no stale element and no running script (``steady`` then waits for the view to hold still)."""
         page = page or self.page
-        for _ in range(2):
-            page.wait_for_timeout(150)
-            page.wait_for_function(SETTLED, timeout=self.timeout)
-        page.wait_for_timeout(100)   # plotly draws after the run ends
+        page.wait_for_timeout(100)    # a rerun a click asks for starts a moment after it
+        page.wait_for_function(SETTLED, timeout=self.timeout)
 
     def read(self, page=None) -> dict:
         return (page or self.page).evaluate(READ_VIEW)
 
     def steady(self, page=None, tries: int = 20) -> dict:
-        """The view once two reads 0.4 s apart agree on what the invariants compare, on an idle page: a check
+        """The view once two reads 0.3 s apart agree on what the invariants compare, on an idle page: a check
         judges what stays on screen, not a frame of a run still arriving (at most ``tries`` reads; the last is
         judged as it is)."""
         page = page or self.page
         keys = ("url", "link", "qr", "left", "title", "rows", "head_box", "exceptions")
         last = self.read(page)
         for _ in range(tries):
-            page.wait_for_timeout(400)
+            page.wait_for_timeout(300)
             page.wait_for_function(SETTLED, timeout=self.timeout)
             now = self.read(page)
             if all(now[k] == last[k] for k in keys):

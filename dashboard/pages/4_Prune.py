@@ -153,7 +153,9 @@ def one_head_controls(ws: Workspace, sd: SessionData) -> None:
 def criterion_controls(ws: Workspace, sd: SessionData) -> None:
     st.markdown("**Prune the lowest x% by a criterion**")
     crit = criterion_picker("Criterion", "prune-crit", ["ae"], multi=False)[0]
-    ratio = st.slider("Heads pruned in total (%)", 0, 100, 25, step=5, key="prune-ratio") / 100
+    # a link's ratio is set on the widget's key (urlstate.apply): then no default beside it (Streamlit warns of both)
+    default = {} if "prune-ratio" in st.session_state else {"value": 25}
+    ratio = st.slider("Heads pruned in total (%)", 0, 100, step=5, key="prune-ratio", **default) / 100
     if st.button("Apply", key="prune-apply"):
         applied = False
         with guard(f"Could not prune by {crit}"), job(f"Apply (prune the lowest {ratio:.0%} by {crit})"):
