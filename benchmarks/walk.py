@@ -57,9 +57,11 @@ TITLES = {"headprune": "home", "Prune": "prune", "Roles": "roles", "Head scores"
 WALKED_PAGES = ("prune", "prune", "roles", "head-scores", "attention", "home")  # pages a "switch" goes to
 GRID_PAGES = ("prune", "roles", "head-scores")
 CRITERIA = ("ae", "random", "his")            # the Prune page's criteria a walk picks: each scores in seconds
-WEIGHTS = {   # how often each action is drawn, where it applies
-    "open": 3, "switch": 10, "grid": 24, "restore": 6, "undo": 4, "reset": 3, "apply": 6, "criterion": 3,
-    "ratio": 4, "sentence": 2, "roles": 3, "lesson": 2, "next-step": 2, "reload": 4, "fresh": 4, "cancel": 2,
+# how often each action is drawn where it applies: clicks often, the page loads (open, lesson, reload, fresh: a new
+# session each, 5-30 s on a busy 2-core server) rarely -- every kind is still drawn a few times in 200 actions
+WEIGHTS = {
+    "open": 1, "switch": 7, "grid": 24, "restore": 6, "undo": 5, "reset": 3, "apply": 4, "criterion": 3,
+    "ratio": 5, "sentence": 1, "roles": 3, "lesson": 1, "next-step": 1, "reload": 3, "fresh": 3, "cancel": 2,
 }
 SENTENCES = ("The cat sat on the mat.", "red fox blue sky red fox blue sky", "A slow film with a wonderful cast.",
              "the plot was fun but the acting was not")

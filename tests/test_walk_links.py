@@ -89,3 +89,27 @@ def test_a_job_stopped_by_another_click_is_said_on_the_next_run(tiny_setup):
     assert len(stopped) == 1 and "Find head roles" in stopped[0]
     at.run()
     assert not [w for w in at.warning if "stopped before it finished" in w.value]
+
+
+def test_a_kv_budget_plan_goes_to_the_link_and_comes_back(tmp_path):
+    """Issue 45 item 8: the KV page's budget plan (HeadKV's allocation) reached no link (only a share of full heads
+    did). Its total and beta are written (``kv=rule_bTOTAL-BETA_sink_window_length``) and a fresh session given
+    that query string opens the same plan."""
+    from conftest import save_tiny_lm
+
+    from headprune.viewstate import KVView
+
+    folder, rows = save_tiny_lm(tmp_path / "lm")
+    setup = Setup(model=folder, data=rows, data_label="rows.csv", calib_size=8, eval_size=8, max_length=32)
+    at = opened(setup, {"page": "kv-cache"})
+    at.radio(key="kv-kind").set_value("budgets (HeadKV)").run()
+    at.number_input(key="kv-budget").set_value(160).run()
+    at.number_input(key="kv-beta").set_value(3.0).run()
+    assert not problems(at), problems(at)
+    plan = KVView.parse(link(at)["kv"])
+    assert (plan.budget, plan.beta, plan.share, plan.full) == (160, 3.0, None, None), link(at)
+    again = opened(setup, link(at))
+    assert again.title[0].value == "KV cache" and not notices(again)
+    assert again.radio(key="kv-kind").value == "budgets (HeadKV)"
+    assert again.number_input(key="kv-budget").value == 160 and again.number_input(key="kv-beta").value == 3.0
+    assert link(again)["kv"] == link(at)["kv"]
