@@ -54,14 +54,15 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 DEMOS = {"demo": (6, 12), "demo-lm": (6, 8), "demo-circuit": (3, 8)}     # each demo's head grid (layers, heads)
 TITLES = {"headprune": "home", "Prune": "prune", "Roles": "roles", "Head scores": "head-scores",
           "Attention": "attention", "Every head at a glance": "heads", "Lessons": "lessons"}
-WALKED_PAGES = ("prune", "prune", "roles", "head-scores", "attention", "home")  # pages a "switch" goes to
+# pages a "switch" goes to (drawn from the others): back to Prune, where most actions are, half the time
+WALKED_PAGES = ("prune", "prune", "prune", "roles", "head-scores", "attention", "home")
 GRID_PAGES = ("prune", "roles", "head-scores")
 CRITERIA = ("ae", "random", "his")            # the Prune page's criteria a walk picks: each scores in seconds
 # how often each action is drawn where it applies: clicks often, the page loads (open, lesson, reload, fresh: a new
 # session each, 5-30 s on a busy 2-core server) rarely -- every kind is still drawn a few times in 200 actions
 WEIGHTS = {
-    "open": 1, "switch": 7, "grid": 24, "restore": 6, "undo": 5, "reset": 3, "apply": 4, "criterion": 3,
-    "ratio": 5, "sentence": 1, "roles": 3, "lesson": 1, "next-step": 1, "reload": 3, "fresh": 3, "cancel": 2,
+    "open": 1, "switch": 6, "grid": 24, "restore": 6, "undo": 5, "reset": 3, "apply": 4, "criterion": 3,
+    "ratio": 5, "sentence": 1, "roles": 3, "lesson": 1, "next-step": 1, "reload": 1, "fresh": 1, "cancel": 2,
 }
 SENTENCES = ("The cat sat on the mat.", "red fox blue sky red fox blue sky", "A slow film with a wonderful cast.",
              "the plot was fun but the acting was not")
@@ -72,7 +73,7 @@ READ_VIEW = """() => {
   const sidebar = document.querySelector('[data-testid="stSidebar"]');
   const code = sidebar ? sidebar.querySelector('[data-testid="stCode"]') : null;
   const qr = sidebar ? [...sidebar.querySelectorAll('img')].find(i => i.src.startsWith('data:image/png')) : null;
-  const side = sidebar ? sidebar.innerText : '';
+  const side = sidebar ? sidebar.textContent : '';
   const left = side.match(/heads left: (\\d+) \\/ (\\d+)/);
   const rows = side.match(/evaluation \\/ calibration: (\\d+) \\/ (\\d+)/);
   const metrics = {};
@@ -81,8 +82,9 @@ READ_VIEW = """() => {
     const value = box.querySelector('[data-testid="stMetricValue"]');
     const delta = box.querySelector('[data-testid="stMetricDelta"]');
     if (!label || !value) continue;
-    metrics[label.innerText.trim()] = {value: value.innerText.trim(), delta: delta ? delta.innerText.trim() : '',
-                                       stale: !!box.closest('[data-stale="true"]')};
+    metrics[label.textContent.trim()] = {value: value.textContent.trim(),
+                                         delta: delta ? delta.textContent.trim() : '',
+                                         stale: !!box.closest('[data-stale="true"]')};
   }
   const input = label => {
     const e = document.querySelector(`input[aria-label="${label}"]`);
@@ -90,20 +92,35 @@ READ_VIEW = """() => {
   };
   const slider = document.querySelector('[data-testid="stSlider"] input[type="range"]');
   const h1 = document.querySelector('h1');
-  const h3 = [...document.querySelectorAll('h3')].map(h => h.innerText.trim());
-  const errors = [...document.querySelectorAll('[data-testid="stAlert"]')].map(a => a.innerText)
+  const h3 = [...document.querySelectorAll('h3')].map(h => h.textContent.trim());
+  const errors = [...document.querySelectorAll('[data-testid="stAlert"]')].map(a => a.textContent)
       .filter(t => t.includes('Please report this') || t.includes('unexpected'));
-  return {url: location.href, link: code ? code.innerText.trim() : null, qr: qr ? qr.src : null,
+  return {url: location.href, link: code ? code.textContent.trim() : null, qr: qr ? qr.src : null,
           left: left ? [Number(left[1]), Number(left[2])] : null, rows: rows ? Number(rows[1]) : null,
-          title: h1 ? h1.innerText.trim() : null, h3: h3, metrics: metrics,
+          title: h1 ? h1.textContent.trim() : null, h3: h3, metrics: metrics,
           exceptions: document.querySelectorAll('[data-testid="stException"]').length, errors: errors,
           head_box: input('Head'), layer_box: input('Layer'), criterion: input('Criterion'),
           plots: document.querySelectorAll('.js-plotly-plot').length,
           ratio: slider ? slider.value : null,
-          body: document.body.innerText.slice(0, 20000)};
+          body: document.body.textContent.slice(0, 20000)};
 }"""
 # idle: the app says its script is not running (its own test attribute: the status widget's "Running" shows late
 # on a busy machine) and no element is stale (from an earlier run, not yet redrawn)
+# the Prune page's headline while it evaluates, polled often: metrics and the address only (no page text, whose
+# reading makes a starved browser lay the page out again)
+READ_HEADLINE = """() => {
+  const metrics = {};
+  for (const box of document.querySelectorAll('[data-testid="stMetric"]')) {
+    const label = box.querySelector('[data-testid="stMetricLabel"]');
+    const value = box.querySelector('[data-testid="stMetricValue"]');
+    const delta = box.querySelector('[data-testid="stMetricDelta"]');
+    if (!label || !value) continue;
+    metrics[label.textContent.trim()] = {value: value.textContent.trim(),
+                                         delta: delta ? delta.textContent.trim() : '',
+                                         stale: !!box.closest('[data-stale="true"]')};
+  }
+  return {url: location.href, metrics: metrics};
+}"""
 SETTLED = ("() => { const app = document.querySelector('[data-testid=\"stApp\"]'); return !!app && "
            "app.getAttribute('data-test-script-state') === 'notRunning' && "
            "!document.querySelector('[data-stale=\"true\"]'); }")
@@ -214,10 +231,11 @@ class Walk:
     def read(self, page=None) -> dict:
         return (page or self.page).evaluate(READ_VIEW)
 
-    def steady(self, page=None, tries: int = 20) -> dict:
-        """The view once two reads 0.3 s apart agree on what the invariants compare, on an idle page: a check
-        judges what stays on screen, not a frame of a run still arriving (at most ``tries`` reads; the last is
-        judged as it is)."""
+    def steady(self, page=None, tries: int = 50) -> dict:
+        """The view once two reads 0.3 s apart agree on what the invariants compare, on an idle page with its
+        sidebar link drawn: a check judges what stays on screen, not a frame still arriving. (The app reports its
+        script finished before a CPU-starved browser has drawn all it sent: after an F5 on a loaded machine the
+        sidebar's link came 3 s after "not running".) At most ``tries`` reads (15 s); the last is judged as is."""
         page = page or self.page
         keys = ("url", "link", "qr", "left", "title", "rows", "head_box", "exceptions")
         last = self.read(page)
@@ -225,7 +243,7 @@ class Walk:
             page.wait_for_timeout(300)
             page.wait_for_function(SETTLED, timeout=self.timeout)
             now = self.read(page)
-            if all(now[k] == last[k] for k in keys):
+            if all(now[k] == last[k] for k in keys) and now["link"] is not None and now["qr"] is not None:
                 return now
             last = now
         return last
@@ -400,7 +418,7 @@ class Walk:
         page, seen, deadline = self.page, [], time.perf_counter() + self.timeout / 1000
         metric = None
         while time.perf_counter() < deadline:
-            view = page.evaluate(READ_VIEW)
+            view = page.evaluate(READ_HEADLINE)
             metric = metric or next((m for m in ("accuracy", "perplexity") if any(k.startswith(m)
                                                                                    for k in view["metrics"])), None)
             box = next((v for k, v in view["metrics"].items() if metric and k.startswith(metric)), None)
@@ -413,7 +431,7 @@ class Walk:
                 elif "vs" in box["delta"] and view["url"] != before and page.evaluate(SETTLED):
                     self.score_intervals(kind, seen, float(box["value"]))
                     return
-            page.wait_for_timeout(60)
+            page.wait_for_timeout(100)
         raise TimeoutError("the Prune page's exact value did not come")
 
     def score_intervals(self, kind: str, seen: list, exact: float) -> None:

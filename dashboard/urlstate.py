@@ -21,7 +21,6 @@ from pathlib import Path
 
 import numpy as np
 import streamlit as st
-from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from headprune.criteria import available
 from headprune.data import NAMED_DATA
@@ -49,7 +48,6 @@ SOURCE, TYPED, TYPE_ONE = "att-source", "att-typed", "type one"
 KV_WIDGETS = ("kv-rule", "kv-sink", "kv-window", "kv-length")     # and the plan's kind: a share, or budgets
 KV_KIND, KV_SHARE, KV_BUDGET, KV_BETA = "kv-kind", "kv-share", "kv-budget", "kv-beta"
 KV_STREAMING, KV_BUDGETS = "full / streaming", "budgets (HeadKV)"    # the KV page's "Plan" choices
-DROPPED = "hp_link_dropped"    # session key: what ``follow`` found it could not read (said by ``apply``)
 # Streamlit ignores a whole query string over these (streamlit.runtime.state.query_params): said, not silent
 QUERY_CHARACTERS, QUERY_FIELDS = 512 * 1024, 1000
 
@@ -71,21 +69,30 @@ def _params() -> dict[str, str]:
     return {key: st.query_params[key] for key in st.query_params}
 
 
-def _ignored_query() -> str | None:
-    """Why Streamlit read no keys from this session's query string although it has some (None: it read them).
-    Streamlit drops a query string over 1,000 fields or 512 Ki characters whole, with a line in the server's log
-    only (issue 46 item 7); the raw string is the script run context's (``st.context`` has no query)."""
-    ctx = get_script_run_ctx()
-    raw = getattr(ctx, "query_string", "") or ""
-    if not raw or st.query_params:
-        return None
-    fields = raw.count("&") + 1
-    if len(raw) > QUERY_CHARACTERS:
-        return (f"the link's query string is {len(raw):,} characters long (at most {QUERY_CHARACTERS:,}): none of "
-                "it was read.")
-    if fields > QUERY_FIELDS:
-        return f"the link has {fields:,} fields (at most {QUERY_FIELDS:,}): none of them was read."
-    return None
+# Streamlit drops a whole query string over 1,000 fields or 512 Ki characters before any app code sees it (a line
+# in the server's log only: streamlit.runtime.state.query_params), and its server does not pass the page's address
+# to a script run. So the browser says it: this script reads the address the page was loaded with (the navigation
+# entry, which later address changes do not touch) and, when Streamlit read none of it for its size, shows the
+# notice in this element. Static text and numbers only (textContent): nothing of the link becomes HTML.
+IGNORED_NOTICE = """
+<div id="hp-link-ignored" style="display:none; padding:0.75rem 1rem; border-radius:0.5rem;
+     background:rgba(255,189,69,0.2); color:inherit">🔗 </div>
+<script>
+(() => {
+  const entry = performance.getEntriesByType("navigation")[0];
+  const query = new URL(entry ? entry.name : window.location.href).search.slice(1);
+  const fields = query ? query.split("&").length : 0, characters = query.length;
+  const why = characters > CHARACTERS
+    ? `is ${characters.toLocaleString("en")} characters long (at most ${(CHARACTERS).toLocaleString("en")})`
+    : fields > FIELDS ? `has ${fields.toLocaleString("en")} fields (at most ${(FIELDS).toLocaleString("en")})` : null;
+  const box = document.getElementById("hp-link-ignored");
+  if (!why || !box) return;
+  box.textContent += `This link named what cannot be opened here: its query string ${why}, so none of it was read `
+    + "and the default view is shown.";
+  box.style.display = "block";
+})();
+</script>
+""".replace("CHARACTERS", str(QUERY_CHARACTERS)).replace("FIELDS", str(QUERY_FIELDS))
 
 
 def follow(pages: list[str]) -> str | None:
@@ -95,10 +102,8 @@ def follow(pages: list[str]) -> str | None:
         return None
     st.session_state[READ] = True
     params = _params()
-    ignored = _ignored_query()
-    if ignored:
-        st.session_state[PENDING], st.session_state[DROPPED] = {}, [ignored]
-    if not params:
+    if not params:      # none, or more than Streamlit reads: the browser says which (IGNORED_NOTICE)
+        st.html(IGNORED_NOTICE, unsafe_allow_javascript=True)
         return None
     state, _ = ViewState.from_query(params, **_names(pages))    # what it dropped is said by ``apply``
     if state.lesson is not None and state.step is not None:
@@ -131,7 +136,6 @@ def apply(ws, sd, pages: list[str], lessons: Callable[[], dict[str, int]] | None
         return
     kv_shape = (ws.adapter.n_layers, ws.adapter.n_kv_heads) if ws.adapter.causal else None
     state, problems = ViewState.from_query(params, **_names(pages), shape=ws.shape, kv_shape=kv_shape)
-    problems = st.session_state.pop(DROPPED, []) + problems
     if state.lesson is not None and lessons is not None:
         known = lessons()
         steps = known.get(state.lesson)
