@@ -16,7 +16,18 @@ if str(Path(__file__).resolve().parents[1]) not in sys.path:  # `streamlit run d
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dashboard.config import demo_setup, use_setup
-from dashboard.ui import ABOUT, PAGES, baseline_label, cut_note, follow_link, heads_left, model_title, page, page_path
+from dashboard.ui import (
+    ABOUT,
+    PAGES,
+    baseline_label,
+    cut_note,
+    follow_link,
+    heads_left,
+    model_title,
+    page,
+    page_path,
+    plain,
+)
 
 LINKS = {"2_Head_scores.py": "See which heads matter (heatmaps)",
          "7_Roles.py": "What do the heads do? (previous-token, induction, sink, syntactic …)",
@@ -45,7 +56,7 @@ def home() -> None:
     with right:
         st.subheader("Loaded now")
         n_blocks, n_heads = ws.shape
-        st.markdown(f"**{model_title(ws)}** — {ws.adapter.arch}, "
+        st.markdown(f"**{plain(model_title(ws))}** — {ws.adapter.arch}, "
                     f"{n_blocks * n_heads} {'tied heads' if ws.tied else 'heads'}, "
                     f"{ws.counts['total']['params'] / 1e6:.1f} M parameters")
         c1, c2 = st.columns(2)

@@ -39,7 +39,7 @@ from headprune.kvcache import KVPlan
 from headprune.kvcache.scores import group_scores, head_scores
 from headprune.kvcache.tasks import metric_under_plan
 from headprune.lessons import ENV as LESSONS_ENV
-from headprune.lessons import lesson_folders, load_lessons
+from headprune.lessons import folders_stamp, lesson_folders, load_lessons
 from headprune.model.capture import capture_attention
 from headprune.model.mask import HeadMask
 from headprune.model.surgery import prune_model
@@ -212,9 +212,22 @@ def available_lessons(pages: list[str]) -> tuple[dict, list[str]]:
     """The shipped lessons and those of the folder HEADPRUNE_LESSONS names (``headprune.lessons``), with the error
     lines of files that could not be used; re-read when a file changes (kept per folder listing and times)."""
     folders = lesson_folders(os.environ.get(LESSONS_ENV))
-    stamp = [(str(p), p.stat().st_mtime_ns, p.stat().st_size) for f in folders if f.is_dir()
-             for p in sorted(f.glob("*.toml"))[:200]]
+    stamp = folders_stamp(folders)     # a dangling link or a FIFO in the folder is stamped, never stat'ed into a crash
     return store().memo(f"lessons|{stamp}|{pages}", lambda: load_lessons(folders, pages=pages))
+
+
+def lesson_values(ws: DashboardWorkspace, mask: HeadMask) -> dict[str, object]:
+    """The live values a lesson step's placeholders quote (``headprune.lessons.PLACEHOLDERS``) with ``mask``: the
+    metrics of the model as loaded and under ``mask`` on this workspace's evaluation rows, measured as the Prune page
+    measures them (its live evaluator at that mask, kept in the store: a class opening one step computes it once)."""
+    dense = ws.dense().to_dict()
+    pruned = dense if mask == ws.cut_mask else live_evaluator(ws, ws.eval_batches, mask).metrics().to_dict()
+    values: dict[str, object] = {"metric": ws.metric, "dense": dense[ws.metric], "pruned": pruned[ws.metric],
+                                 "change": pruned[ws.metric] - dense[ws.metric], "heads": ws.n_units,
+                                 "heads_left": ws.n_units - int(mask.n_pruned), "rows": len(ws.eval)}
+    values.update({f"dense_{name}": value for name, value in dense.items()})
+    values.update({f"pruned_{name}": value for name, value in pruned.items()})
+    return values
 
 
 # -- head roles ---------------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """What the Export page hands out: the session's run file, figures as PNG, and the pruned model (zipped) in one of
-``headprune.model.export.FORMATS``: a headprune checkpoint, a masked stock checkpoint or a uniform stock cut; and
-lm-evaluation-harness's numbers for the current mask beside the dense ones (``run_harness``).
+``headprune.model.export.FORMATS``: a headprune checkpoint, a masked stock checkpoint, a uniform stock cut or an ONNX
+graph (with its onnxruntime check on the evaluation rows and, on request, its speed in onnxruntime: ``time_onnx``);
+and lm-evaluation-harness's numbers for the current mask beside the dense ones (``run_harness``).
 
 Built downloads are kept in the session (``SessionData.exports``), keyed by what they depend on, so a page rerun
 hands out the same bytes without building them again.
@@ -19,7 +20,9 @@ from headprune import viz
 from headprune.estimate import TimeEstimate, estimate_harness
 from headprune.evaluation.harness import HarnessError, HarnessSpec, Tasks, lm_eval_version, resolve_tasks, run_lm_eval
 from headprune.evaluation.metrics import evaluate
+from headprune.evaluation.speed import onnx_speed
 from headprune.model.export import FORMATS, UNIFORM_TYPES, export_model, family_problem, round_to_uniform
+from headprune.model.onnx_export import logits_gap, open_session, runtime_problem
 from headprune.model.sizes import size_report
 
 from .config import memory_budget
@@ -60,10 +63,12 @@ def export_formats(ws: DashboardWorkspace) -> dict[str, dict]:
     fits this model) says why the loaded model cannot be exported that way (a cut model, a tied-head-size family)."""
     cut = (f"The loaded model already has {ws.n_cut} heads cut out, so it is not the original architecture any "
            "more; load the original model to export a stock checkpoint.") if ws.n_cut else None
-    problems = {"headprune": None, "masked": cut, "uniform": cut or family_problem(ws.loaded.model)}
+    problems = {"headprune": None, "masked": cut, "uniform": cut or family_problem(ws.loaded.model),
+                "onnx": runtime_problem()}
     labels = {"headprune": "headprune checkpoint (smaller, any mask)",
               "masked": "masked stock checkpoint (original size, loads anywhere)",
-              "uniform": "uniform stock cut (smaller, loads anywhere)"}
+              "uniform": "uniform stock cut (smaller, loads anywhere)",
+              "onnx": "ONNX graph (smaller, any mask, onnxruntime)"}
     return {name: {"label": labels[name], **info, "problem": problems[name]} for name, info in FORMATS.items()}
 
 
@@ -72,8 +77,9 @@ def runtime_rows() -> list[dict]:
     return [{"format": name, "what it is": info["what"], "saves compute": "yes" if info["saves_compute"] else "no",
              "loads in": info["loads_in"]} for name, info in FORMATS.items()] + [
         {"format": "(non-uniform mask)", "what it is": "different head counts per layer",
-         "saves compute": "yes", "loads in": "headprune only: transformers 5.23's per_layer_config is read by none "
-                                            f"of {', '.join(UNIFORM_TYPES.values())}"}]
+         "saves compute": "yes", "loads in": "as a checkpoint, headprune only (transformers 5.23's per_layer_config "
+                                            f"is read by none of {', '.join(UNIFORM_TYPES.values())}); as an "
+                                            "onnx graph, onnxruntime"}]
 
 
 def uniform_preview(ws: DashboardWorkspace, sd: SessionData) -> dict:
@@ -115,7 +121,9 @@ def build_pruned_model(ws: DashboardWorkspace, sd: SessionData, progress: Progre
     the exported model; kept for ``built_model``. A uniform export first rounds the mask (``uniform_preview``).
 
     Returns {"zip": bytes, "size": sizes.size_report, "metric": headline metric of the exported model,
-    "note": what the format is and saves, "loads_in": which runtimes load it, "rounding": text or None}.
+    "note": what the format is and saves, "loads_in": which runtimes load it, "rounding": text or None, "onnx": for
+    an ONNX graph, onnxruntime's logits against the cut model's on up to :data:`ONNX_CHECK_BATCHES` evaluation
+    batches (``onnx_export.logits_gap``), else None}.
     """
     built = sd.exports[f"model|{format}|{mask_key(sd.mask)}"] = _exported_zip(ws, sd, format, progress)
     return built
@@ -134,6 +142,11 @@ def _exported_zip(ws: DashboardWorkspace, sd: SessionData, format: str, progress
                                       "dense": ws.dense().to_dict(), "data": ws.setup.data_label})
         report(0.3, "evaluating the exported model")
         metrics = evaluate(written["model"], ws.eval_batches, progress=lambda f, m: report(0.3 + 0.5 * f, m))
+        checked = None
+        if format == "onnx":   # the file itself, run in onnxruntime on the rows the metric was computed on
+            report(0.8, "running the graph in onnxruntime")
+            checked = logits_gap(open_session(written["onnx"]["file"]), written["model"],
+                                 ws.eval_batches[:ONNX_CHECK_BATCHES])
         report(0.85, "zipping")
         folder = Path(written["out"])
         buffer = io.BytesIO()
@@ -144,7 +157,29 @@ def _exported_zip(ws: DashboardWorkspace, sd: SessionData, format: str, progress
     report(1.0, "done")
     return {"zip": buffer.getvalue(), "size": size_report(ws.loaded.model, written["model"]),
             "metric": ws.metric_of(metrics), "note": written["note"], "loads_in": written["loads_in"],
-            "rounding": rounding}
+            "rounding": rounding, "onnx": checked}
+
+
+ONNX_CHECK_BATCHES = 4   # evaluation batches the built graph is run on in onnxruntime (seconds, not minutes)
+# what benchmarks/bench_runtimes.py measured (docs/how-to/exports.md has the table, the command and the conditions)
+ONNX_MEASURED = ("Measured with half the heads cut (benchmarks/bench_runtimes.py, 2026-11-28, onnxruntime 1.32 on 2 "
+                 "CPU threads): the pruned graph took 0.77 of the dense graph's time on the demo and 0.78 on a "
+                 "BERT-base-shaped classifier (ideal from FLOPs: 0.82 for both).")
+
+
+def onnx_timing(sd: SessionData) -> dict | None:
+    """``time_onnx``'s result for the current mask, if this session measured it."""
+    return sd.exports.get(f"onnx-speed|{mask_key(sd.mask)}")
+
+
+def time_onnx(ws: DashboardWorkspace, sd: SessionData, progress: Progress | None = None) -> dict:
+    """The session mask's cut and the dense model exported to ONNX and timed in onnxruntime (``speed.onnx_speed``:
+    batch 8 x 128 tokens, 2 threads, the pruned/dense latency ratio beside the ideal one from FLOPs); kept for
+    ``onnx_timing``."""
+    with compute_slot():
+        timed = sd.exports[f"onnx-speed|{mask_key(sd.mask)}"] = onnx_speed(ws.loaded.model, sd.mask,
+                                                                           progress=progress)
+    return timed
 
 
 # -- lm-evaluation-harness on the current mask --------------------------------------------------------------------

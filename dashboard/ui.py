@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import html
 import time
 import traceback
 from collections.abc import Callable
@@ -21,10 +22,13 @@ from headprune.criteria import Criterion, available, get
 from headprune.errors import HeadpruneError
 from headprune.evaluation.speed import speed_headline, speed_table
 from headprune.glossary import help_for, role_legend
+from headprune.lessons import fill, placeholders
+from headprune.markdown import inert
+from headprune.model.mask import HeadMask
 from headprune.model.sizes import cut_summary
 
 from . import urlstate
-from .compute import available_lessons, measure_speed, measured_speed, stored_roles
+from .compute import available_lessons, lesson_values, measure_speed, measured_speed, stored_roles
 from .config import current_setup, demo_setup, help_url, use_setup
 from .session import SessionData, session
 from .store import DashboardWorkspace as Workspace
@@ -33,6 +37,17 @@ from .store import build_workspace, workspace_of
 ABOUT = ("**headprune** scores every attention head of a transformer (a classifier or a language model), shows what "
          "each head looks at, and lets you prune heads and watch accuracy or perplexity move — then exports the "
          "smaller model.")
+
+
+# -- text a user supplied, shown inert ----------------------------------------------------------------------------
+
+def plain(text, markdown: bool = False) -> str:
+    """``text`` a user supplied (a lesson's words, a model or data name, a file or column name, a label, a token, an
+    error message quoting any of them) as Markdown that shows it and does nothing else: no HTML, no image fetched
+    from another host, no link, icon or colour (``headprune.markdown.inert``; ``markdown=True`` keeps a lesson's
+    emphasis, lists and code spans). Every text of a page that can hold such words goes through here; the result
+    is never a widget's option (shown as text already) and never put inside backticks."""
+    return inert(text, markdown)
 
 
 # -- errors and progress -----------------------------------------------------------------------------------------
@@ -46,9 +61,9 @@ def guard(what: str = "That did not work"):
     try:
         yield
     except HeadpruneError as exc:
-        st.error(f"**{what}.** {exc}", icon="⚠️")
+        st.error(f"**{what}.** {plain(exc)}", icon="⚠️")
     except Exception as exc:  # noqa: BLE001 - a page must survive anything; the traceback is shown for reports
-        st.error(f"**{what}** (unexpected {type(exc).__name__}: {exc}). Please report this.", icon="🐞")
+        st.error(f"**{what}** (unexpected {type(exc).__name__}: {plain(exc)}). Please report this.", icon="🐞")
         with st.expander("Details"):
             st.code(traceback.format_exc())
 
@@ -334,15 +349,17 @@ def ensure_workspace() -> Workspace | None:
     ws = workspace_of(setup)
     if ws is not None:
         return ws
-    with st.status(f"Loading model **{setup.model}** and data **{setup.data_label}** …", expanded=True) as status:
+    with st.status(f"Loading model **{plain(setup.model)}** and data **{plain(setup.data_label)}** …",
+                   expanded=True) as status:
         bar = progress_bar("loading")
         try:
             ws = build_workspace(setup, bar)
         except HeadpruneError as exc:
             status.update(label="Could not load the model and data", state="error")
-            st.error(f"{exc}", icon="⚠️")
+            st.error(plain(exc), icon="⚠️")
         else:
-            status.update(label=f"Loaded {setup.model} on {ws.loaded.device}", state="complete", expanded=False)
+            status.update(label=f"Loaded {plain(setup.model)} on {ws.loaded.device}", state="complete",
+                          expanded=False)
         bar.done()
     if ws is None and setup != demo_setup(setup):
         st.button("Use the demo model and data instead", type="primary", on_click=use_setup, args=(demo_setup(setup),))
@@ -386,7 +403,7 @@ def sidebar(ws: Workspace, sd: SessionData, counts: bool = True) -> None:
     dense = ws.metric_of(ws.dense())
     with st.sidebar:
         st.markdown("#### Loaded")
-        st.markdown(f"**{model_title(ws)}**")
+        st.markdown(f"**{plain(model_title(ws))}**")
         rows = {
             "architecture": ws.adapter.arch,
             "heads (L × H)": grid,
@@ -400,7 +417,7 @@ def sidebar(ws: Workspace, sd: SessionData, counts: bool = True) -> None:
             "evaluation / calibration": f"{len(ws.eval)} / {len(ws.calib)}",
             baseline_label(ws): f"{dense:.4f}",
         }
-        st.markdown("\n".join(f"- {k}: **{v}**" for k, v in rows.items()))
+        st.markdown("\n".join(f"- {k}: **{plain(v)}**" for k, v in rows.items()))
         # the counts' own slot: a page's fragment rewrites it in place on each of its reruns (sidebar_counts)
         st.session_state["hp_counts_slot"] = st.empty()
         if counts:
@@ -476,9 +493,27 @@ def step_href(lesson, step: int) -> str:
     return "?" + urlencode(lesson.query(step))
 
 
+def step_anchor(lesson, step: int, text: str) -> str:
+    """An HTML link (for st.markdown with ``unsafe_allow_html``) that opens step ``step`` of ``lesson`` in this tab,
+    a full page load (a Markdown link opens a new tab): the address URL-encoded then HTML-escaped, ``text`` shown
+    inert (``plain``)."""
+    return f'<a href="{html.escape(step_href(lesson, step))}" target="_self">{plain(text)}</a>'
+
+
+def step_mask(ws: Workspace, state) -> HeadMask:
+    """The mask a lesson step's state opens on ``ws`` (as ``urlstate.apply`` sets it): its heads pruned, on top of
+    those cut out of the loaded weights."""
+    pruned: dict[int, list[int]] = {}
+    for layer, head in state.mask or ():
+        pruned.setdefault(layer, []).append(head)
+    return HeadMask.from_pruned(pruned, ws.shape) & ws.cut_mask
+
+
 def lesson_panel(ws: Workspace) -> None:
     """The lesson step being followed, above the page: its text, what to look at, its question and the reveal,
-    and links to the step before and after (each a full page load of that step's state)."""
+    and links to the step before and after (each a full page load of that step's state). A step's placeholders
+    (``{dense}``, ``{pruned}``, ...) are filled from the live values of its state on this server; every word of the
+    lesson is shown inert (``plain``)."""
     current = st.session_state.get(urlstate.LESSON)
     if current is None:
         return
@@ -486,26 +521,39 @@ def lesson_panel(ws: Workspace) -> None:
     name, k = current
     lesson = lessons.get(name)
     if lesson is None or not 1 <= k <= len(lesson.steps):
-        st.warning(f"This link names lesson {name!r} step {k}, which this server does not have (see the Lessons "
-                   "page).", icon="🎓")
+        dropped = (f"lesson {name!r}, which this server does not have (its lessons: {', '.join(lessons) or 'none'})"
+                   if lesson is None else f"step {k} of lesson {name!r}, which has {len(lesson.steps)} steps")
+        st.warning(plain(f"This link names {dropped}: no lesson step is shown, the rest of the link is (the "
+                         "Lessons page lists every lesson and its steps)."), icon="🎓")
         st.session_state.pop(urlstate.LESSON, None)
         return
     step = lesson.steps[k - 1]
+    words, values, notes = step.words(), {}, []
+    if any(placeholders(text) for text in words.values()):
+        with guard("Could not measure the numbers this step quotes"):
+            values = lesson_values(ws, step_mask(ws, step.state))
+    for key, text in words.items():
+        words[key], missed = fill(text, values)
+        notes += missed
     with st.container(border=True, key="lesson-panel"):
-        st.markdown(f"🎓 **{lesson.title}** · step {k} of {len(lesson.steps)}: **{step.title}**")
-        st.markdown(step.text)
+        st.markdown(f"🎓 **{plain(lesson.title)}** · step {k} of {len(lesson.steps)}: **{plain(step.title)}**")
+        st.markdown(plain(words["text"], markdown=True))
         if step.look:
-            st.markdown(f"**Look at:** {step.look}")
+            st.markdown(f"**Look at:** {plain(words['look'], markdown=True)}")
         if step.question:
-            st.markdown(f"**Question:** {step.question}")
+            st.markdown(f"**Question:** {plain(words['question'], markdown=True)}")
             with st.expander("Reveal the answer"):
-                st.markdown(step.answer)
+                st.markdown(plain(words["answer"], markdown=True))
+        if notes:
+            st.caption(plain("The numbers on this server differ from what the lesson expects: " + "; ".join(notes)
+                             + "."), help="Its evaluation rows or its build of the model differ from the "
+                                          "lesson author's; the words around the numbers may not hold here.")
         if not lesson.linkable and ws.setup.model != lesson.model:
             st.button("Load this lesson's model", on_click=use_setup, key="lesson-model",
                       args=(replace(current_setup(), model=lesson.model, data=lesson.data, data_label=lesson.data),))
-        links = ([f'<a href="{step_href(lesson, k - 1)}" target="_self">← step {k - 1}</a>'] if k > 1 else []) + \
-            ([f'<a href="{step_href(lesson, k + 1)}" target="_self">step {k + 1} →</a>'] if k < len(lesson.steps)
-             else ["last step"])
+        # full page loads (target _self) of the neighbouring steps: the text is ours, the query is URL-encoded
+        links = ([step_anchor(lesson, k - 1, f"← step {k - 1}")] if k > 1 else []) + \
+            ([step_anchor(lesson, k + 1, f"step {k + 1} →")] if k < len(lesson.steps) else ["last step"])
         st.markdown(" · ".join(links), unsafe_allow_html=True)
 
 

@@ -25,6 +25,7 @@ import streamlit as st
 from headprune.criteria import available
 from headprune.data import NAMED_DATA
 from headprune.kvcache.scores import RULES
+from headprune.markdown import inert
 from headprune.model.loading import NAMED_MODELS
 from headprune.model.mask import HeadMask
 from headprune.viewstate import CONTROL, MAX_CRITERIA, MAX_SENTENCE, MAX_STEP, KVView, ViewState, ViewStateError
@@ -140,8 +141,9 @@ def apply(ws, sd, pages: list[str], lessons: Callable[[], dict[str, int]] | None
         known = lessons()
         steps = known.get(state.lesson)
         if steps is None or not 1 <= state.step <= steps:
-            have = (f"lesson {state.lesson!r} has steps 1-{steps}" if steps is not None else
-                    f"this server's lessons are {', '.join(sorted(known)) or 'none'}")
+            have = (f"step {state.step} of lesson {state.lesson!r}, which has {steps} steps" if steps is not None else
+                    f"lesson {state.lesson!r}, which this server does not have (its lessons: "
+                    f"{', '.join(sorted(known)) or 'none'})")
             problems.append(f"lesson={state.lesson!r} step={state.step} dropped: {have}.")
             st.session_state.pop(LESSON, None)
     if state.rows is not None and state.rows != len(ws.eval):
@@ -176,8 +178,8 @@ def apply(ws, sd, pages: list[str], lessons: Callable[[], dict[str, int]] | None
         else:
             _apply_kv(ws, state.kv, kv_shape)
     if problems:
-        st.warning("This link named what cannot be opened here; the rest of it is shown. " + " ".join(problems),
-                   icon="🔗")
+        st.warning("This link named what cannot be opened here; the rest of it is shown. "   # a link's values: inert
+                   + " ".join(inert(problem) for problem in problems), icon="🔗")
 
 
 def _apply_kv(ws, kv: KVView, kv_shape: tuple[int, int]) -> None:

@@ -128,7 +128,7 @@ def loss_change_html(tokens: list[str], dense: np.ndarray, pruned: np.ndarray, s
     the hover, the ``scored`` ones underlined; ``selected`` (a position) outlined."""
     spans = []
     for i, token in enumerate(tokens):
-        text = html.escape(token).replace(" ", "&nbsp;") or "&#8203;"
+        text = html.escape(token) or "&#8203;"   # spaces kept: the strip wraps at them (pre-wrap, below)
         style = "padding:1px 0;border-radius:2px;"
         title = ""
         if np.isfinite(dense[i]):
@@ -140,4 +140,7 @@ def loss_change_html(tokens: list[str], dense: np.ndarray, pruned: np.ndarray, s
         if i == selected:
             style += "outline:2px solid #444;"
         spans.append(f'<span data-pos="{i}" style="{style}" title="{title}">{text}</span>')
-    return '<div style="font-family:monospace;line-height:2;font-size:1.05em">' + "".join(spans) + "</div>"
+    # pre-wrap keeps each token's own spaces and breaks lines at them; overflow-wrap breaks a token longer than the
+    # column: the strip fits its column (a 940 px one, a phone's 390 px) instead of running off its edge
+    return ('<div style="font-family:monospace;line-height:2;font-size:1.05em;white-space:pre-wrap;'
+            'overflow-wrap:anywhere;max-width:100%">' + "".join(spans) + "</div>")

@@ -8,6 +8,7 @@ import random
 import re
 import sys
 import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -54,11 +55,9 @@ def browser_skip_reason() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
-def server(tmp_path_factory):
-    """One ``streamlit run app.py`` (the SMALL splits) shared by every browser test module: a server takes 30-150 s
-    to start on the shared 2-core box and builds each demo's workspace once (one per module cost minutes of CI).
-    Skipped, with the reason printed, when Chromium or Playwright is missing."""
+@contextmanager
+def dashboard_server(tmp_path_factory, extra_env: dict[str, str] | None = None):
+    """``streamlit run app.py`` with the SMALL splits (and ``extra_env``); yields its URL, stops it on exit."""
     from app_support import ROOT, SMALL, benchmark
 
     reason = browser_skip_reason()
@@ -66,7 +65,29 @@ def server(tmp_path_factory):
         print(f"skipping the browser tests: {reason}")
         pytest.skip(reason)
     log = tmp_path_factory.mktemp("streamlit") / "server.log"
-    with benchmark("bench_browser").streamlit_server(ROOT, dict(SMALL), log, start_timeout=120) as url:
+    with benchmark("bench_browser").streamlit_server(ROOT, {**SMALL, **(extra_env or {})}, log,
+                                                     start_timeout=120) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def shared_server(tmp_path_factory):
+    """One server for every browser test module that needs nothing of its own: a server takes 30-150 s to start
+    on the shared 2-core box and builds each demo's workspace once (one per module cost minutes of CI)."""
+    with dashboard_server(tmp_path_factory) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def server(request, tmp_path_factory):
+    """The browser tests' server: the shared one, or, for a module with a ``server_env(tmp_path_factory)``
+    function (tests/test_lessons_browser.py: a teacher's folder of lessons), one of its own with that environment.
+    Skipped, with the reason printed, when Chromium or Playwright is missing."""
+    extra = getattr(request.module, "server_env", None)
+    if extra is None:
+        yield request.getfixturevalue("shared_server")
+        return
+    with dashboard_server(tmp_path_factory, extra(tmp_path_factory)) as url:
         yield url
 
 

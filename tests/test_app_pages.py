@@ -6,9 +6,12 @@ Numbers shown live are checked against an independent full evaluation.
 
 from __future__ import annotations
 
+import io
 import re
+import zipfile
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 from app_support import PAGES, figures, head_grids, metric, open_app, problems, run_trajectories, small_env
 
@@ -145,3 +148,22 @@ def test_export_builds_a_pruned_model_that_matches_the_live_metric():
     sizes = at.dataframe[0].value.set_index("part")
     assert sizes.loc["attention qkvo", "removed (%)"] == pytest.approx(25.0, abs=0.5)
     assert "Pruned model (zip)" in [b.proto.label for b in at.get("download_button")]
+
+    # the same mask as an ONNX graph: run in onnxruntime on the evaluation rows, zipped with its tokenizer
+    at.radio(key="export-format").set_value("onnx").run()
+    at.button(key="export-build").click().run()
+    assert not problems(at)
+    assert float(metric(at, "accuracy of the pruned model")) == pytest.approx(live_accuracy, abs=1e-4)
+    captions = " ".join(c.value for c in at.caption)
+    assert "Loads in: onnxruntime" in captions and "onnxruntime ran the file on" in captions
+    assert at.button(key="export-onnx-speed").proto.label.startswith("Time the pruned and the dense graph")
+    zipped = next(v["zip"] for k, v in at.session_state["hp_session"].exports.items() if k.startswith("model|onnx|"))
+    with zipfile.ZipFile(io.BytesIO(zipped)) as archive:   # the bytes the download button hands out
+        assert sorted(archive.namelist()) == [f"headprune-onnx-model/{name}" for name in
+                                              ("model.onnx", "tokenizer.json", "tokenizer_config.json")]
+        graph = archive.read("headprune-onnx-model/model.onnx")
+    session = ort.InferenceSession(graph, providers=["CPUExecutionProvider"])
+    ids = np.array([[101, 2023, 3185, 2001, 2307, 102]])
+    logits = session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids),
+                                "token_type_ids": np.zeros_like(ids)})[0]
+    assert logits.shape == (1, 2) and np.isfinite(logits).all()

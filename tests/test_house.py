@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("headprune", "dashboard")
 # The only imports allowed inside a function: each defers a heavy or optional module, and says so on its line.
-DEFERRED = {"spacy", "datasets", "fcntl", "tomllib", "toml", "lm_eval", "peft", "submitit"}
+DEFERRED = {"spacy", "datasets", "fcntl", "tomllib", "toml", "lm_eval", "peft", "submitit", "onnx", "onnxruntime"}
 
 
 # Never the project's files, in a checkout without git: folders a user or a tool makes inside it.

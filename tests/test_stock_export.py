@@ -171,8 +171,8 @@ def test_a_non_uniform_mask_is_refused_with_the_way_out(tmp_path):
     values[0, 0] = 0.0
     with pytest.raises(ExportError, match=r"\[7, 8, 8, 8\] query heads per layer.*nearest_uniform"):
         export_model(model, None, HeadMask(values), tmp_path / "out", format="uniform")
-    with pytest.raises(ExportError, match="Unknown export format 'onnx'; accepted: headprune, masked, uniform"):
-        export_model(model, None, HeadMask(values), tmp_path / "out", format="onnx")
+    with pytest.raises(ExportError, match="Unknown export format 'tflite'; accepted: headprune, masked, uniform"):
+        export_model(model, None, HeadMask(values), tmp_path / "out", format="tflite")
     assert list(tmp_path.iterdir()) == []
 
 

@@ -6,7 +6,7 @@ import os
 
 import streamlit as st
 
-from dashboard.ui import manual_help
+from dashboard.ui import manual_help, plain
 from headprune.errors import HeadpruneError
 from headprune.estimate import human_duration
 from headprune.protocol.schedule import folder_protocol, landed_table, status
@@ -26,7 +26,7 @@ try:
     protocol = folder_protocol(folder)
     protocol = smoke_protocol(protocol, folder) or protocol   # a --smoke run's cells are its stand-ins' (issue 35)
 except HeadpruneError as exc:
-    st.error(str(exc))
+    st.error(plain(exc))
     st.stop()
 
 
@@ -44,7 +44,7 @@ def progress_view() -> None:
                       help=f"mean measured cell time x cells left / {max(report['workers'], 1)} running worker(s)")
     if finished:
         st.success(f"Finished: all {report['cells']} cells are done.", icon=":material/check_circle:")
-    st.subheader(f"{protocol.name}: the table so far")
+    st.subheader(f"{plain(protocol.name)}: the table so far")   # a protocol file's words
     rows = landed_table(protocol, folder)
     if rows:
         st.dataframe(rows, hide_index=True)
@@ -56,7 +56,7 @@ def progress_view() -> None:
         st.dataframe(waiting, hide_index=True)
     for s in report["states"]:
         if s.state == "failed" and s.tail:
-            with st.expander(f"{s.key}: {s.detail}"):
+            with st.expander(plain(f"{s.key}: {s.detail}")):
                 st.code("\n".join(s.tail), language=None)
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import streamlit as st
 
 from dashboard.compute import example_comparison
-from dashboard.ui import baseline_label, example_picker, guard, heads_left, page
+from dashboard.ui import baseline_label, example_picker, guard, heads_left, page, plain
 from headprune.glossary import help_for
 from headprune.views import loss_change_html
 
@@ -24,9 +24,9 @@ st.caption(f"heads left: **{heads_left(ws, sd)}**")
 
 if ws.task.kind == "classification":
     left, right = st.columns(2)
-    left.metric(baseline_label(ws).replace(ws.metric, "").strip() or "as loaded", result.dense_label,
+    left.metric(baseline_label(ws).replace(ws.metric, "").strip() or "as loaded", plain(result.dense_label),
                 f"p = {result.dense.max():.3f}", delta_color="off")
-    right.metric("pruned", result.pruned_label, f"p = {result.pruned.max():.3f}", delta_color="off")
+    right.metric("pruned", plain(result.pruned_label), f"p = {result.pruned.max():.3f}", delta_color="off")
     st.dataframe({"label": result.labels, "probability, as loaded": result.dense.round(4).tolist(),
                   "probability, pruned": result.pruned.round(4).tolist(),
                   "change": (result.pruned - result.dense).round(4).tolist()}, hide_index=True, width="stretch")
@@ -41,6 +41,9 @@ st.markdown("**Each token coloured by the change in its loss** (pruned − as lo
             "the right token harder, blue = easier. Hover a token for its two losses." +
             ("" if scored[1:].all() else " Underlined: the tokens this data's metric scores (the rest is context)."))
 position = st.session_state.get("says-pos")
+if position is None and len(result.tokens) > 1:   # open where the pruning hurt a scored token most, not on <bos>
+    hurt = np.where(scored[1:], np.nan_to_num(result.delta[1:], nan=-np.inf), -np.inf)
+    position = int(np.argmax(hurt))
 st.html(loss_change_html(result.tokens, result.dense_loss, result.pruned_loss, scored, selected=position))
 delta = result.delta
 half = np.flatnonzero(scored)
@@ -53,7 +56,7 @@ positions = list(range(len(result.tokens) - 1))
 position = st.select_slider("After the token", positions, value=min(position or 0, positions[-1]) if positions else 0,
                             key="says-pos", format_func=lambda i: f"{i}: {result.tokens[i]!r}")
 actual = result.tokens[position + 1] if position + 1 < len(result.tokens) else ""
-st.caption(f"The text goes on with **{actual!r}**.")
+st.caption(f"The text goes on with **{plain(repr(actual))}**.")   # a token: the tokenizer's
 c1, c2 = st.columns(2)
 for column, title, top in ((c1, "as loaded", result.dense_top), (c2, "pruned", result.pruned_top)):
     column.markdown(f"**{title}**")

@@ -16,7 +16,7 @@ from dashboard.config import (
     use_setup,
 )
 from dashboard.store import build_workspace, save_upload
-from dashboard.ui import DEMO_CHOICES, guard, page, progress_bar
+from dashboard.ui import DEMO_CHOICES, guard, page, plain, progress_bar
 from headprune import viz
 from headprune.data import NAMED_DATA, columns_of
 from headprune.errors import DataError, HeadpruneError
@@ -231,8 +231,8 @@ st.divider()
 st.subheader("Loaded data")
 setup_now: Setup = ws.setup
 cols = ws.dataset.columns or {}
-st.caption(f"{ws.setup.data_label}: {len(ws.dataset)} rows, task **{ws.dataset.task}**, columns "
-           + ", ".join(f"{role} = `{name}`" for role, name in cols.items() if name) + ". "
+st.caption(f"{plain(ws.setup.data_label)}: {len(ws.dataset)} rows, task **{ws.dataset.task}**, columns "
+           + ", ".join(f"{role} = **{plain(name)}**" for role, name in cols.items() if name) + ". "
            f"Split with seed {setup_now.seed}: {len(ws.calib)} calibration, {len(ws.eval)} evaluation examples.")
 names = ws.dataset.label_names or []
 preview = pd.DataFrame({"text": ws.eval.texts[:20]})
@@ -250,9 +250,9 @@ with left:
     st.dataframe(pd.DataFrame(ws.role_rows()), width="stretch", hide_index=True)
     mapping = ws.mapping_line()
     if mapping:
-        st.caption(mapping)
+        st.caption(plain(mapping))
     for note in ws.notes:
-        st.info(note, icon="ℹ️")
+        st.info(plain(note), icon="ℹ️")
 with right:
     st.markdown("**The model as loaded, on the evaluation split**")
     dense = ws.dense().to_dict()

@@ -4,7 +4,7 @@ import numpy as np
 import streamlit as st
 
 from dashboard.compute import arcs_for, profile_for, stored_profile, syntax_problem
-from dashboard.ui import clickable_grid, guard, long_job, page, role_marks, view_fragment
+from dashboard.ui import clickable_grid, guard, long_job, page, plain, role_marks, view_fragment
 from headprune import viz
 from headprune.glossary import dependency_help
 
@@ -41,7 +41,7 @@ if arcs is None:
     st.stop()
 no_syntax = syntax_problem(ws)   # data that is not a language: no arcs, no profile (the reason is shown)
 if no_syntax:
-    st.info(no_syntax, icon="ℹ️")
+    st.info(plain(no_syntax), icon="ℹ️")
 
 # -- which head -----------------------------------------------------------------------------------------------------
 if "att-layer" not in st.session_state:  # entering the page: the head selected elsewhere, else the most syntactic

@@ -32,6 +32,7 @@ from dashboard.ui import (
     heads_left,
     job,
     page,
+    plain,
     progress_bar,
     role_marks,
     running_metric,
@@ -119,7 +120,7 @@ def numbers(ws: Workspace, sd: SessionData) -> None:
             side_metric.metric("stability", f"{stability:.1f}%",
                                help="Predictions unchanged when 10% of the words are dropped.")
         if sd.last_change:
-            st.caption(f"Last change: {sd.last_change}. Loss {metrics.loss:.4f}.")
+            st.caption(f"Last change: {plain(sd.last_change)}. Loss {metrics.loss:.4f}.")   # names a file
 
 
 def choices(ws: Workspace, sd: SessionData) -> None:
@@ -130,7 +131,7 @@ def choices(ws: Workspace, sd: SessionData) -> None:
     question = int(st.number_input(f"Question (0-{len(ws.eval) - 1} of the evaluation split)", min_value=0,
                                    max_value=len(ws.eval) - 1, value=0, key="prune-question"))
     shown = choice_table(ws, sd, question)
-    st.caption(f"Context: {shown['context']}")
+    st.caption(f"Context: {plain(shown['context'])}")
     st.dataframe(pd.DataFrame(shown["table"]), hide_index=True, width="stretch",
                  column_config={k: st.column_config.NumberColumn(format="%.3f") for k in shown["table"]
                                 if k.startswith(("log", "per"))})
@@ -228,11 +229,11 @@ def grid(ws: Workspace, sd: SessionData) -> None:
     if ws.tied:
         st.caption("ALBERT shares one attention block across all layers: each column is one head in every layer.")
     if ws.eval_note:   # a big model: the rows and batches a click re-evaluates in time here (store.sized_for_clicks)
-        st.caption(ws.eval_note)
+        st.caption(plain(ws.eval_note))
     if sd.live is not None:
         note = sd.live.fallback_reason or (f"Live cache {sd.live.cache_megabytes():.0f} MB; a change in layer l "
                                            "re-runs layers l and up.")
-        st.caption(note)
+        st.caption(plain(note))
 
 
 def cuttable(ws: Workspace, sd: SessionData) -> None:

@@ -1,4 +1,5 @@
-"""Export: the mask, the scores, figures, a run file and the pruned model (headprune, masked or uniform stock)."""
+"""Export: the mask, the scores, figures, a run file and the pruned model (headprune, masked or uniform stock, or an
+ONNX graph timed in onnxruntime)."""
 
 import json
 
@@ -7,6 +8,7 @@ import streamlit as st
 
 from dashboard.export import (
     HARNESS_TASKS,
+    ONNX_MEASURED,
     build_pruned_model,
     built_model,
     compare_uniform,
@@ -17,11 +19,13 @@ from dashboard.export import (
     harness_rows,
     harness_runs,
     harness_tasks,
+    onnx_timing,
     render_png,
     rendered_png,
     run_file,
     run_harness,
     runtime_rows,
+    time_onnx,
     uniform_preview,
 )
 from dashboard.ui import (
@@ -29,7 +33,9 @@ from dashboard.ui import (
     cancelled_note,
     estimate_line,
     guard,
+    long_job,
     page,
+    plain,
     progress_bar,
     speed_section,
 )
@@ -78,7 +84,7 @@ if png is None:
             with st.spinner("Rendering with kaleido …"):
                 png = render_png(sd, which, fig)
         except RuntimeError as exc:
-            st.warning(f"{exc} PNG needs kaleido and a local Chromium; the HTML export always works.")
+            st.warning(f"{plain(exc)} PNG needs kaleido and a local Chromium; the HTML export always works.")
 if png is not None:
     c2.download_button("PNG", png, file_name=f"headprune-{slug}.png", mime="image/png", key="export-png",
                        width="stretch")
@@ -116,16 +122,33 @@ if not problem and built is None and st.button("Build the pruned model", type="p
         bar.done()
 if built is not None:
     if built["rounding"]:
-        st.caption(built["rounding"])
+        st.caption(plain(built["rounding"]))
     c1, c2 = st.columns([1, 2])
     c1.metric(f"{ws.metric} of the pruned model", f"{built['metric']:.4f}",
               f"{built['metric'] - ws.metric_of(ws.dense()):+.4f} vs {'as loaded' if ws.n_cut else 'dense'}",
               delta_color=better)
     c1.download_button("Pruned model (zip)", built["zip"], file_name=f"headprune-{fmt}-model.zip",
                        mime="application/zip", key="export-model", type="primary", width="stretch")
-    c1.caption(f"{len(built['zip']) / 2**20:.1f} MB zipped. {built['note']}")
+    c1.caption(f"{len(built['zip']) / 2**20:.1f} MB zipped. {plain(built['note'])}")
+    if built["onnx"]:
+        c1.caption(f"onnxruntime ran the file on {built['onnx']['rows']} evaluation rows: its logits equal the cut "
+                   f"model's within {built['onnx']['relative']:.0e} of their scale.")
     c2.dataframe(viz.readable(viz.size_table(built["size"])),
                  hide_index=True, width="stretch")
+if fmt == "onnx" and not problem:
+    st.caption(ONNX_MEASURED)
+if fmt == "onnx" and not problem and sd.n_gated:
+    timed = long_job("export-onnx-speed", "Time the pruned and the dense graph in onnxruntime",
+                     lambda bar: time_onnx(ws, sd, bar), done=onnx_timing(sd), failed="Could not time the two graphs",
+                     what="exporting the dense graph too, then timing both in turn")
+    if timed is not None:
+        c1, c2 = st.columns(2)
+        c1.metric("pruned / dense time, onnxruntime", f"{timed['ratio']:.2f}",
+                  help=f"middle half of the per-round ratios: {timed['spread'][0]:.2f} to {timed['spread'][1]:.2f}")
+        c2.metric("ideal (FLOPs)", f"{timed['ideal_ratio']:.2f}")
+        st.caption(f"Median of {timed['repeats']} rounds, the two graphs in turn, on a batch of {timed['batch']} x "
+                   f"{timed['length']} tokens, {timed['threads']} threads, {timed['runtime']}, on this machine now "
+                   "(a busy machine moves the ratio; the manual's Exports page has medians of many runs).")
 
 st.subheader("lm-evaluation-harness")
 problem = harness_problem(ws)
@@ -150,7 +173,7 @@ else:
                           "on a copy, exactly as removed)"):
             with guard("lm-eval did not finish"):
                 cancel_button("export-lmeval-cancel")
-                bar = progress_bar(f"lm-eval {names}")
+                bar = progress_bar(f"lm-eval {plain(names)}")
                 run_harness(ws, sd, tasks, bar)
                 bar.done()
         rows = harness_rows(harness_runs(ws, sd, tasks))

@@ -6,7 +6,7 @@ import numpy as np
 import streamlit as st
 
 from dashboard.compute import KV_ROWS, kv_group_scores, kv_metrics
-from dashboard.ui import clickable_grid, guard, page, progress_bar, rows_choice, view_fragment
+from dashboard.ui import clickable_grid, guard, page, plain, progress_bar, rows_choice, view_fragment
 from headprune import viz
 from headprune.kvcache import KVPlan
 from headprune.kvcache.budgets import BETA_DEFAULT, budget_plan
@@ -20,8 +20,8 @@ ws, sd = page("KV cache", "Which key/value heads need the whole KV cache? A full
                           "Click a head to switch it; the metric is exact under the restriction.")
 
 if not ws.adapter.causal:
-    st.warning(f"{ws.setup.model} is an encoder ({ws.adapter.family}): it keeps no key/value cache -- every query "
-               "sees every key of the row at once, so there is nothing to stream. Load a decoder (demo-lm, "
+    st.warning(f"{plain(ws.setup.model)} is an encoder ({ws.adapter.family}): it keeps no key/value cache -- every "
+               "query sees every key of the row at once, so there is nothing to stream. Load a decoder (demo-lm, "
                "demo-circuit) on Model & data.")
     st.stop()
 

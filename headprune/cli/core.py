@@ -15,13 +15,14 @@ from ..demos.needle import demo_long_info, ensure_demo_long_model
 from ..errors import HeadpruneError
 from ..evaluation.harness import APPLY, HarnessError, HarnessSpec, resolve_tasks, run_lm_eval
 from ..evaluation.metrics import evaluate
-from ..evaluation.speed import compare_speed
+from ..evaluation.speed import compare_speed, onnx_speed
 from ..kvcache.plan import KVPlanError
 from ..kvcache.restrict import restricted
-from ..model.export import FORMATS, ExportError, export_model, round_to_uniform, type_problem
+from ..model.export import DROPS_LAYERS, FORMATS, ExportError, export_model, round_to_uniform, type_problem
 from ..model.layers import skip_layers
 from ..model.loading import check_head, is_lm_config, load_model, peek_config
 from ..model.mask import HeadMask
+from ..model.onnx_export import OnnxExportError, check_runtime, option_problem
 from ..model.sizes import size_report
 from ..outdir import check_model_folder
 from ..provenance import versions
@@ -154,9 +155,11 @@ def cmd_prune(args) -> dict:
     out = Path(args.out)
     check_prune_out(args.out, "--out", args.format, args.model)
     check_args(args)
-    if args.format != "headprune" and (HeadMask.read_file(args.mask) or {}).get("dropped_layers"):
-        raise ExportError(f"--mask {args.mask} drops whole layers (SAP's layer rule); only --format headprune "
-                          "records a dropped layer.")
+    if args.format not in DROPS_LAYERS and (HeadMask.read_file(args.mask) or {}).get("dropped_layers"):
+        raise ExportError(f"--mask {args.mask} drops whole layers (SAP's layer rule); only --format "
+                          f"{' or '.join(DROPS_LAYERS)} carries a dropped layer.")
+    if args.format == "onnx" and option_problem(args.device_map, args.dtype):
+        raise OnnxExportError(option_problem(args.device_map, args.dtype))
     check_positive(args.benchmark_repeats, "--benchmark-repeats", "repeats", "timed forwards per measurement, "
                    "each of them at every batch and length", at_most=1000)
     check_positive(args.benchmark_threads, "--benchmark-threads", "threads", "torch CPU threads while timing",
@@ -169,7 +172,11 @@ def cmd_prune(args) -> dict:
     result = {"out": str(out), "model": args.model, "format": args.format}
     pruned, written = export_pruned(loaded, mask, out, args.format, dropped_layers=mask_dropped_layers(args, loaded))
     result.update(written)
-    if args.benchmark:  # opt-in: timing takes seconds to minutes
+    if args.benchmark and args.format == "onnx":   # the graph's own speed: onnxruntime, dense graph beside it
+        result["speed"] = onnx_speed(loaded.model, mask, {**written["onnx"], "model": pruned},
+                                     repeats=args.benchmark_repeats, threads=args.benchmark_threads or 2,
+                                     progress=tqdm_progress("benchmark"))
+    elif args.benchmark:  # opt-in: timing takes seconds to minutes
         result["speed"] = compare_speed(loaded.model, pruned, repeats=args.benchmark_repeats,
                                         threads=args.benchmark_threads, progress=tqdm_progress("benchmark"))
     return result
@@ -182,6 +189,8 @@ def check_prune_out(out: str, option: str, format: str, model: str) -> None:
     check_model_folder(out, option)
     if format == "uniform":
         _check_uniform_family(model)
+    if format == "onnx":
+        check_runtime()
 
 
 def export_pruned(loaded, mask: HeadMask, out: str | Path, format: str, extra: dict | None = None,
@@ -203,7 +212,8 @@ def export_pruned(loaded, mask: HeadMask, out: str | Path, format: str, extra: d
         print(f"note: {written['note']}", file=sys.stderr)
     report.update({**({"dropped_layers": list(dropped_layers)} if dropped_layers else {}),
                    "pruned_heads": mask.n_pruned, "kept_heads": mask.n_kept, "loads_in": written["loads_in"],
-                   "note": written["note"], "sizes": size_report(loaded.model, written["model"])})
+                   "note": written["note"], "sizes": size_report(loaded.model, written["model"]),
+                   **({"onnx": written["onnx"]} if "onnx" in written else {})})
     return written["model"], report
 
 
@@ -285,10 +295,14 @@ def add_commands(sub) -> None:
                         "the pruned heads zeroed, loads in plain transformers and any runtime, saves no compute; "
                         "uniform: cut to the same head count in every layer with a stock config (Llama, Mistral, "
                         "Qwen2, Qwen3, Gemma 3, Phi-3), loads in plain transformers; a non-uniform mask is rounded "
-                        "to the nearest uniform one first (what changed is printed)")
+                        "to the nearest uniform one first (what changed is printed); onnx: the cut model as one "
+                        "ONNX graph (model.onnx, opset 17, dynamic batch and sequence) with the tokenizer beside "
+                        "it, for onnxruntime: encoder classifiers and causal LMs without a cache, any mask")
     p.add_argument("--benchmark", action="store_true",
                    help="also time the dense and the pruned model (latency at batch 1, throughput at batch 32, "
-                        "lengths 64 and 256, on the auto device) next to the ideal speed-up from FLOPs")
+                        "lengths 64 and 256, on the auto device) next to the ideal speed-up from FLOPs; with "
+                        "--format onnx: both graphs in onnxruntime (batch 8 x 128 tokens, 2 threads unless "
+                        "--benchmark-threads), the pruned/dense latency ratio beside the ideal from FLOPs")
     p.add_argument("--benchmark-repeats", type=int, default=5, help="timed forwards per measurement (default: 5)")
     p.add_argument("--benchmark-threads", type=int, default=None,
                    help="torch CPU threads while timing (default: torch's; 1 gives steadier numbers on a busy machine)")

@@ -20,7 +20,7 @@ import tempfile
 import webbrowser
 from pathlib import Path
 
-from ..demos.build import cache_dir
+from ..demos.build import cache_dir, writable
 from ..errors import HeadpruneError
 from ..limits import Interval
 from .common import checked
@@ -63,7 +63,7 @@ def build_site(root: Path = CHECKOUT, rebuild: bool = False) -> tuple[Path, bool
     site = site_dir(root)
     if site.is_dir() and not rebuild:
         return site, False
-    site.parent.mkdir(parents=True, exist_ok=True)
+    writable(site.parent)   # CacheError naming it, before mkdocs runs
     staging = Path(tempfile.mkdtemp(prefix=f".{site.name}-", dir=site.parent))
     try:
         run = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--quiet", "--clean", "-f",

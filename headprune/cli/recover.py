@@ -24,6 +24,7 @@ from ..errors import DataError
 from ..model.export import FORMATS, round_to_uniform, type_problem
 from ..model.loading import LoadedModel, is_lm_config, load_model, peek_config
 from ..model.mask import HeadMask
+from ..model.onnx_export import check_runtime
 from ..model.task import REQUESTABLE, task_of
 from ..outdir import check_model_folder
 from ..recovery import (
@@ -130,6 +131,8 @@ def check_recover_args(args) -> tuple[RecoverySpec, dict | None]:
         raise DataError(f"--train-size {args.train_size}: recovery needs at least one training row. Accepted: an "
                         "integer >= 1, or all.")
     check_out_paths(args)
+    if args.format == "onnx":   # onnx and onnxruntime missing: said now, not after the training
+        check_runtime()
     _, work, _ = paths_of(args.out)
     # every state of OUT.work (a file, a foreign folder, a broken spec, nothing to resume, other settings, pickles)
     # refused before a model loads; the checkpoint's model is compared with the student's once it is built

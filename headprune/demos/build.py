@@ -21,14 +21,37 @@ from platformdirs import user_cache_dir
 from transformers import LlamaForCausalLM
 
 from ..data import model_inputs
+from ..errors import HeadpruneError
 
 INFO_FILE = "headprune_demo.json"
 WARMUP_FRACTION = 0.1
 
 
+class CacheError(HeadpruneError):
+    """The headprune cache cannot be written where it is (HEADPRUNE_CACHE, or the user cache folder)."""
+
+
 def cache_dir() -> Path:
     """$HEADPRUNE_CACHE, else the user cache dir (platformdirs ``user_cache_dir("headprune")``)."""
     return Path(os.environ.get("HEADPRUNE_CACHE") or user_cache_dir("headprune")).expanduser()
+
+
+def writable(folder: Path) -> Path:
+    """``folder`` (the cache, or a folder inside it), created if missing, once a file can be written there; else
+    CacheError naming it and HEADPRUNE_CACHE, before any work (a read-only place, a file in its place, a folder
+    without permission: PermissionError, NotADirectoryError or FileExistsError reached users from ``docs``, demo
+    builds and ``--export-duo`` before). Every writer of the cache calls this first."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".headprune-write-test-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except (OSError, ValueError) as exc:   # ValueError: a NUL byte in the variable
+        where = os.environ.get("HEADPRUNE_CACHE")
+        raise CacheError(f"The headprune cache {folder} cannot be written ({getattr(exc, 'strerror', None) or exc}). "
+                         f"Accepted: HEADPRUNE_CACHE naming a folder you can write (now "
+                         f"{repr(where) if where else 'unset: the user cache folder'}).") from None
+    return folder
 
 
 def stderr_progress(fraction: float, message: str) -> None:
@@ -104,7 +127,7 @@ def build_cached(final: Path, build, what: str, summary) -> Path:
     """
     if complete(final):
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
+    writable(final.parent)
     with exclusive_lock(final.parent / f"{final.name}.lock"):
         if complete(final):  # built by another process while we waited
             return final

@@ -3,6 +3,7 @@
 Read bottom-up (each line imports only the lines below it; pyproject.toml's import contract keeps it so):
 
     export.py     stock exports any runtime loads: masked (weights zeroed) and uniform cuts; nearest_uniform
+    onnx_export.py  the cut model as one ONNX graph for onnxruntime, checked there; timing two graphs
     loading.py    load_model / save_pruned; named models (the demos register themselves)
     capture.py    attention probabilities under any attention implementation, one layer at a time if asked
     sizes.py      parameter accounting: what a model holds, what a mask would leave

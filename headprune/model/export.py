@@ -46,6 +46,7 @@ from .arch import AttentionBlock, adapt, out_axis
 from .layers import drop_layers
 from .loading import save_pruned, write_staged
 from .mask import HeadMask
+from .onnx_export import OPSET, export_onnx
 from .surgery import bake_scales, head_features, prune_model
 
 # model_type values whose config and attention read an explicit head_dim (transformers 5.23:
@@ -66,7 +67,15 @@ FORMATS = {
                 "loads_in": "plain transformers and every runtime that reads the family's config with an explicit "
                             "head_dim (vLLM, TGI, llama.cpp conversion)",
                 "saves_compute": True},
+    "onnx": {"what": f"one ONNX graph of the cut model (any mask, opset {OPSET}, dynamic batch and sequence axes; "
+                     "encoder classifiers and causal LMs without a key/value cache), the tokenizer beside it",
+             "loads_in": "onnxruntime (onnxruntime.InferenceSession on model.onnx, any language binding) and every "
+                         "runtime that reads ONNX; no transformers or headprune needed",
+             "saves_compute": True},
 }
+
+# formats that carry a mask's dropped layers: a headprune checkpoint records them, an ONNX graph leaves them out
+DROPS_LAYERS = ("headprune", "onnx")
 
 MASKED_NOTE = ("The masked export has the original size and speed: pruned heads are zeroed, not removed, so it "
                "saves no compute or memory. It loads anywhere the original loads. For a smaller, faster model use "
@@ -362,16 +371,20 @@ def export_model(model: nn.Module, tokenizer, mask: HeadMask, out: str | Path, f
 
     Returns {"format", "out", "loads_in", "saves_compute", "note", "model"} where "model" is the written model
     (for size reports). Nothing half-written is left: every format writes into a temporary folder and renames
-    it. ``extra`` (headprune format only) is saved as headprune.json. ``dropped_layers`` (a mask's
-    whole-layer rule, ``model.mask.dropped_layers``) are skipped for good in the written model; only the headprune
-    format can record them. ``cut``: ``prune_model(model, mask)`` made already (recovery fine-tunes it), written
-    instead of a new cut (formats headprune and uniform; masked starts from ``model``). Raises ExportError.
+    it. ``extra`` is saved as headprune.json (headprune format) or as the graph's metadata (onnx).
+    ``dropped_layers`` (a mask's whole-layer rule, ``model.mask.dropped_layers``) are skipped for good in the written
+    model; only the headprune format (which records them) and onnx (whose graph leaves them out) carry them.
+    ``cut``: ``prune_model(model, mask)`` made already (recovery fine-tunes it), written instead of a new cut
+    (formats headprune, uniform and onnx; masked starts from ``model``). The onnx format's report
+    (``onnx_export.export_onnx``: file, opset, inputs, axes, check) is under "onnx". Raises ExportError
+    (onnx: OnnxExportError).
     """
     if format not in FORMATS:
         raise ExportError(f"Unknown export format {format!r}; accepted: {', '.join(FORMATS)}.")
-    if dropped_layers and format != "headprune":
-        raise ExportError(f"The mask drops whole layers {list(dropped_layers)} (SAP's layer rule); only the headprune "
-                          f"format records a dropped layer, {format!r} cannot. Accepted: --format headprune.")
+    if dropped_layers and format not in DROPS_LAYERS:
+        raise ExportError(f"The mask drops whole layers {list(dropped_layers)} (SAP's layer rule); only the "
+                          f"{' and '.join(DROPS_LAYERS)} formats carry a dropped layer, {format!r} cannot. Accepted: "
+                          f"--format {' or '.join(DROPS_LAYERS)}.")
     out = Path(out)
     if format == "masked" and cut is not None:
         raise ExportError("The masked export keeps the original architecture; a cut model cannot be written as "
@@ -381,6 +394,13 @@ def export_model(model: nn.Module, tokenizer, mask: HeadMask, out: str | Path, f
         drop_layers(adapt(written), dropped_layers)
         save_pruned(written, tokenizer, out, extra=extra)
         note = "A headprune checkpoint: smaller and faster, loaded by headprune.load_model (any mask)."
+    elif format == "onnx":
+        graph = export_onnx(model, tokenizer, mask, out, cut=cut, dropped_layers=dropped_layers, extra=extra)
+        written = graph.pop("model")
+        note = (f"An ONNX graph of the cut model (opset {OPSET}, dynamic batch and sequence): "
+                f"onnxruntime.InferenceSession('{Path(graph['file'])}') runs it on {', '.join(graph['inputs'])} "
+                "(int64, e.g. from the tokenizer beside it with return_tensors='np'); its logits matched the cut "
+                f"model's within {graph['check']['relative']:.0e} of their scale.")
     elif format == "masked":
         written = masked_model(model, mask)
         _write_stock(written, tokenizer, out)
@@ -391,4 +411,4 @@ def export_model(model: nn.Module, tokenizer, mask: HeadMask, out: str | Path, f
         note = "A stock checkpoint with fewer heads per layer: plain transformers loads the smaller model."
     info = FORMATS[format]
     return {"format": format, "out": str(out), "loads_in": info["loads_in"], "saves_compute": info["saves_compute"],
-            "note": note, "model": written}
+            "note": note, "model": written, **({"onnx": graph} if format == "onnx" else {})}
