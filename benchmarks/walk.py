@@ -67,6 +67,18 @@ WEIGHTS = {
 SENTENCES = ("The cat sat on the mat.", "red fox blue sky red fox blue sky", "A slow film with a wonderful cast.",
              "the plot was fun but the acting was not")
 
+# every st.metric on the page by its label: its value, its delta, and whether it is stale (from an earlier run, not
+# redrawn yet: not current)
+METRICS = """const metrics = {};
+  for (const box of document.querySelectorAll('[data-testid="stMetric"]')) {
+    const label = box.querySelector('[data-testid="stMetricLabel"]');
+    const value = box.querySelector('[data-testid="stMetricValue"]');
+    const delta = box.querySelector('[data-testid="stMetricDelta"]');
+    if (!label || !value) continue;
+    metrics[label.textContent.trim()] = {value: value.textContent.trim(),
+                                         delta: delta ? delta.textContent.trim() : '',
+                                         stale: !!box.closest('[data-stale="true"]')};
+  }"""
 # Everything the invariants read, in one round trip: the address bar, the sidebar's link, QR code and counts, the
 # title, errors, and the Prune page's controls and metrics (a metric inside a stale element is not current).
 READ_VIEW = """() => {
@@ -76,16 +88,7 @@ READ_VIEW = """() => {
   const side = sidebar ? sidebar.textContent : '';
   const left = side.match(/heads left: (\\d+) \\/ (\\d+)/);
   const rows = side.match(/evaluation \\/ calibration: (\\d+) \\/ (\\d+)/);
-  const metrics = {};
-  for (const box of document.querySelectorAll('[data-testid="stMetric"]')) {
-    const label = box.querySelector('[data-testid="stMetricLabel"]');
-    const value = box.querySelector('[data-testid="stMetricValue"]');
-    const delta = box.querySelector('[data-testid="stMetricDelta"]');
-    if (!label || !value) continue;
-    metrics[label.textContent.trim()] = {value: value.textContent.trim(),
-                                         delta: delta ? delta.textContent.trim() : '',
-                                         stale: !!box.closest('[data-stale="true"]')};
-  }
+  METRICS
   const input = label => {
     const e = document.querySelector(`input[aria-label="${label}"]`);
     return e ? e.value : null;
@@ -103,24 +106,15 @@ READ_VIEW = """() => {
           plots: document.querySelectorAll('.js-plotly-plot').length,
           ratio: slider ? slider.value : null,
           body: document.body.textContent.slice(0, 20000)};
-}"""
+}""".replace("METRICS", METRICS)
 # idle: the app says its script is not running (its own test attribute: the status widget's "Running" shows late
 # on a busy machine) and no element is stale (from an earlier run, not yet redrawn)
 # the Prune page's headline while it evaluates, polled often: metrics and the address only (no page text, whose
 # reading makes a starved browser lay the page out again)
 READ_HEADLINE = """() => {
-  const metrics = {};
-  for (const box of document.querySelectorAll('[data-testid="stMetric"]')) {
-    const label = box.querySelector('[data-testid="stMetricLabel"]');
-    const value = box.querySelector('[data-testid="stMetricValue"]');
-    const delta = box.querySelector('[data-testid="stMetricDelta"]');
-    if (!label || !value) continue;
-    metrics[label.textContent.trim()] = {value: value.textContent.trim(),
-                                         delta: delta ? delta.textContent.trim() : '',
-                                         stale: !!box.closest('[data-stale="true"]')};
-  }
+  METRICS
   return {url: location.href, metrics: metrics};
-}"""
+}""".replace("METRICS", METRICS)
 SETTLED = ("() => { const app = document.querySelector('[data-testid=\"stApp\"]'); return !!app && "
            "app.getAttribute('data-test-script-state') === 'notRunning' && "
            "!document.querySelector('[data-stale=\"true\"]'); }")
