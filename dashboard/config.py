@@ -2,9 +2,11 @@
 browser session.
 
 Start-up defaults come from the environment (HEADPRUNE_MODEL, HEADPRUNE_DATA, HEADPRUNE_CALIB_SIZE,
-HEADPRUNE_EVAL_SIZE, HEADPRUNE_SELECT_SIZE, HEADPRUNE_MAX_LENGTH) or else the demo. Split sizes the user has not
-changed are ``workspace.DefaultSize``: they shrink to fit small data by the same rule as the CLI. The data roles
-(``calib_data``, ``select_data``, ``eval_data``: None = the rows of ``data``) are part of the workspace key.
+HEADPRUNE_EVAL_SIZE, HEADPRUNE_SELECT_SIZE, HEADPRUNE_MAX_LENGTH) or else the demo. A demo evaluates on its split
+as set here (HEADPRUNE_EVAL_SIZE: a classroom's smaller one), never on a size timed at start-up. Split sizes the
+user has not changed are ``workspace.DefaultSize``: they shrink to fit small data by the same rule as the CLI. The
+data roles (``calib_data``, ``select_data``, ``eval_data``: None = the rows of ``data``) are part of the workspace
+key.
 """
 
 from __future__ import annotations
@@ -60,6 +62,10 @@ class Setup:
     label_map: str | None = None
     labels_by_position: bool = False
     allow_untrained_head: bool = False
+    # the evaluation rows a link (or a lesson) names: the first ``live_rows`` rows of the evaluation split, so a
+    # link shows the same numbers on any server (dashboard/store.py sized_for_clicks); None: a demo's whole split,
+    # another model's rows a click re-evaluates in time here
+    live_rows: int | None = None
 
     @property
     def key(self) -> str:

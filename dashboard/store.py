@@ -161,16 +161,33 @@ def build_workspace(setup: Setup, progress: Progress | None = None) -> Dashboard
 
 
 def sized_for_clicks(ws: DashboardWorkspace, setup: Setup) -> DashboardWorkspace:
-    """``ws`` evaluating on what a click can re-evaluate in time on this machine (``estimate.measure_live_size``): a
-    default evaluation size shrinks to the rows a full pass covers in ``estimate.LIVE_CLICK_SECONDS``, and batches to
-    what one forward covers in ``LIVE_FIRST_SECONDS``; a size the user chose is kept (its batches may still shrink).
-    The demos keep their split: it fits."""
+    """``ws`` evaluating on what a click re-evaluates.
+
+    * A demo: its split, as the setup sizes it, in batches of ``batch_size`` -- fixed by the demo, never by a timing:
+      the same demo shows the same numbers on any server, however loaded (issue 45 item 3: a start-up timing on a
+      busy server shrank the demo to 22 of its 500 rows, and its dense number with it).
+    * Another model: what a click can re-evaluate in time on this machine when it is idle
+      (``estimate.measure_live_size``): a default evaluation size shrinks to the rows a full pass covers in
+      ``estimate.LIVE_CLICK_SECONDS``, batches to what one forward covers in ``LIVE_FIRST_SECONDS``; a size the user
+      chose is kept (its batches may still shrink).
+    * ``setup.live_rows`` (a link's or a lesson's ``rows``): the first that many rows of the split, on any model --
+      the rows the linked screen measured its numbers on (all of them when the split has fewer; the link's notice
+      says so, ``urlstate.apply``)."""
     if not ws.eval_batches:
         return ws
-    with compute_slot():
-        size, basis = measure_live_size(ws.loaded.model, ws.eval_batches, ws.batch_size)
-    rows = size.rows if isinstance(setup.eval_size, DefaultSize) else len(ws.eval)
-    return ws.with_eval_rows(rows, size.batch_rows, size.note(len(ws.eval), basis))
+    if setup.model in NAMED_MODELS:
+        rows, batch_rows, note = len(ws.eval), ws.batch_size, ""
+    else:
+        with compute_slot():
+            size, basis = measure_live_size(ws.loaded.model, ws.eval_batches, ws.batch_size)
+        rows = size.rows if isinstance(setup.eval_size, DefaultSize) else len(ws.eval)
+        batch_rows, note = size.batch_rows, size.note(len(ws.eval), basis)
+    if setup.live_rows is not None:
+        rows = min(setup.live_rows, len(ws.eval))
+        note = "" if rows == len(ws.eval) else (
+            f"Live numbers use {rows} of the {len(ws.eval)} evaluation rows, {min(batch_rows, rows)} a batch: the "
+            "rows the link names, so that it shows the same numbers on any server.")
+    return ws.with_eval_rows(rows, batch_rows, note)
 
 
 def save_upload(name: str, data: bytes) -> str:

@@ -121,6 +121,34 @@ def cancelled_note(key: str) -> None:
         st.info("Cancelled: the run stopped between two batches and stored nothing.", icon=":material/stop:")
 
 
+RUNNING = "hp_running"      # session key: what a long job was doing when it started; removed when it ends
+
+
+@contextmanager
+def job(what: str):
+    """The run of a long job (``what``: "Find head roles"): remembered while it runs, so that a click or a change
+    elsewhere that stops it -- Streamlit ends the running script to start the next run -- is said on the next run
+    (``stopped_note``), never lost silently (issue 45, "Bad input"). A user's error or a bug ends it as usual."""
+    st.session_state[RUNNING] = what
+    try:
+        yield
+    except Exception:
+        st.session_state.pop(RUNNING, None)
+        raise
+    # a rerun stops the script with Streamlit's own exceptions (not Exception subclasses): the mark then stays
+    st.session_state.pop(RUNNING, None)
+
+
+def stopped_note() -> None:
+    """On the run after a long job was stopped by another click: say so, once (the Cancel button says its own)."""
+    what = st.session_state.pop(RUNNING, None)
+    if what is None or st.session_state.get(CANCELLED):
+        return
+    st.warning(f"**{what}** stopped before it finished: a click or a change came while it ran, and each one starts "
+               "a new run of the page, which ends the one before. Nothing of it was stored; start it again when "
+               "you are ready.", icon="⏹️")
+
+
 def long_job(key: str, label: str, run: Callable[[Callable[[float, str], None]], object], *, done=None,
              estimate: Callable[[], object] | None = None, hint: str = "", what: str | None = None,
              failed: str = "That did not work"):
@@ -147,7 +175,7 @@ def long_job(key: str, label: str, run: Callable[[Callable[[float, str], None]],
                 estimate_line(estimate(), hint)
         return None
     result = None
-    with guard(failed):
+    with guard(failed), job(label):
         with slot.container():
             cancel_button(f"{key}-cancel")
             bar = progress_bar(what or label)
@@ -269,13 +297,14 @@ def page(title: str, caption: str | None = None, live_counts: bool = False) -> t
     st.title(title, help=manual_help(title))
     if caption:
         st.caption(caption)
+    stopped_note()
     ws = ensure_workspace()
     if ws is None:
         st.stop()
     sd = session(ws)
     keep_widgets()
     urlstate.remember(ws, PAGE_URLS.get(title))
-    urlstate.apply(ws, sd, list(PAGE_URLS.values()))
+    urlstate.apply(ws, sd, list(PAGE_URLS.values()), lesson_steps)
     sidebar(ws, sd, counts=not live_counts)
     with st.sidebar:
         share_box(ws)
@@ -338,7 +367,6 @@ def share_box(ws: Workspace) -> None:
                    "model and data, pruned heads, selected head, criteria, ratio, sentence, role letters and the "
                    "KV plan. A reload keeps it too.")
     link_slots()
-    st.session_state[urlstate.SHOW] = show_link      # urlstate.publish draws through it (it cannot import ui)
 
 
 def link_slots() -> None:
@@ -349,6 +377,10 @@ def link_slots() -> None:
     link = st.empty()
     with st.expander("QR code (for a projector)"):
         st.session_state[urlstate.SLOT] = (link, st.empty())
+    # new slots are empty: nothing is drawn in them yet (a memory of "drawn" keyed by id(slots) once matched the new
+    # slots of a later run -- CPython reuses a freed tuple's address -- and left the sidebar without its link)
+    st.session_state[LINK_DRAWN] = None
+    st.session_state[urlstate.SHOW] = show_link      # urlstate.publish draws through it (it cannot import ui)
 
 
 def share_page(params: dict[str, str], note: str) -> None:
@@ -360,21 +392,44 @@ def share_page(params: dict[str, str], note: str) -> None:
     show_link(params)
 
 
-LINK_DRAWN = "hp_link_drawn"   # session key: (the slots, the link) show_link drew last
+LINK_DRAWN = "hp_link_drawn"   # session key: the link show_link drew last in this run's slots (None: none yet)
 
 
-def show_link(params: dict[str, str]) -> None:
-    """The link in its sidebar slots: copyable text (the code block's copy button) and a QR code for a projector."""
+def show_link(params: dict[str, str], fragment: bool = False) -> None:
+    """The link in its sidebar slots: copyable text (the code block's copy button) and a QR code for a projector.
+
+    ``fragment``: drawn from a ``view_fragment``, which writes the slots on every one of its runs (see there)."""
     slots = st.session_state.get(urlstate.SLOT)
     if slots is None:
         return
     url = link_url(params)
-    if st.session_state.get(LINK_DRAWN) == (id(slots), url):
+    if not fragment and st.session_state.get(LINK_DRAWN) == url:
         return   # drawn in these slots already this run: nothing to resend
-    st.session_state[LINK_DRAWN] = (id(slots), url)
+    st.session_state[LINK_DRAWN] = url
     link, qr = slots
     link.code(url, language=None, wrap_lines=True)
     qr.image(qr_data_uri(url), caption="Scan to open this view", width=220)
+
+
+def view_fragment(body: Callable[[], None]) -> Callable[[], None]:
+    """``st.fragment`` for the part of a page whose clicks change the view: every run of it -- the full run's
+    included -- ends by writing the view to the address bar and to the sidebar's link slots (``urlstate.publish``).
+
+    The page frame creates those slots outside the fragment, and Streamlit lets a fragment rerun fill a container
+    created outside it only when that fragment wrote to it on the last full run. A fragment that skipped the write
+    on a full run because the link had not changed (Prune after "Apply", Roles after "Find head roles") raised
+    StreamlitInvalidLayoutContextError on the next grid click, and from then on the sidebar named an older mask
+    (issue 45 item 1). So the write is unconditional here, and in ``finally``: a body that stops (``st.stop``) or
+    reruns on a full run still reserves the slots for its later reruns."""
+    @functools.wraps(body)
+    def run() -> None:
+        try:
+            stopped_note()      # a job of this fragment (Prune's Apply) stopped by the click that reran it
+            body()
+        finally:
+            urlstate.publish(fragment=True)
+
+    return st.fragment(run)
 
 
 @functools.lru_cache(maxsize=256)
@@ -496,6 +551,13 @@ def estimate_value(estimate) -> str:
     if estimate.low is None:
         return f"≈ {estimate.value:.{digits}f}"
     above, below = estimate.high - estimate.value, estimate.value - estimate.low
+    # an interval is never a point before the last batch (progressive.py): never print one that reads as a point
+    # ("± 0.000", "(1.000–1.000)"): as many digits as it takes to tell its ends apart
+    def reads_as_a_point(d: int) -> bool:
+        return f"{estimate.low:.{d}f}" == f"{estimate.high:.{d}f}" or float(f"{max(above, below):.{d}f}") == 0
+
+    while digits < 6 and estimate.high > estimate.low and reads_as_a_point(digits):
+        digits += 1
     if abs(above - below) <= 0.1 * max(above, below, 1e-12):
         return f"{estimate.value:.{digits}f} ± {max(above, below):.{digits}f}"
     return f"≈ {estimate.value:.{digits}f} ({estimate.low:.{digits}f}–{estimate.high:.{digits}f})"
@@ -527,6 +589,12 @@ def running_metric(metric: str, estimate, previous: float) -> dict:
 
 
 # -- lessons: the current step's text above every page ------------------------------------------------------------
+
+def lesson_steps() -> dict[str, int]:
+    """Each lesson this server has, by name, with its number of steps (what a link's lesson step may name)."""
+    lessons, _ = available_lessons(list(PAGE_URLS.values()))
+    return {name: len(lesson.steps) for name, lesson in lessons.items()}
+
 
 def step_href(lesson, step: int) -> str:
     """The link that opens step ``step`` of ``lesson`` (its whole state is in the query string), at the app's root

@@ -55,6 +55,9 @@ LIVE_STEP = 0.5      # share of a full pass one trajectory step re-evaluates (mo
 LIVE_CLICK_SECONDS = 15.0   # a full pass over the live rows, at most (module doc, ``live_size``)
 LIVE_FIRST_SECONDS = 1.0    # one evaluation batch, at most: the first running estimate follows it
 MIN_LIVE_ROWS = 16          # fewer rows than this say too little about a metric to be worth the wait saved
+# a batch is the running estimate's sampled unit: batches of one row gave "1.000 ± 0.000 · 2/22 batches" (issue 45);
+# four rows a batch cost the first number four single-row forwards at most
+MIN_BATCH_ROWS = 4
 LONG = 600.0         # seconds: past this the dashboard suggests smaller sizes
 
 
@@ -101,9 +104,15 @@ def device_name(model) -> str:
 
 
 @torch.no_grad()
-def forward_rate(model, batches: list[dict], memory_budget: int | str | None = None) -> tuple[float, str]:
+def forward_rate(model, batches: list[dict], memory_budget: int | str | None = None,
+                 idle: bool = False) -> tuple[float, str]:
     """(seconds per token, what was timed) of a forward pass: the first batch, cut to the rows the memory planner
-    allows for a forward under ``memory_budget``, timed once after a one-row warm-up."""
+    allows for a forward under ``memory_budget``, timed once after a one-row warm-up.
+
+    ``idle``: the rate of this machine when nothing else runs. On a CPU that is the CPU time of the thread that
+    runs the forward (``time.thread_time``): other processes' load stretches the clock, not the time this thread
+    computes (torch's pool threads share the work, and the calling thread works and waits beside them, as long as
+    the whole forward on an idle machine); on a GPU the clock (its thread may sleep while the device works)."""
     device = next(model.parameters()).device
     batch = batches[0]
     plan = plan_for(model, memory_budget, device)
@@ -112,12 +121,15 @@ def forward_rate(model, batches: list[dict], memory_budget: int | str | None = N
     with autocast(device):
         model(**{k: v[:1] for k, v in inputs.items()})   # warm-up: first-call allocations are not the rate
         synchronise(device)
-        start = time.perf_counter()
+        start, computed = time.perf_counter(), time.thread_time()
         model(**inputs)
         synchronise(device)
-        seconds = time.perf_counter() - start
+        seconds, computed = time.perf_counter() - start, time.thread_time() - computed
     rows, length = inputs["input_ids"].shape
-    return seconds / max(rows * length, 1), f"one forward of {rows} rows × {length} tokens: {seconds:.2f} s"
+    timed = f"{seconds:.2f} s"
+    if idle and device.type == "cpu" and computed < seconds:
+        timed, seconds = f"{computed:.2f} s of CPU ({seconds:.2f} s on the busy clock)", computed
+    return seconds / max(rows * length, 1), f"one forward of {rows} rows × {length} tokens: {timed}"
 
 
 @dataclass(frozen=True)
@@ -147,13 +159,15 @@ def live_size(seconds_per_token: float, tokens_per_row: float, n_rows: int, batc
               click_seconds: float | None = None, first_seconds: float | None = None) -> LiveSize:
     """The module doc's rule: all ``n_rows`` when a full pass over them fits ``click_seconds``, else as many as fit
     (at least ``MIN_LIVE_ROWS``, at most ``n_rows``); ``batch_rows`` a batch when one fits ``first_seconds``, else
-    as many as fit (at least 1). None: ``LIVE_CLICK_SECONDS`` / ``LIVE_FIRST_SECONDS`` (read at the call)."""
+    as many as fit (at least ``MIN_BATCH_ROWS``). None: ``LIVE_CLICK_SECONDS`` / ``LIVE_FIRST_SECONDS`` (read at
+    the call)."""
     click_seconds = LIVE_CLICK_SECONDS if click_seconds is None else click_seconds
     first_seconds = LIVE_FIRST_SECONDS if first_seconds is None else first_seconds
     per_row = max(seconds_per_token * tokens_per_row, 1e-12)
     rows = n_rows if per_row * n_rows <= click_seconds else \
         min(n_rows, max(MIN_LIVE_ROWS, int(click_seconds // per_row)))
-    batch = batch_rows if per_row * batch_rows <= first_seconds else max(1, int(first_seconds // per_row))
+    batch = batch_rows if per_row * batch_rows <= first_seconds else \
+        max(min(MIN_BATCH_ROWS, batch_rows), int(first_seconds // per_row))
     batch = min(batch, max(rows, 1))
     return LiveSize(rows, batch, per_row, rows < n_rows or batch < batch_rows)
 
@@ -162,13 +176,14 @@ RATE_ROWS = 4   # rows of the first evaluation batch ``measure_live_size`` times
 
 
 def measure_live_size(model, eval_batches: list[dict], batch_rows: int) -> tuple[LiveSize, str]:
-    """``live_size`` at this machine's measured rate: a forward of ``RATE_ROWS`` rows of the first batch timed
-    three times, the fastest kept (a busy moment, or a fresh process's first calls, is not the machine's rate: one
-    slow timing would shrink even a demo's split), tokens per row counted with padding (what a pass computes);
-    (size, what was timed)."""
+    """``live_size`` at this machine's idle rate (``forward_rate(idle=True)``: on a CPU the forward's own CPU time,
+    which a busy server does not stretch; issue 45 item 3: the clock shrank a split to 22 of 500 rows on a loaded
+    machine): a forward of ``RATE_ROWS`` rows of the first batch timed three times, the fastest kept (a fresh
+    process's first calls are not the machine's rate), tokens per row counted with padding (what a pass computes);
+    (size, what was timed). The demos are never sized by a timing (``dashboard/store.py``)."""
     first = eval_batches[0]
     piece = {k: v[:RATE_ROWS] if torch.is_tensor(v) else v for k, v in first.items()}
-    seconds_per_token, basis = min(forward_rate(model, [piece]) for _ in range(3))
+    seconds_per_token, basis = min(forward_rate(model, [piece], idle=True) for _ in range(3))
     n_rows = sum(len(b["input_ids"]) for b in eval_batches)
     return live_size(seconds_per_token, tokens(eval_batches) / max(n_rows, 1), n_rows, batch_rows), basis
 

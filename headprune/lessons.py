@@ -13,6 +13,8 @@ letters, digits and "-")::
     minutes = 12                           # required, 1-45: class time
     model = "demo-circuit"                 # required: a named model, or a folder INSIDE the lessons folder
     data = "demo-circuit"                  # required: a named data set
+    rows = 128                             # optional: the evaluation rows every step's numbers are measured on
+                                           # (the link's ``rows``: the same numbers on any server)
 
     [[step]]                               # 1 to MAX_STEPS of them
     title = "..."                          # required
@@ -24,6 +26,7 @@ letters, digits and "-")::
     mask = "1.0-7"                         # heads pruned (the link's compact form: layer.head, ranges a-b, *)
     head = "1.3"                           # the selected head
     criteria = ["ae", "his"]               # criteria shown
+    criterion = "ae"                       # the Prune page's criterion (its Apply)
     ratio = 0.5                            # prune ratio, 0-1
     sentence = "..."                       # the text looked at
     roles = true                           # role letters on the grids
@@ -73,7 +76,7 @@ from .markdown import markup_problem, outside_code
 from .model.loading import NAMED_MODELS
 from .protocol.spec import KeyLines, parse_toml
 from .userinput import kind_of, read_user_json, read_user_text, resolved_inside
-from .viewstate import LESSON, MAX_GRID, ViewState
+from .viewstate import LESSON, MAX_GRID, ROWS, ViewState
 
 MAX_BYTES = 256 * 1024          # a lesson is a page of text; a 10 MB file is a mistake (refused unread)
 MAX_CONFIG_BYTES = 1024 * 1024  # a model's config.json (a few kB; a 1 GB one is a trap)
@@ -83,10 +86,11 @@ MAX_TEXT = 4000                 # characters of one text field
 MINUTES = (1, 45)
 MAX_FILES = 200                 # lesson files read from one folder (a class needs a handful); more is an error
 GRID = Interval(1, MAX_GRID, integer=True, why="layers, and heads per layer, of a model a link can name")
-LESSON_KEYS = {"title": True, "summary": True, "minutes": True, "model": True, "data": True, "step": True}
+LESSON_KEYS = {"title": True, "summary": True, "minutes": True, "model": True, "data": True, "step": True,
+               "rows": False}
 TEXT_KEYS = {"title": True, "text": True, "look": False, "question": False, "answer": False}
 FILLED_KEYS = ("text", "look", "question", "answer")   # the fields whose placeholders are filled
-STATE_KEYS = ("page", "mask", "head", "criteria", "ratio", "sentence", "roles")
+STATE_KEYS = ("page", "mask", "head", "criteria", "criterion", "ratio", "sentence", "roles")
 SHIPPED = Path(__file__).resolve().parent / "resources" / "lessons"
 ENV = "HEADPRUNE_LESSONS"       # a teacher's folder of lessons, listed after the shipped ones
 ACCEPTED_FILE = f"a UTF-8 TOML lesson file of at most {MAX_BYTES:,} bytes, inside its lessons folder"
@@ -151,6 +155,7 @@ class Lesson:
     data: str
     steps: tuple[Step, ...]
     path: Path
+    rows: int | None = None       # the evaluation rows of every step (None: the server's)
 
     @property
     def linkable(self) -> bool:
@@ -162,7 +167,8 @@ class Lesson:
         state = self.steps[step - 1].state
         view = ViewState(**{**{k: getattr(state, k) for k in STATE_KEYS},
                             "model": self.model if self.linkable else None,
-                            "data": self.data if self.linkable else None, "lesson": self.name, "step": step})
+                            "data": self.data if self.linkable else None, "rows": self.rows,
+                            "lesson": self.name, "step": step})
         query = view.to_query()
         if state.mask:   # item by item ("1.0,1.1"), not ranges: a lesson's few heads read the same in any reader
             query["mask"] = ",".join(f"{layer}.{head}" for layer, head in state.mask)
@@ -486,6 +492,9 @@ def read_lesson(path: Path, *, pages: Iterable[str], folder: Path | None = None,
     if not isinstance(data, str) or data not in NAMED_DATA:
         file.error(("data",) if "data" in obj else (), f"'data' {data!r} is not a named data set; accepted: "
                                                        f"{', '.join(NAMED_DATA)}.")
+    rows = obj.get("rows")
+    if rows is not None and ROWS(rows):
+        file.error(("rows",), f"'rows' {ROWS(rows)}.")
     tables = obj.get("step")
     if not isinstance(tables, list) or not tables or not all(isinstance(t, dict) for t in tables) \
             or len(tables) > MAX_STEPS:
@@ -515,7 +524,7 @@ def read_lesson(path: Path, *, pages: Iterable[str], folder: Path | None = None,
     if file.errors:
         raise LessonError("\n".join(file.errors))
     return Lesson(name=name, title=head["title"], summary=head["summary"], minutes=minutes, model=model, data=data,
-                  steps=tuple(steps), path=path)
+                  steps=tuple(steps), path=path, rows=rows)
 
 
 def lesson_folders(extra: str | None = None) -> list[Path]:

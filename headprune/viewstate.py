@@ -7,8 +7,14 @@ anything else is dropped with one line saying what was dropped and what is accep
 
 Keys (all optional; README "Shareable views for teaching" lists them for users)::
 
-    page=prune  model=demo  data=demo  mask=0.3,2.1-4,5.*  head=1.4  criteria=ae,his  ratio=0.5
-    sentence=the+film+was+fine  roles=0  kv=razor_25_4_16_4096_0.0,1.1  lesson=induction  step=2
+    page=prune  model=demo  data=demo  mask=0.3,2.1-4,5.*  head=1.4  criteria=ae,his  criterion=kl  ratio=0.5
+    rows=64  sentence=the+film+was+fine  roles=0  kv=razor_25_4_16_4096_0.0,1.1  lesson=induction  step=2
+
+``criterion`` is the Prune page's one criterion (its "Apply" prunes the lowest ``ratio`` by it), ``criteria`` the
+Head scores page's set. ``rows`` is the number of evaluation rows the view's numbers are measured on (the first
+``rows`` of the evaluation split): a link carries it so that the same link shows the same numbers on any server,
+however loaded (issue 45 item 3). ``lesson`` and ``step`` come together: one without the other is dropped, and
+said.
 
 Masks (``mask``, the heads pruned in the session; ``kv``'s full heads) use a compact form of ``layer.head`` items:
 each side an integer, a range ``a-b`` or ``*`` (every layer / head of the grid), e.g. ``0-2.3`` = heads 3 of
@@ -24,6 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 
 from .errors import HeadpruneError
+from .limits import Interval
 
 # The dashboard's pages by their address names (``?page=NAME``), in its navigation order. dashboard/ui.py's PAGES
 # gives each its file, title and icon (tests/test_lessons.py checks the two lists agree); they live here too so that
@@ -31,7 +38,8 @@ from .errors import HeadpruneError
 PAGE_NAMES = ("model-and-data", "head-scores", "roles", "attention", "prune", "recover", "trajectories", "export",
               "kv-cache", "runs", "lessons", "heads", "example", "glossary")
 
-KEYS = ("page", "model", "data", "mask", "head", "criteria", "ratio", "sentence", "roles", "kv", "lesson", "step")
+KEYS = ("page", "model", "data", "mask", "head", "criteria", "criterion", "ratio", "rows", "sentence", "roles", "kv",
+        "lesson", "step")
 
 MAX_VALUE = 4000          # characters of one value (a compact mask of a 64 x 64 grid fits; 10 kB of junk does not)
 MAX_SENTENCE = 500        # characters of a typed sentence
@@ -44,6 +52,10 @@ KV_SHARE = (0, 100)       # percent of key/value heads kept full
 KV_SINK = (0, 64)         # first keys kept by a streaming head (the KV page's inputs)
 KV_WINDOW = (1, 4096)     # last keys kept by a streaming head
 KV_LENGTHS = tuple(2 ** k for k in range(8, 18))  # context lengths the KV page's bytes bar offers
+KV_BUDGET = (0, 2**24)    # a budget plan's total tokens over all key/value groups (the KV page's input)
+KV_BETA = (1.0, 1e6)      # HeadKV's β (the KV page's input)
+# evaluation rows a link may ask for: any split a user can load fits (the CLI's and dashboard's default is 500)
+ROWS = Interval(1, 10**6, integer=True, why="the evaluation rows a view's numbers are measured on")
 TRUE, FALSE = ("1", "true", "on", "yes"), ("0", "false", "off", "no")
 LESSON = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
 # a typed sentence: printable text only (no control characters that could rewrite a terminal or hide a payload)
@@ -167,29 +179,47 @@ def _first(part: str) -> int:
 class KVView:
     """The KV cache page's settings: score ``rule``, ``share`` (% of key/value heads full), ``sink`` S, ``window``
     W, the bytes bar's context ``length``, and the key/value heads kept full after clicks (None: the rule's top
-    share). Text form: ``rule_share_sink_window_length[_fullheads]``, e.g. ``razor_25_4_16_4096_0.1,2.0``."""
+    share). Text form: ``rule_share_sink_window_length[_fullheads]``, e.g. ``razor_25_4_16_4096_0.1,2.0``.
+
+    A budget plan (HeadKV's allocation: every group keeps S + W_g tokens) has a ``budget`` (total tokens) and
+    ``beta`` instead of a share and full heads; its share field reads ``bTOTAL-BETA``: ``razor_b96-2.0_4_16_4096``."""
 
     rule: str
-    share: int
+    share: int | None
     sink: int
     window: int
     length: int
     full: tuple[Head, ...] | None = None
+    budget: int | None = None
+    beta: float | None = None
 
     def __post_init__(self):
         if not re.fullmatch(r"[a-z][a-z0-9-]{0,29}", str(self.rule)):
             raise ViewStateError(f"kv rule {_shown(str(self.rule))} is not a rule name (lower-case letters)")
-        for name, (low, high) in (("share", KV_SHARE), ("sink", KV_SINK), ("window", KV_WINDOW)):
+        budgets = self.budget is not None
+        limits = (("sink", KV_SINK), ("window", KV_WINDOW)) + ((("budget", KV_BUDGET),) if budgets else
+                                                                (("share", KV_SHARE),))
+        for name, (low, high) in limits:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
                 raise ViewStateError(f"kv {name} {value!r} must be a whole number in [{low}, {high}]")
         if self.length not in KV_LENGTHS:
             raise ViewStateError(f"kv length {self.length!r} must be one of {', '.join(map(str, KV_LENGTHS))}")
+        if budgets:
+            if self.share is not None or self.full is not None:
+                raise ViewStateError("a kv budget plan has no share of full heads")
+            if isinstance(self.beta, bool) or not isinstance(self.beta, (int, float)) \
+                    or not math.isfinite(self.beta) or not KV_BETA[0] <= self.beta <= KV_BETA[1]:
+                raise ViewStateError(f"kv beta {self.beta!r} must be a number in [{KV_BETA[0]:g}, {KV_BETA[1]:g}]")
+            object.__setattr__(self, "beta", float(self.beta))
+        elif self.beta is not None:
+            raise ViewStateError("kv beta belongs to a budget plan (give its budget)")
         if self.full is not None:
             object.__setattr__(self, "full", _checked_heads(self.full, "kv full heads"))
 
     def text(self, shape: tuple[int, int] | None = None) -> str:
-        parts = [self.rule, str(self.share), str(self.sink), str(self.window), str(self.length)]
+        share = f"b{self.budget}-{self.beta!r}" if self.budget is not None else str(self.share)
+        parts = [self.rule, share, str(self.sink), str(self.window), str(self.length)]
         if self.full is not None:
             parts.append(format_heads(self.full, shape) or "-")
         return "_".join(parts)
@@ -198,9 +228,11 @@ class KVView:
     def parse(cls, text: str, rules: Iterable[str] | None = None, shape: tuple[int, int] | None = None) -> KVView:
         """The ``KVView`` of ``text``; ViewStateError naming what is wrong and what is accepted."""
         parts = text.split("_")
-        if len(parts) not in (5, 6) or not all(re.fullmatch(r"[0-9]{1,6}", p) for p in parts[1:5]):
+        budget = re.fullmatch(r"b([0-9]{1,8})-([0-9]{1,7}(?:\.[0-9]{1,17})?)", parts[1]) if len(parts) > 1 else None
+        if len(parts) not in (5, 6) or not all(re.fullmatch(r"[0-9]{1,6}", p) for p in parts[2:5]) \
+                or not (budget or re.fullmatch(r"[0-9]{1,6}", parts[1])) or (budget and len(parts) == 6):
             raise ViewStateError(f"kv={_shown(text)}: expected rule_share_sink_window_length[_fullheads], "
-                                 "e.g. razor_25_4_16_4096")
+                                 "e.g. razor_25_4_16_4096, or a budget plan rule_bTOTAL-BETA_sink_window_length")
         rules = list(rules) if rules is not None else None
         if rules is not None and parts[0] not in rules:
             raise ViewStateError(f"kv rule {_shown(parts[0])} is not one of: {', '.join(rules)}")
@@ -210,8 +242,11 @@ class KVView:
                 full = () if parts[5] == "-" else parse_heads(parts[5], shape)
             except ValueError as exc:
                 raise ViewStateError(f"kv full heads: {exc}") from None
-        share, sink, window, length = map(int, parts[1:5])
-        return cls(rule=parts[0], share=share, sink=sink, window=window, length=length, full=full)
+        sink, window, length = map(int, parts[2:5])
+        if budget:
+            return cls(rule=parts[0], share=None, sink=sink, window=window, length=length,
+                       budget=int(budget.group(1)), beta=float(budget.group(2)))
+        return cls(rule=parts[0], share=int(parts[1]), sink=sink, window=window, length=length, full=full)
 
 
 # -- the view -------------------------------------------------------------------------------------------------------
@@ -235,8 +270,9 @@ def _name(value, what: str) -> None:
 class ViewState:
     """What a dashboard view shows, each field None when the view does not set it. Checked once, here: a
     ``ViewState`` that exists holds only values a link accepts (ViewStateError otherwise). ``mask`` is the heads
-    pruned in the session (sorted); ``head`` the one selected head; ``roles`` whether role letters are drawn on
-    the grids; ``lesson``/``step`` a lesson's slug and step number."""
+    pruned in the session (sorted); ``head`` the one selected head; ``criterion`` the Prune page's criterion;
+    ``rows`` the evaluation rows the numbers are measured on; ``roles`` whether role letters are drawn on the
+    grids; ``lesson``/``step`` a lesson's slug and step number."""
 
     page: str | None = None
     model: str | None = None
@@ -244,7 +280,9 @@ class ViewState:
     mask: tuple[Head, ...] | None = None
     head: Head | None = None
     criteria: tuple[str, ...] | None = None
+    criterion: str | None = None
     ratio: float | None = None
+    rows: int | None = None
     sentence: str | None = None
     roles: bool | None = None
     kv: KVView | None = None
@@ -267,6 +305,10 @@ class ViewState:
             for name in names:
                 _name(name, "a criterion")
             object.__setattr__(self, "criteria", names)
+        if self.criterion is not None:
+            _name(self.criterion, "the criterion")
+        if self.rows is not None and ROWS(self.rows):
+            raise ViewStateError(f"rows {self.rows!r} {ROWS(self.rows)}")
         if self.ratio is not None:
             if isinstance(self.ratio, bool) or not isinstance(self.ratio, (int, float)) \
                     or not math.isfinite(self.ratio) or not 0 <= self.ratio <= 1:
@@ -303,6 +345,8 @@ class ViewState:
                 out[key] = f"{value[0]}.{value[1]}"
             elif key == "criteria":
                 out[key] = ",".join(value)
+            elif key == "rows":
+                out[key] = str(value)
             elif key == "ratio":
                 out[key] = repr(value)        # the shortest text that reads back as the same float
             elif key == "roles":
@@ -351,6 +395,12 @@ class ViewState:
                                     kv_rules=kv_rules, kv_shape=kv_shape, problems=problems)
             except (ViewStateError, ValueError) as exc:
                 problems.append(f"{key}={_shown(raw)} dropped: {str(exc).rstrip('.')}.")
+        # a step is a lesson's: one without the other names nothing a server can open (issue 46 item 7)
+        if "lesson" in values and "step" not in values:
+            problems.append(f"lesson={_shown(values.pop('lesson'))} dropped: a lesson link names its step too "
+                            "(step=1 opens the first).")
+        elif "step" in values and "lesson" not in values:
+            problems.append(f"step={values.pop('step')} dropped: a step belongs to a lesson (lesson=NAME&step=K).")
         return cls(**values), problems
 
 
@@ -387,6 +437,13 @@ def _read(key: str, raw: str, *, pages, models, data, criteria, shape, kv_rules,
         if not names:
             raise ViewStateError(f"no known criterion (known: {', '.join(criteria)})")
         return tuple(names)
+    if key == "criterion":
+        return _choose(key, raw, criteria)
+    if key == "rows":
+        if not re.fullmatch(r"[0-9]{1,7}", raw) or ROWS(int(raw)):
+            raise ViewStateError(f"must be a whole number in [1, {ROWS.high:,}] (the evaluation rows the numbers "
+                                 "are measured on)")
+        return int(raw)
     if key == "ratio":
         try:
             value = float(raw)

@@ -35,6 +35,19 @@ PAGES = {"home": None, "model": "dashboard/pages/1_Model_and_data.py", "scores":
          "runs": "dashboard/pages/10_Runs.py"}
 
 
+def benchmark(name: str):
+    """The module benchmarks/<name>.py (the browser tests start servers and walks with the benchmarks' code)."""
+    import importlib.util
+
+    module = sys.modules.get(name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module       # a dataclass module must be importable by name while it loads
+        spec.loader.exec_module(module)
+    return module
+
+
 def open_app(page: str = "home", setup=None, timeout: float = 600):
     """AppTest of app.py run once on ``page`` (optionally with a dashboard Setup already chosen)."""
     from streamlit.testing.v1 import AppTest

@@ -8,6 +8,7 @@ import random
 import re
 import sys
 import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -36,6 +37,73 @@ def callers_main():
     yield
     if before is not None:
         sys.modules["__main__"] = before
+
+
+# -- the browser tests' one server and one Chromium -----------------------------------------------------------------
+CHROMIUM = "/usr/bin/chromium"
+
+
+def browser_skip_reason() -> str | None:
+    from pathlib import Path
+
+    if not Path(CHROMIUM).exists():
+        return f"{CHROMIUM} not found: install Debian's chromium to run the browser tests"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "python playwright is not installed"
+    return None
+
+
+@contextmanager
+def dashboard_server(tmp_path_factory, extra_env: dict[str, str] | None = None):
+    """``streamlit run app.py`` with the SMALL splits (and ``extra_env``); yields its URL, stops it on exit."""
+    from app_support import ROOT, SMALL, benchmark
+
+    reason = browser_skip_reason()
+    if reason:
+        print(f"skipping the browser tests: {reason}")
+        pytest.skip(reason)
+    log = tmp_path_factory.mktemp("streamlit") / "server.log"
+    with benchmark("bench_browser").streamlit_server(ROOT, {**SMALL, **(extra_env or {})}, log,
+                                                     start_timeout=120) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def shared_server(tmp_path_factory):
+    """One server for every browser test module that needs nothing of its own: a server takes 30-150 s to start
+    on the shared 2-core box and builds each demo's workspace once (one per module cost minutes of CI)."""
+    with dashboard_server(tmp_path_factory) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def server(request, tmp_path_factory):
+    """The browser tests' server: the shared one, or, for a module with a ``server_env(tmp_path_factory)``
+    function (tests/test_lessons_browser.py: a teacher's folder of lessons), one of its own with that environment.
+    Skipped, with the reason printed, when Chromium or Playwright is missing."""
+    extra = getattr(request.module, "server_env", None)
+    if extra is None:
+        yield request.getfixturevalue("shared_server")
+        return
+    with dashboard_server(tmp_path_factory, extra(tmp_path_factory)) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """One headless Chromium for every browser test module (each test opens its own pages and contexts)."""
+    from playwright.sync_api import sync_playwright
+
+    reason = browser_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM,
+                              args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        yield b
+        b.close()
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,8 @@
 Loads the demo, computes head-score heatmaps, prunes a head by clicking its cell on the Prune page's grid and
 checks that the numbers change; screenshots go under the test's tmp_path (and, when HEADPRUNE_SCREENSHOT names a
 file, the Prune view is also saved there -- that is how assets/dashboard.png is made).
-Skipped, with the reason printed, when /usr/bin/chromium or Playwright is missing.
+The server and the browser are tests/conftest.py's, one of each for every browser test module. Skipped, with the
+reason printed, when /usr/bin/chromium or Playwright is missing.
 """
 
 from __future__ import annotations
@@ -11,58 +12,14 @@ from __future__ import annotations
 import os
 import re
 import time
-from pathlib import Path
 
 import pytest
-from app_support import ROOT, SMALL
-
-CHROMIUM = "/usr/bin/chromium"
-
-
-def _skip_reason() -> str | None:
-    if not Path(CHROMIUM).exists():
-        return f"{CHROMIUM} not found: install Debian's chromium to run the browser test"
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        return "python playwright is not installed"
-    return None
+from app_support import benchmark
 
 
 def _bench_browser():
-    """benchmarks/bench_browser.py, whose ``streamlit_server`` both it and this test start the app with."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_browser", ROOT / "benchmarks" / "bench_browser.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, request):
-    """One Streamlit server per test module; a module's ``server_env(tmp_path_factory)`` function, if it has one,
-    adds to its environment (tests/test_lessons_browser.py: a teacher's folder of lessons)."""
-    reason = _skip_reason()
-    if reason:
-        print(f"skipping the browser test: {reason}")
-        pytest.skip(reason)
-    log = tmp_path_factory.mktemp("streamlit") / "server.log"
-    extra = getattr(request.module, "server_env", None)
-    env = {**SMALL, **(extra(tmp_path_factory) if extra else {})}
-    with _bench_browser().streamlit_server(ROOT, env, log, start_timeout=120) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM,
-                              args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-        yield b
-        b.close()
+    """benchmarks/bench_browser.py, whose ``streamlit_server`` starts the shared server (tests/conftest.py)."""
+    return benchmark("bench_browser")
 
 
 def metric_value(page, label: str) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from urllib.parse import parse_qs, urlparse
 
-from test_browser import browser, metric_value, server, wait_idle  # noqa: F401 - module fixtures shared
+from test_browser import metric_value, wait_idle  # the server and browser: tests/conftest.py, shared
 
 VIEW = {"width": 1500, "height": 1000}
 

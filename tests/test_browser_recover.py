@@ -4,7 +4,7 @@ table. Skipped, with the reason, when Chromium or Playwright is missing."""
 
 from __future__ import annotations
 
-from test_browser import browser, server, wait_idle  # noqa: F401 - fixtures shared with the main browser test
+from test_browser import wait_idle  # the server and browser: tests/conftest.py, shared
 
 
 def test_recover_one_step_in_the_browser(server, browser, tmp_path):  # noqa: F811 - the fixtures above

@@ -23,7 +23,7 @@ import time
 from urllib.parse import urlencode, urlsplit
 
 import pytest
-from test_browser import browser, server, wait_idle  # noqa: F401  (the module's one server and browser)
+from test_browser import wait_idle  # the server and browser: tests/conftest.py, shared
 
 from dashboard.ui import PAGES
 from headprune.lessons import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from headprune.estimate import MIN_LIVE_ROWS, live_size
+from headprune.estimate import MIN_BATCH_ROWS, MIN_LIVE_ROWS, live_size
 from headprune.evaluation.metrics import evaluate
 from headprune.workspace import Workspace
 
@@ -15,8 +15,9 @@ from headprune.workspace import Workspace
     (1e-5, 40, 500, 32, (500, 32, False)),    # a demo: 0.2 s a pass, 13 ms a batch: all as given
     (2e-3, 64, 500, 32, (117, 7, True)),      # 0.128 s a row: 15 // 0.128 = 117 rows, 1 // 0.128 = 7 a batch
     (2e-3, 64, 100, 32, (100, 7, True)),      # all 100 rows fit 12.8 s; the batches do not fit 1 s
-    (1.0, 64, 500, 32, (MIN_LIVE_ROWS, 1, True)),   # 64 s a row: never fewer than MIN_LIVE_ROWS, one a batch
-    (1.0, 64, 5, 32, (5, 1, True)),           # ... nor more than there are
+    (1.0, 64, 500, 32, (MIN_LIVE_ROWS, MIN_BATCH_ROWS, True)),   # 64 s a row: never fewer than MIN_LIVE_ROWS,
+    (1.0, 64, 5, 32, (5, MIN_BATCH_ROWS, True)),                  # nor more than there are; never 1 row a batch
+    (1.0, 64, 500, 2, (MIN_LIVE_ROWS, 2, True)),                  # a batch is never bigger than asked
 ])
 def test_the_rule_on_stated_costs(rate, tokens, rows, batch, want):
     size = live_size(rate, tokens, rows, batch)
@@ -45,26 +46,68 @@ def test_a_workspace_on_fewer_rows_evaluates_exactly_those_rows(tiny_model_dir, 
     assert ws.with_eval_rows(30, 32) is ws     # nothing to cut: the same workspace
 
 
-def test_the_prune_page_says_when_a_click_uses_fewer_rows(monkeypatch):
-    """A machine too slow for the whole split (the limits lowered so even the demo does not fit): the page's live
-    numbers use MIN_LIVE_ROWS rows one a batch, it says so, and its dense value is that of those rows."""
+def test_the_prune_page_says_when_a_click_uses_fewer_rows(monkeypatch, tiny_model_dir, tiny_csv):
+    """A model that is not a demo on a machine too slow for the whole split (the limits lowered so even the tiny
+    model does not fit): the page's live numbers use MIN_LIVE_ROWS rows, MIN_BATCH_ROWS a batch (never one), it says
+    so, and its dense value is that of those rows."""
     from app_support import metric, open_app, problems, small_env
 
     import headprune.estimate as estimate
 
     monkeypatch.setattr(estimate, "LIVE_CLICK_SECONDS", 1e-9)
     monkeypatch.setattr(estimate, "LIVE_FIRST_SECONDS", 1e-9)
-    with small_env(HEADPRUNE_EVAL_SIZE="48"):   # a setup of its own: the store keys workspaces by setup
+    with small_env(HEADPRUNE_MODEL=str(tiny_model_dir), HEADPRUNE_DATA=tiny_csv, HEADPRUNE_EVAL_SIZE="48",
+                   HEADPRUNE_CALIB_SIZE="8"):
         at = open_app("prune")
     assert not problems(at)
     from dashboard.store import store
 
     ws = store().get(f"ws|{at.session_state['hp_setup'].key}")
-    assert len(ws.eval) == MIN_LIVE_ROWS and all(len(b["input_ids"]) == 1 for b in ws.eval_batches)
-    assert any(f"Live numbers use {MIN_LIVE_ROWS} of the 48 evaluation rows, 1 a batch" in c.value
+    assert len(ws.eval) == MIN_LIVE_ROWS and all(len(b["input_ids"]) == MIN_BATCH_ROWS for b in ws.eval_batches)
+    assert any(f"Live numbers use {MIN_LIVE_ROWS} of the 48 evaluation rows, {MIN_BATCH_ROWS} a batch" in c.value
                for c in at.caption)
     rows = evaluate(ws.loaded.model, ws.eval_batches, task=ws.task)
     assert float(metric(at, "dense accuracy")) == pytest.approx(rows.accuracy, abs=1e-4)
+
+
+def test_a_demo_is_never_sized_by_a_timing(monkeypatch):
+    """Issue 45 item 3: the demo keeps the split its setup asks for (here the classroom's HEADPRUNE_EVAL_SIZE),
+    however slow the machine: nothing is timed (a timing would raise here), whole batches of 32."""
+    from app_support import open_app, problems, small_env
+
+    import dashboard.store as dashboard_store
+
+    def timed(*args, **kwargs):
+        raise AssertionError("a demo was sized by a timing")
+
+    monkeypatch.setattr(dashboard_store, "measure_live_size", timed)
+    with small_env(HEADPRUNE_EVAL_SIZE="72"):
+        at = open_app("home")
+    assert not problems(at)
+    ws = dashboard_store.store().get(f"ws|{at.session_state['hp_setup'].key}")
+    assert len(ws.eval) == 72 and [len(b["input_ids"]) for b in ws.eval_batches] == [32, 32, 8]
+    assert ws.eval_note == ""
+
+
+def test_the_idle_rate_is_the_forwards_own_cpu_time_not_a_busy_clock(monkeypatch, one_thread):
+    """A loaded machine stretches the clock, not the CPU time the forward's thread computes: with the wall clock
+    made to run 50 times fast (what two busy neighbours on two cores look like, and worse), the idle rate stays
+    that of the CPU time, and the plain (clock) rate grows."""
+    import time
+
+    import headprune.estimate as estimate
+    from headprune.testing import random_batch, tiny_model
+
+    model, batch = tiny_model("bert"), random_batch(batch_size=4, seq_len=32, seed=1)
+    real = time.perf_counter
+    start = real()
+    monkeypatch.setattr(estimate.time, "perf_counter", lambda: start + 50 * (real() - start))
+    busy_clock, _ = estimate.forward_rate(model, [batch])
+    idle, basis = estimate.forward_rate(model, [batch], idle=True)
+    assert idle < busy_clock / 5 and "of CPU" in basis
+    monkeypatch.setattr(estimate.time, "perf_counter", real)
+    clock = min(estimate.forward_rate(model, [batch])[0] for _ in range(3))
+    assert idle < 3 * clock        # the CPU time is no more than the clock's (a little slack for a noisy box)
 
 
 def test_sessions_opening_one_link_share_its_evaluation():

@@ -25,15 +25,21 @@ def random_state(rng: random.Random, shape, kv_shape) -> ViewState:
     kv = KVView(rule=rng.choice(NAMES["kv_rules"]), share=rng.randrange(0, 101), sink=rng.randrange(0, 65),
                 window=rng.randrange(1, 4097), length=2 ** rng.randrange(8, 18),
                 full=maybe(tuple(random_heads(rng, kv_shape, rng.random()))))
+    if rng.random() < 0.3:      # a budget plan (HeadKV): a total and beta instead of a share and full heads
+        kv = KVView(rule=kv.rule, share=None, sink=kv.sink, window=kv.window, length=kv.length,
+                    budget=rng.randrange(0, 2**24 + 1), beta=rng.choice([1.0, 2.0, 1.005, 1e6, 1 + rng.random()]))
+    lesson = rng.random() < 0.7     # a lesson and its step come together
     return ViewState(
         page=maybe(rng.choice(PAGES)), model=maybe(rng.choice(NAMES["models"])), data=maybe(rng.choice(NAMES["data"])),
         mask=maybe(tuple(random_heads(rng, shape, rng.choice([0.0, 0.05, 0.5, 0.95, 1.0])))),
         head=maybe((rng.randrange(shape[0]), rng.randrange(shape[1]))),
         criteria=maybe(tuple(rng.sample(NAMES["criteria"], rng.randrange(1, 5)))),
+        criterion=maybe(rng.choice(NAMES["criteria"])), rows=maybe(rng.choice([1, 64, 500, 10**6])),
         ratio=maybe(rng.choice([0.0, 1.0, 0.5, rng.random()])),
         sentence=maybe("".join(rng.choice(letters) for _ in range(rng.randrange(1, 80)))),
-        roles=maybe(rng.random() < 0.5), kv=maybe(kv), lesson=maybe(rng.choice(["induction", "a", "lesson-2"])),
-        step=maybe(rng.randrange(0, 1000)))
+        roles=maybe(rng.random() < 0.5), kv=maybe(kv),
+        lesson=rng.choice(["induction", "a", "lesson-2"]) if lesson else None,
+        step=rng.randrange(0, 1000) if lesson else None)
 
 
 @pytest.mark.parametrize("shape", [(6, 12), (3, 8), (1, 1), (32, 32)])
@@ -131,3 +137,42 @@ def test_a_view_is_checked_when_built():
     with pytest.raises(TypeError):
         ViewState("prune")                                                   # keyword-only
     assert ViewState(mask=[(2, 1), (0, 3), (2, 1)]).mask == ((0, 3), (2, 1))
+
+
+def test_a_lesson_without_its_step_and_a_step_without_its_lesson_are_dropped_and_said():
+    """Issue 46 item 7: neither opens anything alone; each is named in one line, the rest of the link applies."""
+    state, problems = ViewState.from_query({"lesson": "induction", "page": "prune"}, **NAMES)
+    assert state == ViewState(page="prune") and len(problems) == 1
+    assert "lesson='induction' dropped" in problems[0] and "step=1" in problems[0]
+    state, problems = ViewState.from_query({"step": "2", "head": "1.1"}, **NAMES)
+    assert state == ViewState(head=(1, 1)) and len(problems) == 1 and "step=2 dropped" in problems[0]
+    state, problems = ViewState.from_query({"step": "2", "lesson": "induction"}, **NAMES)
+    assert state == ViewState(lesson="induction", step=2) and not problems
+
+
+def test_rows_and_the_prune_criterion_are_carried_within_their_limits():
+    """The evaluation rows (issue 45 item 3) and the Prune page's criterion (item 8): read back exactly, a value
+    outside what a link accepts dropped with what is accepted."""
+    state = ViewState(rows=64, criterion="his")
+    assert state.to_query() == {"criterion": "his", "rows": "64"}
+    assert ViewState.from_query(state.to_query(), **NAMES) == (state, [])
+    for bad, said in (("0", "[1, 1,000,000]"), ("1000001", "[1, 1,000,000]"), ("-3", "whole number"),
+                      ("6.4", "whole number"), ("٣", "whole number")):
+        state, problems = ViewState.from_query({"rows": bad}, **NAMES)
+        assert state.rows is None and len(problems) == 1 and said in problems[0], (bad, problems)
+    state, problems = ViewState.from_query({"criterion": "nope"}, **NAMES)
+    assert state.criterion is None and "not one of ae, his, random, sap" in problems[0]
+    for bad in (dict(rows=0), dict(rows=True), dict(rows=2.0), dict(criterion="")):
+        with pytest.raises(ViewStateError):
+            ViewState(**bad)
+
+
+def test_a_kv_budget_plan_reads_back_and_a_bad_one_is_refused():
+    plan = KVView(rule="razor", share=None, sink=4, window=16, length=4096, budget=96, beta=2.0)
+    assert plan.text() == "razor_b96-2.0_4_16_4096" and KVView.parse(plan.text()) == plan
+    for bad in ("razor_b96_4_16_4096", "razor_b96-0.5_4_16_4096", "razor_b99999999999-2_4_16_4096",
+                "razor_b96-2.0_4_16_4096_0.1", "razor_b-2_4_16_4096"):
+        with pytest.raises(ViewStateError):
+            KVView.parse(bad)
+    with pytest.raises(ViewStateError, match="no share"):
+        KVView(rule="razor", share=25, sink=4, window=16, length=4096, budget=96, beta=2.0)

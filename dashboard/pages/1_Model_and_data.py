@@ -203,6 +203,8 @@ with guard("That memory budget was not accepted — the previous one stays"):
 wanted = replace(setup, model=model_spec or "", data=data_spec, data_label=data_label, text_col=text_col,
                  pair_col=pair_col, label_col=label_col, calib_size=size_choice(calib_size, setup.calib_size),
                  eval_size=size_choice(eval_size, setup.eval_size),
+                 # a link's evaluation rows (Setup.live_rows) hold until the user sets the size here
+                 live_rows=setup.live_rows if int(eval_size) == int(setup.eval_size) else None,
                  select_size=size_choice(select_size, setup.select_size), calib_data=calib_data,
                  select_data=select_data, eval_data=eval_data, label_map=label_map,
                  labels_by_position=labels_by_position, allow_untrained_head=allow_untrained_head,

@@ -11,8 +11,8 @@ from dashboard.ui import (
     long_job,
     page,
     role_marks,
+    view_fragment,
 )
-from dashboard.urlstate import publish
 from headprune import viz
 from headprune.criteria import ScoreMap, get, redundant_pairs
 from headprune.glossary import help_for
@@ -69,7 +69,7 @@ def criterion_report(score: ScoreMap) -> None:
 
 
 # A head click only moves the selection outline: it reruns just the heatmaps, not the agreement figures below.
-@st.fragment
+@view_fragment   # its every run ends by writing the view to the address bar and the sidebar's link
 def heatmaps() -> None:
     if sd.head is not None:
         st.caption(f"Selected: **{head_name(ws, sd.head)}** — see it on the Attention page, prune it on the "
@@ -87,7 +87,6 @@ def heatmaps() -> None:
                                         **role_marks(ws))
                 clickable_grid(fig, f"scores-map-{name}", sd, select)
                 criterion_report(scores[name])
-    publish()        # the sidebar's link follows the click (the address bar already did, in the click's callback)
 
 
 heatmaps()

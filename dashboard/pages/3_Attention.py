@@ -4,8 +4,7 @@ import numpy as np
 import streamlit as st
 
 from dashboard.compute import arcs_for, profile_for, stored_profile, syntax_problem
-from dashboard.ui import MAX_TYPED, clickable_grid, guard, long_job, page, plain, role_marks
-from dashboard.urlstate import publish
+from dashboard.ui import MAX_TYPED, clickable_grid, guard, long_job, page, plain, role_marks, view_fragment
 from headprune import viz
 from headprune.glossary import dependency_help
 
@@ -60,7 +59,7 @@ if "att-layer" not in st.session_state:  # entering the page: the head selected 
 
 
 # A head click (grid or pickers) reruns only this part: the sentence is not parsed or run again.
-@st.fragment
+@view_fragment   # its every run ends by writing the view to the address bar and the sidebar's link
 def head_view() -> None:
     if sd.head is not None and not ws.tied:    # the one selected head, wherever it was chosen, is the one shown
         st.session_state["att-layer"], st.session_state["att-head"] = sd.head
@@ -135,7 +134,6 @@ def head_view() -> None:
             st.plotly_chart(viz.profile_figure(profile, layer, head), width="stretch", key="att-profile-fig")
         else:
             st.info("No dependency arcs in the calibration texts.")
-    publish()        # the address bar follows the head chosen here
 
 
 head_view()

@@ -31,6 +31,7 @@ from dashboard.ui import (
     head_options,
     head_picker,
     heads_left,
+    job,
     page,
     plain,
     progress_bar,
@@ -38,8 +39,8 @@ from dashboard.ui import (
     running_metric,
     sidebar_counts,
     speed_section,
+    view_fragment,
 )
-from dashboard.urlstate import publish
 from headprune import viz
 from headprune.model.mask import HeadMask
 from headprune.model.sizes import parameters_left
@@ -153,13 +154,18 @@ def one_head_controls(ws: Workspace, sd: SessionData) -> None:
 def criterion_controls(ws: Workspace, sd: SessionData) -> None:
     st.markdown("**Prune the lowest x% by a criterion**")
     crit = criterion_picker("Criterion", "prune-crit", ["ae"], multi=False)[0]
-    ratio = st.slider("Heads pruned in total (%)", 0, 100, 25, step=5, key="prune-ratio") / 100
+    # a link's ratio is set on the widget's key (urlstate.apply): then no default beside it (Streamlit warns of both)
+    default = {} if "prune-ratio" in st.session_state else {"value": 25}
+    ratio = st.slider("Heads pruned in total (%)", 0, 100, step=5, key="prune-ratio", **default) / 100
     if st.button("Apply", key="prune-apply"):
-        with guard(f"Could not prune by {crit}"):
+        applied = False
+        with guard(f"Could not prune by {crit}"), job(f"Apply (prune the lowest {ratio:.0%} by {crit})"):
             bar = progress_bar(f"scoring heads by {crit}")
             mask, what = criterion_mask(ws, sd, crit, ratio, bar)   # SAP: its own selection at that sparsity
             bar.done()
             sd.set_mask(mask, what)
+            applied = True
+        if applied:
             st.rerun()
 
 
@@ -242,7 +248,7 @@ def cuttable(ws: Workspace, sd: SessionData) -> None:
 # The metrics, the grid and every control that changes the mask: a click here reruns only this fragment (the
 # title, the sidebar's fixed rows and other pages' state are not redrawn), and the sidebar's counts are written
 # from here so they follow the click.
-@st.fragment
+@view_fragment   # its every run ends by writing the view to the address bar and the sidebar's link
 def live_view() -> None:
     sidebar_counts(ws, sd)
     metric_row = st.container()
@@ -260,7 +266,6 @@ def live_view() -> None:
         criterion_controls(ws, sd)
         role_controls(ws, sd)
         options(ws, sd)
-    publish()        # the address bar follows every change made in this fragment
 
 
 if ws.n_cut:

@@ -13,8 +13,7 @@ from dashboard.compute import (
     stored_ablation,
     stored_roles,
 )
-from dashboard.ui import change_delta, clickable_grid, guard, head_name, long_job, page
-from dashboard.urlstate import publish
+from dashboard.ui import change_delta, clickable_grid, guard, head_name, long_job, page, view_fragment
 from headprune import viz
 from headprune.roles import NO_ROLE, ROLES
 
@@ -47,7 +46,7 @@ def select(head: tuple[int, int]) -> None:
     sd.head = head
 
 
-@st.fragment
+@view_fragment   # its every run ends by writing the view to the address bar and the sidebar's link
 def grids() -> None:
     st.subheader("Labels")
     labels = np.where(report.live, 1.0, 0.0)
@@ -70,7 +69,6 @@ def grids() -> None:
             clickable_grid(viz.role_grid(report.scores[name], report.thresholds[name], selected=sd.head,
                                          marks=marks, **options), f"roles-grid-{name}", sd, select)
     head_detail()
-    publish()        # the sidebar's link follows the click (the address bar already did, in the click's callback)
 
 
 def head_detail() -> None:

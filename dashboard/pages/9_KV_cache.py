@@ -6,7 +6,17 @@ import numpy as np
 import streamlit as st
 
 from dashboard.compute import KV_ROWS, kv_group_scores, kv_metrics, kv_scores_estimate, smaller_sizes, stored_kv_scores
-from dashboard.ui import change_delta, clickable_grid, guard, long_job, page, plain, progress_bar, rows_choice
+from dashboard.ui import (
+    change_delta,
+    clickable_grid,
+    guard,
+    long_job,
+    page,
+    plain,
+    progress_bar,
+    rows_choice,
+    view_fragment,
+)
 from dashboard.urlstate import publish
 from headprune import viz
 from headprune.kvcache import KVPlan
@@ -89,7 +99,7 @@ if scores is None:   # not scored yet (the button above), or the error above say
 
 # A head click (or the Switch button) reruns only this fragment: the plan's grid, metric, bytes and exports -- not the
 # scores and settings above (issue 35: a click re-ran the whole page, 35 s on demo-lm).
-@st.fragment
+@view_fragment   # its every run ends by writing the view to the address bar and the sidebar's link
 def plan_view() -> None:
     if budgets:
         plan = None
@@ -174,7 +184,6 @@ def plan_view() -> None:
     else:   # the folder DuoAttention loads: continuous scores + config.json (S, W, this plan's sparsity), zipped
         export_tsv.download_button("Export DuoAttention folder (zip)", duo_folder_zip(plan),
                                    "duo_attention_pattern.zip", mime="application/zip", key="kv-export-tsv")
-    publish()        # the plan as clicked: a fragment rerun writes the link too (urlstate)
 
 
 plan_view()

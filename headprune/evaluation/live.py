@@ -74,7 +74,7 @@ from .metrics import (
     metrics_from_lm_stats,
     metrics_from_logits,
 )
-from .progressive import Estimate, ratio_estimate, visit_order
+from .progressive import Estimate, count_estimate, ratio_estimate, visit_order
 
 Progress = Callable[[float, str], None]
 
@@ -297,13 +297,13 @@ class LiveEvaluator:
         if self.task.is_choice:  # acc over whole questions (a question's rows never span two batches)
             totals = [int(np.equal(*choice_predictions(self._logits[b][dataset_order([self.batches[b]])],
                                                        [self.batches[b]])).sum()) for b in batches_done]
-            return ratio_estimate(totals, [sizes[b] for b in batches_done], sizes, "acc")
+            return count_estimate(totals, [sizes[b] for b in batches_done], sizes, "acc")
         if self.task.is_lm:  # token-weighted loss, shown as perplexity (progressive.py)
             totals = [float(self._logits[b][:, 0].sum()) for b in batches_done]
             return ratio_estimate(totals, [sizes[b] for b in batches_done], sizes, "perplexity",
                                   bounds=(0.0, math.inf), transform=math.exp)
         totals = [int((self._logits[b].argmax(-1) == self.batches[b]["labels"]).sum()) for b in batches_done]
-        return ratio_estimate(totals, [sizes[b] for b in batches_done], sizes, "accuracy")
+        return count_estimate(totals, [sizes[b] for b in batches_done], sizes, "accuracy")
 
     @functools.cached_property
     def _units_per_batch(self) -> list[int]:
