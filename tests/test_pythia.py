@@ -11,7 +11,7 @@ import json
 import time
 
 import pytest
-from test_browser import browser, metric_value, server, wait_idle  # noqa: F401 - module fixtures shared
+from test_browser import metric_value, wait_idle
 
 from headprune.cli import main
 
