@@ -119,8 +119,9 @@ SETTLED = ("() => { const app = document.querySelector('[data-testid=\"stApp\"]'
            "app.getAttribute('data-test-script-state') === 'notRunning' && "
            "!document.querySelector('[data-stale=\"true\"]'); }")
 RUNNING = re.compile(r"^(\d+)/(\d+) batches$")
-SYMMETRIC = re.compile(r"^([0-9.]+) ± ([0-9.]+)$")
-LOPSIDED = re.compile(r"^≈ ([0-9.]+) \(([0-9.]+)–([0-9.]+)\)$")
+# numbers as viz.metric_text writes them: by magnitude, with thousands separators ("1,651", "6,101 ± 310")
+SYMMETRIC = re.compile(r"^([0-9.,]+) ± ([0-9.,]+)$")
+LOPSIDED = re.compile(r"^≈ ([0-9.,]+) \(([0-9.,]+)–([0-9.,]+)\)$")
 SELECTED = re.compile(r"layer (\d+) · head (\d+)")
 
 
@@ -428,7 +429,7 @@ class Walk:
                     if interval is not None:
                         seen.append((int(running.group(1)), int(running.group(2)), box["value"], *interval))
                 elif "vs" in box["delta"] and view["url"] != before and page.evaluate(SETTLED):
-                    self.score_intervals(kind, seen, float(box["value"]))
+                    self.score_intervals(kind, seen, number(box["value"]))
                     return
             page.wait_for_timeout(100)
         raise TimeoutError("the Prune page's exact value did not come")
@@ -683,13 +684,18 @@ class Walk:
         self.expected_mask = self.mask
 
 
+def number(text: str) -> float:
+    """A number as the page prints it ("1,651", "0.8182", "-0.0312")."""
+    return float(text.replace(",", ""))
+
+
 def _interval(text: str) -> tuple[float, float, int] | None:
     """(low, high, decimals) of a running value as the page prints it, or None when it shows no interval."""
     match = SYMMETRIC.match(text)
     if match:
-        value, half = float(match.group(1)), float(match.group(2))
+        value, half = number(match.group(1)), number(match.group(2))
         return value - half, value + half, len(match.group(2).partition(".")[2])
     match = LOPSIDED.match(text)
     if match:
-        return float(match.group(2)), float(match.group(3)), len(match.group(2).partition(".")[2])
+        return number(match.group(2)), number(match.group(3)), len(match.group(2).partition(".")[2])
     return None
