@@ -171,13 +171,19 @@ _JSON_TOKEN = re.compile(r'"(?:\\.|[^"\\])*"|[\[\]{}]', re.S)   # strings skippe
 
 def json_depth(text: str) -> int:
     """The deepest nesting of arrays and objects in JSON ``text`` (brackets inside strings do not count)."""
+    return bracket_depth(_JSON_TOKEN, text)
+
+
+def bracket_depth(tokens: re.Pattern, text: str) -> int:
+    """The deepest nesting of ``[``/``{`` among the matches of ``tokens`` in ``text``: a format's tokenizer that
+    matches strings (and comments) whole, so only brackets outside them count (JSON here, TOML in protocol.spec)."""
     depth = deepest = 0
-    for token in _JSON_TOKEN.finditer(text):
+    for token in tokens.finditer(text):
         kind = token.group()
-        if kind in "[{":
+        if kind in ("[", "{"):
             depth += 1
             deepest = max(deepest, depth)
-        elif kind in "]}":
+        elif kind in ("]", "}"):
             depth -= 1
     return deepest
 

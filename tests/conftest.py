@@ -241,3 +241,17 @@ def pytest_collection_finish(session):
         line = f"{name}: ready in {time.perf_counter() - start:.1f} s (built or found before the first test)"
         if reporter is not None:
             reporter.write_line(line)
+
+
+def refused(argv, capsys) -> str:
+    """The CLI's ``error:`` line for ``argv``: exit code 2, nothing on stdout, no traceback, a line that says more
+    than a word (the hostile-input tests' one check of a refusal)."""
+    from headprune.cli import main
+
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    assert code == 2, err
+    assert not out and "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith("error: ") and len(lines[-1]) > 40
+    return lines[-1]

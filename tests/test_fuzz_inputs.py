@@ -15,7 +15,7 @@ import math
 
 import pytest
 import torch
-from conftest import sentences, write_csv
+from conftest import refused, sentences, write_csv
 
 import headprune.cli.common
 import headprune.cli.core
@@ -106,15 +106,6 @@ def _work_folders(root) -> dict:
     return states
 
 
-def _refused(argv, capsys) -> str:
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    assert code == 2, err
-    assert not out and "Traceback" not in err
-    first = err.strip().splitlines()[-1]
-    assert first.startswith("error: ") and len(first) > 40
-    return first
-
 
 LONG, DEEP = "x" * 300, "a/" * 2100
 PATHS = [LONG, f"{LONG}.csv", f"dir/{LONG}", DEEP, "nul\x00byte.csv", "é" * 200]
@@ -126,14 +117,14 @@ def test_paths_the_system_cannot_look_up(option, value, no_weights, tiny_model_d
     argv = ["evaluate", "--model", tiny_model_dir, "--data", tiny_csv, option, value]
     if option == "--out":
         argv = ["prune", "--model", tiny_model_dir, "--mask", tiny_csv, "--out", value]
-    line = _refused(argv, capsys)
+    line = refused(argv, capsys)
     assert option in line and "Accepted:" in line
 
 
 @pytest.mark.parametrize("option,value", [("--scores", LONG), ("--scores", DEEP), ("--out", LONG)])
 def test_mask_paths(option, value, files, capsys):
     argv = ["mask", "--scores", files / "scores-inf.json", "--ratio", "0.5", option, value]
-    assert option in _refused(argv, capsys)
+    assert option in refused(argv, capsys)
 
 
 def test_path_helpers_never_raise(tmp_path):
@@ -150,7 +141,7 @@ BAD_JSON = ["{oops" + "x" * 400, "[" * 300, '{"a": ' * 100, "{" + LONG, "[1, 2, 
 @pytest.mark.parametrize("value", BAD_JSON, ids=range(len(BAD_JSON)))
 @pytest.mark.parametrize("option", ["--label-map", "--device-map"])
 def test_json_or_file_values(option, value, no_weights, tiny_model_dir, tiny_csv, capsys):
-    line = _refused(["evaluate", "--model", tiny_model_dir, "--data", tiny_csv, option, value], capsys)
+    line = refused(["evaluate", "--model", tiny_model_dir, "--data", tiny_csv, option, value], capsys)
     assert "map" in line and ("Accepted:" in line or "Available:" in line) and "File name too long" not in line
 
 
@@ -172,7 +163,7 @@ def test_every_resume_state(state, files, work_states, no_weights, tiny_model_di
     argv = ["recover", "--model", tiny_model_dir, "--train-data", files / "train.csv", "--eval-data",
             files / "eval.csv", "--out", out, "--resume"]
     before = sorted(p.name for p in out.parent.rglob("*"))
-    line = _refused(argv, capsys)
+    line = refused(argv, capsys)
     assert "Accepted" in line or "settings" in line
     assert sorted(p.name for p in out.parent.rglob("*")) == before   # nothing written, nothing removed
 
@@ -181,7 +172,7 @@ def test_every_resume_state(state, files, work_states, no_weights, tiny_model_di
 def test_a_fresh_run_refuses_a_work_folder_it_did_not_write(state, files, no_weights, tiny_model_dir, capsys):
     out = _work_folders(files / f"fresh-{state}")[state]   # its own copy: a fresh run must not touch it either
     before = sorted(p.name for p in out.parent.rglob("*"))
-    _refused(["recover", "--model", tiny_model_dir, "--train-data", files / "train.csv", "--eval-data",
+    refused(["recover", "--model", tiny_model_dir, "--train-data", files / "train.csv", "--eval-data",
               files / "eval.csv", "--out", out], capsys)
     assert sorted(p.name for p in out.parent.rglob("*")) == before
 
@@ -192,7 +183,7 @@ def test_a_fresh_run_refuses_a_work_folder_it_did_not_write(state, files, no_wei
                                            ("causal-lm", "teacher is a language model")])
 @pytest.mark.parametrize("method", ["distill", "lora+distill"])
 def test_teachers_that_cannot_distil(teacher, found, method, files, no_weights, tiny_model_dir, capsys):
-    line = _refused(["recover", "--model", tiny_model_dir, "--train-data", files / "train.csv", "--eval-data",
+    line = refused(["recover", "--model", tiny_model_dir, "--train-data", files / "train.csv", "--eval-data",
                      files / "eval.csv", "--method", method, "--teacher", files / teacher, "--out",
                      files / f"t-{teacher}-{method}"], capsys)
     assert found in line and "Accepted:" in line
@@ -205,7 +196,7 @@ NON_FINITE = [("--lr", "inf"), ("--lr", "nan"), ("--lr", "-inf"), ("--temperatur
 
 @pytest.mark.parametrize("option,value", NON_FINITE)
 def test_non_finite_hyper_parameters(option, value, files, no_weights, tiny_model_dir, capsys):
-    line = _refused(["recover", "--model", tiny_model_dir, "--train-data", files / "train.csv", "--eval-data",
+    line = refused(["recover", "--model", tiny_model_dir, "--train-data", files / "train.csv", "--eval-data",
                      files / "eval.csv", "--method", "lora+distill", f"{option}={value}", "--out", files / "nf"],
                     capsys)
     assert option in line and ("finite" in line or "must" in line)
@@ -214,7 +205,7 @@ def test_non_finite_hyper_parameters(option, value, files, no_weights, tiny_mode
 @pytest.mark.parametrize("eval_file,shared", [("train.csv", 40), ("eval_plus_train.csv", 3),
                                               ("shuffled_train.csv", 40)])
 def test_training_rows_among_the_evaluation_rows(eval_file, shared, files, no_weights, tiny_model_dir, capsys):
-    line = _refused(["recover", "--model", tiny_model_dir, "--train-data", files / "train.csv", "--eval-data",
+    line = refused(["recover", "--model", tiny_model_dir, "--train-data", files / "train.csv", "--eval-data",
                      files / eval_file, "--eval-size", "all", "--out", files / "ov"], capsys)
     assert f"share {shared} row(s)" in line and "--allow-overlap" in line
 
@@ -232,25 +223,25 @@ def test_allow_overlap_goes_on_and_is_recorded(files, tiny_model_dir, tmp_path, 
 @pytest.mark.parametrize("name", ["nan", "inf", "partial-nan", "minus-inf", "all-null"])
 @pytest.mark.parametrize("how", [["--ratio", "0.1"], ["--ratio", "0.9"], ["--count", "3"]])
 def test_score_files_without_finite_scores(name, how, files, capsys):
-    line = _refused(["mask", "--scores", files / f"scores-{name}.json", *how], capsys)
+    line = refused(["mask", "--scores", files / f"scores-{name}.json", *how], capsys)
     assert ("non-finite" in line or "no score" in line) and "Accepted:" in line
 
 
 @pytest.mark.parametrize("ratios", [["0.5"], ["0"], ["1"], ["0.2", "--ratio", "0.7"]])
 def test_roles_ratio_without_a_criterion(ratios, no_weights, tiny_model_dir, tiny_csv, capsys):
-    line = _refused(["roles", "--model", tiny_model_dir, "--data", tiny_csv, "--ratio", *ratios], capsys)
+    line = refused(["roles", "--model", tiny_model_dir, "--data", tiny_csv, "--ratio", *ratios], capsys)
     assert "without --criterion" in line
 
 
 @pytest.mark.parametrize("tasks", ["arc_easy", "demo_lm_cloze", "hellaswag,arc_easy"])
 def test_lm_eval_on_a_classifier(tasks, no_weights, tiny_model_dir, capsys):
-    line = _refused(["evaluate", "--model", tiny_model_dir, "--lm-eval", tasks], capsys)
+    line = refused(["evaluate", "--model", tiny_model_dir, "--lm-eval", tasks], capsys)
     assert "causal language model" in line and "classifier" in line
 
 
 @pytest.mark.parametrize("name", ["choices.csv", "choices-newline.csv"])
 def test_whitespace_only_choices(name, files, no_weights, tiny_model_dir, capsys):
-    line = _refused(["evaluate", "--model", tiny_model_dir, "--data", files / name], capsys)
+    line = refused(["evaluate", "--model", tiny_model_dir, "--data", files / name], capsys)
     assert "visible character" in line
 
 

@@ -10,22 +10,13 @@ import shutil
 
 import pytest
 import torch
-from conftest import tiny_protocol
+from conftest import refused, tiny_protocol
 from test_fuzz_inputs import no_weights  # noqa: F401 - the fixture: a refusal comes before any weights load
 
 from headprune.cli import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-
-def _refused(argv, capsys) -> str:
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    assert code == 2, err
-    assert not out and "Traceback" not in err
-    lines = err.strip().splitlines()
-    assert lines[-1].startswith("error: ") and len(lines[-1]) > 40
-    return lines[-1]
 
 
 # -- issue 39: options and protocol values that were dropped or mis-filed without a word -----------------------------
@@ -49,53 +40,53 @@ def _protocol(tmp_path, model, csv, labels=("r",), models=("m",), paper="") -> s
     (("r",), ("model one", "model-one")), (("r",), ("M1", "m1")),
 ])
 @pytest.mark.usefixtures("no_weights")
-def test_two_names_that_become_one_file_name_are_refused(labels, models, tmp_path, tiny_model_dir, tiny_csv, capsys):
+def test_two_names_that_become_one_file_name_arerefused(labels, models, tmp_path, tiny_model_dir, tiny_csv, capsys):
     path = _protocol(tmp_path, tiny_model_dir, tiny_csv, labels, models)
-    line = _refused(["run", path, "--out", tmp_path / "out"], capsys)
+    line = refused(["run", path, "--out", tmp_path / "out"], capsys)
     assert "name the same result files" in line and not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "+nan"])
-def test_a_paper_value_that_is_not_a_finite_number_is_refused(value, tmp_path, tiny_model_dir, tiny_csv, capsys):
+def test_a_paper_value_that_is_not_a_finite_number_isrefused(value, tmp_path, tiny_model_dir, tiny_csv, capsys):
     paper = f'[[paper]]\nmodel = "m"\nmetric = "accuracy"\ncite = "T1"\nr = {{ "0.5" = {value} }}\n'
     path = _protocol(tmp_path, tiny_model_dir, tiny_csv, paper=paper)
-    line = _refused(["run", path, "--plan", "--no-timing"], capsys)
+    line = refused(["run", path, "--plan", "--no-timing"], capsys)
     assert "finite number" in line and "paper.0.r" in line
 
 
-def test_status_and_merge_together_are_refused(tmp_path, capsys):
+def test_status_and_merge_together_arerefused(tmp_path, capsys):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    line = _refused(["run", "--status", tmp_path / "a", "--merge", tmp_path / "b"], capsys)
+    line = refused(["run", "--status", tmp_path / "a", "--merge", tmp_path / "b"], capsys)
     assert "--status" in line and "--merge" in line and "one per call" in line
 
 
 @pytest.mark.parametrize("executor", [[], ["--executor", "local"], ["--executor", "slurm"]])
 @pytest.mark.usefixtures("no_weights")
-def test_threads_without_a_pool_is_refused(executor, tmp_path, tiny_model_dir, tiny_csv, capsys):
+def test_threads_without_a_pool_isrefused(executor, tmp_path, tiny_model_dir, tiny_csv, capsys):
     path = _protocol(tmp_path, tiny_model_dir, tiny_csv)
-    line = _refused(["run", path, "--out", tmp_path / "out", "--threads", "2", *executor], capsys)
+    line = refused(["run", path, "--out", tmp_path / "out", "--threads", "2", *executor], capsys)
     assert "--threads" in line and "--executor pool" in line and not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("params", [["sparsity=0.5", "tolerance=0.8"], ["tolerance=0.9", "sparsity=0.25"]])
 @pytest.mark.usefixtures("no_weights")
-def test_sap_cf_with_a_sparsity_and_a_tolerance_is_refused(params, tiny_model_dir, tiny_csv, capsys):
+def test_sap_cf_with_a_sparsity_and_a_tolerance_isrefused(params, tiny_model_dir, tiny_csv, capsys):
     argv = ["score", "--model", tiny_model_dir, "--data", tiny_csv, "--criterion", "sap-cf"]
     for p in params:
         argv += ["--param", p]
-    line = _refused(argv, capsys)
+    line = refused(argv, capsys)
     assert "tolerance" in line and "sparsity 0 only" in line
 
 
 @pytest.mark.parametrize("extra", [[], ["--param", "sparsity=0"]])
 @pytest.mark.usefixtures("no_weights")
-def test_sap_cf_widened_pool_without_a_target_is_refused(extra, tiny_model_dir, tiny_csv, capsys):
+def test_sap_cf_widened_pool_without_a_target_isrefused(extra, tiny_model_dir, tiny_csv, capsys):
     """cf_pool = 'widened' builds CF's pool around a target sparsity; with none given (the default 0: the paper's
     tolerance mode) it cannot apply, written or not."""
     argv = ["score", "--model", tiny_model_dir, "--data", tiny_csv, "--criterion", "sap-cf",
             "--param", "cf_pool=widened", *extra]
-    line = _refused(argv, capsys)
+    line = refused(argv, capsys)
     assert "cf_pool='widened' applies to a target sparsity only" in line, line
 
 
@@ -120,10 +111,10 @@ def test_a_kv_plan_never_replaces_a_users_tmp_file_or_folder(kind, tmp_path):
 
 @pytest.mark.parametrize("shard", ["0/²", "٣/4", "0/1000000000000", "0/100001", "1/ 2x", "0/" + "9" * 400, "-1/4"])
 @pytest.mark.usefixtures("no_weights")
-def test_shard_values_outside_ascii_whole_numbers_or_the_bound_are_refused(shard, tmp_path, tiny_model_dir, tiny_csv,
+def test_shard_values_outside_ascii_whole_numbers_or_the_bound_arerefused(shard, tmp_path, tiny_model_dir, tiny_csv,
                                                                            capsys):
     path = _protocol(tmp_path, tiny_model_dir, tiny_csv)
-    line = _refused(["run", path, "--out", tmp_path / "out", f"--shard={shard}"], capsys)
+    line = refused(["run", path, "--out", tmp_path / "out", f"--shard={shard}"], capsys)
     assert "--shard" in line and "Accepted: I/N" in line and not (tmp_path / "out").exists()
 
 
@@ -286,7 +277,7 @@ SCORE_FILES = {   # (the file as written, the change, --sparsity asked, words th
 def test_mask_refuses_a_score_file_whose_own_fields_are_not_what_score_writes(case, tmp_path, capsys):
     base, change, sparsity, words = SCORE_FILES[case]
     path = _score_file(tmp_path, base, change)
-    line = _refused(["mask", "--scores", path, "--sparsity", sparsity, "--out", tmp_path / "mask.json"], capsys)
+    line = refused(["mask", "--scores", path, "--sparsity", sparsity, "--out", tmp_path / "mask.json"], capsys)
     assert words in line and "Accepted" in line and not (tmp_path / "mask.json").exists()
 
 
@@ -300,7 +291,7 @@ def test_mask_reads_the_score_files_as_written(base, sparsity, pruned, tmp_path,
 
 
 @pytest.mark.parametrize("key", ["²", "٣", "1_0", " 1", "-0", "0x1"])
-def test_a_kv_plan_layer_key_outside_ascii_digits_is_refused(key, tmp_path):
+def test_a_kv_plan_layer_key_outside_ascii_digits_isrefused(key, tmp_path):
     from headprune.kvcache.plan import KVPlan, KVPlanError
 
     path = tmp_path / "plan.json"
@@ -315,11 +306,11 @@ def test_a_kv_plan_layer_key_outside_ascii_digits_is_refused(key, tmp_path):
 @pytest.mark.parametrize("value", ["[" * 3000 + "]" * 3000, "{a = " * 3000 + "1" + "}" * 3000, "[" * 33 + "]" * 33,
                                    "[{a = " * 17 + "1" + "}]" * 17], ids=["arrays-3000", "tables-3000", "arrays-33",
                                                                         "mixed-34"])
-def test_toml_nested_past_the_depth_limit_is_refused(value, tmp_path, tiny_model_dir, tiny_csv, capsys):
+def test_toml_nested_past_the_depth_limit_isrefused(value, tmp_path, tiny_model_dir, tiny_csv, capsys):
     path = _protocol(tmp_path, tiny_model_dir, tiny_csv)
     with open(path, "a", encoding="utf-8") as f:
         f.write(f"\nx = {value}\n")
-    line = _refused(["run", path, "--plan", "--no-timing"], capsys)
+    line = refused(["run", path, "--plan", "--no-timing"], capsys)
     assert "nested" in line and "at most 32 levels" in line
 
 
@@ -337,7 +328,7 @@ def test_a_dotted_key_of_too_many_parts_is_refused_before_parsing(value, tmp_pat
     path = _protocol(tmp_path, tiny_model_dir, tiny_csv)
     with open(path, "a", encoding="utf-8") as f:
         f.write(f"\n{value}\n")
-    line = _refused(["run", path, "--plan", "--no-timing"], capsys)
+    line = refused(["run", path, "--plan", "--no-timing"], capsys)
     assert "dotted key or table header of" in line and "at most 32" in line, line
 
 
@@ -375,7 +366,7 @@ def test_kvplan_sizes_past_their_limits_are_refused_before_weights_load(option, 
     argv = ["kvplan", "--model", "/nonexistent-model", "--data", "demo-lm", option, value,
             "--out", tmp_path / "plan.json"]
     try:
-        line = _refused(argv, capsys)
+        line = refused(argv, capsys)
     except SystemExit as exit_:     # argparse's own refusal (an option's type): exit 2, its message on stderr
         err = capsys.readouterr().err
         assert exit_.code == 2 and "Traceback" not in err, err
@@ -387,11 +378,11 @@ def test_kvplan_sizes_past_their_limits_are_refused_before_weights_load(option, 
 @pytest.mark.parametrize("config", ["[1, 2]", '{"architectures": 5}', '{"architectures": [7]}', '"text"',
                                     '{"model_type": "llama", "text_config": [1]}'])
 @pytest.mark.parametrize("command", [["evaluate", "--data", "demo"], ["generate", "--prompt", "the film"]])
-def test_a_config_json_that_is_not_a_configuration_is_refused(config, command, no_weights, tmp_path,  # noqa: F811
+def test_a_config_json_that_is_not_a_configuration_isrefused(config, command, no_weights, tmp_path,  # noqa: F811
                                                               capsys):
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text(config)
-    line = _refused([*command, "--model", tmp_path / "m"], capsys)
+    line = refused([*command, "--model", tmp_path / "m"], capsys)
     assert "is not a model configuration" in line and "JSON object" in line, line
 
 
@@ -405,7 +396,7 @@ def test_a_config_json_that_is_not_a_configuration_is_refused(config, command, n
     (["--prompt", "caf\udcc3"], "not valid UTF-8"),                               # bytes the shell passed as-is
 ])
 def test_generate_refuses_what_it_cannot_do_before_weights_load(extra, words, capsys):
-    line = _refused(["generate", "--model", "/nonexistent-model", "--prompt", "the film", *extra], capsys)
+    line = refused(["generate", "--model", "/nonexistent-model", "--prompt", "the film", *extra], capsys)
     assert words in line, line
 
 
@@ -420,9 +411,9 @@ def test_generate_refuses_more_tokens_than_the_models_positions(monkeypatch, cap
 
     with monkeypatch.context() as patch:
         patch.setattr(cli_kv, "load_model", _never_load)
-        line = _refused(["generate", "--model", "demo-lm", "--prompt", "the film", "--max-new-tokens", 5000], capsys)
+        line = refused(["generate", "--model", "demo-lm", "--prompt", "the film", "--max-new-tokens", 5000], capsys)
     assert "does not fit the model's 128 positions" in line, line
-    line = _refused(["generate", "--model", "demo-lm", "--prompt", "the film", "--max-new-tokens", 126], capsys)
+    line = refused(["generate", "--model", "demo-lm", "--prompt", "the film", "--max-new-tokens", 126], capsys)
     assert "exceeds the model's 128 positions" in line and "at most 124" in line, line
 
 
@@ -489,9 +480,9 @@ def test_positions_are_read_by_one_rule_before_and_after_loading(tmp_path, monke
     (folder / "config.json").write_text('{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], '
                                         '"n_positions": 64, "n_layer": 2, "n_head": 2, "n_embd": 16}')
     monkeypatch.setattr(cli_kv, "load_model", _never_load)
-    line = _refused(["generate", "--model", str(folder), "--prompt", "the film", "--max-new-tokens", 64], capsys)
+    line = refused(["generate", "--model", str(folder), "--prompt", "the film", "--max-new-tokens", 64], capsys)
     assert "does not fit the model's 64 positions" in line, line
-    line = _refused(["evaluate", "--model", str(folder), "--data", "demo-lm", "--long-context", "passkey",
+    line = refused(["evaluate", "--model", str(folder), "--data", "demo-lm", "--long-context", "passkey",
                      "--lengths", "16,100"], capsys)
     assert "--lengths 100 exceeds the model's 64 positions" in line, line
     from transformers import GPT2Config, LlamaConfig

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import save_tiny_lm
+from conftest import refused, save_tiny_lm
 
 import headprune.cli.core
 import headprune.cli.kvcache
@@ -55,17 +55,8 @@ def no_hang():
     signal.signal(signal.SIGALRM, before)
 
 
-def _refused(argv, capsys) -> str:
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    assert code == 2, err
-    assert not out and "Traceback" not in err
-    lines = err.strip().splitlines()
-    assert lines[-1].startswith("error: ") and len(lines[-1]) > 40
-    return lines[-1]
 
-
-def _argparse_refused(argv, capsys) -> str:
+def _argparserefused(argv, capsys) -> str:
     with pytest.raises(SystemExit) as exit_:
         main([str(a) for a in argv])
     err = capsys.readouterr().err
@@ -108,7 +99,7 @@ PLAN_CASES = {"fifo.json": "FIFO", "zero.json": "character device", "deep.json":
 def test_a_plan_that_is_no_plan_is_refused_before_weights_load(command, name, lm, hostile, capsys):
     model, rows = lm
     extra = ["--data", rows] if command == "evaluate" else ["--prompt", "the plot was"]
-    line = _refused([command, "--model", model, *extra, "--kv-plan", hostile / name], capsys)
+    line = refused([command, "--model", model, *extra, "--kv-plan", hostile / name], capsys)
     assert PLAN_CASES[name] in line and ("KV plan" in line or "Budget plan" in line), line
 
 
@@ -122,7 +113,7 @@ def test_a_plan_grid_past_its_bounds_is_refused_before_anything_is_allocated():
 
 @pytest.mark.parametrize("kind", ["fifo", "zero", "deep"])
 @pytest.mark.parametrize("command", ["evaluate", "kvplan"])
-def test_a_config_json_that_is_no_regular_file_or_too_deep_is_refused(kind, command, lm, tmp_path, capsys):
+def test_a_config_json_that_is_no_regular_file_or_too_deep_isrefused(kind, command, lm, tmp_path, capsys):
     """kvplan reads config.json before loading (refused there); evaluate's load_model refuses before any weight."""
     model, rows = lm
     folder = tmp_path / "m"
@@ -135,7 +126,7 @@ def test_a_config_json_that_is_no_regular_file_or_too_deep_is_refused(kind, comm
     else:
         (folder / "config.json").write_text(DEEP)
     extra = ["--out", tmp_path / "plan.json"] if command == "kvplan" else []
-    line = _refused([command, "--model", folder, "--data", rows, *extra], capsys)
+    line = refused([command, "--model", folder, "--data", rows, *extra], capsys)
     assert "config.json" in line and {"fifo": "FIFO", "zero": "character device", "deep": "deep"}[kind] in line
 
 
@@ -150,7 +141,7 @@ def test_numbers_past_their_bounds_are_refused_naming_them(argv, needle, lm, tmp
     """Each option inside its bound and their product not (1,000 x 1,000 DuoAttention rows hung building them);
     a DuoAttention row longer than the model's 128 positions trained on positions it has no embedding for."""
     model, rows = lm
-    line = _refused([*argv, "--model", model, "--data", rows, "--out", tmp_path / "p.json"], capsys)
+    line = refused([*argv, "--model", model, "--data", rows, "--out", tmp_path / "p.json"], capsys)
     assert needle in line, line
     if "1,000,000" in needle:
         assert "--duo-steps" in line and "--duo-batch" in line
@@ -162,7 +153,7 @@ def test_a_seed_past_its_bound_is_refused_by_the_parser(command, lm, capsys):
     extra = {"generate": ["--prompt", "the plot", "--sample"], "score": ["--criterion", "random"],
              "kvplan": ["--out", "p.json"]}.get(command, [])
     data = [] if command == "generate" else ["--data", rows]
-    line = _argparse_refused([command, "--model", model, *data, *extra, "--seed", 2**70], capsys)
+    line = _argparserefused([command, "--model", model, *data, *extra, "--seed", 2**70], capsys)
     assert "--seed" in line and "2,147,483,647" in line
 
 
@@ -183,18 +174,18 @@ def test_recovery_numbers_past_their_bounds_are_refused_with_the_reason(field, f
 def test_an_empty_kv_plan_value_is_refused_not_ignored(command, lm, capsys):
     model, rows = lm
     extra = ["--data", rows] if command == "evaluate" else ["--prompt", "the plot was"]
-    assert "--kv-plan is empty" in _refused([command, "--model", model, *extra, "--kv-plan", ""], capsys)
+    assert "--kv-plan is empty" in refused([command, "--model", model, *extra, "--kv-plan", ""], capsys)
 
 
 @pytest.mark.parametrize("spellings", [("0.5", "0.50"), ("0.5", "5e-1"), ("0.25", ".25")])
-def test_paper_values_under_two_spellings_of_one_sparsity_are_refused(spellings, tmp_path, tiny_model_dir, tiny_csv,
+def test_paper_values_under_two_spellings_of_one_sparsity_arerefused(spellings, tmp_path, tiny_model_dir, tiny_csv,
                                                                        capsys):
     first, second = spellings
     text = (f'name = "pp"\nmodels = ["{tiny_model_dir}"]\nsparsities = [0.5]\n[data.calib]\nsource = "{tiny_csv}"\n'
             f'size = 8\n[data.eval]\nsource = "{tiny_csv}"\nsize = 8\n[[criteria]]\nname = "random"\n[[paper]]\n'
             f'model = "m"\nmetric = "accuracy"\ncite = "T1"\nrandom = {{ "{first}" = 0.8, "{second}" = 0.7 }}\n')
     (tmp_path / "pp.toml").write_text(text)
-    line = _refused(["run", tmp_path / "pp.toml", "--plan", "--no-timing"], capsys)
+    line = refused(["run", tmp_path / "pp.toml", "--plan", "--no-timing"], capsys)
     assert f'"{first}" and "{second}" are the same sparsity' in line and "line 16" in line
 
 
@@ -217,25 +208,25 @@ def test_a_plan_an_earlier_kvplan_wrote_is_replaced_on_a_rerun(extra, lm, tmp_pa
     assert SIGNATURE not in plan.to_json() and plan.shape == (4, 2)   # the signature is no part of the plan
     assert plan.compensation == ("--compensation" in extra) and plan.is_budget == ("--budget" in extra)
     (tmp_path / "mine.json").write_text('{"my": "notes"}')   # a user's own file is still refused
-    line = _refused([*argv[:-len(extra) - 2], "--out", "mine.json", *extra], capsys)
+    line = refused([*argv[:-len(extra) - 2], "--out", "mine.json", *extra], capsys)
     assert "was not written by headprune" in line and (tmp_path / "mine.json").read_text() == '{"my": "notes"}'
 
 
 # -- item 9: the residue of the previous set -----------------------------------------------------------------------
 
 @pytest.mark.usefixtures("no_weights")
-def test_a_model_type_that_is_a_list_is_refused(lm, tmp_path, capsys):
+def test_a_model_type_that_is_a_list_isrefused(lm, tmp_path, capsys):
     model, rows = lm
     folder = tmp_path / "m"
     shutil.copytree(model, folder)
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "model_type": ["llama"]}))
-    line = _refused(["kvplan", "--model", folder, "--data", rows, "--out", tmp_path / "p.json"], capsys)
+    line = refused(["kvplan", "--model", folder, "--data", rows, "--out", tmp_path / "p.json"], capsys)
     assert "'model_type' (if any) is a name" in line
     (tmp_path / "kv.toml").write_text(
         f'name = "kv"\nmodels = ["{folder}"]\n[data.calib]\nsource = "{rows}"\nsize = 8\n[data.eval]\n'
         f'source = "{rows}"\nsize = 8\n[kv]\nrules = ["random"]\nfull_shares = [0.5]\nsink = 1\nwindow = 3\n')
-    assert "'model_type' (if any) is a name" in _refused(["run", tmp_path / "kv.toml", "--plan", "--no-timing"],
+    assert "'model_type' (if any) is a name" in refused(["run", tmp_path / "kv.toml", "--plan", "--no-timing"],
                                                           capsys)
 
 
@@ -260,7 +251,7 @@ def test_run_out_that_cannot_be_written_is_refused_in_words(kind, tmp_path, tiny
     else:
         (tmp_path / "link").symlink_to(tmp_path / ("nowhere" if kind == "dangling" else "link"))
         out = tmp_path / "link" / ("sub" if kind == "inside a loop" else "")
-    line = _refused(["run", tmp_path / "p.toml", "--out", out], capsys)
+    line = refused(["run", tmp_path / "p.toml", "--out", out], capsys)
     said = {"dangling": "which does not exist", "loop": "Too many levels of symbolic links",
             "inside a loop": "Too many levels of symbolic links", "unwritable": "Accepted: a new or empty folder"}
     assert said[kind] in line, line
@@ -290,12 +281,12 @@ def test_a_protocol_file_linked_to_another_file_shows_none_of_it(tmp_path, capsy
     wherever its links lead (the user's own file, read with the user's rights); errors name a key and a line,
     never the file's lines."""
     (tmp_path / "x.toml").symlink_to("/etc/passwd")
-    line = _refused(["run", tmp_path / "x.toml", "--plan", "--no-timing"], capsys)
+    line = refused(["run", tmp_path / "x.toml", "--plan", "--no-timing"], capsys)
     assert "not valid TOML" in line and ":0:0:" not in line and "/bin/" not in line
     os.mkfifo(tmp_path / "f.toml")
-    assert "FIFO" in _refused(["run", tmp_path / "f.toml", "--plan", "--no-timing"], capsys)
+    assert "FIFO" in refused(["run", tmp_path / "f.toml", "--plan", "--no-timing"], capsys)
     (tmp_path / "big.toml").write_text("# " + "x" * 2**20 + "\n")
-    assert "over the 1,048,576 bytes read" in _refused(["run", tmp_path / "big.toml", "--plan", "--no-timing"],
+    assert "over the 1,048,576 bytes read" in refused(["run", tmp_path / "big.toml", "--plan", "--no-timing"],
                                                        capsys)
 
 
@@ -342,7 +333,7 @@ def test_an_edited_saved_mask_is_refused_naming_the_cell_file_and_field(edit, tr
         change = {"step": (record["saved_mask"]["step"] + 1) % (last + 1)}
     record["saved_mask"] = {} if not change else {**record["saved_mask"], **change}
     cell.write_text(json.dumps(record))
-    line = _refused(["run", protocol.source, "--merge", folder, "--no-plots"], capsys)
+    line = refused(["run", protocol.source, "--merge", folder, "--no-plots"], capsys)
     assert str(cell) in line and needle in line, line
 
 
@@ -354,21 +345,21 @@ def test_a_results_folder_file_that_is_no_regular_file_is_refused_not_waited_on(
     [cell] = (folder / "cells").glob("*.json")
     cell.unlink()
     os.mkfifo(cell)
-    line = _refused(["run", protocol.source, "--merge", folder, "--no-plots"], capsys)
+    line = refused(["run", protocol.source, "--merge", folder, "--no-plots"], capsys)
     assert str(cell) in line and "FIFO" in line
     cell.unlink()
     cell.write_text(DEEP)
-    assert "100000 deep" in _refused(["run", protocol.source, "--merge", folder, "--no-plots"], capsys)
+    assert "100000 deep" in refused(["run", protocol.source, "--merge", folder, "--no-plots"], capsys)
 
 
 # -- item 3: the other readers of a user's file --------------------------------------------------------------------
 
 @pytest.mark.parametrize("option", ["--mask", "--data"])
 @pytest.mark.usefixtures("no_weights")
-def test_a_mask_or_data_file_that_is_a_fifo_is_refused(option, tiny_model_dir, tiny_csv, tmp_path, capsys):
+def test_a_mask_or_data_file_that_is_a_fifo_isrefused(option, tiny_model_dir, tiny_csv, tmp_path, capsys):
     os.mkfifo(tmp_path / "f.json")
     argv = ["evaluate", "--model", tiny_model_dir, "--data", tiny_csv, option, tmp_path / "f.json"]
-    assert "FIFO" in _refused(argv, capsys)
+    assert "FIFO" in refused(argv, capsys)
 
 
 def test_a_deep_mask_upload_or_run_file_is_refused_by_depth():

@@ -58,7 +58,7 @@ from ..model.loading import declared_causal, declared_refusal
 from ..model.memory import MemoryBudgetError, parse_budget
 from ..recovery.spec import RecoverySpec
 from ..trajectory import INFLECTION_DROP, INFLECTION_WINDOW, TrajectoryError, TrajectorySpec, check_inflection
-from ..userinput import read_user_text
+from ..userinput import bracket_depth, read_user_text
 
 ROLES = ("calib", "select", "eval", "train")   # train: recovery's rows ([recovery])
 # metric names a protocol may ask for: every field of Metrics that is a metric (new metrics join by themselves)
@@ -120,15 +120,7 @@ def _header(line: str) -> tuple[str, str] | None:
 def toml_depth(text: str) -> int:
     """The deepest nesting of arrays and inline tables in TOML ``text`` (brackets outside strings and comments;
     a table header counts its own brackets, 1 or 2)."""
-    depth = deepest = 0
-    for token in _TOML_TOKEN.finditer(text):
-        kind = token.group()
-        if kind in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif kind in "]}":
-            depth -= 1
-    return deepest
+    return bracket_depth(_TOML_TOKEN, text)
 
 
 # a dotted-key chain, token by token: quoted strings and comments (skipped whole), a dot, a bare word, anything else
