@@ -67,7 +67,7 @@ def test_every_criterion_scores_then_mask_prune_export_and_evaluate(pythia, caps
     assert json.loads((tmp_path / "masked" / "config.json").read_text())["num_attention_heads"] == 4   # stock
 
 
-def test_opens_in_the_dashboard_and_a_prune_click_answers(pythia, server, browser):  # noqa: F811
+def test_opens_in_the_dashboard_and_a_prune_click_answers(pythia, server, browser):
     """Model & data: a local folder and its text file (uploaded); Load; on the Prune page a click on layer 0 head 0
     prunes it and the perplexity moves (its exact value, not an estimate)."""
     page = browser.new_page(viewport={"width": 1500, "height": 1000})
