@@ -556,6 +556,9 @@ class Walk:
             raise Skip
         name = self.rng.choice([c for c in CRITERIA if c != view["criterion"]])
         box.first.click()
+        # typed first: the dropdown draws only the options in its view (a virtual list), so a criterion further down
+        # was never in the page to click (a 300 s timeout on a busy server)
+        self.page.keyboard.type(name)
         self.page.get_by_role("option", name=name, exact=True).first.click()
         self.page.wait_for_function("n => new URLSearchParams(location.search).get('criterion') === n", arg=name)
         self.settle()
