@@ -166,6 +166,7 @@ OWN_READS = {
     ("headprune/demos/corpus.py", "reviews"): "the corpus shipped in the package",
     ("headprune/model/loading.py", "_load_state_dict"): "weights of a folder load_model checked (weights_only)",
     ("headprune/protocol/smoke.py", "run_smoke"): "the run file and table this run wrote a moment ago",
+    ("headprune/viz.py", "figure_images"): "the images kaleido wrote a moment ago in a temporary folder of its own",
 }
 LOADERS = {("json", "load"), ("torch", "load"), ("np", "load"), ("np", "loadtxt"), ("np", "genfromtxt"),
            ("numpy", "load"), ("numpy", "loadtxt"), ("tomllib", "load"), ("pickle", "load"), ("pd", "read_csv")}

@@ -131,7 +131,7 @@ def test_a_compiled_decode_step_gives_the_tokens_of_the_uncompiled_one():
 
 
 @pytest.mark.parametrize("case, words", [
-    ("grid", "This KV plan is for 3 blocks x 2 key/value heads (8 query heads); --model"),
+    ("grid", "This KV plan is for 3 blocks x 2 key/value heads (8 query heads); the model has 4 x 2"),
     ("window", "The KV plan's window W = 500 is longer than --model"),
     ("class", "--compile: transformers does not mark GPTNeoForCausalLM as compilable"),
     ("compiler", "--compile: torch.compile on the CPU builds C++ kernels and no C++ compiler"),

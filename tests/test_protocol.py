@@ -92,7 +92,7 @@ def test_an_unknown_key_is_named_with_its_line(edit, key, fragment, after):
      "in [1, 4096] (rows in one forward pass"),
     (lambda t: t.replace("repeats = 2", "repeats = 2\nmax_length = 1000000000"), "max_length", "max_length",
      "in [1, 1,048,576]"),
-    (lambda t: t.replace("repeats = 2", "repeats = 2\nseed = 10000000000"), "seed", "seed", "numpy and torch"),
+    (lambda t: t.replace("repeats = 2", "repeats = 2\nseed = 10000000000"), "seed", "seed", "32-bit range"),
     (lambda t: t.replace('size = 8', 'size = -3'), "data.calib.size", "size = -3", "in [1, 100,000,000]"),
     (lambda t: t.replace('size = 8', 'size = 1000000000000'), "data.calib.size", "size = 1000000000000",
      "read into memory"),

@@ -13,6 +13,7 @@ import time
 from dataclasses import replace
 
 import numpy as np
+import transformers
 from transformers import AutoConfig
 
 from ..kvcache.budgets import BETA_DEFAULT, TEMPERATURE_DEFAULT, budget_plan, check_allocation
@@ -451,8 +452,6 @@ def check_compile(args) -> None:
     if args.device_map:
         raise KVPlanError("--compile captures one decode step on one device; --device-map spreads the model over "
                           "several. Leave one of them out.")
-    import transformers
-
     names = model_config(args.model, "whether it compiles").get("architectures") or []
     model_class = getattr(transformers, names[0], None) if names else None
     problem = compile_problem(resolve_device(args.device), model_class)

@@ -23,6 +23,8 @@ later one, and measuring the cache's bytes from its tensors.
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -377,15 +379,11 @@ def compile_problem(device: torch.device | str, model_class=None) -> str | None:
         return (f"transformers does not mark {model_class.__name__} as compilable as one graph "
                 "(_can_compile_fullgraph)")
     if device.type == "cpu":
-        import os
-
         if not any(shutil.which(c) for c in (os.environ.get("CXX") or "", "g++", "c++", "clang++") if c):
             return ("torch.compile on the CPU builds C++ kernels and no C++ compiler (g++, c++, clang++, $CXX) is on "
                     "the PATH")
         return None
     if device.type == "cuda":
-        import importlib.util
-
         return None if importlib.util.find_spec("triton") else "torch.compile on CUDA needs Triton, not installed"
     return f"torch.compile of a decode step is not offered on {device.type} (accepted: cpu, cuda)"
 

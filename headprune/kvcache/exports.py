@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import io
 import json
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -156,9 +157,6 @@ def write_duo_folder(plan: KVPlan, folder: str | Path, flag: str = "--export-duo
 
 def duo_folder_zip(plan: KVPlan, folder: str = "duo_attention_pattern") -> bytes:
     """The same two files in a zip, inside ``folder/`` (the dashboard's download: one file for a browser)."""
-    import io
-    import zipfile
-
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
         for name, text in duo_folder_files(plan)[1].items():
