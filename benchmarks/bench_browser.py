@@ -158,7 +158,7 @@ def open_prune(browser, url: str):
     page.goto(url)  # home first: a first visit straight to /prune also runs the main page once
     page.get_by_text("heads left").first.wait_for()
     wait_settled(page)
-    page.get_by_role("link", name="Prune").first.click()
+    page.locator('[data-testid="stSidebarNav"] a[href$="/prune"]').first.click()   # not "What the pruned model says"
     page.get_by_text("parameters left").first.wait_for()
     wait_settled(page)
     n_layers, n_heads = grid_size(page)

@@ -18,11 +18,7 @@ import time
 from urllib.parse import urlsplit
 
 import numpy as np
-import test_browser
 from test_browser import metric_value, wait_idle
-
-if hasattr(test_browser, "server"):   # the fixtures still live in test_browser.py (not yet tests/conftest.py's)
-    from test_browser import browser, server  # noqa: F401
 
 PHONE = {"viewport": {"width": 390, "height": 844}, "has_touch": True, "is_mobile": True}
 LAPTOP = {"width": 1280, "height": 720}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from urllib.parse import parse_qs, urlparse
 
-from test_browser import metric_value, wait_idle  # the server and browser: tests/conftest.py, shared
+from test_browser import metric_value, nav, wait_idle
 
 VIEW = {"width": 1500, "height": 1000}
 
@@ -71,7 +71,7 @@ def opened_elsewhere(browser, url: str, read) -> tuple[dict, dict]:  # noqa: F81
 
 def type_sentence(page, text: str) -> None:
     """Open the Attention page through the sidebar, type ``text`` as its sentence; wait until the link has one."""
-    page.get_by_role("link", name="Attention").first.click()
+    nav(page, "Attention").click()
     page.get_by_text("type one").first.click()
     box = page.get_by_label("Your sentence")
     box.fill(text)
@@ -214,7 +214,7 @@ def test_ratio_criteria_and_sentence_on_the_circuit_demo_reach_the_link_and_the_
     assert fresh == here == reloaded, (here, fresh, reloaded)
 
     # the criteria shown: drop the last chip of Head scores' picker (Backspace in its empty input)
-    page.get_by_role("link", name="Head scores").first.click()
+    nav(page, "Head scores").click()
     shown = criteria_view(page)
     assert shown["title"] == "Head scores" and len(shown["criteria"]) >= 2, shown
     page.locator('[data-testid="stMultiSelect"] input').first.click()

@@ -4,7 +4,7 @@ table. Skipped, with the reason, when Chromium or Playwright is missing."""
 
 from __future__ import annotations
 
-from test_browser import wait_idle  # the server and browser: tests/conftest.py, shared
+from test_browser import nav, wait_idle
 
 
 def test_recover_one_step_in_the_browser(server, browser, tmp_path):  # noqa: F811 - the fixtures above
@@ -13,7 +13,7 @@ def test_recover_one_step_in_the_browser(server, browser, tmp_path):  # noqa: F8
     page.goto(server)   # a deep link opens with a "page not found" dialog before the pages register
     page.get_by_text("heads left").first.wait_for()
     wait_idle(page)
-    page.get_by_role("link", name="Recover").first.click()
+    nav(page, "Recover").click()
     page.get_by_text("distill recovery", exact=False).first.wait_for()   # the estimate, before anything runs
     for label, value in (("Steps (0: whole epochs)", "1"), ("Training rows", "16")):
         field = page.get_by_label(label)

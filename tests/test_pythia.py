@@ -11,7 +11,7 @@ import json
 import time
 
 import pytest
-from test_browser import metric_value, wait_idle
+from test_browser import metric_value, nav, wait_idle
 
 from headprune.cli import main
 
@@ -75,7 +75,7 @@ def test_opens_in_the_dashboard_and_a_prune_click_answers(pythia, server, browse
     page.goto(server)
     page.get_by_text("heads left").first.wait_for()
     wait_idle(page)
-    page.get_by_role("link", name="Model & data").first.click()
+    nav(page, "Model & data").click()
     page.get_by_text("Local folder").first.click()
     wait_idle(page)
     page.get_by_label("Folder with config.json").fill(pythia["model"])
@@ -87,7 +87,7 @@ def test_opens_in_the_dashboard_and_a_prune_click_answers(pythia, server, browse
     page.get_by_role("button", name="Load", exact=True).click()
     page.wait_for_function("() => document.body.innerText.includes('gpt_neox')")   # the sidebar's model type
     wait_idle(page)
-    page.get_by_role("link", name="Prune").first.click()
+    nav(page, "Prune").click()
     page.get_by_text("heads left").first.wait_for()
     page.wait_for_function("() => document.body.innerText.includes('vs dense')")
     wait_idle(page)
