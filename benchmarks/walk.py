@@ -368,13 +368,7 @@ class Walk:
         if view["link"] is None:
             self.fail(kind, "link", "no share link in the sidebar")
             return
-        link, address = urlsplit(view["link"]), urlsplit(view["url"])
-        query = parse_qs(address.query)
-        # a link opens at the app's root and names its page in the query (ui.app_root: a page's own path made
-        # Streamlit probe /<page>/_stcore/health); the address bar may show the page's path, which must be that page
-        at_root = link.path.strip("/") == ""
-        page_path = address.path.strip("/") in ("", *query.get("page", []))
-        if not (at_root and page_path and parse_qs(link.query) == query):
+        if not link_names_address(view["link"], view["url"]):
             self.fail(kind, "link", f"sidebar {view['link']} != address bar {view['url']}")
         if view["qr"] != qr_data_uri(view["link"]):
             self.fail(kind, "qr", f"the QR code does not encode the sidebar's link {view['link']}")
@@ -685,6 +679,16 @@ class Walk:
         self.page.get_by_text(re.compile("Cancelled: the run stopped|already")).first.wait_for(timeout=60_000)
         self.settle()
         self.expected_mask = self.mask
+
+
+def link_names_address(link: str, address: str) -> bool:
+    """Whether the sidebar's ``link`` opens what the ``address`` bar shows: the same keys (however each escapes
+    them), the link at the app's root -- it names its page in the query (ui.app_root: a page's own path made
+    Streamlit probe /<page>/_stcore/health) -- and the address bar at the root or at that page's own path."""
+    link_parts, address_parts = urlsplit(link), urlsplit(address)
+    query = parse_qs(address_parts.query)
+    return (link_parts.path.strip("/") == "" and address_parts.path.strip("/") in ("", *query.get("page", []))
+            and parse_qs(link_parts.query) == query)
 
 
 def number(text: str) -> float:
