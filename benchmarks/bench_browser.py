@@ -146,7 +146,8 @@ def click_cell(page, layer: int, head: int, n_heads: int) -> None:
     """Click the grid's transparent click marker of (layer, head): point layer·H + head of the 'heads' trace."""
     page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .scatterlayer .point').length > 0",
                            timeout=120_000)
-    cell = page.locator(".js-plotly-plot .scatterlayer .point").nth(layer * n_heads + head)
+    # the points drawn on screen: a grid in a tab or expander not shown has points without a box
+    cell = page.locator(".js-plotly-plot .scatterlayer .point:visible").nth(layer * n_heads + head)
     box = cell.bounding_box()
     page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
 
