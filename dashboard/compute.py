@@ -29,6 +29,7 @@ from headprune.estimate import (
     estimate_scoring,
     estimate_trajectory,
     forward_rate,
+    scoring_tokens,
     tokens,
 )
 from headprune.evaluation.example import compare_classifier, compare_lm, example_row
@@ -717,24 +718,43 @@ def stored_kv_scores(ws: DashboardWorkspace, rule: str, sink: int, window: int):
 RAZOR_PROBE_ROWS = 8   # kvcache.scores.head_scores' default probe rows
 
 
+def kv_scores_work(ws: DashboardWorkspace, rule: str, sink: int, window: int) -> float:
+    """Forward-pass tokens of ``kv_group_scores``: razor one pass over its probes (rows of [BOS] + r + r, r longer
+    than the window), far-mass one over the calibration rows, DuoAttention its training steps (a teacher pass and a
+    student pass with its backward over each step's passkey rows), a criterion its own scoring work, random none."""
+    if rule == "random" or not ws.calib_batches:
+        return 0.0
+    if rule not in RULES:
+        return scoring_tokens(ws.scoring_context(None, memory_budget=memory_budget()), [rule], {rule: {}})
+    if rule == "razor":
+        return RAZOR_PROBE_ROWS * (2 * max(window + 1, 20) + 1)
+    if rule == "far-mass":
+        return tokens(ws.calib_batches)
+    # duo: rows of the longest calibration row's length, 1 + GRADIENT_PASS passes each
+    length = max(int(b["attention_mask"].sum(-1).max()) for b in ws.calib_batches)
+    return DUO_DEFAULTS["steps"] * DUO_DEFAULTS["batch_size"] * length * (1 + GRADIENT_PASS)
+
+
 def kv_scores_estimate(ws: DashboardWorkspace, rule: str, sink: int, window: int) -> TimeEstimate | None:
-    """How long ``kv_group_scores`` takes here, in forward passes at the measured rate (``estimate.forward_rate``):
-    razor one pass over its probes (rows of [BOS] + r + r, r longer than the window), far-mass one over the
-    calibration rows, DuoAttention its training steps (a teacher pass and a student pass with its backward over
-    each step's passkey rows), a criterion its own scoring estimate; None for random (no work) or stored scores."""
+    """How long ``kv_group_scores`` takes here: ``kv_scores_work`` at the measured rate (``estimate.forward_rate``);
+    None for random (no work), stored scores or no calibration rows."""
     if rule == "random" or stored_kv_scores(ws, rule, sink, window) is not None or not ws.calib_batches:
         return None
-    if rule not in RULES:
-        return scoring_estimate(ws, [rule], {}, None)
     per_token, basis = _rate(ws)
-    if rule == "razor":
-        work = RAZOR_PROBE_ROWS * (2 * max(window + 1, 20) + 1)
-    elif rule == "far-mass":
-        work = tokens(ws.calib_batches)
-    else:   # duo: rows of the longest calibration row's length, 1 + GRADIENT_PASS passes each
-        length = max(int(b["attention_mask"].sum(-1).max()) for b in ws.calib_batches)
-        work = DUO_DEFAULTS["steps"] * DUO_DEFAULTS["batch_size"] * length * (1 + GRADIENT_PASS)
-    return TimeEstimate(per_token * work, f"{rule} scores", device_name(ws.loaded.model), basis)
+    return TimeEstimate(per_token * kv_scores_work(ws, rule, sink, window), f"{rule} scores",
+                        device_name(ws.loaded.model), basis)
+
+
+KV_QUICK_CLICKS = 8   # scores costing at most this many head clicks' evaluations start without a button
+
+
+def kv_scores_at_once(ws: DashboardWorkspace, rule: str, sink: int, window: int, rows: int | None) -> bool:
+    """Whether the KV page scores ``rule`` as it opens rather than behind a button: when its work is at most
+    KV_QUICK_CLICKS head clicks' evaluations (the plan on ``rows`` evaluation rows). Tokens, not a timing: a busy
+    server (or a faster one) never changes what the page does. On demo-lm with 64 rows: random, razor's probes and
+    far-mass's one pass start at once; DuoAttention's 30 training steps (15 clicks' work) wait for a click."""
+    return rule == "random" or (bool(ws.calib_batches) and kv_scores_work(ws, rule, sink, window)
+                                <= KV_QUICK_CLICKS * tokens(trajectory_batches(ws, rows)))
 
 
 KV_ROWS = 64   # the KV page's default evaluation rows: a head click's new plan is measured in about 2 s on demo-lm

@@ -5,7 +5,15 @@ import json
 import numpy as np
 import streamlit as st
 
-from dashboard.compute import KV_ROWS, kv_group_scores, kv_metrics, kv_scores_estimate, smaller_sizes, stored_kv_scores
+from dashboard.compute import (
+    KV_ROWS,
+    kv_group_scores,
+    kv_metrics,
+    kv_scores_at_once,
+    kv_scores_estimate,
+    smaller_sizes,
+    stored_kv_scores,
+)
 from dashboard.ui import (
     change_delta,
     clickable_grid,
@@ -64,8 +72,6 @@ rows = rows_choice(right, "kv-rows", KV_ROWS, len(ws.eval), "each plan (and the 
 st.caption(f"**{rule}**: {RULE_KINDS.get(rule, CRITERION_KIND)}."
            + (f"  \n**budgets**: {BUDGET_KIND}." if budgets else ""))
 
-KV_QUICK = 5.0   # seconds: scores expected within this start at once (issue 35: a job past ~5 s waits for a click)
-
 
 def kv_of(head: tuple[int, int] | None) -> tuple[int, int] | None:
     """The key/value head (layer, group) of a selected query head."""
@@ -79,20 +85,18 @@ def query_head_of(cell: tuple[int, int]) -> tuple[int, int]:
 
 
 # The scores are a job like any other (ui.long_job: its time told, a button, a bar and Cancel; kept until the
-# settings change), except that a rule expected to take a few seconds (razor's probes, random) scores at once.
+# settings change), except that a rule costing a few clicks' work (random, razor's probes, far-mass) scores at once:
+# decided by its work in tokens, never by a timing (a busy server must not change what the page does).
 stored = stored_kv_scores(ws, rule, int(sink), int(window))
-expected = None
-if stored is None:
-    with guard("Could not estimate how long scoring takes"):
-        expected = kv_scores_estimate(ws, rule, int(sink), int(window))
-    if rule == "random" or (expected is not None and expected.seconds <= KV_QUICK):
-        with guard("Could not score the key/value heads"):
-            bar = progress_bar(f"{rule} scores")
-            stored = kv_group_scores(ws, rule, int(sink), int(window), bar)
-            bar.done()
+if stored is None and kv_scores_at_once(ws, rule, int(sink), int(window), rows):
+    with guard("Could not score the key/value heads"):
+        bar = progress_bar(f"{rule} scores")
+        stored = kv_group_scores(ws, rule, int(sink), int(window), bar)
+        bar.done()
 scores = long_job("kv-scores", f"Score the key/value heads by {rule}",
                   lambda bar: kv_group_scores(ws, rule, int(sink), int(window), bar), done=stored,
-                  estimate=lambda: expected, hint=smaller_sizes(ws), what=f"{rule} scores",
+                  estimate=lambda: kv_scores_estimate(ws, rule, int(sink), int(window)), hint=smaller_sizes(ws),
+                  what=f"{rule} scores",
                   failed="Could not score the key/value heads")
 if scores is None:   # not scored yet (the button above), or the error above says why (rows no longer than S + W)
     st.stop()
