@@ -47,7 +47,7 @@ import random
 import re
 import statistics
 import time
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 from urllib.parse import parse_qs, urlencode, urlsplit
 
@@ -131,9 +131,11 @@ class Failure:
     action: str
     invariant: str
     detail: str
+    trail: str = ""    # where it happened and the actions before it (what a CI log needs to tell the failure apart)
 
     def __str__(self) -> str:
-        return f"#{self.step} {self.action}: {self.invariant}: {self.detail}"
+        where = f" [{self.trail}]" if self.trail else ""
+        return f"#{self.step} {self.action}: {self.invariant}: {self.detail}{where}"
 
 
 @dataclass
@@ -200,6 +202,7 @@ class Walk:
         self.viewport = viewport or {"width": 1400, "height": 1000}
         self.report = WalkReport(seed)
         self.step = 0
+        self.where: str | None = None             # the page (or demo opened) the current action starts on
         self.context = self.page = None
         # the walk's model of the session on screen: the demo, the mask and its undo history
         self.model: str | None = None
@@ -207,6 +210,7 @@ class Walk:
         self.history: list[frozenset] = []
         self.expected_mask: set | None = None      # set by an action whose effect on the mask is known
         self.apply_base: tuple | None = None       # (mask before, ratio) of an Apply, checked by ``mask``
+        self.trail: deque[str] = deque(maxlen=5)   # the last actions, "#step kind on page, seconds"
 
     # -- the browser ---------------------------------------------------------------------------------------------
     def open_context(self) -> None:
@@ -260,10 +264,12 @@ class Walk:
         while self.step < n_actions:
             if self.step in turns:
                 demo = turns.pop(self.step)
+                self.where = demo
                 self.do("open", functools.partial(self.open_link, demo))
                 continue
             view = self.read()
             kind = self.draw(view)
+            self.where = TITLES.get(view["title"] or "", view["title"])
             action = getattr(self, "act_" + kind.replace("-", "_"))
             self.do(kind, functools.partial(action, view))
         self.context.close()
@@ -310,11 +316,13 @@ class Walk:
             self.recover()
 
     def count(self, kind: str, start: float) -> None:
+        seconds = time.perf_counter() - start
         self.report.actions[kind] += 1
-        self.report.seconds[kind].append(time.perf_counter() - start)
+        self.report.seconds[kind].append(seconds)
+        self.trail.append(f"#{self.step} {kind} on {self.where}, {seconds:.1f} s")
 
     def fail(self, action: str, invariant: str, detail: str) -> None:
-        failure = Failure(self.step, action, invariant, detail)
+        failure = Failure(self.step, action, invariant, detail, " <- ".join(reversed(self.trail)))
         self.report.failures.append(failure)
         self.log(f"  FAIL {failure}")
 
@@ -676,7 +684,9 @@ class Walk:
             self.settle()
             self.expected_mask = self.mask
             return
-        self.page.get_by_text(re.compile("Cancelled: the run stopped|already")).first.wait_for(timeout=60_000)
+        # said either way: stopped, or (the job ended before the click reached the server) its result kept
+        self.page.get_by_text(re.compile("Cancelled: the run stopped|Cancel came after|already")).first.wait_for(
+            timeout=60_000)
         self.settle()
         self.expected_mask = self.mask
 

@@ -140,9 +140,17 @@ def job(what: str):
 
 
 def stopped_note() -> None:
-    """On the run after a long job was stopped by another click: say so, once (the Cancel button says its own)."""
+    """On the run after a long job was stopped by another click: say so, once (the Cancel button says its own).
+    A Cancel click that reached the server after its job had ended (nothing running to stop: the result is stored
+    and shown) is said too, and its mark dropped: left, it silenced the next stopped job's note and told the next
+    run of that job it was cancelled."""
     what = st.session_state.pop(RUNNING, None)
-    if what is None or st.session_state.get(CANCELLED):
+    cancelled = st.session_state.get(CANCELLED)
+    if cancelled and what is None:
+        del st.session_state[CANCELLED]
+        st.info("Cancel came after the run had finished: its result is kept.", icon=":material/check:")
+        return
+    if what is None or cancelled:
         return
     st.warning(f"**{what}** stopped before it finished: a click or a change came while it ran, and each one starts "
                "a new run of the page, which ends the one before. Nothing of it was stored; start it again when "

@@ -95,6 +95,20 @@ def test_a_job_stopped_by_another_click_is_said_on_the_next_run(tiny_setup):
     assert not [w for w in at.warning if "stopped before it finished" in w.value]
 
 
+def test_a_cancel_that_arrives_after_its_job_ended_is_said_and_forgotten(tiny_setup):
+    """A Cancel click that reaches the server once the job has finished (the CI walk pressed Cancel as Measure
+    ended: no note came, and the mark stayed to silence the next stopped job's note): said once, then dropped."""
+    at = opened(tiny_setup, {"page": "prune"})
+    at.session_state["hp_cancelled"] = "roles-ablate-cancel"          # no "hp_running": nothing was running
+    at.run()
+    assert sum("Cancel came after the run had finished" in i.value for i in at.info) == 1
+    assert "hp_cancelled" not in at.session_state
+    at.session_state["hp_running"] = "Measure"                        # a later job stopped by another click
+    at.run()
+    assert any("Measure" in w.value and "stopped before it finished" in w.value for w in at.warning)
+    assert not any("Cancel came after" in i.value for i in at.info)
+
+
 def test_a_kv_budget_plan_goes_to_the_link_and_comes_back(tmp_path):
     """Issue 45 item 8: the KV page's budget plan (HeadKV's allocation) reached no link (only a share of full heads
     did). Its total and beta are written (``kv=rule_bTOTAL-BETA_sink_window_length``) and a fresh session given

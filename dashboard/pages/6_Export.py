@@ -36,6 +36,7 @@ from dashboard.ui import (
     change_delta,
     estimate_line,
     guard,
+    job,
     long_job,
     page,
     plain,
@@ -181,7 +182,7 @@ else:
         if st.button("lm-eval", key="export-lmeval", type="primary",
                      help="Run the tasks on the model as loaded (dense) and under the current mask (heads gated "
                           "on a copy, exactly as removed)"):
-            with guard("lm-eval did not finish"):
+            with guard("lm-eval did not finish"), job("lm-eval"):
                 cancel_button("export-lmeval-cancel")
                 bar = progress_bar(f"lm-eval {plain(names)}")
                 run_harness(ws, sd, tasks, bar)
