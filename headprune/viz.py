@@ -137,6 +137,14 @@ def keep_labels(fig: go.Figure) -> go.Figure:
 TITLE_CHARS = 46   # characters of a title line: a half-width column of a 1280 px screen, or a phone, holds them
 
 
+def plot_text(text) -> str:
+    """``text`` (a word, a token, a title) as plotly text that shows it and is no markup: plotly reads a subset of
+    HTML in every label, title and hover (``<a href>`` a link to another host, ``<span style>`` any CSS), so a typed
+    word such as ``<a href=...>`` would be a link on the page. Its ``&``, ``<`` and ``>`` become entities, which
+    plotly shows as the characters."""
+    return html.escape(str(text), quote=False)
+
+
 def wrapped_title(title: str | None, chars: int = TITLE_CHARS) -> tuple[dict | None, int]:
     """A figure title broken into lines of at most ``chars`` characters at spaces (plotly never wraps one: the Roles
     page's probe title was cut at the column's edge), left-aligned, and the top margin its lines need."""
@@ -150,7 +158,7 @@ def wrapped_title(title: str | None, chars: int = TITLE_CHARS) -> tuple[dict | N
         else:
             line = f"{line} {word}" if line else word
     lines.append(line)
-    return dict(text="<br>".join(lines), x=0, xanchor="left", font=dict(size=14)), 20 + 18 * len(lines)
+    return dict(text="<br>".join(map(plot_text, lines)), x=0, xanchor="left", font=dict(size=14)), 20 + 18 * len(lines)
 
 
 # -- head grids ---------------------------------------------------------------------------------------------------
@@ -260,7 +268,7 @@ def head_grid(z: np.ndarray, hover: np.ndarray, colorscale, *, tied: bool = Fals
     fig.update_yaxes(tickmode="array", tickvals=list(range(n_rows)), ticktext=_layer_labels(n_rows, tied, layer_kinds),
                      autorange="reversed", showgrid=False, zeroline=False, title_text="layer")
     fig.update_layout(height=max(160, CELL_PX * n_rows + 110), margin=dict(l=10, r=10, t=40 if title else 10, b=40),
-                      title=title, font=FONT, clickmode="event+select", dragmode=False,
+                      title=title and plot_text(title), font=FONT, clickmode="event+select", dragmode=False,
                       plot_bgcolor="rgba(0,0,0,0)")
     return keep_labels(fig)
 
@@ -356,7 +364,8 @@ def kept_share_figure(curve: Mapping[str, Sequence[float | None]], ratios: Seque
                              line=dict(color=RANDOM_COLOR, dash="dot")))
     fig.update_xaxes(title_text="heads pruned (%)", range=[0, 100])
     fig.update_yaxes(title_text="heads of the role kept (%)", range=[0, 102])
-    fig.update_layout(height=340, margin=dict(l=10, r=10, t=40 if title else 10, b=40), title=title, font=FONT)
+    fig.update_layout(height=340, margin=dict(l=10, r=10, t=40 if title else 10, b=40),
+                      title=title and plot_text(title), font=FONT)
     return keep_labels(fig)
 
 
@@ -478,7 +487,7 @@ def scores_frame(scores: Mapping[str, ScoreMap]) -> pd.DataFrame:
 
 def attention_figure(words: Sequence[str], matrix: np.ndarray, title: str | None = None) -> go.Figure:
     """Word-level attention: row = query word (attends from), column = key word (attends to)."""
-    labels = [f"{i}:{w}" for i, w in enumerate(words)]   # index prefix keeps repeated words apart
+    labels = [f"{i}:{plot_text(w)}" for i, w in enumerate(words)]   # index prefix keeps repeated words apart
     fig = go.Figure(go.Heatmap(z=matrix, x=labels, y=labels, colorscale="Blues", zmin=0,
                                zmax=max(float(np.max(matrix)) if matrix.size else 0.0, 1e-6),
                                hovertemplate="%{y} → %{x}<br>attention %{z:.3f}<extra></extra>",
@@ -532,7 +541,7 @@ def arc_figure(words: Sequence[str], arcs: Sequence, weights: np.ndarray | None,
         xs, ys = _arc_path(x[arc.dependent], x[arc.head], heights[i])
         color = "#888888" if w is None else _sample_scale(ARC_SCALE, w)
         width = 1.5 if w is None else 1 + 7 * min(w, 1.0)
-        hover = f"{html.escape(words[arc.dependent])} → {html.escape(words[arc.head])} ({arc.label})"
+        hover = f"{plot_text(words[arc.dependent])} → {plot_text(words[arc.head])} ({arc.label})"
         if w is not None:
             hover += f"<br>attention {w:.3f}"
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color=color, width=width), hoverinfo="text",
@@ -542,8 +551,8 @@ def arc_figure(words: Sequence[str], arcs: Sequence, weights: np.ndarray | None,
         fig.add_annotation(x=(x[arc.dependent] + x[arc.head]) / 2, y=heights[i], text=arc.label, showarrow=False,
                            yshift=7, font=dict(size=10))
     # words the model did not read (cut by the max length) greyed; a word is text, never markup
-    labels = [f'<span style="color:{UNSEEN_WORD_COLOR}">{html.escape(w)}</span>'
-              if seen is not None and not seen[i] else html.escape(w) for i, w in enumerate(words)]
+    labels = [f'<span style="color:{UNSEEN_WORD_COLOR}">{plot_text(w)}</span>'
+              if seen is not None and not seen[i] else plot_text(w) for i, w in enumerate(words)]
     if weights is not None:  # colour bar for the arc scale
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", showlegend=False, hoverinfo="skip",
                                  marker=dict(colorscale=ARC_SCALE, cmin=0, cmax=1, color=[0],

@@ -100,6 +100,26 @@ def test_arc_and_attention_figures():
     assert np.array(att.data[0].z).shape == (3, 3)
 
 
+def test_typed_words_and_titles_reach_plotly_as_text_never_markup():
+    """Plotly reads <a href>, <span style>, <b> ... in every label, title and hover: a typed sentence's word
+    "<a href=...>" was a link to another host in the Attention page's axes. Every string of the figures is
+    searched for a tag plotly would read (its own pattern: '<' then an optional '/' and a tag name)."""
+    import json
+    import re
+
+    words = ["<a href='http://example.com/x'>click</a>", "Tom&Jerry", "<span style='color:red'>x</span>"]
+    arcs = [Arc(0, 1, "det"), Arc(1, 2, "nsubj")]
+    title = "layer 0 <a href='http://example.com/'>head</a> 1"
+    tag = re.compile(r"<\s*/?\s*(a|span|b|i|em|sup|sub)\b", re.IGNORECASE)
+    for fig in (viz.attention_figure(words, np.eye(3), title=title), viz.arc_figure(words, arcs, None, title=title),
+                viz.kept_share_figure({"ae": [1.0]}, [0.5], title=title),
+                viz.score_heatmap(smap([[1, 2]]), title=title)):
+        text = json.dumps(json.loads(fig.to_json()), ensure_ascii=False)
+        assert not tag.search(text), tag.search(text)
+        assert "&lt;a href" in text and ("Tom&amp;Jerry" in text or "attention" not in text)
+    assert viz.plot_text("a < b & c") == "a &lt; b &amp; c"
+
+
 def test_size_table():
     report = {"encoder": {"before": {"params": 100, "mb": 1.0}, "after": {"params": 75, "mb": 0.75},
                           "removed_params": 25}}
