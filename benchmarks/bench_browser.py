@@ -148,6 +148,7 @@ def click_cell(page, layer: int, head: int, n_heads: int) -> None:
                            timeout=120_000)
     # the points drawn on screen: a grid in a tab or expander not shown has points without a box
     cell = page.locator(".js-plotly-plot .scatterlayer .point:visible").nth(layer * n_heads + head)
+    cell.scroll_into_view_if_needed()     # a mouse click lands where the viewport shows it: below the fold, elsewhere
     box = cell.bounding_box()
     page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
 
