@@ -210,11 +210,14 @@ def shell_model(config):
         return auto_class(config).from_config(config, trust_remote_code=False)
 
 
-def check_before_weights(spec: str, config, folder: Path | None) -> ModelAdapter | None:
+def check_before_weights(spec: str, config, folder: Path | None, raw: dict | None = None) -> ModelAdapter | None:
     """What can be refused from the config alone, before a weight loads: heads that do not divide the hidden size,
     an architecture headprune does not adapt (``UnsupportedArchitecture``, built on the meta device), and a
-    safetensors checkpoint whose tensors do not fit the config (shapes read from the file headers)."""
-    check_head_split(config, folder_config(folder) if folder is not None else config.to_dict())
+    safetensors checkpoint whose tensors do not fit the config (shapes read from the file headers). ``raw``: the
+    folder's config.json as ``folder_config`` read it (read here when not given)."""
+    if raw is None and folder is not None:
+        raw = folder_config(folder)
+    check_head_split(config, raw if folder is not None else config.to_dict())
     try:
         shell = shell_model(config)
     except (ValueError, AssertionError, TypeError) as exc:
@@ -428,9 +431,10 @@ def load_model(spec: str, device: str | torch.device = "auto", attn_implementati
         elif not is_dir(path) or not is_file(path / "config.json"):
             raise ModelLoadError(f"{spec} is not a model folder: it needs config.json and model.safetensors "
                                  "(a folder written by save_pretrained or by 'python -m headprune prune').")
+    raw = None   # the folder's config.json as written (read once: the head-split check below reads it too)
     if path is not None and spec not in NAMED_MODELS:
-        folder_config(path)   # a remote-code folder refused, its config's size and nesting bounded (100,000 levels:
-                              # a RecursionError) before transformers parses it
+        raw = folder_config(path)   # a remote-code folder refused, its config's size and nesting bounded (100,000
+                                    # levels: a RecursionError) before transformers parses it
     try:
         config = AutoConfig.from_pretrained(source, trust_remote_code=False)
     except OSError as exc:
@@ -449,7 +453,7 @@ def load_model(spec: str, device: str | torch.device = "auto", attn_implementati
     if getattr(config, "auto_map", None):
         raise ModelLoadError(remote_code_message(spec, "its config has an 'auto_map'"))
     if not getattr(config, "headprune_kept_heads", None):   # a pruned folder is checked as it is rebuilt
-        check_before_weights(spec, config, path if path is not None and spec not in NAMED_MODELS else None)
+        check_before_weights(spec, config, path if path is not None and spec not in NAMED_MODELS else None, raw)
     try:
         untrained: list[str] = []   # a saved pruned folder is loaded strictly: every weight is there
         if getattr(config, "headprune_kept_heads", None):
