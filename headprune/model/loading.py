@@ -210,13 +210,11 @@ def shell_model(config):
         return auto_class(config).from_config(config, trust_remote_code=False)
 
 
-def check_before_weights(spec: str, config, folder: Path | None, raw: dict | None = None) -> ModelAdapter | None:
+def check_before_weights(spec: str, config, folder: Path | None, raw: dict | None) -> ModelAdapter | None:
     """What can be refused from the config alone, before a weight loads: heads that do not divide the hidden size,
     an architecture headprune does not adapt (``UnsupportedArchitecture``, built on the meta device), and a
     safetensors checkpoint whose tensors do not fit the config (shapes read from the file headers). ``raw``: the
-    folder's config.json as ``folder_config`` read it (read here when not given)."""
-    if raw is None and folder is not None:
-        raw = folder_config(folder)
+    ``folder``'s config.json as ``load_model`` read it (``folder_config``)."""
     check_head_split(config, raw if folder is not None else config.to_dict())
     try:
         shell = shell_model(config)
