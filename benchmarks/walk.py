@@ -116,8 +116,9 @@ READ_HEADLINE = """() => {
   return {url: location.href, metrics: metrics};
 }""".replace("METRICS", METRICS)
 # what the clicks after it landed on (the text of the button under them), for a click that may come too late
-CLICK_LOG = ("() => { window.__walkClicks = []; document.addEventListener('click', e => window.__walkClicks.push("
-             "(e.target.closest('button') || e.target).innerText.slice(0, 40)), {capture: true}); }")
+CLICK_LOG = ("() => { if (!window.__walkClicks) document.addEventListener('click', e => window.__walkClicks.push("
+             "(e.target.closest('button') || e.target).innerText.slice(0, 40)), {capture: true}); "
+             "window.__walkClicks = []; }")
 SETTLED = ("() => { const app = document.querySelector('[data-testid=\"stApp\"]'); return !!app && "
            "app.getAttribute('data-test-script-state') === 'notRunning' && "
            "!document.querySelector('[data-stale=\"true\"]'); }")
@@ -686,6 +687,7 @@ class Walk:
         else:
             raise Skip
         button.first.click()
+        self.expected_mask = self.mask     # stopped, finished or cancelled: the job never changes the mask
         cancel = self.page.get_by_role("button", name="Cancel")
         try:
             cancel.first.wait_for(timeout=30_000)
@@ -693,20 +695,16 @@ class Walk:
             cancel.first.click()
         except Exception:  # noqa: BLE001 - it finished before Cancel could be pressed: nothing to cancel
             self.settle()
-            self.expected_mask = self.mask
             return
-        if not self.page.evaluate("() => window.__walkClicks.some(t => t.includes('Cancel'))"):
+        if self.page.evaluate("() => window.__walkClicks.some(t => t.includes('Cancel'))"):
+            # said either way: stopped, or (the job ended before the click reached the server) its result kept
+            self.page.get_by_text(re.compile("Cancelled: the run stopped|Cancel came after|already")).first.wait_for(
+                timeout=60_000)
+        else:
             # the job ended (the button gone) between Playwright's check and its click, which landed on the page
             # behind it: a Measure of under a second on a fast machine; nothing was cancelled, nothing to judge
             self.report.missed_cancels += 1
-            self.settle()
-            self.expected_mask = self.mask
-            return
-        # said either way: stopped, or (the job ended before the click reached the server) its result kept
-        self.page.get_by_text(re.compile("Cancelled: the run stopped|Cancel came after|already")).first.wait_for(
-            timeout=60_000)
         self.settle()
-        self.expected_mask = self.mask
 
 
 def link_names_address(link: str, address: str) -> bool:
