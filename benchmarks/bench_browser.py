@@ -153,6 +153,13 @@ def click_cell(page, layer: int, head: int, n_heads: int) -> None:
     page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
 
 
+def nav(page, title: str):
+    """The sidebar's navigation link of the page called ``title`` (its icon before it): the role name alone matches
+    by substring, and "Prune" found "What the pruned model says" first once the pages were grouped in sections."""
+    return page.locator('[data-testid="stSidebarNav"] a',
+                        has_text=re.compile(rf"^\W*{re.escape(title)}\s*$")).first
+
+
 def open_prune(browser, url: str):
     """A page on the Prune page of the server at ``url``, settled; (page, layers, heads, headline metric)."""
     page = browser.new_page(viewport={"width": 1500, "height": 1100})
@@ -160,7 +167,7 @@ def open_prune(browser, url: str):
     page.goto(url)  # home first: a first visit straight to /prune also runs the main page once
     page.get_by_text("heads left").first.wait_for()
     wait_settled(page)
-    page.locator('[data-testid="stSidebarNav"] a[href$="/prune"]').first.click()   # not "What the pruned model says"
+    nav(page, "Prune").click()
     page.get_by_text("parameters left").first.wait_for()
     wait_settled(page)
     n_layers, n_heads = grid_size(page)

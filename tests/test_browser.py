@@ -29,10 +29,8 @@ def metric_value(page, label: str) -> str:
 
 
 def nav(page, title: str):
-    """The sidebar's navigation link of the page called ``title`` (its icon before it): the role name alone matches
-    by substring, and "Prune" found "What the pruned model says" first once the pages were grouped in sections."""
-    return page.locator('[data-testid="stSidebarNav"] a',
-                        has_text=re.compile(rf"^\W*{re.escape(title)}\s*$")).first
+    """The sidebar's navigation link of the page called ``title`` (``bench_browser.nav``)."""
+    return _bench_browser().nav(page, title)
 
 
 def wait_idle(page, timeout: float = 300_000) -> None:
