@@ -76,6 +76,11 @@ def metric(at, label: str) -> str:
     return next(m.value for m in at.metric if m.label == label)
 
 
+def metric_number(at, label: str) -> float:
+    """``metric`` read as a number (viz.metric_text writes thousands separators: "1,651")."""
+    return float(metric(at, label).replace(",", ""))
+
+
 def figures(at) -> list[dict]:
     """The Plotly figures on the page, as the JSON spec sent to the browser."""
     return [json.loads(chart.proto.spec) for chart in at.get("plotly_chart")]

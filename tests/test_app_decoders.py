@@ -15,7 +15,18 @@ import zipfile
 
 import numpy as np
 import pytest
-from app_support import PAGES, array, figures, metric, open_app, problems, prune_lowest, shown, workspace
+from app_support import (
+    PAGES,
+    array,
+    figures,
+    metric,
+    metric_number,
+    open_app,
+    problems,
+    prune_lowest,
+    shown,
+    workspace,
+)
 
 from dashboard.config import Setup
 from headprune import viz
@@ -192,30 +203,30 @@ def test_lm_demo_picker_scores_attention_prune_trajectories_export(folders):
     assert not problems(at)
     timed("build the pruned LM demo", lambda: at.button(key="export-build").click().run())
     assert not problems(at)
-    assert float(metric(at, "perplexity of the pruned model").replace(",", "")) == pytest.approx(live, rel=1e-3)
+    assert metric_number(at, "perplexity of the pruned model") == pytest.approx(live, rel=1e-3)
     # stock exports (issue 16): masked equals the mask; uniform says how it rounds and compares both masks first
     at.radio(key="export-format").set_value("masked").run()
     assert "saves no compute" in " ".join(c.value for c in at.caption)
     at.button(key="export-build").click().run()
     assert not problems(at)
-    assert float(metric(at, "perplexity of the pruned model").replace(",", "")) == pytest.approx(live, rel=1e-3)
+    assert metric_number(at, "perplexity of the pruned model") == pytest.approx(live, rel=1e-3)
     assert "Pruned model (zip)" in [b.proto.label for b in at.get("download_button")]
     at.radio(key="export-format").set_value("uniform").run()
     assert any("query heads" in m.value and "per layer" in m.value for m in at.markdown)
     at.button(key="export-compare").click().run()
     assert not problems(at)
-    uniform = float(metric(at, "perplexity under the uniform mask").replace(",", ""))
-    assert float(metric(at, "perplexity under the mask").replace(",", "")) == pytest.approx(live, rel=1e-3)
+    uniform = metric_number(at, "perplexity under the uniform mask")
+    assert metric_number(at, "perplexity under the mask") == pytest.approx(live, rel=1e-3)
     at.button(key="export-build").click().run()
     assert not problems(at)
-    assert float(metric(at, "perplexity of the pruned model").replace(",", "")) == pytest.approx(uniform, rel=1e-3)
+    assert metric_number(at, "perplexity of the pruned model") == pytest.approx(uniform, rel=1e-3)
     # GGUF for llama.cpp (issue 48): any mask, a tensor type, what llama.cpp loads and the measured gain said
     at.radio(key="export-format").set_value("gguf").run()
     at.radio(key="export-gguf-type").set_value("q8_0").run()
     assert "llama.cpp" in " ".join(c.value for c in at.caption)
     at.button(key="export-build").click().run()
     assert not problems(at)
-    assert float(metric(at, "perplexity of the pruned model").replace(",", "")) == pytest.approx(live, rel=1e-3)
+    assert metric_number(at, "perplexity of the pruned model") == pytest.approx(live, rel=1e-3)
     [built] = [v for k, v in at.session_state["hp_session"].exports.items() if k.startswith("model|gguf|q8_0|")]
     assert zipfile.ZipFile(io.BytesIO(built["zip"])).namelist() == ["headprune-gguf-model/model.gguf"]
     print("timings (s):", TIMINGS)
